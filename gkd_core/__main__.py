@@ -1,0 +1,55 @@
+"""``python -m gkd_core run CONFIG.yaml [key=value …]``: the supervisor in the foreground.
+
+For batch schedulers: it exits when the run ends, with the run's exit status (0 finished; the
+driver's code, or 128+signal, when it failed; 143 when it was stopped on request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gkd_core.config import ConfigError, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gkd_core", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the supervisor (and its driver) in the foreground")
+    run.add_argument("config", nargs="?", help="a YAML config; omit for the embedded tiny CPU demo")
+    run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. trainer.total_steps=10")
+    run.add_argument("--run-id", help="name of the run directory under $GKD_HOME/runs (default: a timestamp)")
+    run.add_argument("--linger", type=float, default=0.0, metavar="S",
+                     help="keep serving for S seconds after the run ends (for a restart from the dashboard)")
+    run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
+    run.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    cfg_path, overrides = args.config, list(args.overrides)
+    if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
+        overrides.insert(0, cfg_path)  # `run trainer.total_steps=5`: overrides on the embedded default
+        cfg_path = None
+    try:
+        cfg = load_config(cfg_path, overrides)
+    except ConfigError as e:
+        print(f"gkd: invalid config: {e}", file=sys.stderr)
+        return 2
+    from gkd_core.supervisor.supervisor import DEFAULT_DRIVER, Supervisor
+
+    sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
+                     driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger)
+    if not args.quiet:
+        print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
+        print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)
+    status = sup.serve()
+    if not args.quiet:
+        print(f"gkd: run {sup.run_id} {sup.state.state} (exit status {status})", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""The run configuration: YAML plus dotted ``key=value`` overrides, typed and validated.
+
+Nothing starts on an invalid config: a bad key or value raises ``ConfigError`` naming the key
+path, the value, where it came from (file or command line) and the nearest valid key.
+The defaults of every field are the embedded tiny CPU demo, so ``load_config(None)`` is the
+config that ``gkd-tui launch`` runs with no file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class ModelConfig(_Section):
+    """The student."""
+
+    name: str = "tiny-student"
+    path: str = ""  # a Hugging Face model folder; empty: the built-in tiny student
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class TeacherConfig(_Section):
+    model: str = "tiny-teacher"
+    path: str = ""  # empty: the built-in teacher, prepared once and cached under GKD_HOME
+    address: str = ""  # tcp://host:port of a running teacher proxy; empty with launch=true
+    launch: bool = True
+    n_server_workers: int = 1
+    num_microbatches: int = 2
+    max_in_flight: int = 4
+    topk: int = 16
+    request_timeout_s: float = 30.0
+    max_retries: int = 3
+
+
+class RolloutConfig(_Section):
+    n_workers: int = 2
+    engine: Literal["torch", "vllm"] = "torch"
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    gpu_memory_utilization: float = 0.5
+
+
+class ActorConfig(_Section):
+    lr: float = 3e-3
+    micro_batch_size: int = 16
+    loss: Literal["forward_kl", "reverse_kl", "jsd"] = "jsd"
+    beta: float = 0.5
+    temperature: float = 1.0
+
+
+class DataConfig(_Section):
+    files: list[str] = []  # empty: the built-in synthetic task
+    batch_size: int = 32
+    eval_prompts: int = 64
+    seed: int = 0
+
+
+class TrainerConfig(_Section):
+    total_steps: int = 60
+    scheduler: Literal["sync", "one_step_off"] = "one_step_off"
+    sync_timeout_s: float = 60.0
+    init_timeout_s: float = 300.0
+    step_timeout_s: float = 300.0
+    checkpoint_every: int = 10
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class TelemetryConfig(_Section):
+    heartbeat_s: float = 1.0
+    stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
+    bind_host: str = "127.0.0.1"  # where the ingest (PULL) socket listens; never 0.0.0.0 unless set
+    control_tcp: str = ""  # host:port for an authenticated (CurveZMQ) tcp control socket; off when empty
+    events_tcp: str = ""  # host:port for a tcp copy of the PUB socket; off when empty
+    pub_hwm: int = 100_000  # events queued per subscriber before a slow one misses some (and resnapshots)
+
+
+class FaultConfig(_Section):
+    kind: Literal[
+        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml"
+    ]
+    target: str = ""  # a worker's src, e.g. "rollout/1"
+    step: int = 1
+    seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
+
+
+class ShrinkRule(_Section):
+    key: str
+    factor: float = 0.5
+    floor: float = 1
+
+
+def _default_shrink() -> list[ShrinkRule]:
+    # From the seeds: fewer rollout workers, halved batch and micro batch, shorter generations,
+    # lower engine memory use.
+    return [
+        ShrinkRule(key="rollout.n_workers", factor=0.5, floor=1),
+        ShrinkRule(key="data.batch_size", factor=0.5, floor=4),
+        ShrinkRule(key="actor.micro_batch_size", factor=0.5, floor=2),
+        ShrinkRule(key="rollout.max_new_tokens", factor=0.5, floor=8),
+        ShrinkRule(key="rollout.gpu_memory_utilization", factor=0.8, floor=0.3),
+    ]
+
+
+class Config(_Section):
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    teacher: TeacherConfig = msgspec.field(default_factory=TeacherConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    actor: ActorConfig = msgspec.field(default_factory=ActorConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    faults: list[FaultConfig] = []
+    shrink: list[ShrinkRule] = msgspec.field(default_factory=_default_shrink)
+
+
+class ConfigError(ValueError):
+    """A config that must not start: says the key path, the value, the source and a fix."""
+
+
+def _valid_paths(cls: type = Config, prefix: str = "") -> list[str]:
+    paths = []
+    for f in msgspec.structs.fields(cls):
+        path = f"{prefix}{f.name}"
+        paths.append(path)
+        if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
+            paths.extend(_valid_paths(f.type, path + "."))
+    return paths
+
+
+def _nearest(path: str) -> str:
+    candidates = _valid_paths()
+    close = difflib.get_close_matches(path, candidates, n=1, cutoff=0.5)
+    if not close:  # compare the last component, which is what people usually mistype
+        leaf = path.rsplit(".", 1)[-1]
+        by_leaf = {p.rsplit(".", 1)[-1]: p for p in candidates}
+        close = [by_leaf[m] for m in difflib.get_close_matches(leaf, by_leaf, n=1, cutoff=0.6)]
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``trainer.total_steps=10`` -> ("trainer.total_steps", 10); values are parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+        raise ConfigError(f"override {text!r} is not of the form key.path=value (for example trainer.total_steps=10)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e.problem})") from None
+    return key, value
+
+
+def _set_path(tree: dict, key: str, value: Any, source: str) -> None:
+    node = tree
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: cannot set '{key}': '{'.'.join(parts[: i + 1])}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _get_path(tree: Any, parts: list[str]) -> Any:
+    for p in parts:
+        if isinstance(tree, dict) and p in tree:
+            tree = tree[p]
+        elif isinstance(tree, list) and p.isdigit() and int(p) < len(tree):
+            tree = tree[int(p)]
+        else:
+            return None
+    return tree
+
+
+def _check_keys(tree: Any, cls: type, prefix: str, sources: dict[str, str], default_source: str) -> None:
+    """Unknown keys, with the nearest valid one (msgspec's own message lacks the suggestion)."""
+    if not isinstance(tree, dict):
+        return
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            src = sources.get(path, default_source)
+            raise ConfigError(f"{src}: unknown key '{path}' (value {value!r}){_nearest(path)}")
+        ftype = fields[key].type
+        if isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
+            _check_keys(value, ftype, path + ".", sources, default_source)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (or the embedded default when ``path`` is None) and apply overrides."""
+    source = str(path) if path else "the embedded default"
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist (run with no config for the embedded CPU demo)")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded
+    return _from_tree(tree, overrides, source)
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...], source: str = "restart") -> Config:
+    """A new config: ``cfg`` with dotted overrides applied and validated again."""
+    return _from_tree(msgspec.to_builtins(cfg), overrides, source)
+
+
+def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) -> Config:
+    sources: dict[str, str] = {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(tree, key, value, f"override {text!r}")
+        sources[key] = f"override {text!r}"
+    _check_keys(tree, Config, "", sources, source)
+    try:
+        cfg = msgspec.convert(tree, Config)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        m = re.search(r"at `\$\.?([^`]*)`", msg)
+        where = m.group(1).replace("[", ".").replace("]", "") if m else ""
+        value = _get_path(tree, where.split(".")) if where else None
+        src = sources.get(where, source)
+        reason = msg.split(" - at ")[0]
+        raise ConfigError(f"{src}: bad value for '{where or '(top level)'}': {value!r}: {reason}") from None
+    _check_semantics(cfg, source)
+    return cfg
+
+
+def _check_semantics(cfg: Config, source: str) -> None:
+    checks = [
+        ("trainer.total_steps", cfg.trainer.total_steps >= 1, "must be at least 1"),
+        ("trainer.sync_timeout_s", cfg.trainer.sync_timeout_s > 0, "must be positive"),
+        ("rollout.n_workers", cfg.rollout.n_workers >= 1, "must be at least 1"),
+        ("data.batch_size", cfg.data.batch_size >= 1, "must be at least 1"),
+        ("actor.micro_batch_size", cfg.actor.micro_batch_size >= 1, "must be at least 1"),
+        ("actor.beta", 0.0 <= cfg.actor.beta <= 1.0, "must lie in [0, 1]"),
+        ("teacher.num_microbatches", cfg.teacher.num_microbatches >= 1, "must be at least 1"),
+        ("teacher.request_timeout_s", cfg.teacher.request_timeout_s > 0, "must be positive"),
+        ("telemetry.heartbeat_s", cfg.telemetry.heartbeat_s > 0, "must be positive"),
+        ("telemetry.pub_hwm", cfg.telemetry.pub_hwm >= 1, "must be at least 1"),
+        ("rollout.gpu_memory_utilization", 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0, "must lie in (0, 1]"),
+    ]
+    for key, ok, why in checks:
+        if not ok:
+            value = _get_path(msgspec.to_builtins(cfg), key.split("."))
+            raise ConfigError(f"{source}: bad value for '{key}': {value!r}: {why}")
+    for rule in cfg.shrink:
+        if rule.key not in _valid_paths():
+            raise ConfigError(f"{source}: shrink rule names unknown key '{rule.key}'{_nearest(rule.key)}")
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+
+
+def digest(cfg: Config) -> str:
+    """A short, stable fingerprint of the resolved config (for `run` events and restarts)."""
+    return hashlib.sha256(msgspec.json.encode(cfg)).hexdigest()[:12]
+
+
+def shrink(cfg: Config) -> tuple[Config, list[tuple[str, Any, Any]]]:
+    """Apply the `shrink` rules once: a smaller config and the (key, old, new) changes."""
+    tree = msgspec.to_builtins(cfg)
+    changes = []
+    for rule in cfg.shrink:
+        parts = rule.key.split(".")
+        old = _get_path(tree, parts)
+        if not isinstance(old, (int, float)) or isinstance(old, bool):
+            continue
+        new: int | float = max(rule.floor, old * rule.factor)
+        if isinstance(old, int):
+            new = max(int(rule.floor), int(old * rule.factor))
+        else:
+            new = round(new, 4)
+        if new != old:
+            _set_path(tree, rule.key, new, "shrink")
+            changes.append((rule.key, old, new))
+    return msgspec.convert(tree, Config), changes
+
+
+def diff(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
+    """Flat (key, old, new) differences between two configs, in schema order."""
+    a, b = msgspec.to_builtins(old), msgspec.to_builtins(new)
+    out = []
+    for path in _valid_paths():
+        parts = path.split(".")
+        va, vb = _get_path(a, parts), _get_path(b, parts)
+        if va != vb and not isinstance(va, dict):
+            out.append((path, va, vb))
+    return out

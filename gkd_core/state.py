@@ -1,0 +1,440 @@
+"""RunState: the one reducer (DESIGN §4). A pure function of the event sequence.
+
+The supervisor answers snapshots with it, the dashboard renders it, ``replay`` rebuilds it
+from ``events.jsonl`` and the tests call it directly. Everything in it is a msgspec Struct, so
+a snapshot is ``msgspec.json.encode(state)`` and a late joiner decodes it back to an equal
+value. Views that depend on the clock (time in phase, heartbeat age, a sync's elapsed time)
+take ``now`` as an argument and are never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gkd_core.telemetry import events as ev
+
+METRICS_KEEP = 512
+SYNC_HISTORY_KEEP = 32
+TEACHER_HISTORY_KEEP = 120
+STACK_TEXT_KEEP = 64 * 1024
+SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
+TERMINAL_PHASES = ("finished", "failed", "cancelled", "exited")
+
+
+class WorkerState(msgspec.Struct, kw_only=True):
+    src: str
+    role: str = ""
+    rank: int | None = None
+    node: str = ""
+    pid: int = 0
+    gpus: list[int] = []
+    actor_id: str = ""
+    phase: str = ""
+    phase_since: float = 0.0
+    step: int | None = None
+    deadline: float | None = None
+    detail: str = ""
+    last_seen: float = 0.0  # ts of the newest event from this src
+    last_heartbeat: float = 0.0
+    rss: int = 0
+    cpu: float = 0.0
+    dropped: int = 0
+
+
+class SyncState(msgspec.Struct, kw_only=True):
+    sync_id: int
+    state: str
+    started: float
+    timeout_s: float = 0.0
+    elapsed_s: float = 0.0
+    last_ts: float = 0.0
+    pending: list[str] = []
+    done: list[str] = []
+    fingerprint_ok: bool | None = None
+    error: str = ""
+    step: int | None = None
+
+
+class SyncView(msgspec.Struct):
+    """The current sync as the gauge shows it."""
+
+    sync_id: int
+    state: str
+    elapsed_s: float
+    timeout_s: float
+    fraction: float  # elapsed / timeout, 0 when there is no timeout
+    pending: list[str]
+    running: bool
+
+
+class TeacherSide(msgspec.Struct, kw_only=True):
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    in_flight: int = 0
+    received: int = 0
+    served: int = 0
+    queue_depth: int = 0
+    workers: dict[str, int] = {}
+    latency_ms: dict[str, float] = {}
+    ts: float = 0.0
+
+
+class TeacherState(msgspec.Struct, kw_only=True):
+    by_src: dict[str, TeacherSide] = {}
+    # (ts, completed) samples of the client total, for a requests/s sparkline
+    history: list[tuple[float, int]] = []
+
+
+class TeacherTotals(msgspec.Struct):
+    sent: int
+    completed: int
+    failed: int
+    timed_out: int
+    in_flight: int
+    received: int
+    served: int
+    queue_depth: int
+    latency_ms: dict[str, float]
+
+
+class GpuRow(msgspec.Struct, kw_only=True):
+    node: str
+    index: int
+    uuid: str = ""
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    temp: float | None = None
+    power: float | None = None
+    pids: list[int] = []
+    ts: float = 0.0
+    error: str = ""
+
+
+class AlertState(msgspec.Struct, kw_only=True):
+    code: str
+    severity: str
+    message: str
+    hint: str = ""
+    targets: list[str] = []
+    since: float = 0.0
+
+
+class StackRecord(msgspec.Struct, kw_only=True):
+    dump_id: str
+    method: str
+    ts: float
+    text: str = ""
+    error: str = ""
+
+
+class MetricsPoint(msgspec.Struct, kw_only=True):
+    step: int
+    ts: float
+    loss: float | None = None
+    kl: float | None = None
+    agreement: float | None = None
+    tokens_per_s: float | None = None
+    timing: dict[str, float] = {}
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    run: str = ""
+    state: str = ""
+    config_digest: str = ""
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    log_tail: list[str] = []
+    started: float = 0.0
+    last_ts: float = 0.0
+    total_steps: int | None = None
+    step: int | None = None
+    last_seq: int = 0
+    applied: int = 0
+    unknown: dict[str, int] = {}  # kinds this reader does not know, counted
+    workers: dict[str, WorkerState] = {}
+    sync: SyncState | None = None
+    sync_history: list[SyncState] = []
+    teacher: TeacherState = msgspec.field(default_factory=TeacherState)
+    gpus: dict[str, GpuRow] = {}
+    nvml_hung: dict[str, float] = {}  # node -> seconds NVML has not answered
+    alerts: dict[str, AlertState] = {}
+    metrics: list[MetricsPoint] = []
+    actions: list[dict[str, Any]] = []  # the last few control actions, newest last
+    stacks: dict[str, StackRecord] = {}  # target -> its newest stack
+    logs: list[str] = []  # the last few `log` events
+
+    # --- the reducer -------------------------------------------------------------------
+
+    def apply(self, e: ev.Event | ev.UnknownEvent) -> None:
+        """Fold one event into the state. Never raises on a well-typed event."""
+        if e.seq:
+            self.last_seq = e.seq
+        self.applied += 1
+        if e.ts > self.last_ts:
+            self.last_ts = e.ts
+        handler = _HANDLERS.get(type(e))
+        if handler is None:
+            self.unknown[e.kind] = self.unknown.get(e.kind, 0) + 1
+            return
+        handler(self, e)
+
+    def _worker(self, src: str, ts: float) -> WorkerState:
+        w = self.workers.get(src)
+        if w is None:
+            role, _, rank = src.partition("/")
+            w = WorkerState(src=src, role=role, rank=int(rank) if rank.isdigit() else None, phase_since=ts)
+            self.workers[src] = w
+        if ts > w.last_seen:
+            w.last_seen = ts
+        return w
+
+    def _on_run(self, e: ev.RunEvent) -> None:
+        if e.run:
+            self.run = e.run
+        if not self.started:
+            self.started = e.ts
+        self.state = e.state
+        self.restarts = e.restart
+        if e.config_digest:
+            self.config_digest = e.config_digest
+        if e.total_steps is not None:
+            self.total_steps = e.total_steps
+        self.exit_code = e.exit_code
+        self.reason = e.reason
+        self.log_tail = list(e.log_tail)
+        if e.state in ("restarting", "starting", "finished", "failed", "stopped"):
+            # the driver's workers are gone with it; a new driver registers its own
+            for w in self.workers.values():
+                if w.phase not in TERMINAL_PHASES:
+                    w.phase, w.phase_since, w.detail = "exited", e.ts, f"run {e.state}"
+            if self.sync is not None and self.sync.state in ("started", "progress"):
+                self.sync.state = "cancelled"
+
+    def _on_worker(self, e: ev.WorkerEvent) -> None:
+        w = self._worker(e.src, e.ts)
+        w.role = e.role or w.role
+        w.rank = e.rank if e.rank is not None else w.rank
+        w.node, w.pid, w.gpus, w.actor_id = e.node, e.pid, list(e.gpus), e.actor_id
+        if not w.phase or w.phase in TERMINAL_PHASES:
+            w.phase, w.phase_since, w.detail = "init", e.ts, ""
+
+    def _on_phase(self, e: ev.PhaseEvent) -> None:
+        w = self._worker(e.src, e.ts)
+        if e.phase != w.phase:
+            w.phase = e.phase
+            w.phase_since = e.started if e.started is not None else e.ts
+        w.deadline, w.detail = e.deadline, e.detail
+        if e.step is not None:
+            w.step = e.step
+            if self.step is None or e.step > self.step:
+                self.step = e.step
+
+    def _on_heartbeat(self, e: ev.HeartbeatEvent) -> None:
+        w = self._worker(e.src, e.ts)
+        w.last_heartbeat = e.ts
+        w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
+
+    def _on_sync(self, e: ev.SyncEvent) -> None:
+        s = self.sync
+        if s is None or s.sync_id != e.sync_id:
+            if s is not None:
+                self._archive_sync(s)
+            s = self.sync = SyncState(sync_id=e.sync_id, state=e.state, started=e.ts - e.elapsed_s)
+        s.state, s.last_ts = e.state, e.ts
+        s.timeout_s = e.timeout_s or s.timeout_s
+        s.elapsed_s = e.elapsed_s
+        s.pending, s.done = list(e.pending), list(e.done)
+        if e.fingerprint_ok is not None:
+            s.fingerprint_ok = e.fingerprint_ok
+        s.error = e.error or s.error
+        if e.step is not None:
+            s.step = e.step
+        if e.state not in ("started", "progress"):
+            self._archive_sync(s)
+
+    def _archive_sync(self, s: SyncState) -> None:
+        hist = self.sync_history
+        if hist and hist[-1].sync_id == s.sync_id:
+            hist[-1] = msgspec.structs.replace(s)
+        else:
+            hist.append(msgspec.structs.replace(s))
+            if len(hist) > SYNC_HISTORY_KEEP:
+                del hist[0]
+
+    def _on_teacher(self, e: ev.TeacherEvent) -> None:
+        t = self.teacher
+        side = TeacherSide(
+            sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out, in_flight=e.in_flight,
+            received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),
+            latency_ms=dict(e.latency_ms), ts=e.ts,
+        )
+        t.by_src[f"{e.side}:{e.src}"] = side
+        if e.side == "client":
+            total = sum(s.completed for k, s in t.by_src.items() if k.startswith("client:"))
+            t.history.append((e.ts, total))
+            if len(t.history) > TEACHER_HISTORY_KEEP:
+                del t.history[0]
+
+    def _on_gpu(self, e: ev.GpuEvent) -> None:
+        node = e.node or e.src
+        if e.nvml_hung_s is not None:
+            self.nvml_hung[node] = e.nvml_hung_s
+            return
+        self.nvml_hung.pop(node, None)
+        self.gpus[f"{node}/{e.index}"] = GpuRow(
+            node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
+            temp=e.temp, power=e.power, pids=list(e.pids), ts=e.ts, error=e.error,
+        )
+
+    def _on_metrics(self, e: ev.MetricsEvent) -> None:
+        self.metrics.append(MetricsPoint(
+            step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
+            tokens_per_s=e.tokens_per_s, timing=dict(e.timing),
+        ))
+        if len(self.metrics) > METRICS_KEEP:
+            del self.metrics[0]
+        if self.step is None or e.step > self.step:
+            self.step = e.step
+
+    def _on_stack(self, e: ev.StackEvent) -> None:
+        if e.target:
+            self.stacks[e.target] = StackRecord(
+                dump_id=e.dump_id, method=e.method, ts=e.ts, text=e.text[:STACK_TEXT_KEEP], error=e.error
+            )
+
+    def _on_alert(self, e: ev.AlertEvent) -> None:
+        key = alert_key(e.code, e.targets)
+        if e.cleared:
+            self.alerts.pop(key, None)
+            return
+        old = self.alerts.get(key)
+        self.alerts[key] = AlertState(
+            code=e.code, severity=e.severity, message=e.message, hint=e.hint, targets=list(e.targets),
+            since=old.since if old else e.ts,
+        )
+
+    def _on_log(self, e: ev.LogEvent) -> None:
+        self.logs.append(f"{e.src} {e.level}: {e.message}"[:500])
+        if len(self.logs) > 50:
+            del self.logs[0]
+
+    def _on_action(self, e: ev.ActionEvent) -> None:
+        self.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result})
+        if len(self.actions) > 50:
+            del self.actions[0]
+
+    # --- derived views (pure; `now` comes from the caller) -------------------------------
+
+    def time_in_phase(self, w: WorkerState, now: float) -> float:
+        return max(0.0, now - w.phase_since)
+
+    def heartbeat_age(self, w: WorkerState, now: float) -> float | None:
+        return max(0.0, now - w.last_heartbeat) if w.last_heartbeat else None
+
+    def workers_by_role(self) -> dict[str, list[WorkerState]]:
+        out: dict[str, list[WorkerState]] = {}
+        for w in sorted(self.workers.values(), key=lambda w: (w.role, w.rank if w.rank is not None else -1, w.src)):
+            out.setdefault(w.role, []).append(w)
+        return out
+
+    def workers_in_phase(self, phase: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.phase == phase]
+
+    def stale_workers(self, now: float, stall_s: float) -> list[WorkerState]:
+        """Workers whose heartbeats stopped while they were not finished: frozen or dead."""
+        return [
+            w for w in self.workers.values()
+            if w.last_heartbeat and w.phase not in TERMINAL_PHASES and now - w.last_heartbeat > stall_s
+        ]
+
+    def sync_view(self, now: float) -> SyncView | None:
+        s = self.sync
+        if s is None:
+            return None
+        running = s.state in ("started", "progress")
+        elapsed = s.elapsed_s + max(0.0, now - s.last_ts) if running else s.elapsed_s
+        frac = elapsed / s.timeout_s if s.timeout_s else 0.0
+        return SyncView(s.sync_id, s.state, elapsed, s.timeout_s, frac, list(s.pending), running)
+
+    def teacher_totals(self) -> TeacherTotals:
+        tot = dict.fromkeys(("sent", "completed", "failed", "timed_out", "in_flight", "received", "served",
+                             "queue_depth"), 0)
+        lat: dict[str, float] = {}
+        for key, side in self.teacher.by_src.items():
+            for k in tot:
+                tot[k] += getattr(side, k)
+            if key.startswith("client:"):
+                for q, v in side.latency_ms.items():
+                    lat[q] = max(lat.get(q, 0.0), v)  # the slowest client is what the run feels
+        return TeacherTotals(latency_ms=lat, **tot)
+
+    def teacher_rate(self, window_s: float = 10.0) -> float:
+        """Completed teacher requests per second over the last ``window_s`` of history."""
+        h = self.teacher.history
+        if len(h) < 2:
+            return 0.0
+        t1, c1 = h[-1]
+        for t0, c0 in reversed(h[:-1]):
+            if t1 - t0 >= window_s:
+                break
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def gpu_rows(self) -> list[GpuRow]:
+        return [self.gpus[k] for k in sorted(self.gpus)]
+
+    def active_alerts(self) -> list[AlertState]:
+        """Most severe first, then oldest first."""
+        return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
+
+    def recent_metrics(self, n: int = 60) -> list[MetricsPoint]:
+        return self.metrics[-n:]
+
+
+def alert_key(code: str, targets: list[str]) -> str:
+    return code + ("@" + ",".join(sorted(targets)) if targets else "")
+
+
+_HANDLERS = {
+    ev.RunEvent: RunState._on_run,
+    ev.WorkerEvent: RunState._on_worker,
+    ev.PhaseEvent: RunState._on_phase,
+    ev.HeartbeatEvent: RunState._on_heartbeat,
+    ev.SyncEvent: RunState._on_sync,
+    ev.TeacherEvent: RunState._on_teacher,
+    ev.GpuEvent: RunState._on_gpu,
+    ev.MetricsEvent: RunState._on_metrics,
+    ev.StackEvent: RunState._on_stack,
+    ev.AlertEvent: RunState._on_alert,
+    ev.LogEvent: RunState._on_log,
+    ev.ActionEvent: RunState._on_action,
+}
+
+_state_decoder = msgspec.json.Decoder(RunState)
+
+
+def encode_state(state: RunState) -> bytes:
+    return msgspec.json.encode(state)
+
+
+def decode_state(data: bytes | str) -> RunState:
+    return _state_decoder.decode(data)
+
+
+def replay(lines) -> RunState:
+    """Rebuild a RunState from the lines of an ``events.jsonl`` (bad lines are skipped)."""
+    st = RunState()
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            st.apply(ev.decode(line if isinstance(line, bytes) else line.encode()))
+        except ev.Rejected:
+            continue
+    return st

@@ -1,0 +1,79 @@
+"""The driver as a child process: spawned in its own session, watched without ever blocking."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class DriverProcess:
+    """One incarnation of the driver. ``poll`` and ``tick`` return at once."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: str | None = None):
+        self.argv = argv
+        self.log_path = log_path
+        log = open(log_path, "ab")
+        try:
+            # own session and process group: a stop reaches the driver's children too, and a
+            # Ctrl-C in the supervisor's terminal does not reach the driver twice
+            self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        self.pid = self.proc.pid
+        self.started = time.time()
+        self._kill_at: float | None = None
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def terminate(self, grace_s: float) -> None:
+        """SIGTERM to the whole group now, SIGKILL after ``grace_s`` (through ``tick``)."""
+        if self.proc.poll() is not None or self._kill_at is not None:
+            return
+        self._signal(signal.SIGTERM)
+        self._kill_at = time.monotonic() + grace_s
+
+    def tick(self) -> None:
+        if self._kill_at is not None and time.monotonic() >= self._kill_at:
+            self._signal(signal.SIGKILL)
+            self._kill_at = float("inf")
+
+    def kill_now(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            self.proc.send_signal(sig)
+
+    def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                data = f.read()
+        except OSError:
+            return []
+        lines: deque[str] = deque(maxlen=n)
+        for line in data.decode(errors="replace").splitlines():
+            if line.strip():
+                lines.append(line[-300:])
+        return list(lines)

@@ -1,0 +1,465 @@
+"""The supervisor: owns RUN/, the event log, the RunState and the driver process.
+
+One thread, one ``zmq.Poller`` loop with a 100 ms tick. It reads worker events from the PULL
+socket, stamps ``seq`` and ``run``, appends them to ``events.jsonl``, publishes them on PUB and
+folds them into its RunState; it answers control requests itself, so every op is answered
+within a bounded time even when the driver is hung; it watches the driver without blocking and
+turns its exit into a `run` event.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from gkd_core import config as config_mod
+from gkd_core import rundir
+from gkd_core.state import RunState, encode_state
+from gkd_core.supervisor import alerts
+from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
+from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.telemetry import control, events as ev
+
+log = logging.getLogger("gkd.supervisor")
+
+TICK_S = 0.1
+FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
+ALERT_EVERY_S = 0.5
+INGEST_BATCH = 5000
+AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+DEFAULT_DRIVER = "gkd_core.demo_driver"
+# exit status of `python -m gkd_core run` for a run that was stopped on request (as SIGTERM's)
+STOPPED_EXIT = 143
+
+
+class Refused(Exception):
+    """A control request that is understood but cannot be carried out; the message says why."""
+
+
+def _ipc(path: Path) -> str:
+    return f"ipc://{path}"
+
+
+class Supervisor:
+    def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
+                 home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
+                 linger_s: float = 0.0, grace_s: float = 10.0):
+        self.cfg = cfg
+        self.config_source = config_source
+        self.driver_module = driver_module
+        self.linger_s = linger_s
+        self.grace_s = grace_s
+        os.umask(0o077)  # everything this process creates (sockets, logs, keys) is private
+        self.run_dir = rundir.create_run_dir(home, run_id)
+        self.run_id = self.run_dir.name
+        self.state = RunState()
+        self.seq = 0
+        self.rejects = ev.RejectCounter()
+        self._rejects_reported = 0
+        self._auth_refused = 0
+        self._auth_reported = 0
+        self.restarts = 0
+        self.driver: DriverProcess | None = None
+        self.driver_identity: bytes | None = None
+        self._pending_config: Path | None = None
+        self._stopping = False
+        self._ended_at: float | None = None
+        self._exit_status = 0
+        self._signalled = False
+        self._next_alerts = 0.0
+        self._started_mono = time.monotonic()
+        self.ctx = zmq.Context()
+        self._authenticator = None
+        self._monitors: list[zmq.Socket] = []
+        self._ops: dict[str, Callable[[dict, str], Any]] = {
+            "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
+            "restart": self._op_restart, "cancel": self._forward("cancel"),
+            "dump_stacks": self._forward("dump_stacks"),
+        }
+        self.log = EventLog(self.run_dir / "events.jsonl")
+        (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
+        self.config_path = self.run_dir / "restarts" / "000.yaml"
+        self.config_path.write_text(config_mod.to_yaml(cfg))
+        self._bind()
+
+    # --- sockets -------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        tel = self.cfg.telemetry
+        sockdir = rundir.socket_dir(self.run_dir)
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.sndhwm = tel.pub_hwm
+        self.pub.linger = 500
+        self.pub.bind(_ipc(sockdir / "events.sock"))
+        self.control = self.ctx.socket(zmq.ROUTER)
+        self.control.linger = 0
+        self.control.bind(_ipc(sockdir / "control.sock"))
+        self.drivers = self.ctx.socket(zmq.ROUTER)
+        self.drivers.linger = 0
+        self.drivers.bind(_ipc(sockdir / "driver.sock"))
+        for name in ("events.sock", "control.sock", "driver.sock"):
+            os.chmod(sockdir / name, 0o600)
+        self.ingest = self.ctx.socket(zmq.PULL)
+        self.ingest.rcvhwm = 100_000
+        self.ingest.linger = 0
+        self.ingest.bind(f"tcp://{tel.bind_host}:*")
+        endpoints = {
+            "run_id": self.run_id,
+            "events": self.pub.last_endpoint.decode(),
+            "control": self.control.last_endpoint.decode(),
+            "ingest": self.ingest.last_endpoint.decode(),
+            "driver": self.drivers.last_endpoint.decode(),
+            "supervisor_pid": os.getpid(),
+            "ray_address": "",
+        }
+        self.control_tcp = self.events_tcp = None
+        if tel.control_tcp or tel.events_tcp:
+            self._bind_tcp(endpoints)
+        self.endpoints = endpoints
+        rundir.write_private_json(self.run_dir / "endpoints.json", endpoints)
+
+    def _bind_tcp(self, endpoints: dict) -> None:
+        """Optional tcp endpoints, authenticated with CurveZMQ; refusals are recorded."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        tel = self.cfg.telemetry
+        keys = self.run_dir / "keys"
+        control.create_keys(keys)
+        self._authenticator = ThreadAuthenticator(self.ctx, log=logging.getLogger("gkd.zap"))
+        self._authenticator.start()
+        self._authenticator.configure_curve(domain="*", location=str(keys / "authorized"))
+        if tel.control_tcp:
+            self.control_tcp = self.ctx.socket(zmq.ROUTER)
+            self.control_tcp.linger = 0
+            control.server_curve(self.control_tcp, keys)
+            self._monitors.append(self.control_tcp.get_monitor_socket(AUTH_FAILURES))
+            self.control_tcp.bind(f"tcp://{tel.control_tcp}")
+            endpoints["control_tcp"] = self.control_tcp.last_endpoint.decode()
+        if tel.events_tcp:
+            self.events_tcp = self.ctx.socket(zmq.PUB)
+            self.events_tcp.sndhwm = tel.pub_hwm
+            self.events_tcp.linger = 0
+            control.server_curve(self.events_tcp, keys)
+            self._monitors.append(self.events_tcp.get_monitor_socket(AUTH_FAILURES))
+            self.events_tcp.bind(f"tcp://{tel.events_tcp}")
+            endpoints["events_tcp"] = self.events_tcp.last_endpoint.decode()
+
+    # --- events --------------------------------------------------------------------------
+
+    def _commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes) -> None:
+        self.seq += 1
+        obj["seq"] = self.seq
+        obj["run"] = self.run_id
+        ts = obj.get("ts") or time.time()
+        obj["ts"] = ts
+        typed.seq, typed.ts = self.seq, ts
+        if isinstance(typed, ev.Event):
+            typed.run = self.run_id
+        line = ev.encode_dict(obj)
+        self.log.append(line)
+        try:
+            self.pub.send_multipart([kind, line], zmq.NOBLOCK)
+            if self.events_tcp is not None:
+                self.events_tcp.send_multipart([kind, line], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # PUB drops for slow subscribers by itself; they see the gap and resnapshot
+        self.state.apply(typed)
+
+    def emit(self, event: ev.Event) -> None:
+        """An event of the supervisor's own (src defaults to ``supervisor``)."""
+        event.src = event.src or "supervisor"
+        event.ts = event.ts or time.time()
+        obj = msgspec.to_builtins(event)
+        obj["kind"] = event.__struct_config__.tag
+        self._commit(obj, event, obj["kind"].encode())
+
+    def _drain_ingest(self) -> None:
+        for _ in range(INGEST_BATCH):
+            try:
+                frames = self.ingest.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                if len(frames) > 2:
+                    raise ev.Rejected("malformed", f"{len(frames)} frames; an event is [kind, json]")
+                obj, typed = ev.decode_dict(frames[-1])
+            except ev.Rejected as r:
+                self.rejects.add(r, "ingest ")
+                continue
+            self._commit(obj, typed, obj["kind"].encode())
+
+    # --- control -------------------------------------------------------------------------
+
+    def _serve_control(self, sock: zmq.Socket, via: str) -> None:
+        for _ in range(100):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ident, envelope, body = frames[0], frames[1:-1], frames[-1]
+            if len(frames) < 2:
+                continue
+            try:
+                req = control.decode_request(body)
+            except ValueError as e:
+                sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e))])
+                self.emit(ev.ActionEvent(op="invalid", by=via, ok=False, result=str(e)[:300]))
+                continue
+            by = f"{req.by or 'anonymous'} via {via}"
+            handler = self._ops.get(req.op)
+            if handler is None:
+                err = f"unknown op {req.op!r}; this supervisor answers {', '.join(self._ops)}"
+                sock.send_multipart([ident, *envelope, control.encode_reply(False, error=err, req_id=req.id)])
+                self.emit(ev.ActionEvent(op=req.op[:40], by=by, ok=False, result=err))
+                continue
+            try:
+                result = handler(req.args, by)
+            except (Refused, config_mod.ConfigError) as e:
+                sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e), req_id=req.id)])
+                self.emit(ev.ActionEvent(op=req.op, by=by, ok=False, result=str(e)[:500]))
+                continue
+            if isinstance(result, msgspec.Raw):
+                reply = b'{"ok":true,"error":"","id":%d,"result":%s}' % (req.id, bytes(result))
+            else:
+                reply = control.encode_reply(True, result, req_id=req.id)
+            sock.send_multipart([ident, *envelope, reply])
+            if req.op not in ("ping", "snapshot"):  # queries are not actions; everything else is recorded
+                self.emit(ev.ActionEvent(op=req.op, by=by, ok=True, result=result))
+
+    def _op_ping(self, args: dict, by: str) -> dict:
+        return {"pong": True, "run": self.run_id, "seq": self.seq, "state": self.state.state,
+                "pid": os.getpid(), "uptime_s": round(time.monotonic() - self._started_mono, 3)}
+
+    def _op_snapshot(self, args: dict, by: str) -> msgspec.Raw:
+        meta = msgspec.json.encode({
+            "pid": os.getpid(), "run_dir": str(self.run_dir), "events_logged": self.log.lines,
+            "rejected": dict(self.rejects.counts), "rejected_recent": list(self.rejects.recent),
+            "driver_pid": self.driver.pid if self.driver else None,
+            "driver_connected": self.driver_identity is not None,
+        })
+        return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
+
+    def _op_stop(self, args: dict, by: str) -> dict:
+        self.request_stop(float(args.get("grace_s", self.grace_s)))
+        return {"stopping": True, "driver_pid": self.driver.pid if self.driver else None}
+
+    def _op_restart(self, args: dict, by: str) -> dict:
+        if self._stopping:
+            raise Refused("the run is stopping; a restart would be undone at once")
+        if self._pending_config is not None:
+            raise Refused("a restart is already under way")
+        new = self.cfg
+        changes: list[tuple[str, Any, Any]] = []
+        if args.get("shrink"):
+            new, changes = config_mod.shrink(new)
+        overrides = args.get("overrides") or []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise Refused("restart: 'overrides' must be a list of key=value strings")
+        if overrides:
+            new = config_mod.apply_overrides(new, overrides, source="restart overrides")
+        changes = config_mod.diff(self.cfg, new)
+        result = {"restart": self.restarts + 1, "changes": [list(c) for c in changes],
+                  "digest": config_mod.digest(new)}
+        if args.get("dry_run"):
+            return result
+        path = self.run_dir / "restarts" / f"{self.restarts + 1:03d}.yaml"
+        path.write_text(config_mod.to_yaml(new))  # written before it is used
+        (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(new))
+        self.cfg = new
+        self._pending_config = path
+        result["config"] = str(path.relative_to(self.run_dir))
+        self.emit(ev.RunEvent(state="restarting", restart=self.restarts, config_digest=config_mod.digest(new),
+                              reason=f"restart requested by {by}" + (" (smaller)" if args.get("shrink") else "")))
+        if self.driver is not None and self.driver.poll() is None:
+            self.driver.terminate(self.grace_s)
+        return result
+
+    def _forward(self, op: str) -> Callable[[dict, str], dict]:
+        def forward(args: dict, by: str) -> dict:
+            if self.driver is None or self.driver.poll() is not None:
+                raise Refused(f"'{op}' needs a running driver; the run is {self.state.state or 'not started'}")
+            if self.driver_identity is None:
+                raise Refused(f"'{op}': the driver (pid {self.driver.pid}) has not connected its command channel; "
+                              "it may be hung before init: try `gkd-tui dump-stacks driver`")
+            cmd = {"op": op, "args": args, "by": by, "id": self.seq}
+            self.drivers.send_multipart([self.driver_identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
+            return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}
+        return forward
+
+    def _serve_drivers(self) -> None:
+        for _ in range(100):
+            try:
+                frames = self.drivers.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 2 and frames[1] == b"hello":
+                self.driver_identity = frames[0]
+
+    def _serve_monitor(self, mon: zmq.Socket) -> None:
+        while mon.poll(0):
+            try:
+                recv_monitor_message(mon, zmq.NOBLOCK)
+            except (zmq.Again, ValueError):
+                return
+            self._auth_refused += 1
+
+    # --- the driver ----------------------------------------------------------------------
+
+    def _spawn(self, config_path: Path) -> None:
+        env = dict(os.environ)
+        env.update({
+            "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
+            "GKD_COMMANDS": self.endpoints["driver"], "GKD_CONFIG": str(config_path), "PYTHONUNBUFFERED": "1",
+            "GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid()),
+        })
+        argv = [sys.executable, "-m", self.driver_module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
+        self.driver_identity = None
+        self.driver = DriverProcess(argv, env, self.run_dir / "logs" / "driver.log")
+        self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(self.cfg),
+                              total_steps=self.cfg.trainer.total_steps,
+                              reason=f"driver pid {self.driver.pid}"))
+
+    def _watch_driver(self) -> None:
+        d = self.driver
+        if d is None:
+            return
+        d.tick()
+        code = d.poll()
+        if code is None:
+            return
+        self.driver = None
+        if self._pending_config is not None and not self._stopping:
+            self.restarts += 1
+            path, self._pending_config = self._pending_config, None
+            self.emit(ev.RunEvent(state="restarting", restart=self.restarts, exit_code=code,
+                                  reason=f"old driver {describe_exit(code)}; starting restart {self.restarts}"))
+            self._ended_at = None
+            self._spawn(path)
+            return
+        tail = d.log_tail()
+        if self._stopping:
+            state, status = "stopped", STOPPED_EXIT
+        elif code == 0:
+            state, status = "finished", 0
+        else:
+            state, status = "failed", code if code > 0 else 128 - code
+        self._exit_status = status
+        self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=describe_exit(code),
+                              log_tail=tail if state != "finished" else tail[-3:]))
+        self._ended_at = time.monotonic()
+
+    def request_stop(self, grace_s: float | None = None) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._pending_config = None
+        if self.driver is not None:
+            self.driver.terminate(self.grace_s if grace_s is None else grace_s)
+        elif self._ended_at is None:
+            self._ended_at = time.monotonic()
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def _evaluate_alerts(self) -> None:
+        now = time.time()
+        wanted = alerts.evaluate(self.state, now, self.cfg.telemetry.stall_s)
+        if self.rejects.total:
+            wanted.append(ev.AlertEvent(
+                severity="warn", code="ingest_rejected",
+                message=f"{self.rejects.total} malformed messages dropped: "
+                        + ", ".join(f"{k} {v}" for k, v in sorted(self.rejects.counts.items())),
+                hint="a sender speaks another protocol version or sends corrupt data; the run goes on",
+            ))
+        if self._auth_refused:
+            wanted.append(ev.AlertEvent(
+                severity="warn", code="auth_refused",
+                message=f"{self._auth_refused} tcp connection(s) refused: no valid CurveZMQ key",
+                hint="only clients holding RUN/keys/client.key_secret may connect",
+            ))
+        for a in alerts.diff(self.state, wanted):
+            if a.code == "ingest_rejected" and self.rejects.total == self._rejects_reported:
+                continue
+            if a.code == "auth_refused":
+                if self._auth_refused == self._auth_reported:
+                    continue
+                self.emit(ev.ActionEvent(op="connect", by="tcp", ok=False,
+                                         result=f"{self._auth_refused - self._auth_reported} refused: "
+                                                "CurveZMQ authentication failed"))
+                self._auth_reported = self._auth_refused
+            self.emit(a)
+        self._rejects_reported = self.rejects.total
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signalled = True
+
+    def serve(self) -> int:
+        """Run until the driver's run ends (plus ``linger_s``) or a stop; returns the exit status."""
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
+                              total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}"))
+        self._spawn(self.config_path)
+        poller = zmq.Poller()
+        for s in (self.ingest, self.control, self.drivers, self.control_tcp, *self._monitors):
+            if s is not None:
+                poller.register(s, zmq.POLLIN)
+        next_chores = 0.0
+        try:
+            while True:
+                ready = dict(poller.poll(TICK_S * 1000))
+                if self.ingest in ready:
+                    self._drain_ingest()
+                if self.control in ready:
+                    self._serve_control(self.control, "ipc")
+                if self.control_tcp is not None and self.control_tcp in ready:
+                    self._serve_control(self.control_tcp, "tcp")
+                if self.drivers in ready:
+                    self._serve_drivers()
+                for mon in self._monitors:
+                    if mon in ready:
+                        self._serve_monitor(mon)
+                now = time.monotonic()
+                if now < next_chores:
+                    continue  # under load, batch the chores: one flush per FLUSH_EVERY_S, not per event
+                next_chores = now + FLUSH_EVERY_S
+                if self._signalled:
+                    self._signalled = False
+                    self.request_stop()
+                self._watch_driver()
+                if now >= self._next_alerts:
+                    self._evaluate_alerts()
+                    self._next_alerts = now + ALERT_EVERY_S
+                self.log.flush()
+                if self._ended_at is not None and self.driver is None:
+                    if self._stopping or now - self._ended_at >= self.linger_s:
+                        break
+        finally:
+            self._drain_ingest()  # what the workers said last is worth keeping
+            self.close()
+        return self._exit_status
+
+    def close(self) -> None:
+        if self.driver is not None and self.driver.poll() is None:
+            self.driver.kill_now()
+        self.log.close()
+        for mon in self._monitors:
+            mon.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
+        self.ctx.destroy(linger=500)
+        sockdir = rundir.socket_dir(self.run_dir)
+        for name in ("events.sock", "control.sock", "driver.sock"):
+            try:
+                (sockdir / name).unlink()
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,1 @@
+"""Telemetry: the event protocol, the Reporter in every worker, control, and subscribers."""

@@ -1,0 +1,176 @@
+"""Control requests (DESIGN §5): JSON ``{op, args, token, id}`` -> ``{ok, result, error, id}``.
+
+The client is the "lazy pirate" of the ZeroMQ guide: a DEALER with a deadline per attempt; after a
+timeout the socket is closed (linger 0) and a fresh one retries, a bounded number of times.
+A tcp control endpoint is authenticated with CurveZMQ: keys are generated into ``RUN/keys`` and
+only the client key listed under ``RUN/keys/authorized`` may connect.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.auth
+
+OPS = ("ping", "snapshot", "stop", "restart", "cancel", "dump_stacks")
+_ids = itertools.count(1)
+
+
+class ControlError(RuntimeError):
+    """The supervisor answered ``ok: false``."""
+
+
+class ControlUnreachable(TimeoutError):
+    """No answer within the deadline; the message says where we asked."""
+
+
+class Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    op: str
+    args: dict[str, Any] = {}
+    token: str = ""
+    id: int = 0
+    by: str = ""  # who asks (informative; recorded on the action event)
+
+
+class Reply(msgspec.Struct, kw_only=True):
+    ok: bool
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    error: str = ""
+    id: int = 0
+
+
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def encode_reply(ok: bool, result: Any = None, error: str = "", req_id: int = 0) -> bytes:
+    return msgspec.json.encode({"ok": ok, "result": result, "error": error, "id": req_id})
+
+
+_request_decoder = msgspec.json.Decoder(Request)
+
+
+def decode_request(data: bytes) -> Request:
+    """Raises ``ValueError`` saying what is wrong with the request."""
+    if len(data) > 64 * 1024:
+        raise ValueError(f"request of {len(data)} bytes is larger than 64 KiB")
+    try:
+        return _request_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"malformed control request ({e}); expected JSON {{op, args, token}}") from None
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def create_keys(keys_dir: Path) -> None:
+    """A server and a client CurveZMQ key pair, private (0600); the client's public key authorized."""
+    keys_dir.mkdir(mode=0o700, exist_ok=True)
+    authorized = keys_dir / "authorized"
+    authorized.mkdir(mode=0o700, exist_ok=True)
+    zmq.auth.create_certificates(str(keys_dir), "server")
+    zmq.auth.create_certificates(str(keys_dir), "client")
+    os.replace(keys_dir / "client.key", authorized / "client.key")
+    for p in list(keys_dir.glob("*.key*")) + list(authorized.glob("*.key")):
+        os.chmod(p, 0o600)
+
+
+def server_curve(sock: zmq.Socket, keys_dir: Path) -> None:
+    public, secret = zmq.auth.load_certificate(str(keys_dir / "server.key_secret"))
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+
+
+def client_curve(sock: zmq.Socket, keys_dir: Path) -> None:
+    public, secret = zmq.auth.load_certificate(str(keys_dir / "client.key_secret"))
+    server_public, _ = zmq.auth.load_certificate(str(keys_dir / "server.key_secret"))
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_serverkey = server_public
+
+
+# --- client ----------------------------------------------------------------------------------
+
+
+class ControlClient:
+    """Request/reply with the supervisor under a deadline, retried on a fresh socket."""
+
+    def __init__(self, address: str, *, keys_dir: Path | None = None, timeout_s: float = 2.0,
+                 retries: int = 2, ctx: zmq.Context | None = None, by: str = ""):
+        self.address = address
+        self.keys_dir = keys_dir
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.ctx = ctx or zmq.Context.instance()
+        self.by = by or f"{os.environ.get('USER', 'user')}@pid{os.getpid()}"
+        self._sock: zmq.Socket | None = None
+
+    @classmethod
+    def for_run(cls, run: Path, endpoints: dict, **kw) -> "ControlClient":
+        return cls(endpoints["control"], keys_dir=run / "keys", **kw)
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            s = self.ctx.socket(zmq.DEALER)
+            s.linger = 0
+            if self.address.startswith("tcp://"):
+                if self.keys_dir is None or not (self.keys_dir / "client.key_secret").exists():
+                    s.close()
+                    raise ControlUnreachable(
+                        f"{self.address} needs CurveZMQ keys; none found in {self.keys_dir} "
+                        "(copy RUN/keys from the run's node)"
+                    )
+                client_curve(s, self.keys_dir)
+            s.connect(self.address)
+            self._sock = s
+        return self._sock
+
+    def _reset(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+    def request(self, op: str, args: dict | None = None, *, timeout_s: float | None = None,
+                raw: bool = False) -> Any:
+        """Send ``op`` and return its result (its JSON bytes with ``raw``); ControlError if refused,
+        ControlUnreachable on no answer."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        attempts = self.retries + 1
+        for attempt in range(attempts):
+            req_id = next(_ids)
+            payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
+            sock = self._socket()
+            sock.send_multipart([b"", payload])
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    break
+                frames = sock.recv_multipart()
+                try:
+                    reply = _reply_decoder.decode(frames[-1])
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if reply.id != req_id:
+                    continue  # a late answer to an earlier attempt
+                if not reply.ok:
+                    raise ControlError(reply.error or f"{op} refused")
+                return bytes(reply.result) if raw else msgspec.json.decode(reply.result)
+            self._reset()  # lazy pirate: a fresh socket for the next attempt
+        raise ControlUnreachable(
+            f"no answer to '{op}' from {self.address} within {timeout:g} s ({attempts} attempts)"
+        )
+
+    def close(self) -> None:
+        self._reset()
+
+    def __enter__(self) -> "ControlClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,188 @@
+"""The Reporter: every worker process's line to the supervisor.
+
+A background thread owns a PUSH socket and sends what ``emit`` queued plus a heartbeat every
+``heartbeat_s``. ZeroMQ and ``threading.Event.wait`` release the GIL, so heartbeats keep flowing
+while the main thread is blocked in C (NCCL, CUDA, a socket): "phase=sync_weights for 412 s"
+stays visible, and a missing heartbeat means the process is dead or frozen.
+
+``emit`` never blocks: it encodes, appends to a bounded queue and returns. When the queue is
+full or the supervisor is away (the socket's high-water mark reached), events are dropped and
+counted; the count rides on every heartbeat.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from typing import Iterator
+
+import zmq
+
+from gkd_core.telemetry import events as ev
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Reporter:
+    """Sends this process's events to the run's supervisor (address from ``GKD_INGEST``)."""
+
+    def __init__(self, src: str, *, ingest: str | None = None, run: str | None = None,
+                 heartbeat_s: float = 1.0, queue_max: int = 10_000, sndhwm: int = 10_000,
+                 ctx: zmq.Context | None = None, start: bool = True):
+        self.src = src
+        self.run = run if run is not None else os.environ.get("GKD_RUN_ID", "")
+        self.ingest = ingest if ingest is not None else os.environ.get("GKD_INGEST", "")
+        self.heartbeat_s = heartbeat_s
+        self.queue_max = queue_max
+        self.dropped = 0
+        self.sent = 0
+        self._queue: collections.deque[list[bytes]] = collections.deque()
+        self._wake = threading.Event()
+        self._sleeping = False
+        self._closing = False
+        self._phase = "init"
+        self._phase_since = time.time()
+        self._step: int | None = None
+        self._stack: list[str] = []  # phases entered through `with phase(...)`, innermost last
+        self._ctx = ctx or zmq.Context.instance()
+        self._sndhwm = sndhwm
+        self._thread = threading.Thread(target=self._run, name=f"gkd-reporter[{src}]", daemon=True)
+        self._sock_ready = threading.Event()
+        if start:
+            self.start()
+
+    # --- called from any thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self._sock_ready.wait(5.0)
+
+    def emit(self, event: ev.Event) -> None:
+        """Queue one event; returns at once. The envelope (src, ts, run) is filled if empty."""
+        if not event.src:
+            event.src = self.src
+        if not event.ts:
+            event.ts = time.time()
+        event.run = self.run
+        if len(self._queue) >= self.queue_max:
+            self.dropped += 1
+            return
+        self._queue.append(ev.frames(event))
+        if self._sleeping:
+            self._wake.set()
+
+    def register(self, role: str, rank: int | None = None, *, node: str = "", gpus: list[int] | None = None,
+                 actor_id: str = "") -> None:
+        self.emit(ev.WorkerEvent(role=role, rank=rank, node=node or os.uname().nodename, pid=os.getpid(),
+                                 gpus=gpus or [], actor_id=actor_id))
+
+    def set_phase(self, phase: str, *, step: int | None = None, deadline: float | None = None,
+                  detail: str = "") -> None:
+        now = time.time()
+        if phase != self._phase:
+            self._phase, self._phase_since = phase, now
+        if step is not None:
+            self._step = step
+        self.emit(ev.PhaseEvent(phase=phase, step=self._step, started=self._phase_since, deadline=deadline,
+                                detail=detail, ts=now))
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *, step: int | None = None, deadline: float | None = None,
+              timeout_s: float | None = None, detail: str = "") -> Iterator[None]:
+        """``with reporter.phase("sync_weights", step=3, timeout_s=60):`` ... then back to the enclosing
+        phase (or ``idle`` at the top level)."""
+        if deadline is None and timeout_s is not None:
+            deadline = time.time() + timeout_s
+        self._stack.append(name)
+        self.set_phase(name, step=step, deadline=deadline, detail=detail)
+        try:
+            yield
+        except BaseException as e:
+            self._stack.pop()
+            self.set_phase(self._stack[-1] if self._stack else "idle",
+                           detail=f"{name} raised {type(e).__name__}: {e}"[:300])
+            raise
+        else:
+            self._stack.pop()
+            self.set_phase(self._stack[-1] if self._stack else "idle")
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.emit(ev.LogEvent(level=level, message=message))
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Send what is queued (up to ``timeout_s``), then stop the thread."""
+        self._closing = True
+        self._close_deadline = time.monotonic() + timeout_s
+        self._wake.set()
+        self._thread.join(timeout_s + 1.0)
+
+    def __enter__(self) -> "Reporter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- the background thread -------------------------------------------------------------
+
+    def _heartbeat(self, cpu: float) -> list[bytes]:
+        now = time.time()
+        return ev.frames(ev.HeartbeatEvent(
+            src=self.src, run=self.run, ts=now, phase=self._phase, elapsed=now - self._phase_since,
+            rss=_rss_bytes(), cpu=cpu, dropped=self.dropped,
+        ))
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.sndhwm = self._sndhwm
+        sock.linger = 0
+        if self.ingest:
+            sock.connect(self.ingest)
+        self._sock_ready.set()
+        q = self._queue
+        next_beat = time.monotonic()
+        last_cpu, last_wall = sum(os.times()[:2]), time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_beat:
+                    cpu_t, wall = sum(os.times()[:2]), now
+                    cpu = 100.0 * (cpu_t - last_cpu) / max(wall - last_wall, 1e-6)
+                    last_cpu, last_wall = cpu_t, wall
+                    q.appendleft(self._heartbeat(round(cpu, 1)))
+                    next_beat = now + self.heartbeat_s
+                while q:
+                    frames = q.popleft()
+                    if not self.ingest:
+                        self.dropped += 1
+                        continue
+                    try:
+                        sock.send_multipart(frames, zmq.NOBLOCK)
+                        self.sent += 1
+                    except zmq.Again:
+                        self.dropped += 1  # supervisor away or slow: count, never block the worker
+                if self._closing:
+                    if not q or time.monotonic() > self._close_deadline:
+                        break
+                    continue
+                self._sleeping = True
+                if not q:
+                    self._wake.wait(max(0.0, next_beat - time.monotonic()))
+                self._sleeping = False
+                self._wake.clear()
+        finally:
+            # give queued frames up to the close deadline to leave the socket
+            left = max(0.0, getattr(self, "_close_deadline", 0) - time.monotonic())
+            sock.close(linger=int(left * 1000))

@@ -1,0 +1,95 @@
+"""A late joiner's view of a run: the ZeroMQ "clone" pattern (DESIGN §4).
+
+Subscribe first, then ask the control socket for a snapshot ``{seq, state}``, then apply only
+events with a larger ``seq``. Events carry consecutive ``seq`` numbers, so a jump means the PUB
+socket dropped something for us (our high-water mark): take a fresh snapshot and go on.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from gkd_core import rundir
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.control import ControlClient
+
+class Snapshot(msgspec.Struct):
+    seq: int
+    state: RunState
+    supervisor: dict = {}
+
+
+_snap = msgspec.json.Decoder(Snapshot)
+
+
+class RunSubscriber:
+    """Keeps ``self.state`` equal to the supervisor's, through snapshots and events."""
+
+    def __init__(self, run: Path | None = None, *, endpoints: dict | None = None, rcvhwm: int = 100_000,
+                 ctx: zmq.Context | None = None, timeout_s: float = 2.0, client: ControlClient | None = None):
+        self.run = run
+        self.endpoints = endpoints if endpoints is not None else rundir.read_endpoints(run)
+        self.ctx = ctx or zmq.Context.instance()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.rcvhwm = rcvhwm
+        self.sub.linger = 0
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(self.endpoints["events"])
+        self.client = client or ControlClient(self.endpoints["control"], keys_dir=(run / "keys") if run else None,
+                                              ctx=self.ctx, timeout_s=timeout_s)
+        self.state = RunState()
+        self.seq = 0
+        self.snapshots = 0
+        self.gaps = 0
+        self.rejects = ev.RejectCounter()
+        self.supervisor: dict = {}
+
+    def resnapshot(self) -> None:
+        """Fetch ``{seq, state}``; events up to ``seq`` are in it, later ones come from SUB."""
+        raw = self.client.request("snapshot", raw=True)
+        snap = _snap.decode(raw)
+        self.state, self.seq, self.supervisor = snap.state, snap.seq, snap.supervisor
+        self.snapshots += 1
+
+    def connect(self, settle_s: float = 0.05) -> None:
+        # the SUB must be connected before the snapshot is taken, or events in between are lost
+        time.sleep(settle_s)
+        self.resnapshot()
+
+    def pump(self, timeout_s: float = 0.1, max_events: int = 10_000) -> list[ev.Event]:
+        """Apply what has arrived (waiting up to ``timeout_s`` for the first); returns the new events."""
+        applied: list[ev.Event] = []
+        if not self.sub.poll(int(timeout_s * 1000), zmq.POLLIN):
+            return applied
+        for _ in range(max_events):
+            try:
+                frames = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                e = ev.decode(frames[-1])
+            except ev.Rejected as r:
+                self.rejects.add(r)
+                continue
+            if e.seq <= self.seq:
+                continue  # already in the snapshot
+            if e.seq != self.seq + 1:
+                self.gaps += 1
+                self.resnapshot()
+                if e.seq <= self.seq:
+                    continue
+                if e.seq != self.seq + 1:
+                    continue  # still ahead of the fresh snapshot: later events will catch us up
+            self.state.apply(e)
+            self.seq = e.seq
+            applied.append(e)
+        return applied
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        self.client.close()

@@ -1,0 +1,209 @@
+"""``gkd-tui``: the command line (DESIGN §7). Every one-key action has a scriptable twin here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from gkd_core import rundir
+from gkd_core.config import ConfigError, load_config
+from gkd_core.state import RunState
+from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
+from gkd_tui.render_text import status_text
+
+EXIT_UNREACHABLE = 3
+LAUNCH_WAIT_S = 30.0
+
+
+def _client(run: Path, timeout_s: float = 2.0) -> tuple[ControlClient, dict]:
+    endpoints = rundir.read_endpoints(run)
+    return ControlClient.for_run(run, endpoints, timeout_s=timeout_s, by=f"{os.environ.get('USER', 'cli')}/cli"), endpoints
+
+
+def _unreachable(run: Path | None, err: Exception) -> int:
+    where = f" (run directory {run})" if run else ""
+    print(f"gkd-tui: no run reachable{where}: {err}", file=sys.stderr)
+    if run is not None and (run / "events.jsonl").exists():
+        print(f"gkd-tui: its event log is still there: `gkd-tui replay {run}`", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    run = None
+    try:
+        run = rundir.resolve_run(a.run)
+        client, _ = _client(run, a.timeout)
+        with client:
+            snap = client.request("snapshot")
+    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+        return _unreachable(run, e)
+    now = time.time()
+    if a.json:
+        state = msgspec.convert(snap["state"], RunState)
+        view = state.sync_view(now)
+        out = {"run_dir": str(run), "seq": snap["seq"], "now": now, "supervisor": snap.get("supervisor", {}),
+               "sync_view": msgspec.to_builtins(view) if view else None, "state": snap["state"]}
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(status_text(msgspec.convert(snap["state"], RunState), now, run))
+    return 0
+
+
+def _act(a: argparse.Namespace, op: str, args: dict, timeout_s: float = 5.0) -> int:
+    run = None
+    try:
+        run = rundir.resolve_run(a.run)
+        client, _ = _client(run, timeout_s)
+        with client:
+            result = client.request(op, args)
+    except ControlError as e:
+        print(f"gkd-tui: {op} refused: {e}", file=sys.stderr)
+        return 1
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return _unreachable(run, e)
+    print(json.dumps(result, indent=1) if getattr(a, "json", False) else _describe(op, result))
+    return 0
+
+
+def _describe(op: str, result) -> str:
+    if op == "restart" and isinstance(result, dict):
+        lines = [f"restart {result.get('restart')}: {result.get('config', '(dry run)')}"]
+        for key, old, new in result.get("changes", []):
+            lines.append(f"  {key}: {old!r} -> {new!r}")
+        if not result.get("changes"):
+            lines.append("  (same config)")
+        return "\n".join(lines)
+    return f"{op}: {json.dumps(result)}"
+
+
+def cmd_stop(a: argparse.Namespace) -> int:
+    return _act(a, "stop", {"grace_s": a.grace} if a.grace is not None else {})
+
+
+def cmd_restart(a: argparse.Namespace) -> int:
+    return _act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run})
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    return _act(a, "cancel", {"target": a.target, "mode": "force" if a.force else "cooperative"})
+
+
+def cmd_dump_stacks(a: argparse.Namespace) -> int:
+    return _act(a, "dump_stacks", {"targets": a.targets})
+
+
+def cmd_launch(a: argparse.Namespace) -> int:
+    cfg_path, overrides = a.config, list(a.overrides)
+    if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
+        overrides.insert(0, cfg_path)
+        cfg_path = None
+    try:
+        load_config(cfg_path, overrides)  # refuse a bad config here, before anything starts
+    except ConfigError as e:
+        print(f"gkd-tui: invalid config: {e}", file=sys.stderr)
+        return 2
+    run_id = rundir.new_run_id()
+    home = rundir.gkd_home()
+    home.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "gkd_core", "run", *([cfg_path] if cfg_path else []), *overrides,
+            "--run-id", run_id, "--linger", str(a.linger), "--quiet"]
+    out = open(home / f"supervisor-{run_id}.log", "ab")
+    # its own session, like tmux: closing the dashboard or the SSH session does not stop training
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    out.close()
+    run = rundir.runs_root(home) / run_id
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while not (run / "endpoints.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"gkd-tui: the supervisor did not start within {LAUNCH_WAIT_S:g} s; its output is in "
+                  f"{home / f'supervisor-{run_id}.log'}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    print(f"gkd-tui: launched run {run_id} (supervisor pid {proc.pid}) in {run}", file=sys.stderr)
+    if a.detach:
+        return 0
+    a.target = str(run)
+    return cmd_attach(a)
+
+
+def cmd_attach(a: argparse.Namespace) -> int:
+    from gkd_tui.follow import follow
+
+    run = None
+    try:
+        run = rundir.resolve_run(a.target)
+        return follow(run)
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return _unreachable(run, e)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gkd-tui", description="Watch and steer GKD distillation runs.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("launch", help="start a run detached (no config: the tiny CPU demo) and attach")
+    s.add_argument("config", nargs="?", help="a YAML config; omit for the embedded tiny CPU demo")
+    s.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    s.add_argument("--detach", action="store_true", help="start it and return, without attaching")
+    s.add_argument("--linger", type=float, default=3600.0, metavar="S",
+                   help="keep the supervisor up S seconds after the run ends, for a restart (default 3600)")
+    s.set_defaults(func=cmd_launch)
+
+    s = sub.add_parser("attach", help="follow a run (default: the latest run on this machine)")
+    s.add_argument("target", nargs="?", help="a run directory or run id")
+    s.set_defaults(func=cmd_attach)
+
+    s = sub.add_parser("status", help="print a run's state from a snapshot")
+    s.add_argument("run", nargs="?", help="a run directory or run id (default: the latest)")
+    s.add_argument("--json", action="store_true", help="the snapshot as JSON")
+    s.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for the supervisor")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("stop", help="stop a run (the driver gets SIGTERM, then SIGKILL)")
+    s.add_argument("run", nargs="?")
+    s.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL")
+    s.set_defaults(func=cmd_stop)
+
+    s = sub.add_parser("restart", help="restart the driver from the latest checkpoint")
+    s.add_argument("run", nargs="?")
+    s.add_argument("--smaller", action="store_true", help="apply the config's shrink rules first")
+    s.add_argument("--dry-run", action="store_true", help="show the config changes only")
+    s.add_argument("-o", "--override", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_restart)
+
+    s = sub.add_parser("cancel", help="cancel a worker's task, the current sync, or everything")
+    s.add_argument("target", nargs="?", default="sync", help="a worker (rollout/1), 'sync' or 'all'")
+    s.add_argument("--run", default=None)
+    s.add_argument("--force", action="store_true", help="kill the worker if it does not stop")
+    s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")
+    s.add_argument("targets", nargs="*")
+    s.add_argument("--run", default=None)
+    s.set_defaults(func=cmd_dump_stacks)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        return a.func(a)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `gkd-tui status --json | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`gkd-tui attach` without a dashboard: one line per thing that matters, until the run ends."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_tui.render_text import status_text
+
+ENDED = ("finished", "failed", "stopped")
+
+
+def describe(e: ev.Event) -> str | None:
+    """One line for an event worth a line (phases, syncs, alerts, runs, actions), else None."""
+    t = time.strftime("%H:%M:%S", time.localtime(e.ts))
+    if isinstance(e, ev.RunEvent):
+        return f"{t} run {e.state} {e.reason}".rstrip()
+    if isinstance(e, ev.PhaseEvent):
+        return f"{t} {e.src:12s} {e.phase}" + (f" step {e.step}" if e.step is not None else "")
+    if isinstance(e, ev.SyncEvent) and e.state != "progress":
+        pend = f" pending {', '.join(e.pending)}" if e.pending else ""
+        return f"{t} sync {e.sync_id} {e.state} {e.elapsed_s:.2f}s/{e.timeout_s:g}s{pend}"
+    if isinstance(e, ev.AlertEvent):
+        return f"{t} {'cleared' if e.cleared else e.severity.upper()} {e.code}: {e.message}"
+    if isinstance(e, ev.ActionEvent):
+        return f"{t} action {e.op} by {e.by}: {'ok' if e.ok else 'refused'} {e.result}"
+    if isinstance(e, ev.MetricsEvent):
+        vals = [f"{k}={getattr(e, k):.4g}" for k in ("loss", "kl", "agreement") if getattr(e, k) is not None]
+        return f"{t} metrics step {e.step} " + " ".join(vals)
+    return None
+
+
+def follow(run: Path) -> int:
+    sub = RunSubscriber(run)
+    try:
+        sub.connect()
+        print(status_text(sub.state, time.time(), run), flush=True)
+        while sub.state.state not in ENDED:
+            for e in sub.pump(0.5):
+                line = describe(e)
+                if line:
+                    print(line, flush=True)
+        return 0
+    except KeyboardInterrupt:
+        print("\ndetached; the run goes on (`gkd-tui stop` ends it)", file=sys.stderr)
+        return 0
+    finally:
+        sub.close()

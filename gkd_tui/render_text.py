@@ -1,0 +1,51 @@
+"""Plain-text renderings of a RunState, for `gkd-tui status` and logs without a TTY."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gkd_core.state import RunState
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def status_text(st: RunState, now: float, run: Path | None = None) -> str:
+    step = f"{st.step if st.step is not None else '-'}/{st.total_steps or '?'}"
+    lines = [f"run {st.run or '?'}  {st.state or 'unknown'}  step {step}  elapsed "
+             f"{fmt_duration(now - st.started if st.started else None)}  restarts {st.restarts}"]
+    if run is not None:
+        lines.append(f"dir {run}")
+    if st.state in ("failed", "stopped", "finished") and st.reason:
+        lines.append(f"driver {st.reason}")
+    for a in st.active_alerts()[:5]:
+        lines.append(f"{a.severity.upper():8s} {a.message}")
+        if a.hint:
+            lines.append(f"         -> {a.hint}")
+    view = st.sync_view(now)
+    if view is not None:
+        pend = f"  pending {', '.join(view.pending)}" if view.pending else ""
+        lines.append(f"sync {view.sync_id} {view.state}  {fmt_duration(view.elapsed_s)} / "
+                     f"{fmt_duration(view.timeout_s)}{pend}")
+    if st.workers:
+        lines.append(f"{'worker':14s} {'pid':>7s} {'phase':14s} {'in phase':>9s} {'step':>5s} {'heartbeat':>9s}")
+        for ws in st.workers_by_role().values():
+            for w in ws:
+                hb = st.heartbeat_age(w, now)
+                lines.append(f"{w.src:14s} {w.pid or '-':>7} {w.phase[:14]:14s} "
+                             f"{fmt_duration(st.time_in_phase(w, now)):>9s} "
+                             f"{w.step if w.step is not None else '-':>5} {fmt_duration(hb):>9s}")
+    if st.metrics:
+        m = st.metrics[-1]
+        parts = [f"{k} {getattr(m, k):.4g}" for k in ("loss", "kl", "agreement", "tokens_per_s")
+                 if getattr(m, k) is not None]
+        lines.append(f"metrics step {m.step}: " + ("  ".join(parts) or "(timing only)"))
+    return "\n".join(lines)

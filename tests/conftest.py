@@ -1,0 +1,103 @@
+"""Shared fixtures: a private GKD_HOME per test, and real supervisors as real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gkd_core import rundir
+from gkd_core.telemetry.control import ControlClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def gkd_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "gkd"
+    monkeypatch.setenv("GKD_HOME", str(home))
+    return home
+
+
+class RunningSupervisor:
+    """``python -m gkd_core run`` in its own process group, with helpers to reach it."""
+
+    def __init__(self, home: Path, args: list[str], env: dict[str, str]):
+        self.home = home
+        self.run_id = rundir.new_run_id()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gkd_core", "run", *args, "--run-id", self.run_id, "--quiet"],
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.run = home / "runs" / self.run_id
+        deadline = time.monotonic() + 30
+        while not (self.run / "endpoints.json").exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"supervisor exited {self.proc.returncode}: {self.proc.stdout.read().decode()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("supervisor did not write endpoints.json within 30 s")
+            time.sleep(0.02)
+        self.endpoints = rundir.read_endpoints(self.run)
+
+    def client(self, **kw) -> ControlClient:
+        return ControlClient.for_run(self.run, self.endpoints, **kw)
+
+    def wait_driver(self, timeout_s: float = 20.0) -> int:
+        """The driver's pid once it has connected its command channel."""
+        deadline = time.monotonic() + timeout_s
+        with self.client() as c:
+            while time.monotonic() < deadline:
+                sup = c.request("snapshot")["supervisor"]
+                if sup["driver_connected"] and sup["driver_pid"]:
+                    return sup["driver_pid"]
+                time.sleep(0.1)
+        raise TimeoutError("the driver did not connect")
+
+    def events(self) -> list[dict]:
+        import json
+
+        path = self.run / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGTERM (the supervisor stops its driver), then SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def start_supervisor(gkd_home):
+    started: list[RunningSupervisor] = []
+
+    def start(*args: str, step_s: float = 0.05, **env_extra: str) -> RunningSupervisor:
+        env = dict(os.environ, GKD_HOME=str(gkd_home), GKD_DEMO_STEP_S=str(step_s), **env_extra)
+        sup = RunningSupervisor(gkd_home, list(args), env)
+        started.append(sup)
+        return sup
+
+    yield start
+    for sup in started:
+        sup.kill()
+
+
+def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,0 +1,68 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def gkd_tui(*args, home, timeout=30):
+    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=dict(os.environ, GKD_HOME=str(home)))
+
+
+def test_help_lists_the_commands(gkd_home):
+    r = gkd_tui("--help", home=gkd_home)
+    assert r.returncode == 0
+    for cmd in ("launch", "attach", "status", "stop", "restart", "cancel", "dump-stacks"):
+        assert cmd in r.stdout
+
+
+def test_status_without_a_run_says_where_it_looked(gkd_home):
+    r = gkd_tui("status", "--json", home=gkd_home)
+    assert r.returncode == 3
+    assert str(gkd_home / "runs" / "latest") in r.stderr and "gkd-tui launch" in r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.slow
+def test_status_of_a_live_run_and_of_a_dead_one(start_supervisor, gkd_home):
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    sup.wait_driver()
+    r = gkd_tui("status", "--json", home=gkd_home)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["state"]["state"] == "running" and st["state"]["workers"]["driver"]["pid"] > 0
+    assert st["seq"] >= 3 and st["supervisor"]["driver_connected"]
+    text = gkd_tui("status", home=gkd_home)
+    assert text.returncode == 0 and "running" in text.stdout and "driver" in text.stdout
+    sup.kill()
+    r = gkd_tui("status", "--timeout", "0.3", home=gkd_home)
+    assert r.returncode == 3 and str(sup.run) in r.stderr and "replay" in r.stderr
+
+
+@pytest.mark.slow
+def test_launch_detaches_and_restart_dry_run_shows_the_diff(gkd_home):
+    r = gkd_tui("launch", "trainer.total_steps=100000", "--detach", home=gkd_home)
+    assert r.returncode == 0, r.stderr
+    run = (gkd_home / "runs" / "latest").resolve()
+    try:
+        d = gkd_tui("restart", "--smaller", "--dry-run", home=gkd_home)
+        assert d.returncode == 0 and "rollout.n_workers: 2 -> 1" in d.stdout
+    finally:
+        s = gkd_tui("stop", home=gkd_home)
+    assert s.returncode == 0
+    pid = json.loads((run / "endpoints.json").read_text())["supervisor_pid"]
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the launched supervisor did not stop")

@@ -1,0 +1,65 @@
+from pathlib import Path
+
+import pytest
+
+from gkd_core import config as C
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_embedded_default_is_valid_and_equals_the_example():
+    assert C.load_config(None) == C.load_config(ROOT / "examples" / "tiny_cpu.yaml")
+
+
+def test_overrides_are_typed():
+    cfg = C.load_config(None, ["trainer.total_steps=7", "actor.loss=reverse_kl", "telemetry.stall_s=2.5"])
+    assert cfg.trainer.total_steps == 7 and cfg.actor.loss == "reverse_kl" and cfg.telemetry.stall_s == 2.5
+
+
+def test_unknown_key_names_path_value_source_and_nearest(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("trainer:\n  total_step: 10\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(f)
+    msg = str(e.value)
+    assert "trainer.total_step" in msg and "10" in msg and str(f) in msg and "trainer.total_steps" in msg
+
+
+def test_bad_value_in_override_names_the_override():
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(None, ["trainer.total_steps=many"])
+    msg = str(e.value)
+    assert "trainer.total_steps" in msg and "'many'" in msg and "override" in msg
+
+
+def test_bad_choice_and_semantic_checks():
+    with pytest.raises(C.ConfigError, match="actor.loss"):
+        C.load_config(None, ["actor.loss=kl_both_ways"])
+    with pytest.raises(C.ConfigError, match="actor.beta"):
+        C.load_config(None, ["actor.beta=1.5"])
+    with pytest.raises(C.ConfigError, match="not of the form"):
+        C.load_config(None, ["nonsense"])
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(C.ConfigError, match="does not exist"):
+        C.load_config(tmp_path / "nope.yaml")
+    f = tmp_path / "list.yaml"
+    f.write_text("- a\n- b\n")
+    with pytest.raises(C.ConfigError, match="mapping"):
+        C.load_config(f)
+
+
+def test_shrink_halves_with_floors_and_diff_lists_changes():
+    cfg = C.load_config(None, ["rollout.n_workers=4", "data.batch_size=5"])
+    small, changes = C.shrink(cfg)
+    assert small.rollout.n_workers == 2 and small.data.batch_size == 4  # floor 4
+    assert ("rollout.n_workers", 4, 2) in changes
+    assert sorted(C.diff(cfg, small)) == sorted(changes)
+    tiny = C.load_config(None, ["rollout.n_workers=1"])
+    assert C.shrink(tiny)[0].rollout.n_workers == 1
+
+
+def test_digest_is_stable_and_sensitive():
+    a, b = C.load_config(None), C.load_config(None, ["trainer.total_steps=61"])
+    assert C.digest(a) == C.digest(C.load_config(None)) != C.digest(b)

@@ -1,0 +1,102 @@
+import json
+
+import msgspec
+import pytest
+
+from gkd_core.telemetry import events as ev
+
+SAMPLES = [
+    ev.RunEvent(state="running", config_digest="abc", restart=1, total_steps=5),
+    ev.WorkerEvent(role="rollout", rank=1, node="n0", pid=42, gpus=[0, 1], actor_id="a1"),
+    ev.PhaseEvent(phase="sync_weights", step=3, started=1.0, deadline=61.0, detail="x"),
+    ev.HeartbeatEvent(phase="train", elapsed=1.5, rss=1 << 20, cpu=12.5, dropped=2),
+    ev.SyncEvent(sync_id=7, state="progress", timeout_s=60, elapsed_s=3.0, pending=["rollout/1"], done=["student/0"]),
+    ev.TeacherEvent(side="server", received=10, served=9, queue_depth=1, workers={"teacher/0": 9},
+                    latency_ms={"p50": 1.0, "p95": 2.0}),
+    ev.GpuEvent(node="n0", index=0, util=50.0, mem_used=10, mem_total=20, temp=60.0, power=100.0, pids=[42]),
+    ev.GpuEvent(node="n0", nvml_hung_s=4.2),
+    ev.MetricsEvent(step=3, loss=1.0, kl=0.5, agreement=0.4, tokens_per_s=100.0, timing={"train": 0.1}),
+    ev.StackEvent(dump_id="d1", target="rollout/1", method="py-spy", text="Thread ..."),
+    ev.AlertEvent(severity="critical", code="sync_timed_out", message="m", hint="h", targets=["rollout/1"]),
+    ev.LogEvent(level="warn", message="hello"),
+    ev.ActionEvent(op="stop", by="me", ok=True, result={"stopping": True}),
+]
+
+
+def test_every_kind_of_the_table_is_known():
+    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "sync", "teacher", "gpu", "metrics", "stack",
+                             "alert", "log", "action"}
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
+def test_round_trip_keeps_envelope_and_payload(event):
+    event.src, event.ts, event.run, event.seq = "rollout/1", 123.5, "r1", 9
+    data = ev.encode(event)
+    obj = json.loads(data)
+    for key in ev.ENVELOPE:
+        assert key in obj
+    assert obj["v"] == 1 and obj["kind"] == event.__struct_config__.tag
+    assert ev.decode(data) == event
+    kind, body = ev.frames(event)
+    assert kind == obj["kind"].encode() and body == data
+
+
+def test_unknown_fields_are_tolerated_and_unknown_kinds_kept():
+    e = ev.decode(b'{"v":1,"kind":"phase","phase":"train","from_the_future":[1,2]}')
+    assert isinstance(e, ev.PhaseEvent) and e.phase == "train"
+    u = ev.decode(b'{"v":1,"kind":"profile","seq":4,"src":"x","flame":"..."}')
+    assert isinstance(u, ev.UnknownEvent) and u.kind == "profile" and u.fields == {"flame": "..."} and u.seq == 4
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"\x00\xff garbage", "garbage"),
+    (b"", "garbage"),
+    (b'["a list"]', "malformed"),
+    (b'{"v":1,"kind":"phase"}', "malformed"),  # phase is required
+    (b'{"v":1,"kind":"phase","phase":3}', "malformed"),
+    (b'{"v":1,"kind":"sync","sync_id":"x","state":"done"}', "malformed"),
+    (b'{"v":1,"kind":"heartbeat","ts":"yesterday"}', "malformed"),
+    (b'{"v":1,"phase":"x"}', "malformed"),  # no kind
+    (b'{"v":2,"kind":"phase","phase":"x"}', "version"),
+    (b'{"v":"1","kind":"phase","phase":"x"}', "version"),
+    (b'{"v":1,"kind":"log","message":"' + b"x" * (1 << 20) + b'"}', "oversized"),
+])
+def test_bad_messages_are_rejected_with_a_reason(data, reason):
+    with pytest.raises(ev.Rejected) as info:
+        ev.decode(data)
+    assert info.value.reason == reason
+    with pytest.raises(ev.Rejected) as info2:
+        ev.decode_dict(data)
+    assert info2.value.reason == reason
+
+
+def test_a_missing_version_reads_as_1():
+    assert ev.decode(b'{"kind":"log","message":"m"}').v == 1
+    assert ev.decode_dict(b'{"kind":"log","message":"m"}')[0]["v"] == 1
+
+
+def test_reject_counter_counts_by_reason():
+    c = ev.RejectCounter()
+    for data in (b"junk", b"junk", b'{"v":9,"kind":"log"}'):
+        try:
+            ev.decode(data)
+        except ev.Rejected as r:
+            c.add(r)
+    assert c.counts == {"garbage": 2, "version": 1} and c.total == 3
+
+
+def test_decode_never_raises_anything_but_rejected():
+    import random
+
+    rnd = random.Random(0)
+    pieces = [b"{", b"}", b'"v":1', b'"kind":"phase"', b",", b'"phase":', b"null", b"1e999", b"[", b"]", b'"\\u0000"']
+    for _ in range(3000):
+        data = b"".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        try:
+            ev.decode(data)
+        except ev.Rejected:
+            pass
+
+
+def test_envelope_is_msgspec_json():
+    assert msgspec.json.decode(ev.encode(ev.LogEvent(message="é")))["message"] == "é"

@@ -1,0 +1,126 @@
+import ctypes
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import zmq
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.reporter import Reporter
+
+
+def pull_socket():
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.PULL)
+    s.linger = 0
+    s.bind("tcp://127.0.0.1:*")
+    return s, s.last_endpoint.decode()
+
+
+def collect(sock, seconds):
+    out = []
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if sock.poll(int(left * 1000) + 1):
+            kind, body = sock.recv_multipart()
+            e = ev.decode(body)
+            assert kind.decode() == e.kind
+            out.append(e)
+    return out
+
+
+def test_phases_and_events_arrive_with_envelope():
+    sock, addr = pull_socket()
+    with Reporter("rollout/1", ingest=addr, run="r1", heartbeat_s=10) as rep:
+        rep.register("rollout", 1, gpus=[3])
+        with rep.phase("sync_weights", step=4, timeout_s=60):
+            rep.log("inside")
+        got = collect(sock, 1.0)
+    kinds = [(e.kind, getattr(e, "phase", None)) for e in got]
+    assert ("worker", None) in kinds
+    phases = [e.phase for e in got if e.kind == "phase"]
+    assert phases == ["sync_weights", "idle"]
+    sync = next(e for e in got if e.kind == "phase")
+    assert sync.step == 4 and sync.deadline and sync.deadline > time.time() + 50
+    assert all(e.src == "rollout/1" and e.run == "r1" and e.ts > 0 and e.v == 1 for e in got)
+    sock.close()
+
+
+def test_nested_phases_return_to_the_enclosing_one_and_errors_are_noted():
+    sock, addr = pull_socket()
+    rep = Reporter("student/0", ingest=addr, heartbeat_s=10)
+    with rep.phase("train", step=1):
+        try:
+            with rep.phase("checkpoint"):
+                raise OSError("disk full")
+        except OSError:
+            pass
+    rep.close()
+    phases = [(e.phase, e.detail) for e in collect(sock, 1.0) if e.kind == "phase"]
+    assert [p for p, _ in phases] == ["train", "checkpoint", "train", "idle"]
+    assert "disk full" in phases[2][1]
+    sock.close()
+
+
+def test_heartbeats_flow_while_the_main_thread_is_blocked_in_c():
+    sock, addr = pull_socket()
+    rep = Reporter("rollout/0", ingest=addr, heartbeat_s=0.2)
+    with rep.phase("sync_weights"):
+        libc = ctypes.CDLL(None)
+        t0 = time.monotonic()
+        libc.sleep(2)  # a C call, like an NCCL wait: ctypes releases the GIL
+        assert time.monotonic() - t0 >= 1.9
+    rep.close()
+    beats = [e for e in collect(sock, 0.5) if e.kind == "heartbeat" and e.phase == "sync_weights"]
+    assert len(beats) >= 7, len(beats)
+    assert beats[-1].elapsed > 1.5 and beats[-1].rss > 0
+    sock.close()
+
+
+def test_emit_never_blocks_and_counts_drops_when_the_supervisor_is_away():
+    # nothing listens at this address: the socket queues up to its high-water mark, then drops
+    rep = Reporter("rollout/9", ingest="tcp://127.0.0.1:9", heartbeat_s=0.1, sndhwm=100, queue_max=1000)
+    t0 = time.perf_counter()
+    for i in range(20_000):
+        rep.emit(ev.LogEvent(message=f"m{i}"))
+    took = time.perf_counter() - t0
+    time.sleep(0.5)
+    rep.close(timeout_s=0.2)
+    assert took < 5.0  # never waits on the network (a blocking send would hang forever here)
+    assert rep.dropped >= 20_000 - 1000 - 100
+    assert rep.sent <= 200
+
+
+def test_dropped_count_rides_on_heartbeats():
+    sock, addr = pull_socket()
+    rep = Reporter("rollout/2", ingest=addr, heartbeat_s=0.1, queue_max=10)
+    stop = threading.Event()
+    blocker = threading.Thread(target=lambda: stop.wait(), daemon=True)
+    blocker.start()
+    for _ in range(5000):  # far more than the queue holds between two wakeups
+        rep.emit(ev.LogEvent(message="x" * 100))
+    time.sleep(0.4)
+    rep.close()
+    stop.set()
+    beats = [e for e in collect(sock, 0.5) if e.kind == "heartbeat"]
+    assert rep.dropped > 0 and beats and beats[-1].dropped == rep.dropped
+    sock.close()
+
+
+def test_a_reporter_in_a_process_killed_mid_emit_leaves_the_receiver_intact():
+    sock, addr = pull_socket()
+    code = textwrap.dedent(f"""
+        from gkd_core.telemetry.reporter import Reporter
+        from gkd_core.telemetry import events as ev
+        rep = Reporter("rollout/3", ingest={addr!r}, heartbeat_s=0.05)
+        while True:
+            rep.emit(ev.LogEvent(message="spam"))
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code])
+    got = collect(sock, 1.5)
+    p.kill()
+    p.wait()
+    assert any(e.kind == "heartbeat" for e in got) and any(e.kind == "log" for e in got)
+    sock.close()

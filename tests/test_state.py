@@ -1,0 +1,124 @@
+import msgspec
+
+from gkd_core.state import RunState, decode_state, encode_state, replay
+from gkd_core.telemetry import events as ev
+
+
+def seqd(events):
+    for i, e in enumerate(events, 1):
+        e.seq = i
+        e.ts = e.ts or 1000.0 + i
+    return events
+
+
+def scenario():
+    return seqd([
+        ev.RunEvent(src="supervisor", state="running", total_steps=10, config_digest="d1", run="r"),
+        ev.WorkerEvent(src="student/0", role="student", rank=0, node="n0", pid=10),
+        ev.WorkerEvent(src="rollout/0", role="rollout", rank=0, node="n0", pid=11),
+        ev.WorkerEvent(src="rollout/1", role="rollout", rank=1, node="n1", pid=12, gpus=[1]),
+        ev.PhaseEvent(src="rollout/1", phase="sync_weights", step=3, ts=1010.0),
+        ev.HeartbeatEvent(src="rollout/1", phase="sync_weights", elapsed=1.0, rss=5, ts=1011.0),
+        ev.HeartbeatEvent(src="rollout/0", phase="idle", ts=1011.0),
+        ev.SyncEvent(src="driver", sync_id=3, state="started", timeout_s=60, pending=["rollout/0", "rollout/1"],
+                     ts=1010.0),
+        ev.SyncEvent(src="driver", sync_id=3, state="progress", timeout_s=60, elapsed_s=5.0, pending=["rollout/1"],
+                     done=["rollout/0"], ts=1015.0),
+        ev.TeacherEvent(src="driver", side="client", sent=4, completed=3, in_flight=1, latency_ms={"p50": 5.0},
+                        ts=1012.0),
+        ev.TeacherEvent(src="teacher/proxy", side="server", received=4, served=3, queue_depth=1, ts=1013.0),
+        ev.GpuEvent(src="agent/n1", node="n1", index=1, util=0.0, mem_used=70, mem_total=80),
+        ev.GpuEvent(src="agent/n0", node="n0", nvml_hung_s=4.0),
+        ev.MetricsEvent(src="driver", step=2, loss=1.5, kl=0.7, agreement=0.3),
+        ev.AlertEvent(src="supervisor", severity="warn", code="a", message="w", targets=["rollout/1"]),
+        ev.AlertEvent(src="supervisor", severity="critical", code="b", message="c"),
+        ev.StackEvent(src="agent/n1", dump_id="x", target="rollout/1", method="py-spy", text="in sync_rollout"),
+        ev.ActionEvent(src="supervisor", op="dump_stacks", by="me"),
+    ])
+
+
+def build():
+    st = RunState()
+    for e in scenario():
+        st.apply(e)
+    return st
+
+
+def test_views_of_a_hung_sync():
+    st = build()
+    assert st.state == "running" and st.total_steps == 10 and st.step == 3 and st.last_seq == 18
+    roles = st.workers_by_role()
+    assert [w.src for w in roles["rollout"]] == ["rollout/0", "rollout/1"]
+    r1 = st.workers["rollout/1"]
+    assert r1.phase == "sync_weights" and r1.node == "n1" and r1.gpus == [1]
+    assert st.time_in_phase(r1, 1100.0) == 90.0
+    assert st.heartbeat_age(r1, 1100.0) == 89.0
+    assert [w.src for w in st.stale_workers(1100.0, stall_s=10)] == ["rollout/0", "rollout/1"]
+    assert st.stale_workers(1012.0, stall_s=10) == []
+    view = st.sync_view(1045.0)  # 5 s reported at 1015 + 30 s since
+    assert view.running and view.pending == ["rollout/1"] and view.elapsed_s == 35.0
+    assert abs(view.fraction - 35 / 60) < 1e-9
+    tot = st.teacher_totals()
+    assert (tot.sent, tot.completed, tot.received, tot.served, tot.queue_depth) == (4, 3, 4, 3, 1)
+    assert tot.latency_ms == {"p50": 5.0}
+    assert [g.node for g in st.gpu_rows()] == ["n1"] and st.nvml_hung == {"n0": 4.0}
+    assert [a.code for a in st.active_alerts()] == ["b", "a"]  # critical first
+    assert st.recent_metrics()[-1].agreement == 0.3
+    assert st.stacks["rollout/1"].text == "in sync_rollout"
+    assert st.actions[-1]["op"] == "dump_stacks"
+
+
+def test_sync_end_archives_and_alert_clears_and_gpu_recovers():
+    st = build()
+    for e in seqd([ev.SyncEvent(sync_id=3, state="timed_out", timeout_s=60, elapsed_s=60, pending=["rollout/1"]),
+                   ev.AlertEvent(code="a", targets=["rollout/1"], cleared=True),
+                   ev.GpuEvent(node="n0", index=0, util=10.0)]):
+        st.apply(e)
+    assert st.sync.state == "timed_out" and not st.sync_view(9999.0).running
+    assert st.sync_view(9999.0).elapsed_s == 60
+    assert st.sync_history[-1].state == "timed_out"
+    assert [a.code for a in st.active_alerts()] == ["b"]
+    assert st.nvml_hung == {} and len(st.gpus) == 2
+
+
+def test_run_end_marks_workers_exited_so_they_are_not_stale():
+    st = build()
+    st.apply(ev.RunEvent(state="failed", exit_code=-9, reason="killed by SIGKILL", ts=2000.0, seq=99))
+    assert st.stale_workers(3000.0, 10) == []
+    assert st.workers["rollout/1"].phase == "exited"
+
+
+def test_snapshot_round_trip_is_equal_and_continues_identically():
+    events = scenario()
+    full = RunState()
+    for e in events:
+        full.apply(e)
+    half = RunState()
+    for e in events[:9]:
+        half.apply(e)
+    clone = decode_state(encode_state(half))
+    assert clone == half
+    for e in events[9:]:
+        clone.apply(e)
+    assert clone == full
+
+
+def test_unknown_kinds_are_counted_not_fatal():
+    st = RunState()
+    st.apply(ev.decode(b'{"v":1,"kind":"future","seq":1,"x":1}'))
+    assert st.unknown == {"future": 1} and st.last_seq == 1
+
+
+def test_replay_skips_bad_lines():
+    lines = [ev.encode(e) for e in scenario()]
+    lines.insert(3, b"not json")
+    assert replay(lines) == build()
+
+
+def test_histories_are_bounded():
+    st = RunState()
+    for i in range(2000):
+        st.apply(ev.MetricsEvent(step=i, seq=i + 1, ts=float(i)))
+        st.apply(ev.SyncEvent(sync_id=i, state="done", seq=i + 1, ts=float(i)))
+    assert len(st.metrics) == 512 and len(st.sync_history) == 32
+    assert msgspec.json.encode(st)  # still encodable
