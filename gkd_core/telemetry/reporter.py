@@ -49,7 +49,7 @@ class Reporter:
         self.queue_max = queue_max
         self.dropped = 0
         self.sent = 0
-        self._queue: collections.deque[list[bytes]] = collections.deque()
+        self._queue: collections.deque[bytes] = collections.deque()
         self._wake = threading.Event()
         self._sleeping = False
         self._closing = False
@@ -80,7 +80,7 @@ class Reporter:
         if len(self._queue) >= self.queue_max:
             self.dropped += 1
             return
-        self._queue.append(ev.frames(event))
+        self._queue.append(ev.encode(event))  # one frame: the kind frame is for PUB/SUB filtering
         if self._sleeping:
             self._wake.set()
 
@@ -137,9 +137,9 @@ class Reporter:
 
     # --- the background thread -------------------------------------------------------------
 
-    def _heartbeat(self, cpu: float) -> list[bytes]:
+    def _heartbeat(self, cpu: float) -> bytes:
         now = time.time()
-        return ev.frames(ev.HeartbeatEvent(
+        return ev.encode(ev.HeartbeatEvent(
             src=self.src, run=self.run, ts=now, phase=self._phase, elapsed=now - self._phase_since,
             rss=_rss_bytes(), cpu=cpu, dropped=self.dropped,
         ))
@@ -163,13 +163,14 @@ class Reporter:
                     last_cpu, last_wall = cpu_t, wall
                     q.appendleft(self._heartbeat(round(cpu, 1)))
                     next_beat = now + self.heartbeat_s
+                send, noblock = sock.send, int(zmq.NOBLOCK)
                 while q:
-                    frames = q.popleft()
+                    data = q.popleft()
                     if not self.ingest:
                         self.dropped += 1
                         continue
                     try:
-                        sock.send_multipart(frames, zmq.NOBLOCK)
+                        send(data, noblock)
                         self.sent += 1
                     except zmq.Again:
                         self.dropped += 1  # supervisor away or slow: count, never block the worker
