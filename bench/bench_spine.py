@@ -151,7 +151,7 @@ def start_supervisor(home: Path) -> tuple[subprocess.Popen, Path]:
     env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")  # a driver that stays quiet
     run_id = "bench"
     proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
-                             "--run-id", run_id, "--quiet"], env=env, cwd=ROOT, start_new_session=True)
+                             "--run-id", run_id, "--driver", "gkd_core.demo_driver", "--quiet"], env=env, cwd=ROOT, start_new_session=True)
     run = home / "runs" / run_id
     deadline = time.monotonic() + 30
     while not (run / "endpoints.json").exists():

@@ -82,9 +82,11 @@ class RunningSupervisor:
 def start_supervisor(gkd_home):
     started: list[RunningSupervisor] = []
 
-    def start(*args: str, step_s: float = 0.05, **env_extra: str) -> RunningSupervisor:
+    def start(*args: str, step_s: float = 0.05, driver: str = "gkd_core.demo_driver", **env_extra: str):
+        """A supervisor; by default with the light demo driver (the trainer's own tests pass
+        ``driver="gkd_core.trainer.driver"``)."""
         env = dict(os.environ, GKD_HOME=str(gkd_home), GKD_DEMO_STEP_S=str(step_s), **env_extra)
-        sup = RunningSupervisor(gkd_home, list(args), env)
+        sup = RunningSupervisor(gkd_home, [*args, "--driver", driver], env)
         started.append(sup)
         return sup
 

@@ -37,7 +37,7 @@ ALERT_EVERY_S = 0.5
 INGEST_BATCH = 5000
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-DEFAULT_DRIVER = "gkd_core.demo_driver"
+DEFAULT_DRIVER = "gkd_core.trainer.driver"
 _NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
 _NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 # exit status of `python -m gkd_core run` for a run that was stopped on request (as SIGTERM's)

@@ -1,0 +1,153 @@
+"""The teacher server: a ROUTER/DEALER proxy that counts, and workers that answer with top-k.
+
+The proxy never decodes a payload: it reads the request id frame to time each request from
+arrival to answer, and the worker-name frame to count per worker. Every second it reports a
+`teacher` event (side=server): received, served, queue depth, per-worker counts, latency.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import zmq
+
+from gkd_core.teacher import protocol
+from gkd_core.teacher.stats import LatencyWindow
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.reporter import Reporter
+
+REPORT_EVERY_S = 1.0
+FORGET_AFTER_S = 300.0  # a request a dead worker took is forgotten (the client has retried it)
+
+
+class TeacherProxy:
+    def __init__(self, reporter: Reporter, host: str = "127.0.0.1", ctx: zmq.Context | None = None):
+        self.rep = reporter
+        self.ctx = ctx or zmq.Context.instance()
+        self.frontend = self.ctx.socket(zmq.ROUTER)
+        self.frontend.linger = 0
+        self.frontend.bind(f"tcp://{host}:*")
+        self.backend = self.ctx.socket(zmq.DEALER)
+        self.backend.linger = 0
+        self.backend.bind(f"tcp://{host}:*")
+        self.frontend_address = self.frontend.last_endpoint.decode()
+        self.backend_address = self.backend.last_endpoint.decode()
+        self.received = 0
+        self.served = 0
+        self.lost = 0
+        self.per_worker: collections.Counter[str] = collections.Counter()
+        self.latency = LatencyWindow()
+        self._arrived: dict[tuple[bytes, bytes], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="teacher-proxy", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def report(self) -> None:
+        self.rep.emit(ev.TeacherEvent(side="server", received=self.received, served=self.served,
+                                      queue_depth=len(self._arrived), workers=dict(self.per_worker),
+                                      latency_ms=self.latency.quantiles(), failed=self.lost))
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        next_report = 0.0
+        try:
+            while not self._stop.is_set():
+                ready = dict(poller.poll(100))
+                now = time.monotonic()
+                if self.frontend in ready:
+                    while True:
+                        try:
+                            frames = self.frontend.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if len(frames) != 4 or frames[1]:
+                            continue  # not [client, b"", id, request]: not one of our clients
+                        self.received += 1
+                        self._arrived[(frames[0], frames[2])] = now
+                        self.backend.send_multipart(frames)
+                if self.backend in ready:
+                    while True:
+                        try:
+                            frames = self.backend.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        # [client, b"", id, worker, reply]
+                        if len(frames) != 5:
+                            continue
+                        client, _, req_id, worker, reply = frames
+                        t = self._arrived.pop((client, req_id), None)
+                        if t is not None:
+                            self.latency.add((now - t) * 1e3)
+                        self.served += 1
+                        self.per_worker[worker.decode(errors="replace")] += 1
+                        self.frontend.send_multipart([client, b"", req_id, reply])
+                if now >= next_report:
+                    for key, t in list(self._arrived.items()):
+                        if now - t > FORGET_AFTER_S:
+                            del self._arrived[key]
+                            self.lost += 1
+                    self.report()
+                    next_report = now + REPORT_EVERY_S
+        finally:
+            self.frontend.close(0)
+            self.backend.close(0)
+
+
+class TeacherWorkerLoop:
+    """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
+
+    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int], tuple], reporter: Reporter,
+                 ctx: zmq.Context | None = None):
+        self.name = name
+        self.address = backend_address
+        self.score = score
+        self.rep = reporter
+        self.ctx = ctx or zmq.Context.instance()
+        self.delay_s = 0.0  # fault injection: answer this much later
+        self.served = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"teacher-worker[{name}]", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        sock = self.ctx.socket(zmq.REP)
+        sock.linger = 0
+        sock.connect(self.address)
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(200):
+                    continue
+                frames = sock.recv_multipart()
+                req_id, payload = (frames + [b""])[:2] if len(frames) >= 2 else (b"", b"")
+                t0 = time.perf_counter()
+                try:
+                    ids, topk = protocol.decode_request(payload)
+                    with self.rep.phase("serve"):
+                        if self.delay_s:
+                            time.sleep(self.delay_s)
+                        top_ids, top_logp = self.score(ids, topk)
+                    reply = protocol.encode_reply(top_ids, top_logp, (time.perf_counter() - t0) * 1e3)
+                except Exception as e:  # a bad request must not kill the server: answer with the error
+                    reply = protocol.encode_error(f"{self.name}: {type(e).__name__}: {e}"[:500])
+                sock.send_multipart([req_id, self.name.encode(), reply])
+                self.served += 1
+        finally:
+            sock.close(0)

@@ -1,0 +1,499 @@
+"""The GKD driver: the training loop on Ray, run by the supervisor as its child.
+
+``python -m gkd_core.trainer.driver --config RUN/restarts/NNN.yaml --run-dir RUN``
+
+Student generates (rollout workers), the teacher returns top-k log-probs for the student's
+tokens, the student trains on a divergence against them, the weights go back to the rollout
+workers over a collective group. Every wait is a ``guarded_wait`` with a deadline and a name;
+every phase is reported; commands forwarded by the supervisor (cancel, dump_stacks) are served
+while waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from gkd_core import config as config_mod
+from gkd_core.lifeline import die_with_supervisor
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.commands import CommandInbox
+from gkd_core.telemetry.reporter import Reporter
+
+EXIT_CONFIG = 2
+EXIT_STUCK = 3  # a wait ran past its deadline, or a worker died: the error says who
+STACK_DEADLINE_S = 3.0
+
+
+class SyncCancelled(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").exists())
+    return done[-1] if done else None
+
+
+class Driver:
+    def __init__(self, cfg: config_mod.Config, run_dir: Path):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.restart = int(os.environ.get("GKD_RESTART", "0"))
+        self.rep = Reporter("driver", heartbeat_s=cfg.telemetry.heartbeat_s)
+        self.inbox = CommandInbox()
+        self.rep.register("driver", 0, node=socket.gethostname())
+        self.actors: dict[str, object] = {}
+        self.info: dict[str, dict] = {}
+        self.sync_id = 0
+        self._cancel_sync = False
+        # faults fire in the first incarnation only: a restart is how you get past them
+        self.faults = [msgspec.to_builtins(f) for f in cfg.faults] if self.restart == 0 else []
+        self._teacher_back_at: float | None = None
+
+    # --- reporting helpers -------------------------------------------------------------
+
+    def describe(self, src: str) -> str:
+        i = self.info.get(src, {})
+        gpus = ",".join(map(str, i.get("gpus") or [])) or "-"
+        return f"pid {i.get('pid', '?')} on {i.get('node', '?')}, GPU {gpus}"
+
+    def action(self, op: str, by: str, ok: bool, result) -> None:
+        self.rep.emit(ev.ActionEvent(op=op, by=by, ok=ok, result=result))
+
+    # --- commands ------------------------------------------------------------------------
+
+    def serve_commands(self, *_args) -> None:
+        for cmd in self.inbox.poll(0):
+            try:
+                if cmd.op == "dump_stacks":
+                    self.dump_stacks(cmd.args.get("targets") or [], cmd.by, str(cmd.args.get("dump_id") or cmd.id))
+                elif cmd.op == "cancel":
+                    self.cancel(str(cmd.args.get("target") or "sync"), str(cmd.args.get("mode") or "cooperative"),
+                                cmd.by)
+                else:
+                    self.action(cmd.op, cmd.by, False, f"the driver does not know '{cmd.op}'")
+            except Exception as e:  # a command must never take the run down
+                self.action(cmd.op, cmd.by, False, f"{type(e).__name__}: {e}")
+
+    def dump_stacks(self, targets: list[str], by: str, dump_id: str) -> None:
+        import ray
+
+        from gkd_core.trainer.workers import thread_stacks
+
+        wanted = targets or ["driver", *self.actors]
+        folder = self.run_dir / "stacks" / dump_id
+        folder.mkdir(parents=True, exist_ok=True)
+        refs = {t: self.actors[t].stacks.remote() for t in wanted if t in self.actors}
+        texts: dict[str, tuple[str, str]] = {}
+        if "driver" in wanted:
+            texts["driver"] = (thread_stacks(), "")
+        if refs:
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=STACK_DEADLINE_S)
+            for t, ref in refs.items():
+                if ref in ready:
+                    try:
+                        texts[t] = (ray.get(ref, timeout=1), "")
+                    except Exception as e:
+                        texts[t] = ("", f"{type(e).__name__}: {e}"[:300])
+                else:
+                    texts[t] = ("", f"no answer within {STACK_DEADLINE_S:g} s ({self.describe(t)}): the process may "
+                                    "hold the GIL in C or be frozen; try `py-spy dump --native --pid "
+                                    f"{self.info.get(t, {}).get('pid', '?')}`")
+        for t in wanted:
+            if t not in texts:
+                texts[t] = ("", f"no worker named {t}")
+        for t, (text, err) in texts.items():
+            (folder / (t.replace("/", "_") + ".txt")).write_text(text or err)
+            self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method="in-process", text=text, error=err))
+        self.action("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(texts),
+                                              "folder": str(folder.relative_to(self.run_dir))})
+
+    def cancel(self, target: str, mode: str, by: str) -> None:
+        import ray
+
+        if target == "sync":
+            self._cancel_sync = True
+            self.action("cancel", by, True, {"target": "sync", "outcome": "the current sync is being cancelled"})
+            return
+        names = list(self.actors) if target == "all" else [target]
+        missing = [n for n in names if n not in self.actors]
+        if missing:
+            self.action("cancel", by, False, f"no worker named {', '.join(missing)}; workers: {', '.join(self.actors)}")
+            return
+        for n in names:
+            if mode == "force":
+                ray.kill(self.actors[n], no_restart=True)
+            else:
+                self.actors[n].cancel.remote()
+        if target == "all":
+            self._cancel_sync = True
+        self.action("cancel", by, True, {"target": target, "mode": mode,
+                                         "outcome": "killed" if mode == "force" else "cancel flag set"})
+
+    # --- setup -----------------------------------------------------------------------------
+
+    def wait(self, refs: dict, timeout_s: float, phase: str, hint: str = "") -> dict:
+        from gkd_core.trainer.guarded import guarded_wait
+
+        return guarded_wait(refs, timeout_s, phase=phase, describe=self.describe, on_tick=self.serve_commands,
+                            hint=hint)
+
+    def start(self) -> None:
+        import ray
+        import torch
+
+        from gkd_core.rundir import gkd_home
+        from gkd_core.trainer import models, workers
+
+        cfg = self.cfg
+        if cfg.rollout.engine == "vllm":
+            from gkd_core.trainer.vllm_engine import require_vllm
+
+            require_vllm()
+        device = cfg.trainer.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        with self.rep.phase("init", timeout_s=cfg.trainer.init_timeout_s, detail="ray.init"):
+            ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+        with self.rep.phase("init_model", detail="teacher"):
+            teacher_path = cfg.teacher.path or str(models.prepare_teacher(gkd_home(), log=self.rep.log))
+        self.teacher_path = teacher_path
+        gpu = 1 if device == "cuda" else 0
+
+        def ctx(src: str) -> workers.WorkerContext:
+            return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
+                                         heartbeat_s=cfg.telemetry.heartbeat_s, device=device,
+                                         faults=[f for f in self.faults if f["target"] == src])
+
+        opts = {"num_cpus": 0, "max_concurrency": 4}
+        cfg_dict = msgspec.to_builtins(cfg)
+        with self.rep.phase("init", detail="actors"):
+            Student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **opts)
+            Rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **opts)
+            self.actors["student/0"] = Student.remote(ctx("student/0"), cfg_dict, teacher_path)
+            for i in range(cfg.rollout.n_workers):
+                self.actors[f"rollout/{i}"] = Rollout.remote(i, ctx(f"rollout/{i}"), cfg_dict, teacher_path)
+            if cfg.teacher.launch:
+                self.start_teacher()
+            self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
+                                       cfg.trainer.init_timeout_s, "init",
+                                       hint="check RUN/logs/driver.log for an import or memory error"))
+        from gkd_core.teacher.client import TeacherClient
+
+        address = cfg.teacher.address or self.teacher_address
+        self.teacher = TeacherClient(address, num_microbatches=cfg.teacher.num_microbatches,
+                                     max_in_flight=cfg.teacher.max_in_flight, timeout_s=cfg.teacher.request_timeout_s,
+                                     max_retries=cfg.teacher.max_retries, reporter=self.rep)
+        self.make_group()
+
+    def start_teacher(self) -> None:
+        import ray
+
+        from gkd_core.trainer import workers
+
+        opts = {"num_cpus": 0, "max_concurrency": 4}
+        gpu = 1 if self.device == "cuda" else 0
+
+        def ctx(src: str) -> workers.WorkerContext:
+            return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
+                                         heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device)
+
+        if "teacher/proxy" not in self.actors:
+            proxy = ray.remote(workers.TeacherProxyActor).options(**opts).remote(ctx("teacher/proxy"),
+                                                                                   self.cfg.telemetry.bind_host)
+            self.actors["teacher/proxy"] = proxy
+            addrs = self.wait({"teacher/proxy": proxy.addresses.remote()}, self.cfg.trainer.init_timeout_s,
+                              "init")["teacher/proxy"]
+            self.teacher_address, self.teacher_backend = addrs["frontend"], addrs["backend"]
+        Worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=gpu, **opts)
+        for i in range(self.cfg.teacher.n_server_workers):
+            self.actors[f"teacher/{i}"] = Worker.remote(i, ctx(f"teacher/{i}"), self.teacher_path, self.teacher_backend)
+
+    def make_group(self) -> None:
+        """(Re)create the collective group: the student is rank 0, rollout i is rank i+1."""
+        import ray
+
+        members = ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        address = "127.0.0.1" if len(ray.nodes()) == 1 else ray.util.get_node_ip_address()
+        port = free_port()
+        refs = {m: self.actors[m].init_group.remote(address, port, len(members), r, self.cfg.trainer.sync_timeout_s,
+                                                    backend) for r, m in enumerate(members)}
+        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {port}"):
+            self.wait(refs, self.cfg.trainer.init_timeout_s, "join_group",
+                      hint="a member that never joins is stuck before init: dump its stack (d)")
+
+    # --- one step's parts ------------------------------------------------------------------
+
+    def launch_generate(self, step: int) -> dict:
+        from gkd_core.trainer import models, task
+
+        tok_path = self.teacher_path
+        if not hasattr(self, "_tok"):
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(tok_path)
+        examples = task.prompts(self.cfg.data.seed, self.cfg.data.batch_size, offset=step)
+        ids = models.encode_examples(self._tok, examples, with_answer=False).numpy()
+        n = self.cfg.rollout.n_workers
+        parts = np.array_split(ids, n)
+        return {f"rollout/{i}": self.actors[f"rollout/{i}"].generate.remote(parts[i], step,
+                                                                             self.cfg.data.seed * 100_003 + step * 31 + i)
+                for i in range(n) if len(parts[i])}
+
+    def collect_generate(self, refs: dict, step: int) -> tuple[np.ndarray, float]:
+        out = self.wait(refs, self.cfg.trainer.step_timeout_s, "generate",
+                        hint="dump the rollout's stack (d); restart smaller (r) if it is out of memory")
+        pad = self._tok.convert_tokens_to_ids("<pad>")
+        seqs = [out[k][0] for k in sorted(out, key=lambda s: int(s.split("/")[1]))]
+        width = max(s.shape[1] for s in seqs)
+        batch = np.concatenate([np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=pad) for s in seqs])
+        return batch, max(out[k][1] for k in out)
+
+    def teacher_score(self, seqs: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+        from gkd_core.teacher.client import TeacherUnavailable
+
+        deadline = time.monotonic() + self.cfg.trainer.step_timeout_s
+        while True:
+            self.maybe_teacher_back()
+            try:
+                return self.teacher.score(seqs, self.cfg.teacher.topk, on_wait=self.on_teacher_wait)
+            except TeacherUnavailable as e:
+                if time.monotonic() > deadline:
+                    raise
+                self.rep.log(f"step {step}: {e}; retrying the step's teacher scoring", level="error")
+                self.rep.set_phase("teacher_wait", step=step, detail=f"teacher unavailable, retrying: {e}"[:300])
+
+    def on_teacher_wait(self) -> None:
+        self.maybe_teacher_back()
+        self.serve_commands()
+
+    def maybe_teacher_back(self) -> None:
+        if self._teacher_back_at is not None and time.monotonic() >= self._teacher_back_at:
+            self._teacher_back_at = None
+            self.rep.log("fault: bringing the teacher workers back", level="warn")
+            self.start_teacher()
+
+    def apply_driver_faults(self, step: int) -> None:
+        import ray
+
+        for f in self.faults:
+            if f["step"] != step:
+                continue
+            teachers = [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
+            if f["kind"] == "kill_teacher":
+                self.rep.log(f"fault injected: killing {', '.join(teachers)} at step {step}", level="warn")
+                for n in teachers:
+                    ray.kill(self.actors.pop(n), no_restart=True)
+                if f["seconds"]:
+                    self._teacher_back_at = time.monotonic() + f["seconds"]
+            elif f["kind"] == "delay_teacher":
+                for n in teachers:
+                    self.actors[n].set_delay.remote(f["seconds"])
+        for f in self.faults:
+            if f["kind"] == "delay_teacher" and f["step"] == step - 1:
+                for n in self.actors:
+                    if n.startswith("teacher/") and n != "teacher/proxy":
+                        self.actors[n].set_delay.remote(0.0)
+
+    def sync(self, step: int) -> None:
+        from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed
+
+        self.sync_id += 1
+        sid = self.sync_id
+        timeout = self.cfg.trainer.sync_timeout_s
+        members = ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+        self._cancel_sync = False
+        t0 = time.monotonic()
+        self.rep.emit(ev.SyncEvent(sync_id=sid, state="started", timeout_s=timeout, pending=members, step=step))
+        refs = {"student/0": self.actors["student/0"].sync_send.remote(sid, step, timeout)}
+        for m in members[1:]:
+            refs[m] = self.actors[m].sync_recv.remote(sid, step, timeout)
+
+        def tick(pending: list[str], elapsed: float) -> None:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state="progress", timeout_s=timeout, elapsed_s=elapsed,
+                                       pending=pending, done=[m for m in members if m not in pending], step=step))
+            self.serve_commands()
+            if self._cancel_sync:
+                raise SyncCancelled(f"sync {sid} cancelled with {', '.join(pending)} pending")
+
+        from gkd_core.trainer.guarded import guarded_wait
+
+        try:
+            prints = guarded_wait(refs, timeout, phase="sync_weights", describe=self.describe, on_tick=tick,
+                                  hint="dump their stacks (d); cancel the sync (c) or restart smaller (r)")
+        except WaitTimeout as e:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state="timed_out", timeout_s=timeout,
+                                       elapsed_s=time.monotonic() - t0, pending=e.pending,
+                                       done=sorted(e.done), error=str(e)[:1000], step=step))
+            for m in e.pending:
+                self.actors[m].cancel.remote()
+            raise
+        except SyncCancelled as e:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state="cancelled", timeout_s=timeout,
+                                       elapsed_s=time.monotonic() - t0, error=str(e), step=step))
+            for m in members:
+                self.actors[m].cancel.remote()
+            self.rebuild_group()
+            return self.sync(step)  # the weights still have to reach the rollouts
+        except WorkerFailed as e:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state="failed", timeout_s=timeout,
+                                       elapsed_s=time.monotonic() - t0, pending=[e.name], error=str(e)[:1000],
+                                       step=step))
+            raise
+        want = prints["student/0"]
+        ok = all(prints[m] == want for m in members[1:])
+        self.rep.emit(ev.SyncEvent(sync_id=sid, state="done", timeout_s=timeout, elapsed_s=time.monotonic() - t0,
+                                   done=members, fingerprint_ok=ok, step=step,
+                                   error="" if ok else "rollout weights differ from the student's: "
+                                   + ", ".join(m for m in members[1:] if prints[m] != want)))
+
+    def rebuild_group(self) -> None:
+        """An aborted sync leaves the group in an unknown state: tear it down and make a new one."""
+        members = ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+        refs = {m: self.actors[m].destroy_group.remote() for m in members}
+        self.wait(refs, self.cfg.trainer.sync_timeout_s, "destroy_group")
+        self.make_group()
+
+    def checkpoint(self, step: int) -> None:
+        folder = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        with self.rep.phase("checkpoint", step=step):
+            self.wait({"student/0": self.actors["student/0"].save.remote(str(folder))}, self.cfg.trainer.step_timeout_s,
+                      "checkpoint")
+            (folder / "state.json").write_text(json.dumps({"step": step, "data_position": step + 1,
+                                                           "sync_id": self.sync_id}))
+            (folder / "COMPLETE").write_text("")  # written last: a checkpoint without it is ignored
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def resume(self) -> int:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            return 1
+        state = json.loads((ckpt / "state.json").read_text())
+        self.wait({"student/0": self.actors["student/0"].load.remote(str(ckpt))}, self.cfg.trainer.init_timeout_s,
+                  "resume")
+        self.sync_id = state.get("sync_id", 0)
+        self.rep.log(f"resumed from {ckpt.relative_to(self.run_dir)} (step {state['step']})")
+        return int(state["data_position"])
+
+    def train(self) -> None:
+        cfg = self.cfg
+        total = cfg.trainer.total_steps
+        start = self.resume()
+        self.sync(start - 1)  # the rollouts start from the student's weights
+        off = cfg.trainer.scheduler == "one_step_off"
+        gen = self.launch_generate(start) if start <= total else {}
+        ready: tuple[np.ndarray, float] | None = None
+        for step in range(start, total + 1):
+            t_step = time.monotonic()
+            timing: dict[str, float] = {}
+            self.apply_driver_faults(step)
+            t = time.monotonic()
+            with self.rep.phase("generate", step=step):
+                seqs, gen_s = ready if ready is not None else self.collect_generate(gen, step)
+                ready = None
+            timing["generate"] = time.monotonic() - t
+            if off and step < total:
+                gen = self.launch_generate(step + 1)  # overlaps the teacher and the training below
+            t = time.monotonic()
+            with self.rep.phase("teacher_wait", step=step):
+                tids, tlps = self.teacher_score(seqs, step)
+            timing["teacher"] = time.monotonic() - t
+            t = time.monotonic()
+            with self.rep.phase("train", step=step):
+                m = self.wait({"student/0": self.actors["student/0"].train_step.remote(seqs, tids, tlps, step)},
+                              cfg.trainer.step_timeout_s, "train")["student/0"]
+            timing["train"] = time.monotonic() - t
+            t = time.monotonic()
+            if off and step < total:
+                with self.rep.phase("generate", step=step + 1, detail="waiting for the next batch"):
+                    ready = self.collect_generate(gen, step + 1)
+            timing["wait"] = time.monotonic() - t
+            t = time.monotonic()
+            if step < total:
+                with self.rep.phase("sync_weights", step=step, timeout_s=cfg.trainer.sync_timeout_s):
+                    self.sync(step)
+            timing["sync"] = time.monotonic() - t
+            if not off and step < total:
+                gen = self.launch_generate(step + 1)
+            if step % cfg.trainer.checkpoint_every == 0 or step == total:
+                self.checkpoint(step)
+            n_tokens = int((seqs.shape[1] - 6) * len(seqs))
+            self.rep.emit(ev.MetricsEvent(step=step, loss=m["loss"], kl=m["kl"], agreement=m["agreement"],
+                                          tokens_per_s=n_tokens / max(gen_s, 1e-6), timing=timing))
+            self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
+
+    def shutdown(self) -> None:
+        import ray
+
+        def stop() -> None:
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
+
+        t = threading.Thread(target=stop, daemon=True)
+        t.start()
+        t.join(15)  # ray.shutdown is a wait too
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--run-dir", required=True)
+    a = p.parse_args(argv)
+    die_with_supervisor()
+    try:
+        cfg = config_mod.load_config(a.config)
+    except config_mod.ConfigError as e:
+        print(f"gkd driver: invalid config: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed
+    from gkd_core.teacher.client import TeacherUnavailable
+
+    drv = Driver(cfg, Path(a.run_dir))
+    code = 0
+    try:
+        drv.start()
+        drv.train()
+        drv.rep.set_phase("finished")
+    except (WaitTimeout, WorkerFailed, TeacherUnavailable) as e:
+        print(f"gkd driver: {e}", file=sys.stderr, flush=True)
+        drv.rep.log(str(e), level="error")
+        drv.rep.set_phase("failed", detail=str(e)[:300])
+        code = EXIT_STUCK
+    except Exception as e:
+        traceback.print_exc()
+        drv.rep.set_phase("failed", detail=f"{type(e).__name__}: {e}"[:300])
+        code = 1
+    finally:
+        drv.rep.close(2.0)
+        drv.shutdown()
+        drv.inbox.close()
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # Ray's threads must not keep a finished driver alive

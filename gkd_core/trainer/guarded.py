@@ -1,0 +1,72 @@
+"""``guarded_wait``: every wait on Ray refs has a deadline and a name.
+
+It waits for a set of named refs together under one deadline, calls ``on_tick`` about once a
+second (progress events, control commands), and fails with the names of who is late — or who
+died, as soon as Ray knows, not when the deadline expires.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
+
+
+class WaitTimeout(TimeoutError):
+    def __init__(self, message: str, pending: list[str], done: dict[str, float]):
+        super().__init__(message)
+        self.pending = pending
+        self.done = done
+
+
+class WorkerFailed(RuntimeError):
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe: Callable[[str], str] = str,
+                 on_tick: Callable[[list[str], float], None] | None = None, tick_s: float = 1.0,
+                 hint: str = "") -> dict[str, Any]:
+    """Results by name, or ``WaitTimeout`` naming the stragglers, or ``WorkerFailed`` naming the dead."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    by_ref = {ref: name for name, ref in refs.items()}
+    pending = dict(refs)
+    results: dict[str, Any] = {}
+    done_at: dict[str, float] = {}
+    next_tick = start + tick_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            names = sorted(pending)
+            others = (f"; others finished in {max(done_at.values()):.1f} s" if done_at else "")
+            who = "; ".join(f"{n} ({describe(n)})" for n in names)
+            raise WaitTimeout(
+                f"{', '.join(names)} did not finish {phase} within {timeout_s:g} s: {who}{others}"
+                + (f"; try: {hint}" if hint else ""), names, done_at)
+        ready, _ = ray.wait(list(pending.values()), num_returns=len(pending),
+                            timeout=max(0.0, min(left, next_tick - time.monotonic(), 0.2)))
+        for ref in ready:
+            name = by_ref[ref]
+            del pending[name]
+            try:
+                results[name] = ray.get(ref, timeout=30)
+            except (RayActorError, TaskCancelledError) as e:
+                raise WorkerFailed(f"{name} ({describe(name)}) died or was cancelled during {phase}: "
+                                   f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", name) from None
+            except RayTaskError as e:
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                raise WorkerFailed(f"{name} ({describe(name)}) failed in {phase}: {type(cause).__name__}: "
+                                   f"{str(cause).splitlines()[0][:300] if str(cause) else ''}", name) from None
+            except GetTimeoutError:
+                raise WorkerFailed(f"{name}: its result of {phase} could not be fetched within 30 s", name) from None
+            done_at[name] = time.monotonic() - start
+        now = time.monotonic()
+        if now >= next_tick:
+            next_tick = now + tick_s
+            if on_tick is not None and pending:
+                on_tick(sorted(pending), now - start)
+    return results

@@ -1,0 +1,74 @@
+"""Distillation losses on the teacher's top-k, with a tail bucket for the mass outside it.
+
+Both distributions are reduced to k+1 buckets: the teacher's top-k token ids and one "tail"
+bucket holding everything else (1 - the top-k mass, computed in log space). So nothing is
+silently clamped away, and with k = vocab the tail is empty and the losses equal the
+full-vocabulary ones. Positions on the prompt and after EOS are masked; the sum is divided
+by the number of completion tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# log of the smallest tail mass we represent; below it a bucket counts as empty (xlogy's 0·log 0)
+_TAIL_FLOOR = -60.0
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x <= 0, accurate near 0 and near -inf."""
+    x = x.clamp(max=0.0)
+    return torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def bucket_logprobs(logp_topk: torch.Tensor) -> torch.Tensor:
+    """[..., k] log-probs of the top-k -> [..., k+1] with the tail bucket appended."""
+    tail = _log1mexp(torch.logsumexp(logp_topk, dim=-1, keepdim=True)).clamp(min=_TAIL_FLOOR)
+    return torch.cat([logp_topk, tail], dim=-1)
+
+
+def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) over the last axis, 0·log 0 = 0."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p)).sum(-1)
+
+
+def token_divergence(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,
+                     loss: str = "jsd", beta: float = 0.5, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token divergence [B, T] between the student and the teacher's top-k (+ tail).
+
+    ``student_logits`` [B, T, V]; ``teacher_ids``/``teacher_logp`` [B, T, k] (teacher log-probs of its
+    top-k tokens). ``loss``: forward_kl = KL(teacher || student), reverse_kl = KL(student || teacher),
+    jsd = generalized JSD(beta) with M = beta·teacher + (1-beta)·student; beta=0 is forward KL and
+    beta=1 reverse KL (as in TRL's GKD).
+    """
+    s_logp_full = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    s = bucket_logprobs(torch.gather(s_logp_full, -1, teacher_ids))
+    t = bucket_logprobs(teacher_logp.float())
+    if loss == "forward_kl" or (loss == "jsd" and beta == 0.0):
+        return _kl(t, s)
+    if loss == "reverse_kl" or (loss == "jsd" and beta == 1.0):
+        return _kl(s, t)
+    if loss != "jsd":
+        raise ValueError(f"unknown loss {loss!r}: forward_kl, reverse_kl or jsd")
+    log_m = torch.logsumexp(torch.stack([t + torch.log(torch.tensor(beta)), s + torch.log(torch.tensor(1 - beta))]),
+                            dim=0)
+    return beta * _kl(t, log_m) + (1 - beta) * _kl(s, log_m)
+
+
+def completion_mask(input_ids: torch.Tensor, prompt_len: int, eos_id: int) -> torch.Tensor:
+    """[B, T] 1.0 on completion tokens up to and including the first EOS, 0 on the prompt and after."""
+    b, t = input_ids.shape
+    pos = torch.arange(t, device=input_ids.device).expand(b, t)
+    is_eos = (input_ids == eos_id) & (pos >= prompt_len)
+    first_eos = torch.where(is_eos, pos, torch.full_like(pos, t)).min(dim=1, keepdim=True).values
+    return ((pos >= prompt_len) & (pos <= first_eos)).float()
+
+
+def distill_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,
+                 mask: torch.Tensor, n_tokens: int | float | None = None, **kw) -> torch.Tensor:
+    """Masked mean of ``token_divergence``: divided by ``n_tokens`` (the global count of
+    completion tokens across micro batches) or by this mask's count."""
+    per_token = token_divergence(student_logits, teacher_ids, teacher_logp, **kw)
+    denom = n_tokens if n_tokens is not None else mask.sum().clamp(min=1.0)
+    return (per_token * mask).sum() / denom

@@ -1,0 +1,336 @@
+"""The Ray actors of a run: the student, the rollout workers and the teacher service.
+
+Each actor runs a Reporter (phase changes and heartbeats), is threaded (``max_concurrency``) so
+that ``cancel`` and ``stacks`` answer while a long method runs, and checks its cancel flag in
+every loop that could wait: a cancelled method stops at the next check and raises ``Cancelled``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gkd_core.telemetry.reporter import Reporter
+
+
+class Cancelled(RuntimeError):
+    """The method saw its cancel flag."""
+
+
+@dataclass
+class WorkerContext:
+    """What every actor needs to report: where, as which run, and its injected faults."""
+
+    ingest: str
+    run_id: str
+    heartbeat_s: float = 1.0
+    faults: list[dict] = field(default_factory=list)  # FaultConfig as dicts, only this worker's
+    device: str = "cpu"
+
+
+def thread_stacks() -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for tid, frame in sys._current_frames().items():
+        out.append(f'Thread {tid:#x} "{names.get(tid, "?")}" (most recent call last):\n'
+                   + "".join(traceback.format_stack(frame)))
+    return "\n".join(out)
+
+
+def fingerprint(params) -> str:
+    vec = torch.nn.utils.parameters_to_vector([p.detach().float().cpu() for p in params])
+    return hashlib.blake2b(vec.numpy().tobytes(), digest_size=8).hexdigest()
+
+
+class WorkerBase:
+    def __init__(self, src: str, role: str, rank: int, ctx: WorkerContext):
+        torch.set_num_threads(1)  # two threads per process oversubscribe a small machine badly
+        self.src, self.role, self.rank, self.ctx = src, role, rank, ctx
+        self.device = torch.device(ctx.device)
+        self.rep = Reporter(src, ingest=ctx.ingest, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s)
+        self._cancel = threading.Event()
+        self.gpus: list[int] = []
+        try:
+            import ray
+
+            self.gpus = [int(g) for g in ray.get_gpu_ids()]
+            actor_id = ray.get_runtime_context().get_actor_id() or ""
+        except Exception:  # outside Ray (unit tests): no GPUs assigned, no actor id
+            actor_id = ""
+        self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id)
+        self.rep.set_phase("init")
+
+    # --- control, answered while another method runs ----------------------------------
+
+    def ready(self) -> dict:
+        return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus}
+
+    def cancel(self) -> bool:
+        self._cancel.set()
+        return True
+
+    def stacks(self) -> str:
+        return thread_stacks()
+
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise Cancelled(f"{self.src}: cancelled")
+
+    def _begin(self) -> None:
+        self._cancel.clear()
+
+    # --- faults -------------------------------------------------------------------------
+
+    def _fault(self, kind: str, step: int) -> dict | None:
+        for f in self.ctx.faults:
+            if f["kind"] == kind and f["step"] == step:
+                return f
+        return None
+
+    def _hang(self, what: str, seconds: float) -> None:
+        """An injected hang: waits (forever when seconds is 0) until cancelled."""
+        self.rep.log(f"fault injected: {what} hangs" + (f" for {seconds:g} s" if seconds else ""), level="warn")
+        end = time.monotonic() + seconds if seconds else float("inf")
+        while time.monotonic() < end:
+            self._check_cancel()
+            time.sleep(0.05)
+
+    def _maybe_faults(self, step: int, where: str) -> None:
+        f = self._fault("kill_worker", step)
+        if f:
+            self.rep.log(f"fault injected: {self.src} exits during {where} at step {step}", level="warn")
+            self.rep.close(0.5)
+            os._exit(1)
+        f = self._fault("hold_gil", step)
+        if f:
+            self.rep.log(f"fault injected: holding the GIL for {f['seconds']:g} s", level="warn")
+            # PyDLL keeps the GIL across the call: the whole process, its Reporter too, stops
+            ctypes.PyDLL(None).sleep(int(max(1, f["seconds"])))
+
+    # --- the collective group ------------------------------------------------------------
+
+    def init_group(self, address: str, port: int, world: int, rank: int, timeout_s: float, backend: str) -> bool:
+        import torch.distributed as dist
+
+        with self.rep.phase("join_group", timeout_s=timeout_s, detail=f"rank {rank}/{world} at {address}:{port}"):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}", world_size=world,
+                                    rank=rank, timeout=timedelta(seconds=timeout_s))
+        return True
+
+    def destroy_group(self) -> bool:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return True
+
+    def shutdown(self) -> bool:
+        self.rep.set_phase("finished")
+        self.rep.close(1.0)
+        return True
+
+
+class StudentActor(WorkerBase):
+    """The trainable student: trains on the teacher's top-k, sends its weights to the rollouts."""
+
+    def __init__(self, ctx: WorkerContext, cfg: dict, teacher_path: str):
+        super().__init__("student/0", "student", 0, ctx)
+        from gkd_core.config import Config
+        import msgspec
+
+        from gkd_core.trainer import models, task
+
+        self.cfg = msgspec.convert(cfg, Config)
+        with self.rep.phase("init_model"):
+            if self.cfg.model.path:
+                self.model, self.tok = models.load_model(self.cfg.model.path, self.cfg.model.dtype)
+            else:
+                self.model, self.tok = models.new_student(self.cfg.model, self.cfg.data.seed, Path(teacher_path))
+            self.model.to(self.device)
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.actor.lr)
+            # held-out prompts and the teacher's greedy answers to them: the agreement metric
+            teacher, _ = models.load_model(teacher_path, device=str(self.device))
+            examples = task.prompts(seed=self.cfg.data.seed + 10_000, n=self.cfg.data.eval_prompts)
+            ids = models.encode_examples(self.tok, examples, with_answer=True).to(self.device)
+            with torch.no_grad():
+                self.eval_targets = teacher(input_ids=ids).logits[:, task.PROMPT_LEN - 1:-1].argmax(-1)
+            self.eval_ids = ids
+            del teacher
+        self.eos = self.tok.convert_tokens_to_ids("<eos>")
+        self.rep.set_phase("idle")
+
+    @torch.no_grad()
+    def agreement(self) -> float:
+        from gkd_core.trainer import task
+
+        pred = self.model(input_ids=self.eval_ids).logits[:, task.PROMPT_LEN - 1:-1].argmax(-1)
+        return (pred == self.eval_targets).float().mean().item()
+
+    def train_step(self, seqs: np.ndarray, t_ids: np.ndarray, t_logp: np.ndarray, step: int) -> dict:
+        from gkd_core.trainer import loss as L, task
+
+        self._begin()
+        with self.rep.phase("train", step=step):
+            self._maybe_faults(step, "train")
+            a = self.cfg.actor
+            ids = torch.as_tensor(seqs, dtype=torch.long, device=self.device)
+            tid = torch.as_tensor(t_ids, dtype=torch.long, device=self.device)[:, :-1]
+            tlp = torch.as_tensor(t_logp, dtype=torch.float32, device=self.device)[:, :-1]
+            mask = L.completion_mask(ids, task.PROMPT_LEN, self.eos)[:, 1:]
+            n_tokens = mask.sum().clamp(min=1.0)  # the global count across micro batches
+            self.opt.zero_grad()
+            total = kl_sum = 0.0
+            for lo in range(0, len(ids), a.micro_batch_size):
+                self._check_cancel()
+                sl = slice(lo, lo + a.micro_batch_size)
+                logits = self.model(input_ids=ids[sl]).logits[:, :-1]
+                loss = L.distill_loss(logits, tid[sl], tlp[sl], mask[sl], n_tokens=n_tokens, loss=a.loss,
+                                      beta=a.beta, temperature=a.temperature)
+                loss.backward()
+                total += loss.item()
+                with torch.no_grad():
+                    kl = L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl")
+                    kl_sum += (kl * mask[sl]).sum().item()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
+            return {"loss": total, "kl": kl_sum / n_tokens.item(), "agreement": self.agreement(),
+                    "tokens": int(n_tokens.item())}
+
+    def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
+        import torch.distributed as dist
+
+        self._begin()
+        with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
+            vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
+            dist.broadcast(vec, src=0)
+            return fingerprint(self.model.parameters())
+
+    def save(self, folder: str) -> bool:
+        with self.rep.phase("checkpoint", detail=folder):
+            path = Path(folder)
+            path.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(str(path))
+            self.tok.save_pretrained(str(path))
+            torch.save(self.opt.state_dict(), path / "optimizer.pt")
+        return True
+
+    def load(self, folder: str) -> str:
+        from safetensors.torch import load_file
+
+        with self.rep.phase("init_model", detail=f"resume from {folder}"):
+            state = load_file(str(Path(folder) / "model.safetensors"), device=str(self.device))
+            self.model.load_state_dict(state, strict=False)
+            self.model.tie_weights()
+            self.opt.load_state_dict(torch.load(Path(folder) / "optimizer.pt", weights_only=True,
+                                                map_location=self.device))
+        return fingerprint(self.model.parameters())
+
+    def weights_fingerprint(self) -> str:
+        return fingerprint(self.model.parameters())
+
+
+class RolloutWorker(WorkerBase):
+    """Generates with the torch engine from the student's weights, received over the group."""
+
+    def __init__(self, rank: int, ctx: WorkerContext, cfg: dict, tokenizer_path: str):
+        super().__init__(f"rollout/{rank}", "rollout", rank, ctx)
+        import msgspec
+        from transformers import AutoTokenizer
+
+        from gkd_core.config import Config
+        from gkd_core.trainer import models
+
+        self.cfg = msgspec.convert(cfg, Config)
+        with self.rep.phase("init_engine", detail=f"engine {self.cfg.rollout.engine}"):
+            self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            if self.cfg.model.path:
+                self.model, _ = models.load_model(self.cfg.model.path, self.cfg.model.dtype)
+            else:
+                self.model, _ = models.new_student(self.cfg.model, self.cfg.data.seed, Path(tokenizer_path))
+            self.model.to(self.device).eval()
+        self.eos = self.tok.convert_tokens_to_ids("<eos>")
+        self.pad = self.tok.convert_tokens_to_ids("<pad>")
+        self.rep.set_phase("idle")
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: np.ndarray, step: int, seed: int) -> tuple[np.ndarray, float]:
+        self._begin()
+        with self.rep.phase("generate", step=step, detail=f"{len(prompt_ids)} prompts"):
+            self._maybe_faults(step, "generate")
+            f = self._fault("hang_generate", step)
+            if f:
+                self._hang(f"{self.src} generate at step {step}", f["seconds"])
+            t0 = time.perf_counter()
+            torch.manual_seed(seed)
+            ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device)
+            r = self.cfg.rollout
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                      temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                                      eos_token_id=self.eos, pad_token_id=self.pad)
+            return out.cpu().numpy().astype(np.int32), time.perf_counter() - t0
+
+    def sync_recv(self, sync_id: int, step: int, timeout_s: float) -> str:
+        import torch.distributed as dist
+
+        self._begin()
+        with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: receive"):
+            f = self._fault("hang_sync", step)
+            if f:
+                self._hang(f"{self.src} sync_weights at step {step}", f["seconds"])
+            params = list(self.model.parameters())
+            vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
+            dist.broadcast(vec, src=0)
+            torch.nn.utils.vector_to_parameters(vec, params)
+            return fingerprint(params)
+
+
+class TeacherProxyActor(WorkerBase):
+    def __init__(self, ctx: WorkerContext, host: str = "127.0.0.1"):
+        super().__init__("teacher/proxy", "teacher", None, ctx)  # type: ignore[arg-type]
+        from gkd_core.teacher.server import TeacherProxy
+
+        self.proxy = TeacherProxy(self.rep, host=host)
+        self.proxy.start()
+        self.rep.set_phase("serve", detail=self.proxy.frontend_address)
+
+    def addresses(self) -> dict:
+        return {"frontend": self.proxy.frontend_address, "backend": self.proxy.backend_address}
+
+
+class TeacherWorkerActor(WorkerBase):
+    def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str):
+        super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
+        from gkd_core.teacher.server import TeacherWorkerLoop
+        from gkd_core.trainer import models
+
+        with self.rep.phase("init_model", detail=teacher_path):
+            self.model, _ = models.load_model(teacher_path, device=str(self.device))
+            self.model.eval()
+        self.loop = TeacherWorkerLoop(self.src, backend, self._score, self.rep)
+        self.loop.start()
+        self.rep.set_phase("idle")
+
+    @torch.no_grad()
+    def _score(self, ids: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+        x = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        logp = torch.log_softmax(self.model(input_ids=x).logits.float(), dim=-1)
+        top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
+        return top.indices.cpu().numpy(), top.values.cpu().numpy()
+
+    def set_delay(self, seconds: float) -> bool:
+        self.loop.delay_s = seconds
+        return True
