@@ -270,7 +270,7 @@ class RunState(msgspec.Struct, kw_only=True):
     def _on_teacher(self, e: ev.TeacherEvent) -> None:
         t = self.teacher
         side = TeacherSide(
-            sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out, in_flight=e.in_flight,
+            sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out or 0, in_flight=e.in_flight,
             received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),
             latency_ms=dict(e.latency_ms), ts=e.ts,
         )

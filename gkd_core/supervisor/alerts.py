@@ -8,6 +8,7 @@ alerts are ordinary events: in the log, in snapshots, and replayed like everythi
 from __future__ import annotations
 
 from gkd_core.state import RunState, alert_key
+from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
 
 OWNED = ("heartbeat_stale", "sync_slow", "sync_timed_out", "sync_failed", "fingerprint_mismatch", "driver_failed",
@@ -60,7 +61,7 @@ def evaluate(state: RunState, now: float, stall_s: float) -> list[AlertEvent]:
                 hint="the rollout engine generates with stale weights; restart (r)",
             ))
     if state.state == "failed":
-        tail = state.log_tail[-1] if state.log_tail else ""
+        tail = headline(state.log_tail)
         out.append(AlertEvent(
             severity="critical", code="driver_failed", message=f"driver {state.reason}: {tail}"[:300],
             hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 from collections import deque
 from pathlib import Path
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def describe_exit(code: int) -> str:
@@ -73,7 +77,17 @@ class DriverProcess:
         except OSError:
             return []
         lines: deque[str] = deque(maxlen=n)
-        for line in data.decode(errors="replace").splitlines():
+        for line in _ANSI.sub("", data.decode(errors="replace")).splitlines():
             if line.strip():
                 lines.append(line[-300:])
         return list(lines)
+
+
+def headline(tail: list[str]) -> str:
+    """The line of a log tail that best says why the driver ended: its own error, else an
+    exception, else the last line."""
+    for marks in (("gkd driver:",), ("Error", "Exception", "Killed")):
+        for line in reversed(tail):
+            if any(m in line for m in marks):
+                return line.strip()
+    return tail[-1].strip() if tail else ""

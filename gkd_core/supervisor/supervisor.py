@@ -343,6 +343,11 @@ class Supervisor:
     def _watch_driver(self) -> None:
         d = self.driver
         if d is None:
+            if self._pending_config is not None and not self._stopping:  # a restart after the run ended
+                self.restarts += 1
+                path, self._pending_config = self._pending_config, None
+                self._ended_at = None
+                self._spawn(path)
             return
         d.tick()
         code = d.poll()

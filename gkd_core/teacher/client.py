@@ -11,6 +11,7 @@ import itertools
 import time
 from collections import deque
 
+import msgspec
 import numpy as np
 import zmq
 
@@ -55,7 +56,7 @@ class TeacherClient:
     def report(self) -> None:
         if self.rep is not None:
             self.rep.emit(ev.TeacherEvent(side="client", sent=self.sent, completed=self.completed, failed=self.failed,
-                                          timed_out=self.timed_out, in_flight=self.in_flight,
+                                          timed_out=self.timed_out or msgspec.UNSET, in_flight=self.in_flight,
                                           latency_ms=self.latency.quantiles()))
 
     def score(self, input_ids: np.ndarray, topk: int, on_wait=None) -> tuple[np.ndarray, np.ndarray]:

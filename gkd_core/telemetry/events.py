@@ -82,7 +82,9 @@ class TeacherEvent(Event, tag="teacher"):
     sent: int = 0
     completed: int = 0
     failed: int = 0
-    timed_out: int = 0
+    # left out of the JSON until the first timeout, so that a grep for "timed_out" finds only
+    # the events that report one
+    timed_out: int | msgspec.UnsetType = msgspec.UNSET
     in_flight: int = 0
     received: int = 0
     served: int = 0

@@ -341,12 +341,22 @@ class Driver:
             prints = guarded_wait(refs, timeout, phase="sync_weights", describe=self.describe, on_tick=tick,
                                   hint="dump their stacks (d); cancel the sync (c) or restart smaller (r)")
         except WaitTimeout as e:
+            # the root's broadcast completes only when every receiver has taken its part, so a
+            # pending student is blocked by the pending rollouts: they are the stragglers
+            stragglers = [m for m in e.pending if m != "student/0"] or e.pending
+            blocked = "student/0" in e.pending and stragglers != e.pending
+            done = ", ".join(f"{m} in {t:.1f} s" for m, t in sorted(e.done.items())) or "nobody"
+            msg = (f"{', '.join(stragglers)} did not finish sync_weights (sync {sid}, step {step}) within "
+                   f"{timeout:g} s: " + "; ".join(f"{m} is {self.describe(m)}" for m in stragglers)
+                   + (" ; student/0 is blocked in its broadcast, waiting for them" if blocked else "")
+                   + f"; finished: {done}; try: dump their stacks (d), then cancel the sync (c) or restart "
+                   "smaller (r)")
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="timed_out", timeout_s=timeout,
-                                       elapsed_s=time.monotonic() - t0, pending=e.pending,
-                                       done=sorted(e.done), error=str(e)[:1000], step=step))
+                                       elapsed_s=time.monotonic() - t0, pending=stragglers,
+                                       done=sorted(e.done), error=msg, step=step))
             for m in e.pending:
                 self.actors[m].cancel.remote()
-            raise
+            raise WaitTimeout(msg, stragglers, e.done) from None
         except SyncCancelled as e:
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="cancelled", timeout_s=timeout,
                                        elapsed_s=time.monotonic() - t0, error=str(e), step=step))
@@ -462,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     a = p.parse_args(argv)
     die_with_supervisor()
+    import torch
+
+    torch.set_num_threads(1)  # more threads than cores make small models many times slower here
     try:
         cfg = config_mod.load_config(a.config)
     except config_mod.ConfigError as e:
