@@ -17,9 +17,17 @@ from gkd_core.telemetry.control import ControlClient
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session")
+def teacher_cache(tmp_path_factory) -> Path:
+    """One cache for the session, so the built-in teacher is trained once, not once per test."""
+    return tmp_path_factory.mktemp("gkd-cache")
+
+
 @pytest.fixture
-def gkd_home(tmp_path, monkeypatch) -> Path:
+def gkd_home(tmp_path, monkeypatch, teacher_cache) -> Path:
     home = tmp_path / "gkd"
+    home.mkdir()
+    (home / "cache").symlink_to(teacher_cache)
     monkeypatch.setenv("GKD_HOME", str(home))
     return home
 

@@ -113,6 +113,9 @@ class TeacherClient:
                 if now >= next_report:
                     self.report()
                     next_report = now + 1.0
+        except TeacherUnavailable:
+            waiting.clear()  # given up on: late answers are ignored by id
+            raise
         finally:
             self.in_flight = len(waiting)
             self.report()

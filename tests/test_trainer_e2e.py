@@ -1,0 +1,63 @@
+"""The GKD trainer end to end: a real local Ray cluster, real torch models, real faults."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slow
+TRAINER = "gkd_core.trainer.driver"
+
+
+def run_states(sup):
+    return [e for e in sup.events() if e["kind"] == "run"]
+
+
+def test_hang_demo_names_only_the_straggler_and_a_restart_resumes(start_supervisor):
+    sup = start_supervisor("examples/hang_demo.yaml", "trainer.sync_timeout_s=6", "trainer.total_steps=5",
+                           "--linger", "120", driver=TRAINER)
+    failed = wait_until(lambda: [e for e in run_states(sup) if e["state"] == "failed"], 240, "the hung run to fail")
+    syncs = [e for e in sup.events() if e["kind"] == "sync"]
+    timed_out = [e for e in syncs if e["state"] == "timed_out"]
+    assert len(timed_out) == 1 and timed_out[0]["pending"] == ["rollout/1"] and timed_out[0]["step"] == 3
+    started = next(e for e in syncs if e["state"] == "started" and e["sync_id"] == timed_out[0]["sync_id"])
+    assert timed_out[0]["ts"] - started["ts"] <= 6 + 2
+    assert "rollout/1" in timed_out[0]["error"] and "pid" in timed_out[0]["error"]
+    assert failed[0]["exit_code"] == 3
+    steps_before = {e["step"] for e in sup.events() if e["kind"] == "metrics"}
+    assert steps_before == {1, 2}
+
+    with sup.client(timeout_s=5) as c:
+        c.request("restart", {})
+    wait_until(lambda: [e for e in run_states(sup) if e["state"] == "finished"], 240, "the restarted run to finish")
+    events = sup.events()
+    assert any(e["kind"] == "log" and "resumed from checkpoints/step_000002" in e["message"] for e in events)
+    steps = [e["step"] for e in events if e["kind"] == "metrics"]
+    assert sorted(set(steps)) == [1, 2, 3, 4, 5] and steps.count(3) == 1  # nothing lost, nothing done twice
+    assert all(e["fingerprint_ok"] for e in events if e["kind"] == "sync" and e["state"] == "done")
+
+
+def test_a_killed_worker_is_named_within_the_heartbeat_timeout(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=6", "trainer.sync_timeout_s=300", "telemetry.stall_s=10",
+                           "faults=[{kind: kill_worker, target: rollout/0, step: 2}]", driver=TRAINER)
+    wait_until(lambda: [e for e in run_states(sup) if e["state"] == "failed"], 240, "the run to fail")
+    events = sup.events()
+    last_seen = max(e["ts"] for e in events if e["src"] == "rollout/0")
+    named = [e for e in events if e["kind"] == "log" and e["src"] == "driver" and e["level"] == "error"]
+    assert named and "rollout/0" in named[0]["message"] and "pid" in named[0]["message"]
+    assert named[0]["ts"] - last_seen < 10, "named after the heartbeat timeout"
+
+
+def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=5", "teacher.request_timeout_s=2", "teacher.max_retries=1",
+                           "faults=[{kind: kill_teacher, step: 2, seconds: 8}]", driver=TRAINER)
+    assert sup.wait_exit(300) == 0
+    events = sup.events()
+    client = [e for e in events if e["kind"] == "teacher" and e["side"] == "client"]
+    assert max(e.get("timed_out", 0) for e in client) >= 1
+    assert any(e["kind"] == "log" and "teacher microbatch" in e["message"] for e in events)
+    assert max(e["step"] for e in events if e["kind"] == "metrics") == 5
+    assert run_states(sup)[-1]["state"] == "finished"
