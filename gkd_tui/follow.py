@@ -19,17 +19,24 @@ def describe(e: ev.Event) -> str | None:
     if isinstance(e, ev.RunEvent):
         return f"{t} run {e.state} {e.reason}".rstrip()
     if isinstance(e, ev.PhaseEvent):
-        return f"{t} {e.src:12s} {e.phase}" + (f" step {e.step}" if e.step is not None else "")
-    if isinstance(e, ev.SyncEvent) and e.state != "progress":
+        # the driver's phases tell the story; each worker's would flood the terminal
+        if e.src != "driver" or e.phase in ("idle", "generate", "teacher_wait", "train", "sync_weights"):
+            return None
+        return f"{t} {e.src:12s} {e.phase}" + (f" step {e.step}" if e.step is not None else "") + (
+            f" ({e.detail})" if e.detail else "")
+    if isinstance(e, ev.SyncEvent) and e.state not in ("progress", "started", "done"):
         pend = f" pending {', '.join(e.pending)}" if e.pending else ""
         return f"{t} sync {e.sync_id} {e.state} {e.elapsed_s:.2f}s/{e.timeout_s:g}s{pend}"
+    if isinstance(e, ev.LogEvent) and e.level in ("warn", "error"):
+        return f"{t} {e.src:12s} {e.level}: {e.message}"
     if isinstance(e, ev.AlertEvent):
         return f"{t} {'cleared' if e.cleared else e.severity.upper()} {e.code}: {e.message}"
     if isinstance(e, ev.ActionEvent):
         return f"{t} action {e.op} by {e.by}: {'ok' if e.ok else 'refused'} {e.result}"
     if isinstance(e, ev.MetricsEvent):
         vals = [f"{k}={getattr(e, k):.4g}" for k in ("loss", "kl", "agreement") if getattr(e, k) is not None]
-        return f"{t} metrics step {e.step} " + " ".join(vals)
+        step_s = sum(e.timing.values())
+        return f"{t} step {e.step} " + " ".join(vals) + (f" ({step_s:.2f} s)" if step_s else "")
     return None
 
 
