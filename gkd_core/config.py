@@ -90,7 +90,7 @@ class TelemetryConfig(_Section):
 
 class FaultConfig(_Section):
     kind: Literal[
-        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml"
+        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil"
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1

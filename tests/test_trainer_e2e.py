@@ -61,3 +61,22 @@ def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):
     assert any(e["kind"] == "log" and "teacher microbatch" in e["message"] for e in events)
     assert max(e["step"] for e in events if e["kind"] == "metrics") == 5
     assert run_states(sup)[-1]["state"] == "finished"
+
+
+def test_cancelling_a_hung_sync_rebuilds_the_group_and_the_run_goes_on(start_supervisor):
+    sup = start_supervisor("examples/hang_demo.yaml", "trainer.sync_timeout_s=120", "trainer.total_steps=4",
+                           driver=TRAINER)
+    wait_until(lambda: [e for e in sup.events() if e["kind"] == "sync" and e["state"] == "progress"
+                        and e["pending"] == ["rollout/1"]], 240, "the hung sync, waiting for rollout/1")
+    t0 = time.time()
+    with sup.client(timeout_s=5) as c:
+        assert c.request("cancel", {"target": "sync", "mode": "cooperative"})["forwarded"]
+    assert sup.wait_exit(240) == 0
+    events = sup.events()
+    cancelled = [e for e in events if e["kind"] == "sync" and e["state"] == "cancelled"]
+    assert cancelled and cancelled[0]["ts"] - t0 < 5
+    after = [e for e in events if e["kind"] == "sync" and e["state"] == "done" and e["seq"] > cancelled[0]["seq"]]
+    assert after and all(e["fingerprint_ok"] for e in after) and after[0]["step"] == 3
+    acts = [e for e in events if e["kind"] == "action" and e["op"] == "cancel" and e["src"] == "driver"]
+    assert acts and acts[0]["ok"]
+    assert max(e["step"] for e in events if e["kind"] == "metrics") == 4

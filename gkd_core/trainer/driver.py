@@ -39,6 +39,12 @@ class SyncCancelled(RuntimeError):
     pass
 
 
+def stragglers(pending: list[str]) -> list[str]:
+    """The root's broadcast completes only when every receiver has taken its part, so a pending
+    student is blocked by pending rollouts: they are the ones to name."""
+    return [m for m in pending if m != "student/0"] or pending
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -330,7 +336,8 @@ class Driver:
 
         def tick(pending: list[str], elapsed: float) -> None:
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="progress", timeout_s=timeout, elapsed_s=elapsed,
-                                       pending=pending, done=[m for m in members if m not in pending], step=step))
+                                       pending=stragglers(pending), done=[m for m in members if m not in pending],
+                                       step=step))
             self.serve_commands()
             if self._cancel_sync:
                 raise SyncCancelled(f"sync {sid} cancelled with {', '.join(pending)} pending")
@@ -341,22 +348,20 @@ class Driver:
             prints = guarded_wait(refs, timeout, phase="sync_weights", describe=self.describe, on_tick=tick,
                                   hint="dump their stacks (d); cancel the sync (c) or restart smaller (r)")
         except WaitTimeout as e:
-            # the root's broadcast completes only when every receiver has taken its part, so a
-            # pending student is blocked by the pending rollouts: they are the stragglers
-            stragglers = [m for m in e.pending if m != "student/0"] or e.pending
-            blocked = "student/0" in e.pending and stragglers != e.pending
+            late = stragglers(e.pending)
+            blocked = "student/0" in e.pending and late != e.pending
             done = ", ".join(f"{m} in {t:.1f} s" for m, t in sorted(e.done.items())) or "nobody"
-            msg = (f"{', '.join(stragglers)} did not finish sync_weights (sync {sid}, step {step}) within "
-                   f"{timeout:g} s: " + "; ".join(f"{m} is {self.describe(m)}" for m in stragglers)
+            msg = (f"{', '.join(late)} did not finish sync_weights (sync {sid}, step {step}) within "
+                   f"{timeout:g} s: " + "; ".join(f"{m} is {self.describe(m)}" for m in late)
                    + (" ; student/0 is blocked in its broadcast, waiting for them" if blocked else "")
                    + f"; finished: {done}; try: dump their stacks (d), then cancel the sync (c) or restart "
                    "smaller (r)")
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="timed_out", timeout_s=timeout,
-                                       elapsed_s=time.monotonic() - t0, pending=stragglers,
+                                       elapsed_s=time.monotonic() - t0, pending=late,
                                        done=sorted(e.done), error=msg, step=step))
             for m in e.pending:
                 self.actors[m].cancel.remote()
-            raise WaitTimeout(msg, stragglers, e.done) from None
+            raise WaitTimeout(msg, late, e.done) from None
         except SyncCancelled as e:
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="cancelled", timeout_s=timeout,
                                        elapsed_s=time.monotonic() - t0, error=str(e), step=step))

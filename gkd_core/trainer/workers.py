@@ -94,8 +94,10 @@ class WorkerBase:
     # --- faults -------------------------------------------------------------------------
 
     def _fault(self, kind: str, step: int) -> dict | None:
+        """The injected fault of this kind at this step, consumed: each fires once."""
         for f in self.ctx.faults:
             if f["kind"] == kind and f["step"] == step:
+                self.ctx.faults.remove(f)
                 return f
         return None
 
@@ -130,6 +132,17 @@ class WorkerBase:
             dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}", world_size=world,
                                     rank=rank, timeout=timedelta(seconds=timeout_s))
         return True
+
+    def _wait_work(self, work, timeout_s: float) -> None:
+        """Wait for a collective, checking the cancel flag: a cancelled sync leaves the call at
+        once (the group is then torn down and made anew) instead of sitting in C until the timeout."""
+        end = time.monotonic() + timeout_s
+        while not work.is_completed():
+            self._check_cancel()
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.src}: collective not complete within {timeout_s:g} s")
+            time.sleep(0.005)
+        work.wait()  # raises the collective's own error, if it failed
 
     def destroy_group(self) -> bool:
         import torch.distributed as dist
@@ -216,7 +229,7 @@ class StudentActor(WorkerBase):
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
-            dist.broadcast(vec, src=0)
+            self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
             return fingerprint(self.model.parameters())
 
     def save(self, folder: str) -> bool:
@@ -293,7 +306,7 @@ class RolloutWorker(WorkerBase):
                 self._hang(f"{self.src} sync_weights at step {step}", f["seconds"])
             params = list(self.model.parameters())
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
-            dist.broadcast(vec, src=0)
+            self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
             torch.nn.utils.vector_to_parameters(vec, params)
             return fingerprint(params)
 
