@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from gkd_core.config import ConfigError, load_config
@@ -45,10 +46,25 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
         print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)
+    t0 = time.monotonic()
     status = sup.serve()
     if not args.quiet:
-        print(f"gkd: run {sup.run_id} {sup.state.state} (exit status {status})", file=sys.stderr)
+        print(f"gkd: run {sup.run_id} {sup.state.state} (exit status {status}) in {time.monotonic() - t0:.0f} s"
+              + summary(sup.state), file=sys.stderr)
     return status
+
+
+def summary(state) -> str:
+    """`; step 60/60, agreement 20.8% -> 71.4%, KL 2.74 -> 0.83` when the run reported metrics."""
+    ms = [m for m in state.metrics if m.agreement is not None]
+    if not ms:
+        return ""
+    first, last = ms[0], ms[-1]
+    out = f"; step {last.step}/{state.total_steps or '?'}, agreement {100 * first.agreement:.1f}% -> " \
+          f"{100 * last.agreement:.1f}%"
+    if first.kl is not None and last.kl is not None:
+        out += f", KL {first.kl:.2f} -> {last.kl:.2f}"
+    return out
 
 
 if __name__ == "__main__":

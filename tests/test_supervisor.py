@@ -263,3 +263,10 @@ def test_an_invalid_config_starts_nothing(gkd_home):
     assert r.returncode == 2
     assert "trainer.total_step" in r.stderr and "did you mean 'trainer.total_steps'" in r.stderr
     assert not (gkd_home / "runs").exists()
+
+
+def test_the_supervisor_imports_neither_torch_nor_ray():
+    code = ("import sys, gkd_core.__main__, gkd_core.supervisor.supervisor, gkd_tui.cli; "
+            "bad = [m for m in ('torch', 'ray', 'textual') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -80,3 +80,16 @@ def test_cancelling_a_hung_sync_rebuilds_the_group_and_the_run_goes_on(start_sup
     acts = [e for e in events if e["kind"] == "action" and e["op"] == "cancel" and e["src"] == "driver"]
     assert acts and acts[0]["ok"]
     assert max(e["step"] for e in events if e["kind"] == "metrics") == 4
+
+
+def test_the_vllm_engine_without_vllm_is_refused_with_a_clear_message(start_supervisor):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    sup = start_supervisor("rollout.engine=vllm", driver=TRAINER)
+    assert sup.wait_exit(60) == 2
+    failed = run_states(sup)[-1]
+    assert failed["state"] == "failed" and any("vLLM is not installed" in line for line in failed["log_tail"])
+    alerts = [e for e in sup.events() if e["kind"] == "alert" and e["code"] == "driver_failed"]
+    assert alerts and "rollout.engine=torch" in alerts[0]["message"]

@@ -373,6 +373,7 @@ class Supervisor:
         self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=describe_exit(code),
                               log_tail=tail if state != "finished" else tail[-3:]))
         self._ended_at = time.monotonic()
+        self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if self._stopping:

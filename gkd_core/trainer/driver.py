@@ -31,6 +31,10 @@ from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 
 EXIT_CONFIG = 2
+# one torch thread per process (more than the cores make small models many times slower), and
+# no progress bars or advice from transformers in the logs people read when a run is stuck
+QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+             "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 EXIT_STUCK = 3  # a wait ran past its deadline, or a worker died: the error says who
 STACK_DEADLINE_S = 3.0
 
@@ -168,17 +172,13 @@ class Driver:
         from gkd_core.trainer import models, workers
 
         cfg = self.cfg
-        if cfg.rollout.engine == "vllm":
-            from gkd_core.trainer.vllm_engine import require_vllm
-
-            require_vllm()
         device = cfg.trainer.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         with self.rep.phase("init", timeout_s=cfg.trainer.init_timeout_s, detail="ray.init"):
             ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True,
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+                     runtime_env={"env_vars": {k: os.environ[k] for k in QUIET_ENV}})
         with self.rep.phase("init_model", detail="teacher"):
             teacher_path = cfg.teacher.path or str(models.prepare_teacher(gkd_home(), log=self.rep.log))
         self.teacher_path = teacher_path
@@ -477,14 +477,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", required=True)
     a = p.parse_args(argv)
     die_with_supervisor()
+    os.environ.update(QUIET_ENV)
     import torch
 
-    torch.set_num_threads(1)  # more threads than cores make small models many times slower here
+    torch.set_num_threads(1)
     try:
         cfg = config_mod.load_config(a.config)
     except config_mod.ConfigError as e:
         print(f"gkd driver: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    if cfg.rollout.engine == "vllm":
+        from gkd_core.trainer.vllm_engine import EngineUnavailable, require_vllm
+
+        try:
+            require_vllm()
+        except EngineUnavailable as e:
+            print(f"gkd driver: {e}", file=sys.stderr)
+            return EXIT_CONFIG
     from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed
     from gkd_core.teacher.client import TeacherUnavailable
 

@@ -200,9 +200,10 @@ class StudentActor(WorkerBase):
         with self.rep.phase("train", step=step):
             self._maybe_faults(step, "train")
             a = self.cfg.actor
-            ids = torch.as_tensor(seqs, dtype=torch.long, device=self.device)
-            tid = torch.as_tensor(t_ids, dtype=torch.long, device=self.device)[:, :-1]
-            tlp = torch.as_tensor(t_logp, dtype=torch.float32, device=self.device)[:, :-1]
+            # arrays from Ray's object store are read-only: copy them into tensors
+            ids = torch.tensor(seqs, dtype=torch.long, device=self.device)
+            tid = torch.tensor(t_ids, dtype=torch.long, device=self.device)[:, :-1]
+            tlp = torch.tensor(t_logp, dtype=torch.float32, device=self.device)[:, :-1]
             mask = L.completion_mask(ids, task.PROMPT_LEN, self.eos)[:, 1:]
             n_tokens = mask.sum().clamp(min=1.0)  # the global count across micro batches
             self.opt.zero_grad()
@@ -275,9 +276,25 @@ class RolloutWorker(WorkerBase):
             else:
                 self.model, _ = models.new_student(self.cfg.model, self.cfg.data.seed, Path(tokenizer_path))
             self.model.to(self.device).eval()
-        self.eos = self.tok.convert_tokens_to_ids("<eos>")
-        self.pad = self.tok.convert_tokens_to_ids("<pad>")
+            self.eos = self.tok.convert_tokens_to_ids("<eos>")
+            self.pad = self.tok.convert_tokens_to_ids("<pad>")
+            self.engine = None
+            if self.cfg.rollout.engine == "vllm":
+                self.engine = self._vllm_engine(tokenizer_path)
         self.rep.set_phase("idle")
+
+    def _vllm_engine(self, tokenizer_path: str):
+        import tempfile
+
+        from gkd_core.trainer.vllm_engine import VllmEngine
+
+        path = self.cfg.model.path
+        if not path:  # vLLM loads from a folder: write the built-in student out once
+            path = tempfile.mkdtemp(prefix=f"gkd-{self.src.replace('/', '-')}-")
+            self.model.save_pretrained(path)
+            self.tok.save_pretrained(path)
+        return VllmEngine(path, gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization,
+                          dtype=self.cfg.model.dtype, eos_id=self.eos, pad_id=self.pad)
 
     @torch.no_grad()
     def generate(self, prompt_ids: np.ndarray, step: int, seed: int) -> tuple[np.ndarray, float]:
@@ -288,9 +305,13 @@ class RolloutWorker(WorkerBase):
             if f:
                 self._hang(f"{self.src} generate at step {step}", f["seconds"])
             t0 = time.perf_counter()
-            torch.manual_seed(seed)
-            ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device)
             r = self.cfg.rollout
+            if self.engine is not None:
+                out = self.engine.generate(prompt_ids, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                                           seed=seed)
+                return out, time.perf_counter() - t0
+            torch.manual_seed(seed)
+            ids = torch.as_tensor(np.array(prompt_ids), dtype=torch.long, device=self.device)
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                       temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                                       eos_token_id=self.eos, pad_token_id=self.pad)
@@ -308,6 +329,8 @@ class RolloutWorker(WorkerBase):
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
             self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
             torch.nn.utils.vector_to_parameters(vec, params)
+            if self.engine is not None:
+                self.engine.load_weights(self.model.state_dict())
             return fingerprint(params)
 
 
@@ -339,7 +362,7 @@ class TeacherWorkerActor(WorkerBase):
 
     @torch.no_grad()
     def _score(self, ids: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
-        x = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        x = torch.tensor(ids, dtype=torch.long, device=self.device)
         logp = torch.log_softmax(self.model(input_ids=x).logits.float(), dim=-1)
         top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
         return top.indices.cpu().numpy(), top.values.cpu().numpy()
