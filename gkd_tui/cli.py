@@ -136,14 +136,38 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
 
 def cmd_attach(a: argparse.Namespace) -> int:
-    from gkd_tui.follow import follow
-
     run = None
     try:
         run = rundir.resolve_run(a.target)
-        return follow(run)
+        if getattr(a, "plain", False) or not sys.stdout.isatty():
+            from gkd_tui.follow import follow
+
+            return follow(run)
+        from gkd_tui.app import GkdApp
+        from gkd_tui.sources.live import LiveSource
+
+        GkdApp(LiveSource(run)).run()
+        print(f"gkd-tui: detached from {run.name}; the run goes on (`gkd-tui attach` to come back)", file=sys.stderr)
+        return 0
     except (rundir.RunNotFound, ControlUnreachable) as e:
         return _unreachable(run, e)
+
+
+def cmd_replay(a: argparse.Namespace) -> int:
+    from gkd_tui.app import GkdApp
+    from gkd_tui.sources.replay import ReplaySource
+
+    path = Path(a.target).expanduser()
+    if path.is_dir():
+        path = path / "events.jsonl"
+    if not path.is_file():
+        print(f"gkd-tui: no event log at {path} (give a run directory or its events.jsonl)", file=sys.stderr)
+        return 2
+    source = ReplaySource(path)
+    if a.speed:
+        source.speed = a.speed
+    GkdApp(source).run()
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,9 +182,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the supervisor up S seconds after the run ends, for a restart (default 3600)")
     s.set_defaults(func=cmd_launch)
 
-    s = sub.add_parser("attach", help="follow a run (default: the latest run on this machine)")
+    s = sub.add_parser("attach", help="the dashboard of a run (default: the latest run on this machine)")
     s.add_argument("target", nargs="?", help="a run directory or run id")
+    s.add_argument("--plain", action="store_true", help="a line per event instead of the dashboard")
     s.set_defaults(func=cmd_attach)
+
+    s = sub.add_parser("replay", help="replay a recorded run in the dashboard (space, →, End, +/-)")
+    s.add_argument("target", help="a run directory or its events.jsonl")
+    s.add_argument("--speed", type=float, default=None, help="replay speed (default 1x)")
+    s.set_defaults(func=cmd_replay)
 
     s = sub.add_parser("status", help="print a run's state from a snapshot")
     s.add_argument("run", nargs="?", help="a run directory or run id (default: the latest)")

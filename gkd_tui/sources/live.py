@@ -1,0 +1,54 @@
+"""A live run through the clone pattern: a thread pumps the subscriber into a shared RunState."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from gkd_core.state import RunState
+from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_core.telemetry.subscriber import RunSubscriber
+
+
+class LiveSource:
+    live = True
+
+    def __init__(self, run: Path):
+        self.run = run
+        self.lock = threading.Lock()
+        self.sub = RunSubscriber(run)
+        self.error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="gkd-live-source", daemon=True)
+
+    @property
+    def state(self) -> RunState:
+        return self.sub.state
+
+    def now(self) -> float:
+        return time.time()
+
+    def describe(self) -> str:
+        return "live" + (f" · {self.error}" if self.error else "")
+
+    def start(self) -> None:
+        with self.lock:
+            self.sub.connect()
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self.lock:
+                    self.sub.pump(0.0, max_events=5000)
+                self.error = ""
+            except (ControlUnreachable, ControlError) as e:
+                self.error = f"supervisor unreachable: {e}"[:120]
+                time.sleep(1.0)
+            self.sub.sub.poll(100)  # wait for more outside the lock
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sub.close()

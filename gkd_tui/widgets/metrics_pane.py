@@ -1,0 +1,35 @@
+"""Training: loss, KL, agreement sparklines, tokens/s and where each step's time goes."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import sparkline
+
+
+class MetricsPane(Static):
+    def show(self, st: RunState, now: float) -> None:
+        ms = st.recent_metrics(60)
+        t = Text()
+        if not ms:
+            t.append("no metrics yet", style="dim")
+            self.update(t)
+            return
+        last = ms[-1]
+        for name, style in (("loss", "magenta"), ("kl", "yellow"), ("agreement", "green")):
+            vals = [getattr(m, name) for m in ms]
+            cur = getattr(last, name)
+            if cur is None:
+                continue
+            t.append(f"{name:9s} {cur:8.4f} ")
+            t.append(sparkline(vals, 30), style=style)
+            t.append("\n")
+        if last.tokens_per_s:
+            t.append(f"tokens/s  {last.tokens_per_s:8.0f}\n")
+        if last.timing:
+            total = sum(last.timing.values()) or 1.0
+            t.append("step " + "  ".join(f"{k} {v:.2f}s" for k, v in last.timing.items()), style="dim")
+            t.append(f"  ({total:.2f}s)", style="dim")
+        self.update(t)

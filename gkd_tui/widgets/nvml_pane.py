@@ -1,0 +1,30 @@
+"""The GPUs, and a loud banner when NVML has stopped answering (the seeds' frozen nvidia-smi)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import fmt_bytes, fmt_duration
+
+
+class NvmlPane(Static):
+    def show(self, st: RunState, now: float) -> None:
+        t = Text()
+        for node, hung in sorted(st.nvml_hung.items()):
+            t.append(f" NVML not answering on {node} for {fmt_duration(hung)} ", style="bold white on red")
+            t.append("\n")
+        rows = st.gpu_rows()
+        if not rows and not st.nvml_hung:
+            t.append("GPU: no NVML readings in this run (CPU run, or no node agent)", style="dim")
+        for g in rows:
+            mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"
+            util = f"{g.util:.0f}%" if g.util is not None else "-"
+            style = "bold yellow" if (g.util == 0 and g.mem_used and g.mem_total and g.mem_used > 0.5 * g.mem_total) else ""
+            t.append(f"GPU{g.index} {g.node[:10]:10s} util {util:>4s} mem {mem:>11s} "
+                     f"{g.temp or 0:.0f}C {g.power or 0:.0f}W", style=style)
+            if g.pids:
+                t.append(f" pids {','.join(map(str, g.pids[:4]))}", style="dim")
+            t.append("\n")
+        self.update(t)

@@ -1,0 +1,39 @@
+"""The top line: run, state, step, elapsed, restarts, and the most severe alert with its hint."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import fmt_duration
+
+STATE_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow",
+               "restarting": "bold yellow", "starting": "yellow"}
+SEVERITY_STYLE = {"critical": "bold white on red", "warn": "bold black on yellow", "info": "bold"}
+
+
+class RunHeader(Static):
+    def show(self, st: RunState, now: float, source: str) -> None:
+        t = Text()
+        t.append("gkd ", style="bold")
+        t.append(st.run or "(no run yet)")
+        t.append("  ")
+        t.append(st.state or "unknown", style=STATE_STYLE.get(st.state, ""))
+        t.append(f"  step {st.step if st.step is not None else '-'}/{st.total_steps or '?'}")
+        t.append(f"  {fmt_duration(now - st.started) if st.started else '-'}")
+        t.append(f"  restarts {st.restarts}")
+        t.append(f"  [{source}]", style="dim")
+        alerts = st.active_alerts()
+        t.append("\n")
+        if alerts:
+            a = alerts[0]
+            t.append(f" {a.severity.upper()} ", style=SEVERITY_STYLE.get(a.severity, ""))
+            t.append(f" {a.message}")
+            if a.hint:
+                t.append(f"  → {a.hint}", style="italic")
+            if len(alerts) > 1:
+                t.append(f"  (+{len(alerts) - 1} more)", style="dim")
+        else:
+            t.append(" no alerts", style="dim green")
+        self.update(t)

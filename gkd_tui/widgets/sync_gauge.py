@@ -1,0 +1,48 @@
+"""The current weight sync: elapsed against its timeout, coloured at 50 % and 80 %, who is pending."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import fmt_duration
+
+BAR = 24
+
+
+def fraction_style(frac: float, state: str) -> str:
+    if state in ("timed_out", "failed"):
+        return "bold red"
+    if state == "cancelled":
+        return "yellow"
+    return "red" if frac >= 0.8 else "yellow" if frac >= 0.5 else "green"
+
+
+class SyncGauge(Static):
+    def show(self, st: RunState, now: float) -> None:
+        v = st.sync_view(now)
+        t = Text()
+        if v is None:
+            t.append("no weight sync yet", style="dim")
+            self.update(t)
+            return
+        frac = min(1.0, v.fraction)
+        style = fraction_style(v.fraction, v.state)
+        filled = int(frac * BAR)
+        t.append(f"sync {v.sync_id} ")
+        t.append(v.state, style=style)
+        t.append(f"  {fmt_duration(v.elapsed_s)} / {fmt_duration(v.timeout_s)}\n")
+        t.append("█" * filled, style=style)
+        t.append("░" * (BAR - filled), style="dim")
+        t.append(f" {100 * v.fraction:.0f}%\n")
+        if v.pending:
+            t.append("waiting for " if v.running else "stragglers: ", style="bold")
+            t.append(", ".join(v.pending), style="bold red" if v.fraction >= 0.5 or not v.running else "bold")
+            t.append("\n")
+        recent = [s for s in st.sync_history if s.state == "done"][-6:]
+        if recent:
+            t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
+        if st.sync and st.sync.fingerprint_ok is False:
+            t.append("\nweights differ after sync!", style="bold red")
+        self.update(t)

@@ -1,0 +1,36 @@
+"""The teacher: what the client sent against what the server received — which side is stuck."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import sparkline
+
+
+class TeacherPane(Static):
+    def show(self, st: RunState, now: float) -> None:
+        tot = st.teacher_totals()
+        t = Text()
+        if not st.teacher.by_src:
+            t.append("no teacher traffic yet", style="dim")
+            self.update(t)
+            return
+        t.append(f"client sent {tot.sent} done {tot.completed} ")
+        t.append(f"failed {tot.failed} ", style="red" if tot.failed else "")
+        t.append(f"timeout {tot.timed_out} ", style="bold red" if tot.timed_out else "")
+        t.append(f"in flight {tot.in_flight}\n")
+        t.append(f"server recv {tot.received} served {tot.served} ")
+        t.append(f"queue {tot.queue_depth}", style="yellow" if tot.queue_depth else "")
+        if tot.sent and not tot.received:
+            t.append("  server received nothing!", style="bold red")
+        lat = tot.latency_ms
+        if lat:
+            t.append(f"\nlatency p50 {lat.get('p50', 0):.1f} ms p95 {lat.get('p95', 0):.1f} ms")
+        h = st.teacher.history
+        rates = [(c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(h, h[1:]) if t1 > t0]
+        if rates:
+            t.append(f"\nreq/s {st.teacher_rate():.1f} ")
+            t.append(sparkline(rates, 20), style="cyan")
+        self.update(t)
