@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import time
 
+from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Input
+from textual.widgets import DataTable, Footer, Input
+
+from gkd_tui.screens.confirm import ConfirmScreen
+from gkd_tui.screens.help import HelpScreen
+from gkd_tui.screens.stacks import StackScreen
+from gkd_tui.screens.worker_details import WorkerDetails
 
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -22,6 +28,7 @@ from gkd_tui.widgets.teacher_pane import TeacherPane
 from gkd_tui.widgets.workers_table import WorkersTable
 
 REFRESH_S = 0.5
+STACK_WAIT_S = 6.0
 
 
 class GkdApp(App):
@@ -29,6 +36,11 @@ class GkdApp(App):
     TITLE = "gkd-tui"
     BINDINGS = [
         Binding("q", "detach", "Detach (the run goes on)"),
+        Binding("d", "dump_stacks(False)", "Dump stacks"),
+        Binding("D", "dump_stacks(True)", "Dump all stacks", show=False),
+        Binding("c", "cancel", "Cancel…"),
+        Binding("r", "restart", "Restart smaller…"),
+        Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter rows"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         # replay keys win over the table's own (End would scroll it otherwise)
@@ -40,10 +52,12 @@ class GkdApp(App):
         Binding("minus", "speed(False)", "Slower (replay)", show=False),
     ]
 
-    def __init__(self, source, stall_s: float = 10.0):
+    def __init__(self, source, stall_s: float = 10.0, readonly: bool = False):
         super().__init__()
         self.source = source
         self.stall_s = stall_s
+        self.readonly = readonly
+        self._client = None
         self.filter_text = ""
         self._last_tick = time.monotonic()
 
@@ -75,6 +89,7 @@ class GkdApp(App):
 
     def on_mount(self) -> None:
         self.source.start()
+        self.query_one(WorkersTable).focus()  # not the hidden filter box: keys are actions
         self.redraw()
         self.set_interval(REFRESH_S, self.redraw)
 
@@ -97,9 +112,114 @@ class GkdApp(App):
 
     # --- actions -------------------------------------------------------------------------
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if self.readonly and action in ("cancel", "restart"):
+            return False  # --readonly: the dangerous actions are not there at all
+        return True
+
+    def selected_worker(self) -> str | None:
+        table = self.query_one(WorkersTable)
+        if table.row_count == 0:
+            return None
+        try:
+            return str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value)
+        except Exception:  # no cursor yet
+            return None
+
+    def request(self, op: str, args: dict, timeout_s: float = 3.0):
+        """A control request from a worker thread; raises ControlError/ControlUnreachable."""
+        if not getattr(self.source, "live", False):
+            raise RuntimeError("a replay has no run to act on")
+        if self._client is None:
+            self._client = self.source.control()
+        return self._client.request(op, args, timeout_s=timeout_s)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def on_data_table_row_selected(self, message: DataTable.RowSelected) -> None:
+        with self.source.lock:
+            screen = WorkerDetails(self.source.state, str(message.row_key.value), self.source.now())
+        self.push_screen(screen)
+
+    def action_dump_stacks(self, everyone: bool) -> None:
+        target = None if everyone else self.selected_worker()
+        self.dump_stacks([target] if target else [])
+
+    @work(thread=True, exclusive=True, group="control")
+    def dump_stacks(self, targets: list[str]) -> None:
+        dump_id = f"d{int(time.time() * 1000)}"
+        self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
+        try:
+            self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+        except Exception as e:
+            self.call_from_thread(self.notify, f"dump_stacks: {e}", severity="error", timeout=6)
+            return
+        deadline = time.monotonic() + STACK_WAIT_S
+        got: dict = {}
+        while time.monotonic() < deadline:
+            with self.source.lock:
+                got = {t: r for t, r in self.source.state.stacks.items() if r.dump_id == dump_id}
+            if got and (not targets or all(t in got for t in targets)) and (targets or time.monotonic() > deadline - 2):
+                break
+            time.sleep(0.1)
+        if not got:
+            self.call_from_thread(self.notify, f"no stacks came back within {STACK_WAIT_S:g} s", severity="error")
+            return
+        self.call_from_thread(self.push_screen, StackScreen(got, dump_id))
+
+    def action_cancel(self) -> None:
+        src = self.selected_worker()
+        choices = [("sync", "The current sync")]
+        if src and src != "driver":
+            choices.append((f"worker:{src}", f"{src}'s task"))
+        choices.append(("all", "Everything"))
+        body = ("Cancel stops Python-level work at its next check; the sync's group is rebuilt and the "
+                "sync retried. Nothing is cancelled unless you choose it.")
+        self.push_screen(ConfirmScreen("Cancel what?", body, choices), self._cancel_chosen)
+
+    def _cancel_chosen(self, choice: str | None) -> None:
+        if choice is None:
+            return  # Cancel: nothing happens
+        target = choice.removeprefix("worker:")
+        self.send("cancel", {"target": target, "mode": "cooperative"})
+
+    def action_restart(self) -> None:
+        self.preview_restart()
+
+    @work(thread=True, exclusive=True, group="control")
+    def preview_restart(self) -> None:
+        try:
+            dry = self.request("restart", {"shrink": True, "dry_run": True})
+        except Exception as e:
+            self.call_from_thread(self.notify, f"restart: {e}", severity="error", timeout=6)
+            return
+        changes = dry.get("changes") or []
+        diff = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in changes) or "  (nothing to shrink)"
+        body = (f"Restart {dry.get('restart')} from the latest checkpoint with a smaller config:\n{diff}\n\n"
+                "The new config is written to RUN/restarts/ before the driver starts again.")
+        self.call_from_thread(self.push_screen, ConfirmScreen("Restart smaller?", body,
+                                                              [("restart", "Restart smaller")]),
+                              self._restart_chosen)
+
+    def _restart_chosen(self, choice: str | None) -> None:
+        if choice == "restart":
+            self.send("restart", {"shrink": True})
+
+    @work(thread=True, exclusive=True, group="control")
+    def send(self, op: str, args: dict) -> None:
+        try:
+            result = self.request(op, args)
+        except Exception as e:
+            self.call_from_thread(self.notify, f"{op}: {e}", severity="error", timeout=6)
+            return
+        self.call_from_thread(self.notify, f"{op}: {result}", timeout=4)
+
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""
         self.source.stop()
+        if self._client is not None:
+            self._client.close()
         self.exit()
 
     def action_filter(self) -> None:

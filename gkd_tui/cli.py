@@ -146,7 +146,7 @@ def cmd_attach(a: argparse.Namespace) -> int:
         from gkd_tui.app import GkdApp
         from gkd_tui.sources.live import LiveSource
 
-        GkdApp(LiveSource(run)).run()
+        GkdApp(LiveSource(run), readonly=getattr(a, "readonly", False)).run()
         print(f"gkd-tui: detached from {run.name}; the run goes on (`gkd-tui attach` to come back)", file=sys.stderr)
         return 0
     except (rundir.RunNotFound, ControlUnreachable) as e:
@@ -185,6 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("attach", help="the dashboard of a run (default: the latest run on this machine)")
     s.add_argument("target", nargs="?", help="a run directory or run id")
     s.add_argument("--plain", action="store_true", help="a line per event instead of the dashboard")
+    s.add_argument("--readonly", action="store_true", help="no cancel or restart from this dashboard")
     s.set_defaults(func=cmd_attach)
 
     s = sub.add_parser("replay", help="replay a recorded run in the dashboard (space, →, End, +/-)")

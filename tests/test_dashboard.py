@@ -87,3 +87,68 @@ async def test_live_attach_follows_a_real_supervisor_and_q_leaves_it_running(sta
         await pilot.press("q")
     with sup.client() as c:
         assert c.request("ping")["state"] == "running"  # detaching never stops the run
+
+
+@pytest.mark.slow
+async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(start_supervisor):
+    from gkd_tui.screens.confirm import ConfirmScreen
+    from gkd_tui.screens.stacks import StackScreen
+    from gkd_tui.sources.live import LiveSource
+    from textual.widgets import Button, TextArea
+
+    sup = start_supervisor("trainer.total_steps=100000", "rollout.n_workers=4", step_s=0.05)
+    sup.wait_driver()
+    app = GkdApp(LiveSource(sup.run))
+    async with app.run_test(size=(120, 36)) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if "driver" in app.source.state.workers:
+                break
+        app.redraw()
+        await pilot.pause()
+        # d on the selected worker (the driver): its stack, with the function it is in
+        await pilot.press("d")
+        for _ in range(80):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, StackScreen):
+                break
+        assert isinstance(app.screen, StackScreen)
+        text = app.screen.query_one(TextArea).text
+        assert "serve_commands" in text and "walk" in text  # the demo driver's hot functions
+        await pilot.press("escape")
+        # c: focus starts on Cancel; Enter there does nothing
+        n_actions = len([e for e in sup.events() if e["kind"] == "action"])
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and app.screen.focused.id == "cancel"
+        await pilot.press("enter")
+        await pilot.pause(0.5)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert len([e for e in sup.events() if e["kind"] == "action" and e["op"] == "cancel"]) == 0
+        # r: the diff first, then the restart on the record
+        await pilot.press("r")
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, ConfirmScreen):
+                break
+        assert "rollout.n_workers: 4 -> 2" in str(app.screen.body)
+        app.screen.query_one("#restart", Button).press()
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if any(e["kind"] == "action" and e["op"] == "restart" for e in sup.events()):
+                break
+        restart = [e for e in sup.events() if e["kind"] == "action" and e["op"] == "restart"]
+        assert restart and restart[0]["ok"] and restart[0]["by"].startswith("dashboard")
+        assert n_actions >= 1
+        await pilot.press("q")
+
+
+async def test_readonly_has_no_cancel_or_restart():
+    app = GkdApp(ReplaySource(RECORDING), readonly=True)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("c", "r")
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]  # nothing opened
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "HelpScreen"

@@ -22,6 +22,13 @@ class LiveSource:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name="gkd-live-source", daemon=True)
 
+    def control(self):
+        """A control client of its own for the dashboard's actions (sockets are not shared
+        across threads; the pump thread keeps the subscriber's)."""
+        from gkd_core.telemetry.control import ControlClient
+
+        return ControlClient.for_run(self.run, self.sub.endpoints, timeout_s=3.0, by="dashboard")
+
     @property
     def state(self) -> RunState:
         return self.sub.state

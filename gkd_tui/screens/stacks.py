@@ -1,0 +1,49 @@
+"""The stack viewer: a tab per worker, searchable, from the newest dump (saved under RUN/stacks)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import ModalScreen
+from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
+
+from gkd_core.state import StackRecord
+
+
+class StackScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q", "app.pop_screen", "Close"), Binding("slash", "search", "Search")]
+
+    def __init__(self, stacks: dict[str, StackRecord], dump_id: str):
+        super().__init__()
+        self.stacks = stacks
+        self.dump_id = dump_id
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"stacks of dump {self.dump_id} — / search, tab/←→ switch, escape close", id="stack-title")
+        yield Input(placeholder="search the stack (enter: next match)", id="stack-search")
+        with TabbedContent(id="stack-tabs"):
+            for i, (target, rec) in enumerate(sorted(self.stacks.items())):
+                text = rec.text or f"(no stack: {rec.error})"
+                with TabPane(f"{target} [{rec.method}]", id=f"stack-{i}"):
+                    yield TextArea(text, read_only=True, show_line_numbers=True, soft_wrap=False)
+
+    def action_search(self) -> None:
+        self.query_one("#stack-search", Input).focus()
+
+    def on_input_submitted(self, message: Input.Submitted) -> None:
+        query = message.value.strip().lstrip("/")
+        tabs = self.query_one(TabbedContent)
+        pane = tabs.get_pane(tabs.active) if tabs.active else None
+        if not query or pane is None:
+            return
+        area = pane.query_one(TextArea)
+        lines = area.text.splitlines()
+        start = area.cursor_location[0] + 1
+        for offset in range(len(lines)):
+            row = (start + offset) % max(1, len(lines))
+            if query.lower() in lines[row].lower():
+                col = lines[row].lower().index(query.lower())
+                area.selection = ((row, col), (row, col + len(query)))
+                area.scroll_cursor_visible()
+                return
+        self.notify(f"'{query}' not in this stack", severity="warning", timeout=2)

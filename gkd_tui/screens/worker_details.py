@@ -1,0 +1,49 @@
+"""`enter` on a worker: everything the run knows about it, its last stack and its log lines."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from gkd_core.state import RunState
+from gkd_tui.widgets.format import fmt_bytes, fmt_duration
+
+
+class WorkerDetails(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,enter", "app.pop_screen", "Close")]
+
+    def __init__(self, st: RunState, src: str, now: float):
+        super().__init__()
+        self.text = self.describe(st, src, now)
+
+    @staticmethod
+    def describe(st: RunState, src: str, now: float) -> str:
+        w = st.workers.get(src)
+        if w is None:
+            return f"{src}: not in this run"
+        age = st.heartbeat_age(w, now)
+        lines = [
+            f"{w.src}  role {w.role}  rank {w.rank}  node {w.node or '-'}  pid {w.pid or '-'}  "
+            f"GPU {','.join(map(str, w.gpus)) or '-'}",
+            f"phase {w.phase} for {fmt_duration(st.time_in_phase(w, now))}, step {w.step}"
+            + (f", deadline in {fmt_duration(w.deadline - now)}" if w.deadline else ""),
+            f"heartbeat {fmt_duration(age)} ago, rss {fmt_bytes(w.rss)}, cpu {w.cpu:.0f}%, dropped {w.dropped}",
+        ]
+        if w.detail:
+            lines.append(f"detail: {w.detail}")
+        if w.actor_id:
+            lines.append(f"ray actor {w.actor_id}")
+        logs = [line for line in st.logs if line.startswith(src + " ")][-10:]
+        lines.append("\nlog:")
+        lines.extend(logs or ["(no log lines from it)"])
+        rec = st.stacks.get(src)
+        lines.append("\nlast stack" + (f" (dump {rec.dump_id}, {rec.method})" if rec else ""))
+        lines.append((rec.text or rec.error) if rec else "(none yet: press d on it)")
+        return "\n".join(lines)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="details"):
+            yield Static(self.text, markup=False)
