@@ -13,17 +13,20 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from gkd_core import config  # noqa: E402
 from gkd_tui.app import GkdApp  # noqa: E402
+from gkd_tui.screens.confirm import ConfirmScreen  # noqa: E402
+from gkd_tui.screens.stacks import StackScreen  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
 RECORDING = HERE / "hang_demo.events.jsonl"
@@ -38,14 +41,33 @@ def record(out: Path) -> None:
         cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
         if cache.is_dir():
             (home / "cache").symlink_to(cache)
-        subprocess.run([sys.executable, "-m", "gkd_core", "run", "examples/hang_demo.yaml",
-                        "trainer.sync_timeout_s=20", "--run-id", "hang-demo", "--quiet"], env=env, cwd=ROOT,
-                       timeout=900)
-        text = (home / "runs" / "hang-demo" / "events.jsonl").read_text()
-    # no paths of the recording machine in the repository
-    text = text.replace(str(home), "~/.gkd").replace(str(ROOT), ".")
-    text = re.sub(r'(?<=")/[^"]*?/site-packages/', "<site-packages>/", text)
-    out.write_text(text)
+        proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "examples/hang_demo.yaml",
+                                 "trainer.sync_timeout_s=20", "--run-id", "hang-demo", "--quiet"], env=env, cwd=ROOT)
+        run = home / "runs" / "hang-demo"
+        # halfway through the hung sync, press d as a user would: the stacks go on the record
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            log = run / "events.jsonl"
+            if log.exists() and any(json.loads(line).get("state") == "progress" and json.loads(line).get(
+                    "elapsed_s", 0) > 10 for line in log.read_text().splitlines() if '"sync"' in line):
+                from gkd_core import rundir
+                from gkd_core.telemetry.control import ControlClient
+
+                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
+                    c.request("dump_stacks", {"targets": [], "dump_id": "hang"})
+                break
+            time.sleep(0.5)
+        proc.wait(600)
+        text = (run / "events.jsonl").read_text()
+    out.write_text(sanitize(text, home))
+
+
+def sanitize(text: str, home: Path | None = None) -> str:
+    """No paths of the recording machine in the repository."""
+    if home is not None:
+        text = text.replace(str(home), "~/.gkd")
+    text = text.replace(str(ROOT), ".").replace(sys.base_prefix, "<python>").replace(sys.prefix, "<venv>")
+    return text.replace(str(Path.home()), "~")
 
 
 def moments(events: list[dict]) -> dict[str, float]:
@@ -56,18 +78,37 @@ def moments(events: list[dict]) -> dict[str, float]:
                    and e["sync_id"] == timed_out["sync_id"])
     timeout = timed_out["timeout_s"]
     return {
-        "healthy-step": metrics[min(1, len(metrics) - 1)]["ts"] + 0.05,
-        "sync-near-timeout": started["ts"] + 0.85 * timeout,
-        "sync-timed-out": events[-1]["ts"],
+        "healthy-step": (metrics[min(1, len(metrics) - 1)]["ts"] + 0.05, ""),
+        "sync-near-timeout": (started["ts"] + 0.85 * timeout, ""),
+        "stack-viewer": (started["ts"] + 0.9 * timeout, "stacks"),
+        "sync-timed-out": (events[-1]["ts"], ""),
+        "restart-diff": (events[-1]["ts"], "restart"),
     }
 
 
-async def shoot(recording: Path, name: str, ts: float) -> Path:
+def restart_diff_screen() -> ConfirmScreen:
+    """The `r` screen for the hang demo's config, as the supervisor's dry run computes it."""
+    cfg = config.load_config(ROOT / "examples" / "hang_demo.yaml")
+    small, _ = config.shrink(cfg)
+    diff = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, a, b in config.diff(cfg, small))
+    return ConfirmScreen("Restart smaller?", f"Restart 1 from the latest checkpoint with a smaller config:\n{diff}"
+                         "\n\nThe new config is written to RUN/restarts/ before the driver starts again.",
+                         [("restart", "Restart smaller")])
+
+
+async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Path:
     source = ReplaySource(recording)
     app = GkdApp(source)
     async with app.run_test(size=SIZE) as pilot:
         source.seek(ts)
         app.redraw()
+        if overlay == "stacks":
+            stacks = {t: r for t, r in source.state.stacks.items() if r.dump_id == "hang"}
+            await app.push_screen(StackScreen(stacks, "hang"))
+            tabs = app.screen.query_one("#stack-tabs")
+            tabs.active = next(f"stack-{i}" for i, t in enumerate(sorted(stacks)) if t == "rollout/1")
+        elif overlay == "restart":
+            await app.push_screen(restart_diff_screen())
         await pilot.pause()
         svg = HERE / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(HERE))
@@ -91,8 +132,8 @@ def main() -> None:
     if a.record or not RECORDING.exists():
         record(RECORDING)
     events = [json.loads(line) for line in RECORDING.read_text().splitlines() if line.strip()]
-    for name, ts in moments(events).items():
-        svg = asyncio.run(shoot(RECORDING, name, ts))
+    for name, (ts, overlay) in moments(events).items():
+        svg = asyncio.run(shoot(RECORDING, name, ts, overlay))
         png = to_png(svg)
         print(f"{svg.relative_to(ROOT)}" + (f", {png.relative_to(ROOT)}" if png else " (no cairosvg: SVG only)"))
 
