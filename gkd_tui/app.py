@@ -34,6 +34,9 @@ STACK_WAIT_S = 6.0
 class GkdApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gkd-tui"
+    # an 80x24 terminal over SSH at 3 a.m. is the case to design for (see app.tcss)
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
     BINDINGS = [
         Binding("q", "detach", "Detach (the run goes on)"),
         Binding("d", "dump_stacks(False)", "Dump stacks"),

@@ -23,7 +23,8 @@ class RunHeader(Static):
         t.append(f"  step {st.step if st.step is not None else '-'}/{st.total_steps or '?'}")
         t.append(f"  {fmt_duration(now - st.started) if st.started else '-'}")
         t.append(f"  restarts {st.restarts}")
-        t.append(f"  [{source}]", style="dim")
+        if self.size.width >= 100:  # on 80 columns the run's own facts come first
+            t.append(f"  [{source}]", style="dim")
         alerts = st.active_alerts()
         t.append("\n")
         if alerts:
