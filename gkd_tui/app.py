@@ -111,7 +111,8 @@ class GkdApp(App):
             self.query_one(TeacherPane).show(st, now)
             self.query_one(NvmlPane).show(st, now)
             self.query_one(MetricsPane).show(st, now)
-            self.query_one(LogTail).show(st, now)
+            follower = getattr(self.source, "logs", None)
+            self.query_one(LogTail).show(st, now, list(follower.lines) if follower else None)
 
     # --- actions -------------------------------------------------------------------------
 

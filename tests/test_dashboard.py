@@ -152,3 +152,24 @@ async def test_readonly_has_no_cancel_or_restart():
         await pilot.press("question_mark")
         await pilot.pause()
         assert type(app.screen).__name__ == "HelpScreen"
+
+
+def test_log_follower_reads_appended_lines_and_keeps_partial_ones(tmp_path):
+    import time as _time
+
+    from gkd_tui.sources.log_follower import LogFollower
+
+    log = tmp_path / "driver.log"
+    log.write_text("first\n\x1b[36m(Actor pid=1)\x1b[0m second\n")
+    f = LogFollower(tmp_path)
+    f.start()
+    try:
+        assert list(f.lines) == ["driver: first", "driver: (Actor pid=1) second"]
+        with open(log, "a") as out:
+            out.write("third\nhalf")
+        deadline = _time.monotonic() + 5
+        while "driver: third" not in f.lines and _time.monotonic() < deadline:
+            _time.sleep(0.05)
+        assert list(f.lines)[-1] == "driver: third"  # "half" waits for its newline
+    finally:
+        f.stop()

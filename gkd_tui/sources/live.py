@@ -9,6 +9,7 @@ from pathlib import Path
 from gkd_core.state import RunState
 from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_tui.sources.log_follower import LogFollower
 
 
 class LiveSource:
@@ -19,6 +20,7 @@ class LiveSource:
         self.lock = threading.Lock()
         self.sub = RunSubscriber(run)
         self.error = ""
+        self.logs = LogFollower(run / "logs")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name="gkd-live-source", daemon=True)
 
@@ -43,6 +45,7 @@ class LiveSource:
         with self.lock:
             self.sub.connect()
         self._thread.start()
+        self.logs.start()
 
     def _pump(self) -> None:
         while not self._stop.is_set():
@@ -57,5 +60,6 @@ class LiveSource:
 
     def stop(self) -> None:
         self._stop.set()
+        self.logs.stop()
         self._thread.join(2)
         self.sub.close()

@@ -11,14 +11,18 @@ LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "warning": "yellow"}
 
 
 class LogTail(Static):
-    def show(self, st: RunState, now: float, lines: int = 8) -> None:
+    def show(self, st: RunState, now: float, files: list[str] | None = None) -> None:
+        """The run's own log events (warnings and errors styled), then the tail of RUN/logs."""
+        lines = max(3, self.size.height - 2)
         t = Text()
-        tail = st.logs[-lines:]
-        if not tail and st.log_tail:
-            tail = [f"driver: {line}" for line in st.log_tail[-lines:]]
-        if not tail:
-            t.append("no log lines yet", style="dim")
-        for line in tail:
+        events = st.logs[-(lines // 2 if files else lines):]
+        if not events and st.log_tail:
+            events = [f"driver: {line}" for line in st.log_tail[-lines:]]
+        for line in events:
             level = line.split(" ", 2)[1].rstrip(":") if " " in line else ""
             t.append(line[:300] + "\n", style=LEVEL_STYLE.get(level, ""))
+        for line in (files or [])[-(lines - len(events)):] if lines > len(events) else []:
+            t.append(line[:300] + "\n", style="dim")
+        if not t.plain:
+            t.append("no log lines yet", style="dim")
         self.update(t)
