@@ -101,7 +101,8 @@ async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Pat
     app = GkdApp(source)
     async with app.run_test(size=SIZE) as pilot:
         source.seek(ts)
-        app.redraw()
+        await pilot.pause()
+        app.redraw()  # once the layout has settled: panes size their content to fit
         if overlay == "stacks":
             stacks = {t: r for t, r in source.state.stacks.items() if r.dump_id == "hang"}
             await app.push_screen(StackScreen(stacks, "hang"))

@@ -30,7 +30,8 @@ def near_timeout_ts() -> float:
 def seek_to(ts: float):
     async def run_before(pilot):
         pilot.app.source.seek(ts)
-        pilot.app.redraw()
+        await pilot.pause()
+        pilot.app.redraw()  # again, once the layout has settled: panes size their content to fit
         await pilot.pause()
     return run_before
 
