@@ -127,8 +127,7 @@ class Supervisor:
         self.control_tcp = self.events_tcp = None
         if tel.control_tcp or tel.events_tcp:
             self._bind_tcp(endpoints)
-        self.endpoints = endpoints
-        rundir.write_private_json(self.run_dir / "endpoints.json", endpoints)
+        self.endpoints = endpoints  # published in endpoints.json once the run's first events are logged
 
     def _bind_tcp(self, endpoints: dict) -> None:
         """Optional tcp endpoints, authenticated with CurveZMQ; refusals are recorded."""
@@ -425,7 +424,12 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
                               total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}"))
+        self.emit(ev.LogEvent(message=f"supervisor pid {os.getpid()}: run directory {self.run_dir}, control "
+                                      f"{self.endpoints['control']}, workers push to {self.endpoints['ingest']}"))
         self._spawn(self.config_path)
+        self.log.flush()
+        # last: whoever finds endpoints.json finds a run with its first events on disk
+        rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
         poller = zmq.Poller()
         for s in (self.ingest, self.control, self.drivers, self.control_tcp, *self._monitors):
             if s is not None:
