@@ -31,6 +31,11 @@ REFRESH_S = 0.5
 STACK_WAIT_S = 6.0
 
 
+def titled(widget, title: str):
+    widget.border_title = title
+    return widget
+
+
 class GkdApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "gkd-tui"
@@ -67,26 +72,14 @@ class GkdApp(App):
     def compose(self) -> ComposeResult:
         yield RunHeader()
         with Horizontal(id="middle"):
-            table = WorkersTable()
-            table.border_title = "workers"
-            yield table
+            yield titled(WorkersTable(), "workers")
             with Vertical(id="side"):
-                sync = SyncGauge()
-                sync.border_title = "weight sync"
-                yield sync
-                teacher = TeacherPane()
-                teacher.border_title = "teacher"
-                yield teacher
-                nvml = NvmlPane()
-                nvml.border_title = "GPU / NVML"
-                yield nvml
+                yield titled(SyncGauge(), "weight sync")
+                yield titled(TeacherPane(), "teacher")
+                yield titled(NvmlPane(), "GPU / NVML")
         with Horizontal(id="bottom"):
-            metrics = MetricsPane()
-            metrics.border_title = "metrics"
-            yield metrics
-            logs = LogTail()
-            logs.border_title = "log"
-            yield logs
+            yield titled(MetricsPane(), "metrics")
+            yield titled(LogTail(), "log")
         yield Input(placeholder="filter workers (src, phase or node); enter to apply, escape to clear", id="filter")
         yield Footer()
 
