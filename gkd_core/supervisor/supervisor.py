@@ -343,10 +343,7 @@ class Supervisor:
         d = self.driver
         if d is None:
             if self._pending_config is not None and not self._stopping:  # a restart after the run ended
-                self.restarts += 1
-                path, self._pending_config = self._pending_config, None
-                self._ended_at = None
-                self._spawn(path)
+                self._start_restart()
             return
         d.tick()
         code = d.poll()
@@ -354,12 +351,9 @@ class Supervisor:
             return
         self.driver = None
         if self._pending_config is not None and not self._stopping:
-            self.restarts += 1
-            path, self._pending_config = self._pending_config, None
-            self.emit(ev.RunEvent(state="restarting", restart=self.restarts, exit_code=code,
-                                  reason=f"old driver {describe_exit(code)}; starting restart {self.restarts}"))
-            self._ended_at = None
-            self._spawn(path)
+            self.emit(ev.RunEvent(state="restarting", restart=self.restarts + 1, exit_code=code,
+                                  reason=f"old driver {describe_exit(code)}; starting restart {self.restarts + 1}"))
+            self._start_restart()
             return
         tail = d.log_tail()
         if self._stopping:
@@ -373,6 +367,12 @@ class Supervisor:
                               log_tail=tail if state != "finished" else tail[-3:]))
         self._ended_at = time.monotonic()
         self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
+
+    def _start_restart(self) -> None:
+        self.restarts += 1
+        path, self._pending_config = self._pending_config, None
+        self._ended_at = None
+        self._spawn(path)
 
     def request_stop(self, grace_s: float | None = None) -> None:
         if self._stopping:
