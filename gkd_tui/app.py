@@ -7,6 +7,7 @@ redraws every pane from that state twice a second. No pane keeps state of its ow
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -37,7 +38,7 @@ def titled(widget, title: str):
 
 
 class GkdApp(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it too
     TITLE = "gkd-tui"
     # an 80x24 terminal over SSH at 3 a.m. is the case to design for (see app.tcss)
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
