@@ -118,8 +118,10 @@ def test_a_reporter_in_a_process_killed_mid_emit_leaves_the_receiver_intact():
             rep.emit(ev.LogEvent(message="spam"))
     """)
     p = subprocess.Popen([sys.executable, "-c", code])
-    got = collect(sock, 1.5)
-    p.kill()
-    p.wait()
+    try:
+        got = collect(sock, 1.5)
+    finally:
+        p.kill()  # always: a spinning sender left behind would eat a core
+        p.wait()
     assert any(e.kind == "heartbeat" for e in got) and any(e.kind == "log" for e in got)
     sock.close()

@@ -122,10 +122,12 @@ def test_sigkill_of_a_subscriber_does_not_disturb_the_run(start_supervisor):
             s.pump(0.1)
     """)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert child.stdout.readline().strip() == b"ready"
-    time.sleep(0.3)
-    child.kill()
-    child.wait()
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        time.sleep(0.3)
+    finally:
+        child.kill()  # the SIGKILL under test, and never a subscriber left behind
+        child.wait()
     with sup.client(timeout_s=1.0) as c:
         assert c.request("ping")["pong"]
     assert sup.wait_exit(60) == 0
