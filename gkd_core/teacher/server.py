@@ -24,7 +24,34 @@ REPORT_EVERY_S = 1.0
 FORGET_AFTER_S = 300.0  # a request a dead worker took is forgotten (the client has retried it)
 
 
-class TeacherProxy:
+def _drain(sock: zmq.Socket):
+    """Every message waiting on ``sock``, without blocking."""
+    while True:
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+class _BackgroundLoop:
+    """A daemon thread running the subclass's ``_run`` until ``stop``; both teacher loops are one."""
+
+    _stop: threading.Event
+    _thread: threading.Thread
+
+    def _init_loop(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class TeacherProxy(_BackgroundLoop):
     def __init__(self, reporter: Reporter, host: str = "127.0.0.1", ctx: zmq.Context | None = None):
         self.rep = reporter
         self.ctx = ctx or zmq.Context.instance()
@@ -42,15 +69,7 @@ class TeacherProxy:
         self.per_worker: collections.Counter[str] = collections.Counter()
         self.latency = LatencyWindow()
         self._arrived: dict[tuple[bytes, bytes], float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="teacher-proxy", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self._init_loop("teacher-proxy")
 
     def report(self) -> None:
         self.rep.emit(ev.TeacherEvent(side="server", received=self.received, served=self.served,
@@ -67,22 +86,14 @@ class TeacherProxy:
                 ready = dict(poller.poll(100))
                 now = time.monotonic()
                 if self.frontend in ready:
-                    while True:
-                        try:
-                            frames = self.frontend.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
+                    for frames in _drain(self.frontend):
                         if len(frames) != 4 or frames[1]:
                             continue  # not [client, b"", id, request]: not one of our clients
                         self.received += 1
                         self._arrived[(frames[0], frames[2])] = now
                         self.backend.send_multipart(frames)
                 if self.backend in ready:
-                    while True:
-                        try:
-                            frames = self.backend.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
+                    for frames in _drain(self.backend):
                         # [client, b"", id, worker, reply]
                         if len(frames) != 5:
                             continue
@@ -105,7 +116,7 @@ class TeacherProxy:
             self.backend.close(0)
 
 
-class TeacherWorkerLoop:
+class TeacherWorkerLoop(_BackgroundLoop):
     """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
 
     def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int], tuple], reporter: Reporter,
@@ -117,15 +128,7 @@ class TeacherWorkerLoop:
         self.ctx = ctx or zmq.Context.instance()
         self.delay_s = 0.0  # fault injection: answer this much later
         self.served = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"teacher-worker[{name}]", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+        self._init_loop(f"teacher-worker[{name}]")
 
     def _run(self) -> None:
         sock = self.ctx.socket(zmq.REP)
