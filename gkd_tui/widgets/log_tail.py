@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
+from gkd_tui.widgets.pane import Pane
 
 LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "warning": "yellow"}
 
 
-class LogTail(Static):
+class LogTail(Pane):
     def show(self, st: RunState, now: float, files: list[str] | None = None) -> None:
         """The run's own log events (warnings and errors styled), then the tail of RUN/logs."""
         lines = max(3, self.size.height - 2)
@@ -25,4 +25,4 @@ class LogTail(Static):
             t.append(line[:300] + "\n", style="dim")
         if not t.plain:
             t.append("no log lines yet", style="dim")
-        self.update(t)
+        self.put(t)

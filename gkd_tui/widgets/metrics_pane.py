@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import sparkline
+from gkd_tui.widgets.pane import Pane
 
 
-class MetricsPane(Static):
+class MetricsPane(Pane):
     def show(self, st: RunState, now: float) -> None:
         ms = st.recent_metrics(60)
         t = Text()
         if not ms:
             t.append("no metrics yet", style="dim")
-            self.update(t)
+            self.put(t)
             return
         last = ms[-1]
         for name, style in (("loss", "magenta"), ("kl", "yellow"), ("agreement", "green")):
@@ -32,4 +32,4 @@ class MetricsPane(Static):
             total = sum(last.timing.values()) or 1.0
             t.append("step " + "  ".join(f"{k} {v:.2f}s" for k, v in last.timing.items()), style="dim")
             t.append(f"  ({total:.2f}s)", style="dim")
-        self.update(t)
+        self.put(t)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_bytes, fmt_duration
+from gkd_tui.widgets.pane import Pane
 
 
-class NvmlPane(Static):
+class NvmlPane(Pane):
     def show(self, st: RunState, now: float) -> None:
         t = Text()
         for node, hung in sorted(st.nvml_hung.items()):
@@ -27,4 +27,4 @@ class NvmlPane(Static):
             if g.pids:
                 t.append(f" pids {','.join(map(str, g.pids[:4]))}", style="dim")
             t.append("\n")
-        self.update(t)
+        self.put(t)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
+from gkd_tui.widgets.pane import Pane
 
 STATE_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow",
                "restarting": "bold yellow", "starting": "yellow"}
 SEVERITY_STYLE = {"critical": "bold white on red", "warn": "bold black on yellow", "info": "bold"}
 
 
-class RunHeader(Static):
+class RunHeader(Pane):
     def show(self, st: RunState, now: float, source: str) -> None:
         t = Text()
         t.append("gkd ", style="bold")
@@ -37,4 +37,4 @@ class RunHeader(Static):
                 t.append(f"  (+{len(alerts) - 1} more)", style="dim")
         else:
             t.append(" no alerts", style="dim green")
-        self.update(t)
+        self.put(t)

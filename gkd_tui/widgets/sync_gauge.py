@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
+from gkd_tui.widgets.pane import Pane
 
 BAR = 24
 
@@ -19,13 +19,13 @@ def fraction_style(frac: float, state: str) -> str:
     return "red" if frac >= 0.8 else "yellow" if frac >= 0.5 else "green"
 
 
-class SyncGauge(Static):
+class SyncGauge(Pane):
     def show(self, st: RunState, now: float) -> None:
         v = st.sync_view(now)
         t = Text()
         if v is None:
             t.append("no weight sync yet", style="dim")
-            self.update(t)
+            self.put(t)
             return
         frac = min(1.0, v.fraction)
         style = fraction_style(v.fraction, v.state)
@@ -45,4 +45,4 @@ class SyncGauge(Static):
             t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
         if st.sync and st.sync.fingerprint_ok is False:
             t.append("\nweights differ after sync!", style="bold red")
-        self.update(t)
+        self.put(t)

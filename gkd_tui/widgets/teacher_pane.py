@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import sparkline
+from gkd_tui.widgets.pane import Pane
 
 
-class TeacherPane(Static):
+class TeacherPane(Pane):
     def show(self, st: RunState, now: float) -> None:
         tot = st.teacher_totals()
         t = Text()
         if not st.teacher.by_src:
             t.append("no teacher traffic yet", style="dim")
-            self.update(t)
+            self.put(t)
             return
         t.append(f"client sent {tot.sent} done {tot.completed} ")
         t.append(f"failed {tot.failed} ", style="red" if tot.failed else "")
@@ -33,4 +33,4 @@ class TeacherPane(Static):
         if rates:
             t.append(f"\nreq/s {st.teacher_rate():.1f} ")
             t.append(sparkline(rates, 20), style="cyan")
-        self.update(t)
+        self.put(t)
