@@ -115,6 +115,16 @@ class GpuRow(msgspec.Struct, kw_only=True):
     error: str = ""
 
 
+class ProbeHang(msgspec.Struct, kw_only=True):
+    """A GPU probe (NVML, nvidia-smi) whose call has not returned."""
+
+    node: str
+    probe: str
+    seconds: float  # as of ``at``
+    at: float
+    detail: str = ""
+
+
 class AlertState(msgspec.Struct, kw_only=True):
     code: str
     severity: str
@@ -162,7 +172,8 @@ class RunState(msgspec.Struct, kw_only=True):
     sync_history: list[SyncState] = []
     teacher: TeacherState = msgspec.field(default_factory=TeacherState)
     gpus: dict[str, GpuRow] = {}
-    nvml_hung: dict[str, float] = {}  # node -> seconds NVML has not answered
+    probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
+    gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
     alerts: dict[str, AlertState] = {}
     metrics: list[MetricsPoint] = []
     actions: list[dict[str, Any]] = []  # the last few control actions, newest last
@@ -283,10 +294,19 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _on_gpu(self, e: ev.GpuEvent) -> None:
         node = e.node or e.src
+        key = f"{node}/{e.probe or 'nvml'}"
         if e.nvml_hung_s is not None:
-            self.nvml_hung[node] = e.nvml_hung_s
+            self.probe_hangs[key] = ProbeHang(node=node, probe=e.probe or "nvml", seconds=e.nvml_hung_s, at=e.ts,
+                                              detail=e.error)
             return
-        self.nvml_hung.pop(node, None)
+        self.probe_hangs.pop(key, None)
+        if e.index < 0:  # a note about the node (no driver, an NVML error), or one taken back
+            if e.error:
+                self.gpu_notes[node] = e.error
+            else:
+                self.gpu_notes.pop(node, None)
+            return
+        self.gpu_notes.pop(node, None)
         self.gpus[f"{node}/{e.index}"] = GpuRow(
             node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
             temp=e.temp, power=e.power, pids=list(e.pids), ts=e.ts, error=e.error,
@@ -384,6 +404,11 @@ class RunState(msgspec.Struct, kw_only=True):
             if t1 - t0 >= window_s:
                 break
         return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def hung_probes(self, now: float) -> list[tuple[str, str, float]]:
+        """(node, probe, seconds not answering) for every probe stuck in a call, growing with ``now``."""
+        return [(h.node, h.probe, h.seconds + max(0.0, now - h.at))
+                for _, h in sorted(self.probe_hangs.items())]
 
     def gpu_rows(self) -> list[GpuRow]:
         return [self.gpus[k] for k in sorted(self.gpus)]

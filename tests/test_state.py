@@ -28,7 +28,7 @@ def scenario():
                         ts=1012.0),
         ev.TeacherEvent(src="teacher/proxy", side="server", received=4, served=3, queue_depth=1, ts=1013.0),
         ev.GpuEvent(src="agent/n1", node="n1", index=1, util=0.0, mem_used=70, mem_total=80),
-        ev.GpuEvent(src="agent/n0", node="n0", nvml_hung_s=4.0),
+        ev.GpuEvent(src="agent/n0", node="n0", nvml_hung_s=4.0, ts=1012.0),
         ev.MetricsEvent(src="driver", step=2, loss=1.5, kl=0.7, agreement=0.3),
         ev.AlertEvent(src="supervisor", severity="warn", code="a", message="w", targets=["rollout/1"]),
         ev.AlertEvent(src="supervisor", severity="critical", code="b", message="c"),
@@ -61,7 +61,7 @@ def test_views_of_a_hung_sync():
     tot = st.teacher_totals()
     assert (tot.sent, tot.completed, tot.received, tot.served, tot.queue_depth) == (4, 3, 4, 3, 1)
     assert tot.latency_ms == {"p50": 5.0}
-    assert [g.node for g in st.gpu_rows()] == ["n1"] and st.nvml_hung == {"n0": 4.0}
+    assert [g.node for g in st.gpu_rows()] == ["n1"] and st.hung_probes(1020.0) == [("n0", "nvml", 12.0)]
     assert [a.code for a in st.active_alerts()] == ["b", "a"]  # critical first
     assert st.recent_metrics()[-1].agreement == 0.3
     assert st.stacks["rollout/1"].text == "in sync_rollout"
@@ -78,7 +78,7 @@ def test_sync_end_archives_and_alert_clears_and_gpu_recovers():
     assert st.sync_view(9999.0).elapsed_s == 60
     assert st.sync_history[-1].state == "timed_out"
     assert [a.code for a in st.active_alerts()] == ["b"]
-    assert st.nvml_hung == {} and len(st.gpus) == 2
+    assert st.hung_probes(9999.0) == [] and len(st.gpus) == 2
 
 
 def test_run_end_marks_workers_exited_so_they_are_not_stale():

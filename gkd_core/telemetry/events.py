@@ -103,7 +103,10 @@ class GpuEvent(Event, tag="gpu"):
     temp: float | None = None
     power: float | None = None
     pids: list[int] = []
+    # a probe whose call has not returned: seconds since it began (growing), and which probe
     nvml_hung_s: float | None = None
+    probe: str = "nvml"  # nvml or nvidia-smi
+    # index -1 with an error: a note about the node, not a GPU ("no NVIDIA driver on this node")
     error: str = ""
 
 

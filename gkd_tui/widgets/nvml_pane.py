@@ -12,11 +12,18 @@ from gkd_tui.widgets.pane import Pane
 class NvmlPane(Pane):
     def show(self, st: RunState, now: float) -> None:
         t = Text()
-        for node, hung in sorted(st.nvml_hung.items()):
-            t.append(f" NVML not answering on {node} for {fmt_duration(hung)} ", style="bold white on red")
+        hung = st.hung_probes(now)
+        for node, probe, seconds in hung:
+            name = "NVML" if probe == "nvml" else probe
+            t.append(f" {name} not answering on {node} for {fmt_duration(seconds)} ", style="bold white on red")
             t.append("\n")
+        if hung:
+            t.append("a hung driver freezes nvidia-smi too: check dmesg for Xid errors; the run's own "
+                     "phases are still live\n", style="italic")
+        for node, note in sorted(st.gpu_notes.items()):
+            t.append(f"{node}: {note}\n", style="dim")
         rows = st.gpu_rows()
-        if not rows and not st.nvml_hung:
+        if not rows and not hung and not st.gpu_notes:
             t.append("GPU: no NVML readings in this run (CPU run, or no node agent)", style="dim")
         for g in rows:
             mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"

@@ -1,0 +1,1 @@
+"""The node agent: GPU probes that flag their own hangs, and stack capture for local pids."""

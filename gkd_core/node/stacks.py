@@ -1,0 +1,174 @@
+"""Stacks of local processes that may not cooperate: stuck in C, holding the GIL, stopped, or gone.
+
+Three ways in, the best first, and the answer says which one was used:
+
+- ``py-spy dump --native`` reads the process from outside: Python and native frames (NCCL,
+  CUDA), whether or not the process holds the GIL. It needs ptrace, which some containers deny.
+- ``faulthandler``: a process that called :func:`install_faulthandler` writes all its threads to
+  a file on SIGUSR1, from the signal handler, even while another thread holds the GIL.
+- in-process (a thread of the worker answers): the driver's fallback, not this module's.
+
+Every capture runs under a hard timeout and never waits on a process that will not die: a
+stopped or vanished process gets a note that says so, within the timeout.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgspec
+
+TIMEOUT_S = 4.0
+FAULTHANDLER_SIGNAL = signal.SIGUSR1
+
+
+class Capture(msgspec.Struct, kw_only=True):
+    pid: int
+    method: str = ""  # py-spy, faulthandler, or "" when nothing could be read
+    text: str = ""
+    error: str = ""  # why there is no text, or a note beside it (a stopped process)
+    seconds: float = 0.0
+
+
+def py_spy_path() -> str | None:
+    """py-spy on PATH, or beside this Python (a venv that is not activated)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else None
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state from /proc (R, S, D, T, Z...), or None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return "?"
+    return stat.rpartition(")")[2].split()[0]  # the command name may hold spaces and parentheses
+
+
+def faulthandler_file(folder: Path, pid: int) -> Path:
+    return folder / f"faulthandler-{pid}.txt"
+
+
+def install_faulthandler(folder: Path) -> Path | None:
+    """Make this process write every thread's stack to a file on SIGUSR1 (when nobody else uses it)."""
+    if signal.getsignal(FAULTHANDLER_SIGNAL) not in (signal.SIG_DFL, None):
+        return None  # someone else's handler: leave it alone
+    folder.mkdir(parents=True, exist_ok=True)
+    path = faulthandler_file(folder, os.getpid())
+    f = open(path, "a", buffering=1)  # kept open for the life of the process, as faulthandler needs
+    faulthandler.register(FAULTHANDLER_SIGNAL, file=f, all_threads=True, chain=False)
+    return path
+
+
+def run_bounded(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit code or None on timeout, stdout, stderr). Past the timeout the process group is killed
+    and not waited for beyond a moment: py-spy on a process in uninterruptible sleep can stick too."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            out, err = proc.communicate(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        return None, out or "", err or ""
+
+
+def via_py_spy(pid: int, timeout_s: float, stopped: bool = False) -> tuple[str, str]:
+    """(text, error). A stopped process is read without attaching (--nonblocking): attaching waits
+    for it to run, which it will not."""
+    exe = py_spy_path()
+    if exe is None:
+        return "", "py-spy is not installed (pip install py-spy)"
+    cmd = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else ["--native"])
+    code, out, err = run_bounded(cmd, timeout_s)
+    if code is None:
+        return "", f"py-spy did not finish within {timeout_s:g} s"
+    if code != 0 or not out.strip():
+        detail = (err.strip() or out.strip()).splitlines()[-1:] or [f"exit code {code}"]
+        hint = " (ptrace is denied here: run with CAP_SYS_PTRACE, or use faulthandler)" if "ermission" in err else ""
+        return "", f"py-spy failed: {detail[0][:200]}{hint}"
+    return out, ""
+
+
+def via_faulthandler(pid: int, folder: Path, timeout_s: float) -> tuple[str, str]:
+    path = faulthandler_file(folder, pid)
+    if not path.exists():
+        return "", f"process {pid} did not register faulthandler (no {path.name})"
+    before = path.stat().st_size
+    try:
+        os.kill(pid, FAULTHANDLER_SIGNAL)
+    except OSError as e:
+        return "", f"could not signal process {pid}: {e}"
+    deadline = time.monotonic() + timeout_s
+    size = before
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        size = path.stat().st_size
+        if size > before:
+            time.sleep(0.1)  # the handler writes thread after thread; let it finish
+            if path.stat().st_size == size:
+                break
+    if size <= before:
+        return "", f"faulthandler wrote nothing within {timeout_s:g} s"
+    with open(path, "rb") as f:
+        f.seek(before)
+        return f.read().decode(errors="replace"), ""
+
+
+def capture(pid: int, timeout_s: float = TIMEOUT_S, faulthandler_dir: Path | None = None) -> Capture:
+    """The stack of ``pid`` by the best way available, within ``timeout_s``."""
+    t0 = time.monotonic()
+    state = process_state(pid)
+    if state is None:
+        return Capture(pid=pid, error=f"process {pid} is gone: it exited or was killed (see its log)")
+    if state == "Z":
+        return Capture(pid=pid, error=f"process {pid} has exited (a zombie its parent has not reaped)")
+    if state in ("T", "t"):
+        note = (f"process {pid} is stopped (state {state}: SIGSTOP, Ctrl-Z or a debugger); it cannot run, "
+                f"answer or make progress until `kill -CONT {pid}`")
+        text, err = via_py_spy(pid, timeout_s, stopped=True)
+        return Capture(pid=pid, method="py-spy" if text else "", text=text, error=note if text else f"{note}; {err}",
+                       seconds=time.monotonic() - t0)
+    text, err = via_py_spy(pid, timeout_s)
+    if text:
+        return Capture(pid=pid, method="py-spy", text=text, seconds=time.monotonic() - t0)
+    errors = [err]
+    if faulthandler_dir is not None:
+        left = max(0.5, timeout_s - (time.monotonic() - t0))
+        text, fh_err = via_faulthandler(pid, faulthandler_dir, left)
+        if text:
+            return Capture(pid=pid, method="faulthandler", text=text, error=err, seconds=time.monotonic() - t0)
+        errors.append(fh_err)
+    if state == "D":
+        errors.append(f"process {pid} is in uninterruptible sleep (state D): a driver call (GPU, disk, "
+                      "network filesystem) that has not returned")
+    return Capture(pid=pid, error="; ".join(errors), seconds=time.monotonic() - t0)
+
+
+def capture_many(pids: dict[str, int], timeout_s: float = TIMEOUT_S,
+                 faulthandler_dir: Path | None = None) -> dict[str, Capture]:
+    """Every target at once: the whole dump takes about as long as the slowest one."""
+    if not pids:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(pids)), thread_name_prefix="stack-capture") as pool:
+        futures = {name: pool.submit(capture, pid, timeout_s, faulthandler_dir) for name, pid in pids.items()}
+        return {name: f.result() for name, f in futures.items()}
