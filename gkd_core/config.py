@@ -88,12 +88,20 @@ class TelemetryConfig(_Section):
     pub_hwm: int = 100_000  # events queued per subscriber before a slow one misses some (and resnapshots)
 
 
+class AgentConfig(_Section):
+    enabled: bool = True  # one node agent per Ray node: GPU readings and stacks of local workers
+    gpu_backend: str = "nvml"  # nvml, or the test backend: fake:gpus=2,hang_at=3
+    gpu_interval_s: float = 2.0
+    nvml_deadline_s: float = 3.0  # an NVML call not back by then is flagged (nvml_hung_s)
+    stack_timeout_s: float = 3.0  # per process; a dump_stacks answers within this plus a margin
+
+
 class FaultConfig(_Section):
     kind: Literal[
-        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil"
+        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml"
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
-    step: int = 1
+    step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
 
 
@@ -123,6 +131,7 @@ class Config(_Section):
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     faults: list[FaultConfig] = []
     shrink: list[ShrinkRule] = msgspec.field(default_factory=_default_shrink)
 

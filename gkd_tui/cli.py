@@ -100,11 +100,17 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     return _act(a, "dump_stacks", {"targets": a.targets})
 
 
-def cmd_launch(a: argparse.Namespace) -> int:
+def _config_and_overrides(a: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """`launch trainer.total_steps=5` has no config file: its first word is an override."""
     cfg_path, overrides = a.config, list(a.overrides)
     if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
         overrides.insert(0, cfg_path)
         cfg_path = None
+    return cfg_path, overrides
+
+
+def cmd_launch(a: argparse.Namespace) -> int:
+    cfg_path, overrides = _config_and_overrides(a)
     try:
         load_config(cfg_path, overrides)  # refuse a bad config here, before anything starts
     except ConfigError as e:
@@ -170,6 +176,29 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return 0
 
 
+STATUS_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+
+
+def cmd_doctor(a: argparse.Namespace) -> int:
+    from gkd_core.doctor import run_checks
+
+    t0 = time.monotonic()
+    checks = run_checks(*_config_and_overrides(a), gpu_backend=a.gpu_backend)
+    if a.json:
+        json.dump(msgspec.to_builtins(checks), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            print(f"{STATUS_MARK[c.status]}  {c.name:<{width}}  {c.detail}")
+            if c.fix:
+                print(f"      {'':<{width}}  -> {c.fix}")
+        counts = {k: sum(c.status == k for c in checks) for k in STATUS_MARK}
+        print(f"\n{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed "
+              f"in {time.monotonic() - t0:.1f} s")
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gkd-tui", description="Watch and steer GKD distillation runs.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -217,6 +246,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--run", default=None)
     s.add_argument("--force", action="store_true", help="kill the worker if it does not stop")
     s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("doctor", help="preflight: Python, torch, CUDA/NCCL, GPUs, environment, Ray, config")
+    s.add_argument("config", nargs="?", help="a YAML config to check (default: the embedded demo)")
+    s.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--gpu-backend", default="nvml", help=argparse.SUPPRESS)  # the test backend, for tests
+    s.set_defaults(func=cmd_doctor)
 
     s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")
     s.add_argument("targets", nargs="*")

@@ -63,11 +63,39 @@ def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):
     assert run_states(sup)[-1]["state"] == "finished"
 
 
-def test_cancelling_a_hung_sync_rebuilds_the_group_and_the_run_goes_on(start_supervisor):
-    sup = start_supervisor("examples/hang_demo.yaml", "trainer.sync_timeout_s=120", "trainer.total_steps=4",
-                           driver=TRAINER)
+HUNG_SYNC_AND_NVML = """
+trainer: {sync_timeout_s: 120.0, total_steps: 4, checkpoint_every: 2}
+agent: {gpu_interval_s: 0.5}
+faults:
+- {kind: hang_sync, target: rollout/1, step: 3}
+- {kind: hang_nvml, step: 3}
+"""
+
+
+def test_a_hung_sync_its_stack_a_hung_nvml_then_cancel_and_the_run_goes_on(start_supervisor, tmp_path):
+    cfg = tmp_path / "hung.yaml"
+    cfg.write_text(HUNG_SYNC_AND_NVML)
+    sup = start_supervisor(str(cfg), driver=TRAINER)
     wait_until(lambda: [e for e in sup.events() if e["kind"] == "sync" and e["state"] == "progress"
                         and e["pending"] == ["rollout/1"]], 240, "the hung sync, waiting for rollout/1")
+
+    # its stack, through the node agent (py-spy), in the method the seeds name
+    t0 = time.time()
+    with sup.client(timeout_s=5) as c:
+        c.request("dump_stacks", {"targets": ["rollout/1"], "dump_id": "e2e"})
+    stack = wait_until(lambda: [e for e in sup.events() if e["kind"] == "stack" and e["dump_id"] == "e2e"], 10,
+                       "rollout/1's stack")[0]
+    assert stack["ts"] - t0 < 5 and stack["method"] == "py-spy", stack.get("error")
+    assert "sync_rollout_weights" in stack["text"] and "(sync_weights" not in stack.get("error", "")
+    assert (sup.run / "stacks" / "e2e" / "rollout_1.txt").read_text().startswith(stack["text"][:40])
+
+    # the agent's GPU sampler (the test backend) hangs on its third sample: flagged, with an alert
+    hung = wait_until(lambda: [e for e in sup.events() if e["kind"] == "gpu" and e.get("nvml_hung_s")], 20,
+                      "an nvml_hung_s gpu event")
+    assert hung[0]["src"].startswith("agent/")
+    wait_until(lambda: [e for e in sup.events() if e["kind"] == "alert" and e["code"] == "gpu_probe_hung"], 10,
+               "the gpu_probe_hung alert")
+
     t0 = time.time()
     with sup.client(timeout_s=5) as c:
         assert c.request("cancel", {"target": "sync", "mode": "cooperative"})["forwarded"]

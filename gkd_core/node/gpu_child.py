@@ -1,6 +1,6 @@
 """The GPU sampler's child process: answers each ``sample`` line on stdin with one JSON line.
 
-    python -m gkd_core.node.gpu_child BACKEND
+    python -m gkd_core.node.gpu_child BACKEND PARENT_PID
 
 A thread writes ``{"kind": "beat"}`` every second, so the parent can tell "the process is alive
 but its NVML call has not returned" from "the process is gone". Replies:
@@ -10,12 +10,14 @@ once, ``{"kind": "no_driver", "error": "..."}``.
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
 
 import msgspec
 
+from gkd_core.lifeline import die_with_parent
 from gkd_core.node.gpu_backends import NoDriver, backend_from_spec
 
 BEAT_S = 1.0
@@ -35,7 +37,9 @@ def beat() -> None:
         time.sleep(BEAT_S)
 
 
-def main(spec: str) -> int:
+def main(spec: str, parent: int | None = None) -> int:
+    # the agent going away takes us along (a call stuck in the kernel stays whatever we do)
+    die_with_parent(signal.SIGKILL, parent)
     threading.Thread(target=beat, name="gpu-child-beat", daemon=True).start()
     backend = backend_from_spec(spec)
     try:
@@ -59,4 +63,4 @@ def main(spec: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "nvml"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "nvml", int(sys.argv[2]) if len(sys.argv) > 2 else None))

@@ -92,7 +92,8 @@ class GpuSampler:
 
     def _spawn(self) -> None:
         self._buf = b""
-        self.child = subprocess.Popen([sys.executable, "-m", "gkd_core.node.gpu_child", self.backend],
+        self.child = subprocess.Popen([sys.executable, "-m", "gkd_core.node.gpu_child", self.backend,
+                                       str(os.getpid())],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       start_new_session=True)
         os.set_blocking(self.child.stdout.fileno(), False)

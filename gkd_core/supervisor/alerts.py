@@ -12,7 +12,7 @@ from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
 
 OWNED = ("heartbeat_stale", "sync_slow", "sync_timed_out", "sync_failed", "fingerprint_mismatch", "driver_failed",
-         "ingest_rejected", "events_dropped")
+         "ingest_rejected", "events_dropped", "gpu_probe_hung")
 
 
 def _fmt(seconds: float) -> str:
@@ -60,6 +60,15 @@ def evaluate(state: RunState, now: float, stall_s: float) -> list[AlertEvent]:
                 message=f"after sync {s.sync_id} a rollout worker's weights differ from the actor's",
                 hint="the rollout engine generates with stale weights; restart (r)",
             ))
+    for node, probe, seconds in state.hung_probes(now):
+        name = "NVML" if probe == "nvml" else probe
+        out.append(AlertEvent(
+            severity="critical", code="gpu_probe_hung",
+            message=f"{name} on {node} has not answered for {_fmt(seconds)}",
+            hint="the GPU driver is wedged (the seeds' frozen nvidia-smi): check `dmesg` for Xid errors; "
+                 "a worker stuck in CUDA will not come back, restart (r) on healthy nodes",
+            targets=[f"agent/{node}"] if probe == "nvml" else [f"agent/{node}", probe],
+        ))
     if state.state == "failed":
         tail = headline(state.log_tail)
         out.append(AlertEvent(
@@ -87,7 +96,7 @@ def diff(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:
         cur = state.alerts.get(key)
         # the message of a stale heartbeat changes every second; re-emit only on a real change
         if cur is None or cur.severity != a.severity or (cur.message != a.message and a.code not in (
-                "heartbeat_stale", "sync_slow")):
+                "heartbeat_stale", "sync_slow", "gpu_probe_hung")):
             out.append(a)
     for key, cur in state.alerts.items():
         if cur.code in OWNED and key not in keys and cur.code != "ingest_rejected":

@@ -74,6 +74,8 @@ class Driver:
         self._cancel_sync = False
         # faults fire in the first incarnation only: a restart is how you get past them
         self.faults = [msgspec.to_builtins(f) for f in cfg.faults] if self.restart == 0 else []
+        self.agents: dict[str, object] = {}  # Ray node id -> its node agent
+        self.node_labels: dict[str, str] = {}
         self._teacher_back_at: float | None = None
 
     # --- reporting helpers -------------------------------------------------------------
@@ -102,36 +104,57 @@ class Driver:
                 self.action(cmd.op, cmd.by, False, f"{type(e).__name__}: {e}")
 
     def dump_stacks(self, targets: list[str], by: str, dump_id: str) -> None:
+        """Every target's stack, two ways at once within one deadline: its node's agent (py-spy with
+        native frames, or faulthandler: these work while the process holds the GIL or sits in C), and
+        the worker's own thread (which needs the GIL). The agent's answer wins when it has one."""
         import ray
 
+        from gkd_core.node.agent import gather_stacks
+        from gkd_core.node.stacks import Capture
         from gkd_core.trainer.workers import thread_stacks
 
         wanted = targets or ["driver", *self.actors]
         folder = self.run_dir / "stacks" / dump_id
         folder.mkdir(parents=True, exist_ok=True)
         refs = {t: self.actors[t].stacks.remote() for t in wanted if t in self.actors}
-        texts: dict[str, tuple[str, str]] = {}
+        own: dict[str, tuple[str, str]] = {}
         if "driver" in wanted:
-            texts["driver"] = (thread_stacks(), "")
+            own["driver"] = (thread_stacks(), "")
+        caps: dict[str, Capture] = {}
+        if self.agents:
+            here = ray.get_runtime_context().get_node_id()
+            where = {t: (self.info[t]["node_id"], self.info[t]["pid"]) for t in wanted
+                     if t in self.info and self.info[t].get("node_id")}
+            if "driver" in wanted:
+                where["driver"] = (here, os.getpid())
+            caps = gather_stacks(self.agents, self.node_labels, where, timeout_s=self.cfg.agent.stack_timeout_s)
         if refs:
-            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=STACK_DEADLINE_S)
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0.3 if caps else STACK_DEADLINE_S)
             for t, ref in refs.items():
                 if ref in ready:
                     try:
-                        texts[t] = (ray.get(ref, timeout=1), "")
+                        own[t] = (ray.get(ref, timeout=1), "")
                     except Exception as e:
-                        texts[t] = ("", f"{type(e).__name__}: {e}"[:300])
+                        own[t] = ("", f"{type(e).__name__}: {e}"[:300])
                 else:
-                    texts[t] = ("", f"no answer within {STACK_DEADLINE_S:g} s ({self.describe(t)}): the process may "
-                                    "hold the GIL in C or be frozen; try `py-spy dump --native --pid "
-                                    f"{self.info.get(t, {}).get('pid', '?')}`")
+                    own[t] = ("", f"its own thread did not answer ({self.describe(t)}): it holds the GIL in C "
+                                  "or is frozen")
         for t in wanted:
-            if t not in texts:
-                texts[t] = ("", f"no worker named {t}")
-        for t, (text, err) in texts.items():
-            (folder / (t.replace("/", "_") + ".txt")).write_text(text or err)
-            self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method="in-process", text=text, error=err))
-        self.action("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(texts),
+            cap = caps.get(t)
+            if cap is not None and cap.text:
+                text, method, err = cap.text, cap.method, cap.error
+            elif t in own and own[t][0]:
+                text, method, err = own[t][0], "in-process", cap.error if cap else ""
+            elif cap is not None or t in own:
+                text, method = "", cap.method if cap else "in-process"
+                err = "; ".join(x for x in ((cap.error if cap else ""), own.get(t, ("", ""))[1]) if x)
+                if not caps:
+                    err += f"; try `py-spy dump --native --pid {self.info.get(t, {}).get('pid', '?')}`"
+            else:
+                text, method, err = "", "", f"no worker named {t}"
+            (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {err}\n" if err else ""))
+            self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
+        self.action("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(wanted),
                                               "folder": str(folder.relative_to(self.run_dir))})
 
     def cancel(self, target: str, mode: str, by: str) -> None:
@@ -187,7 +210,8 @@ class Driver:
         def ctx(src: str) -> workers.WorkerContext:
             return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
                                          heartbeat_s=cfg.telemetry.heartbeat_s, device=device,
-                                         faults=[f for f in self.faults if f["target"] == src])
+                                         faults=[f for f in self.faults if f["target"] == src],
+                                         stacks_dir=str(self.run_dir / "stacks"))
 
         opts = {"num_cpus": 0, "max_concurrency": 4}
         cfg_dict = msgspec.to_builtins(cfg)
@@ -202,6 +226,8 @@ class Driver:
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
                                        cfg.trainer.init_timeout_s, "init",
                                        hint="check RUN/logs/driver.log for an import or memory error"))
+        if cfg.agent.enabled:
+            self.start_agents()
         from gkd_core.teacher.client import TeacherClient
 
         address = cfg.teacher.address or self.teacher_address
@@ -209,6 +235,29 @@ class Driver:
                                      max_in_flight=cfg.teacher.max_in_flight, timeout_s=cfg.teacher.request_timeout_s,
                                      max_retries=cfg.teacher.max_retries, reporter=self.rep)
         self.make_group()
+
+    def start_agents(self) -> None:
+        """One node agent per Ray node. A run without agents still runs: stacks then come from the
+        workers themselves, and the GPU pane says there are no readings."""
+        from gkd_core.node.agent import start_agents
+
+        a = self.cfg.agent
+        backend = a.gpu_backend
+        for f in self.faults:
+            if f["kind"] == "hang_nvml":  # the test backend, hanging on that sample
+                backend = f"fake:gpus=1,hang_at={f['step']}"
+        with self.rep.phase("init", detail="node agents"):
+            try:
+                self.agents, self.node_labels = start_agents(
+                    self.rep.ingest, self.rep.run, self.run_dir, gpu_backend=backend, gpu_interval_s=a.gpu_interval_s,
+                    nvml_deadline_s=a.nvml_deadline_s, heartbeat_s=self.cfg.telemetry.heartbeat_s)
+            except Exception as e:  # never the reason a run does not start
+                self.rep.log(f"node agents did not start ({type(e).__name__}: {e}); stacks come from the workers "
+                             "alone", level="warn")
+                return
+        missing = [label for node, label in self.node_labels.items() if node not in self.agents]
+        if missing:
+            self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
 
     def start_teacher(self) -> None:
         import ray
@@ -332,7 +381,7 @@ class Driver:
         self.rep.emit(ev.SyncEvent(sync_id=sid, state="started", timeout_s=timeout, pending=members, step=step))
         refs = {"student/0": self.actors["student/0"].sync_send.remote(sid, step, timeout)}
         for m in members[1:]:
-            refs[m] = self.actors[m].sync_recv.remote(sid, step, timeout)
+            refs[m] = self.actors[m].sync_rollout_weights.remote(sid, step, timeout)
 
         def tick(pending: list[str], elapsed: float) -> None:
             self.rep.emit(ev.SyncEvent(sync_id=sid, state="progress", timeout_s=timeout, elapsed_s=elapsed,

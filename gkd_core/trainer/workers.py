@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gkd_core.node.stacks import install_faulthandler
 from gkd_core.telemetry.reporter import Reporter
 
 
@@ -38,6 +39,7 @@ class WorkerContext:
     heartbeat_s: float = 1.0
     faults: list[dict] = field(default_factory=list)  # FaultConfig as dicts, only this worker's
     device: str = "cpu"
+    stacks_dir: str = ""  # RUN/stacks: where faulthandler writes on SIGUSR1
 
 
 def thread_stacks() -> str:
@@ -71,11 +73,16 @@ class WorkerBase:
             actor_id = ""
         self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id)
         self.rep.set_phase("init")
+        if ctx.stacks_dir:  # the agent's way in when py-spy cannot attach
+            install_faulthandler(Path(ctx.stacks_dir))
 
     # --- control, answered while another method runs ----------------------------------
 
     def ready(self) -> dict:
-        return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus}
+        import ray
+
+        return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus,
+                "node_id": ray.get_runtime_context().get_node_id()}
 
     def cancel(self) -> bool:
         self._cancel.set()
@@ -317,7 +324,7 @@ class RolloutWorker(WorkerBase):
                                       eos_token_id=self.eos, pad_token_id=self.pad)
             return out.cpu().numpy().astype(np.int32), time.perf_counter() - t0
 
-    def sync_recv(self, sync_id: int, step: int, timeout_s: float) -> str:
+    def sync_rollout_weights(self, sync_id: int, step: int, timeout_s: float) -> str:
         import torch.distributed as dist
 
         self._begin()

@@ -1,0 +1,110 @@
+"""One agent per Ray node: the GPU sampler for that node, and stacks of that node's workers.
+
+The agent is a Ray actor pinned to its node (node affinity, no CPU reserved), threaded so a dump
+is answered while the sampler runs. It reports through its own Reporter as ``agent/<node>``. The
+driver fans a ``dump_stacks`` out to every agent at once and gathers within one deadline
+(:func:`gather_stacks`); what an agent does not answer in time comes back as a note naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import msgspec
+
+from gkd_core.node.gpu_sampler import GpuSampler
+from gkd_core.node.stacks import Capture, capture_many
+from gkd_core.telemetry.reporter import Reporter
+
+READY_TIMEOUT_S = 60.0
+
+
+class NodeAgent:
+    def __init__(self, label: str, ingest: str, run_id: str, run_dir: str, gpu_backend: str = "nvml",
+                 gpu_interval_s: float = 2.0, nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0):
+        self.label = label
+        self.run_dir = Path(run_dir)
+        self.rep = Reporter(f"agent/{label}", ingest=ingest, run=run_id, heartbeat_s=heartbeat_s)
+        self.rep.register("agent", node=label)
+        self.rep.set_phase("watching")
+        self.sampler = GpuSampler(label, self.rep.emit, backend=gpu_backend, interval_s=gpu_interval_s,
+                                  deadline_s=nvml_deadline_s).start()
+
+    def ready(self) -> dict:
+        import ray
+
+        return {"label": self.label, "pid": os.getpid(), "host": socket.gethostname(),
+                "node_id": ray.get_runtime_context().get_node_id()}
+
+    def dump(self, pids: dict[str, int], timeout_s: float) -> dict[str, dict]:
+        """Stacks of these local processes ({name: pid}), all at once, within ``timeout_s``."""
+        caps = capture_many(pids, timeout_s, faulthandler_dir=self.run_dir / "stacks")
+        return {name: msgspec.to_builtins(c) for name, c in caps.items()}
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.rep.close()
+
+
+def node_labels(nodes: list[dict]) -> dict[str, str]:
+    """node id -> a short readable name: the host name, with the id's head where hosts repeat
+    (several Ray nodes on one machine, as in tests)."""
+    hosts = [n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "node" for n in nodes]
+    return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}") for n, h in zip(nodes, hosts)}
+
+
+def start_agents(ingest: str, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
+                 nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0) -> tuple[dict[str, object], dict[str, str]]:
+    """One agent on every live node. Returns ({node id: handle}, {node id: label}); nodes whose agent
+    did not come up within the deadline are left out (and said so in the log by the caller)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    labels = node_labels(nodes)
+    Agent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgent)
+    handles = {}
+    for n in nodes:
+        node_id = n["NodeID"]
+        handles[node_id] = Agent.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(labels[node_id], ingest, run_id, str(run_dir), gpu_backend, gpu_interval_s, nvml_deadline_s,
+                 heartbeat_s)
+    refs = {node_id: h.ready.remote() for node_id, h in handles.items()}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=READY_TIMEOUT_S)
+    up = {node_id: handles[node_id] for node_id, ref in refs.items() if ref in ready}
+    return up, labels
+
+
+def gather_stacks(agents: dict[str, object], labels: dict[str, str], where: dict[str, tuple[str, int]],
+                  timeout_s: float = 3.0) -> dict[str, Capture]:
+    """Stacks of every target ({name: (node id, pid)}), through each node's agent, in parallel;
+    within ``timeout_s`` plus a margin for the round trip, whatever the agents do."""
+    import ray
+
+    by_node: dict[str, dict[str, int]] = {}
+    out: dict[str, Capture] = {}
+    for name, (node_id, pid) in where.items():
+        if node_id in agents:
+            by_node.setdefault(node_id, {})[name] = pid
+        else:
+            out[name] = Capture(pid=pid, error=f"no agent on node {labels.get(node_id, node_id[:8])} "
+                                               "(it did not start, or the node joined later)")
+    refs = {agents[node_id].dump.remote(pids, timeout_s): node_id for node_id, pids in by_node.items()}
+    t0 = time.monotonic()
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s + 1.0) if refs else ([], [])
+    for ref, node_id in refs.items():
+        pids = by_node[node_id]
+        try:
+            got = ray.get(ref, timeout=0.5) if ref in ready else None
+        except Exception as e:
+            got, why = None, f"the agent on {labels.get(node_id)} failed: {type(e).__name__}: {e}"[:300]
+        else:
+            why = (f"the agent on {labels.get(node_id)} did not answer within "
+                   f"{time.monotonic() - t0:.1f} s (its node may be overloaded or gone)")
+        for name, pid in pids.items():
+            out[name] = msgspec.convert(got[name], Capture) if got and name in got else Capture(pid=pid, error=why)
+    return out
