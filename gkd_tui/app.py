@@ -121,9 +121,14 @@ class GkdApp(App):
     # --- actions -------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if self.readonly and action in ("cancel", "restart"):
-            return False  # --readonly: the dangerous actions are not there at all
+        if action in ("cancel", "restart") and (self.readonly or not self.can_control()):
+            return False  # --readonly, or nobody to ask: the dangerous actions are not there at all
         return True
+
+    def can_control(self) -> bool:
+        """A live run has a supervisor to ask; a replay (keys still shown, it says why) has a
+        recording; the Ray state source has neither."""
+        return getattr(self.source, "live", False) or hasattr(self.source, "seek")
 
     def selected_worker(self) -> str | None:
         return self.query_one(WorkersTable).selected
@@ -153,7 +158,11 @@ class GkdApp(App):
         dump_id = f"d{int(time.time() * 1000)}"
         self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
         try:
-            self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+            capture = getattr(self.source, "capture_stacks", None)
+            if capture is not None:  # a source that reads stacks itself (py-spy on this machine)
+                capture(targets, dump_id)
+            else:
+                self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
         except Exception as e:
             self.call_from_thread(self.notify, f"dump_stacks: {e}", severity="error", timeout=6)
             return

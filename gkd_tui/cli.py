@@ -141,7 +141,25 @@ def cmd_launch(a: argparse.Namespace) -> int:
     return cmd_attach(a)
 
 
+def cmd_attach_ray(a: argparse.Namespace) -> int:
+    """Any Ray job through the state API: the dashboard, or (--plain, or no TTY) one snapshot."""
+    from gkd_tui.sources.ray_state import RayStateSource
+
+    source = RayStateSource(a.ray_address)
+    if a.plain or not sys.stdout.isatty():
+        source.start_once()
+        with source.lock:
+            print(status_text(source.state, time.time()))
+        return EXIT_UNREACHABLE if source.error else 0
+    from gkd_tui.app import GkdApp
+
+    GkdApp(source, readonly=True).run()
+    return 0
+
+
 def cmd_attach(a: argparse.Namespace) -> int:
+    if a.ray_address:
+        return cmd_attach_ray(a)
     run = None
     try:
         run = rundir.resolve_run(a.target)
@@ -215,6 +233,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("target", nargs="?", help="a run directory or run id")
     s.add_argument("--plain", action="store_true", help="a line per event instead of the dashboard")
     s.add_argument("--readonly", action="store_true", help="no cancel or restart from this dashboard")
+    s.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="any Ray job, through the Ray state API alone: 'auto' on a node of the cluster, or "
+                        "the dashboard's http://HOST:8265 (the token must be at hand)")
     s.set_defaults(func=cmd_attach)
 
     s = sub.add_parser("replay", help="replay a recorded run in the dashboard (space, →, End, +/-)")

@@ -36,11 +36,14 @@ def status_text(st: RunState, now: float, run: Path | None = None) -> str:
         lines.append(f"sync {view.sync_id} {view.state}  {fmt_duration(view.elapsed_s)} / "
                      f"{fmt_duration(view.timeout_s)}{pend}")
     if st.workers:
-        lines.append(f"{'worker':14s} {'pid':>7s} {'phase':14s} {'in phase':>9s} {'step':>5s} {'heartbeat':>9s}")
+        name_w = max(14, min(24, max(len(s) for s in st.workers)))
+        phase_w = max(14, min(24, max(len(w.phase) for w in st.workers.values())))
+        lines.append(f"{'worker':{name_w}s} {'pid':>7s} {'phase':{phase_w}s} {'in phase':>9s} {'step':>5s} "
+                     f"{'heartbeat':>9s}")
         for ws in st.workers_by_role().values():
             for w in ws:
                 hb = st.heartbeat_age(w, now)
-                lines.append(f"{w.src:14s} {w.pid or '-':>7} {w.phase[:14]:14s} "
+                lines.append(f"{w.src:{name_w}s} {w.pid or '-':>7} {w.phase[:phase_w]:{phase_w}s} "
                              f"{fmt_duration(st.time_in_phase(w, now)):>9s} "
                              f"{w.step if w.step is not None else '-':>5} {fmt_duration(hb):>9s}")
     if st.metrics:

@@ -27,17 +27,15 @@ from gkd_tui.widgets.format import fmt_duration
 # most telling first: on a narrow terminal the last columns are the ones cut off
 COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "pid", "node", "gpu")
 WIDTHS = (13, 12, 8, 10, 5, 7, 8, 3)
-LINE_WIDTH = sum(WIDTHS) + len(WIDTHS) + 1
+# the name and phase columns grow to fit (RolloutWorker/12, sync_rollout_weights), up to this
+GROW_TO = {0: 22, 1: 22}
 # the row order (role, rank) changes only when workers join; re-sorting 4,096 rows costs a few
 # milliseconds, so it is done when the count changes and otherwise at most this often
 RESORT_S = 1.0
 
 
-def cells_line(cells) -> str:
-    return " " + " ".join(str(c)[:w].ljust(w) for c, w in zip(cells, WIDTHS))
-
-
-HEADER = cells_line(COLUMNS)
+def cells_line(cells, widths=WIDTHS) -> str:
+    return " " + " ".join(str(c)[:w].ljust(w) for c, w in zip(cells, widths))
 
 
 @lru_cache(maxsize=64)
@@ -77,6 +75,8 @@ class WorkersTable(ScrollView, can_focus=True):
         self._sorted_for: tuple = ()
         self._sorted_at = 0.0
         self._base: Style | None = None  # the widget's own style, looked up once per redraw
+        self.widths = WIDTHS
+        self._header = cells_line(COLUMNS)
 
     # --- data ----------------------------------------------------------------------------
 
@@ -95,9 +95,19 @@ class WorkersTable(ScrollView, can_focus=True):
             self._sorted_for, self._sorted_at = signature, mono
             if selected in self.order:
                 self.cursor = self.order.index(selected)  # the cursor follows its worker
-            self.virtual_size = Size(LINE_WIDTH, len(self.order) + 1)
+            self._fit(ws)
+            self.virtual_size = Size(sum(self.widths) + len(self.widths) + 1, len(self.order) + 1)
         self.cursor = min(self.cursor, max(0, len(self.order) - 1))
         self.refresh()
+
+    def _fit(self, ws: list[WorkerState]) -> None:
+        widths = list(WIDTHS)
+        if ws:
+            widths[0] = max(WIDTHS[0], min(GROW_TO[0], max(len(w.src) for w in ws)))
+            widths[1] = max(WIDTHS[1], min(GROW_TO[1], max(len(w.phase) for w in ws)))
+        if tuple(widths) != self.widths:
+            self.widths = tuple(widths)
+            self._header = cells_line(COLUMNS, self.widths)
 
     @property
     def row_count(self) -> int:
@@ -136,7 +146,7 @@ class WorkersTable(ScrollView, can_focus=True):
         base = self._base
         if y == 0:
             style = base + self.get_component_rich_style("workers-table--header")
-            text = HEADER
+            text = self._header
         else:
             index = scroll_y + y - 1
             w = self._state.workers.get(self.order[index]) if (self._state and index < len(self.order)) else None
@@ -148,7 +158,7 @@ class WorkersTable(ScrollView, can_focus=True):
             if index == self.cursor:
                 style += self.get_component_rich_style("workers-table--cursor")
             style += parsed(self.row_style(w))
-            text = cells_line(self.row_cells(w))
+            text = cells_line(self.row_cells(w), self.widths)
         # padded to the pane's width, so the stripes and the cursor span the whole row
         return Strip([Segment(text.ljust(scroll_x + width), style)]).crop(scroll_x, scroll_x + width)
 

@@ -1,0 +1,216 @@
+"""Any Ray job, instrumented or not, through the Ray state API alone (``attach --ray-address``).
+
+A thread polls actors, running tasks and nodes, one poll at a time with a short timeout, and
+turns what it sees into the same events a gkd run sends: an actor is a worker, the method it is
+running is its phase, and the task's start time is when the phase began. So a
+``RolloutWorker.sync_rollout_weights`` task RUNNING for 412 s shows as that phase for 412 s, in
+the same table, alerts and stack viewer as a gkd run. Stacks come from py-spy, for actors on
+this machine.
+
+Ray 2.60 turns token authentication on by default: the token sits in ``~/.ray/auth_token`` (or
+``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``), but a client sends it only when
+``RAY_AUTH_MODE=token``. We set that when a token is at hand, and when access is refused we say
+which of them is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from gkd_core.node.stacks import capture_many
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+POLL_S = 2.0
+TIMEOUT_S = 3.0
+LIMIT = 10_000  # the state API's own ceiling; more than this is said to be truncated
+TERMINAL = {"DEAD": "exited", "FAILED": "failed"}
+
+
+def token_available() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return Path(path).is_file() if path else (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def use_token_if_present() -> None:
+    """Send the token when there is one (Ray's client does not unless RAY_AUTH_MODE=token)."""
+    if "RAY_AUTH_MODE" in os.environ or not token_available():
+        return
+    try:
+        # what `ray.init(address="auto")` does: set the mode and refresh Ray's cached config, which
+        # an earlier import of ray in this process has read already
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except ImportError:  # another Ray version: the variable alone, read when Ray first loads its config
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def explain(err: Exception, address: str) -> tuple[str, str]:
+    """(what happened, what to do) for a failed poll."""
+    text = f"{type(err).__name__}: {err}"
+    if "InvalidAuthToken" in text or "Authentication" in text or "Unauthorized" in text:
+        if not token_available():
+            return ("Ray refused: the cluster uses token authentication and there is no token here",
+                    "copy the token from the head node (`ray get-auth-token` there) into ~/.ray/auth_token, "
+                    "or set RAY_AUTH_TOKEN")
+        return ("Ray refused the token found here (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)",
+                "it belongs to another cluster: take the one `ray get-auth-token` prints on the head node")
+    return (f"Ray at {address} did not answer within {TIMEOUT_S:g} s ({text[:160]})",
+            "is the cluster up (`ray status`)? with an explicit address, is its dashboard running?")
+
+
+def is_local(ip: str) -> bool:
+    """Whether ``ip`` is one of this machine's addresses: the kernel routes a datagram to its own
+    address from that same address (nothing is sent)."""
+    if not ip:
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+            return s.getsockname()[0] == ip
+    except OSError:
+        return False
+
+
+class RayStateSource:
+    live = False  # no control socket: stacks only, no cancel or restart
+    logs = None
+
+    def __init__(self, address: str = "auto", poll_s: float = POLL_S):
+        self.address = address
+        self.poll_s = poll_s
+        self.lock = threading.Lock()
+        self.state = RunState()
+        self.error = ""
+        self.polls = 0
+        self.truncated = False
+        self.names: dict[str, str] = {}  # actor id -> the worker name shown
+        self.pids: dict[str, int] = {}
+        self.node_ip: dict[str, str] = {}  # node id -> ip
+        self._shown: dict[str, tuple] = {}  # worker -> (phase, task id) last applied
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gkd-ray-state", daemon=True)
+
+    # --- the source interface ------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.time()
+
+    def describe(self) -> str:
+        return f"ray state {self.address}" + (f" · {self.error}" if self.error else "") + (
+            " · truncated at 10k" if self.truncated else "")
+
+    def start(self) -> None:
+        self.start_once()
+        self._thread.start()
+
+    def start_once(self) -> None:
+        """The first poll, here and now (the plain `attach --ray-address` stops after it)."""
+        use_token_if_present()
+        self._apply([ev.RunEvent(state="running", reason=f"Ray job(s) at {self.address}, seen through the state API",
+                                 run=f"ray:{self.address}")])
+        self.poll_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(TIMEOUT_S + 1)
+
+    # --- polling ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):  # one poll at a time, then a pause: never two at once
+            self.poll_once()
+
+    def poll_once(self) -> None:
+        from ray.util import state as ray_state
+
+        kw = {"address": self.address, "timeout": TIMEOUT_S, "limit": LIMIT, "raise_on_missing_output": False}
+        try:
+            nodes = ray_state.list_nodes(**kw)
+            actors = ray_state.list_actors(**kw)
+            # detail: the start times (a filter keeps it to the running ones)
+            tasks = ray_state.list_tasks(filters=[("state", "=", "RUNNING")], detail=True, **kw)
+        except Exception as e:
+            what, hint = explain(e, self.address)
+            self.error = what
+            self._apply([ev.AlertEvent(severity="critical", code="ray_unreachable", message=what, hint=hint)])
+            return
+        if self.error:
+            self.error = ""
+            self._apply([ev.AlertEvent(code="ray_unreachable", cleared=True)])
+        self.polls += 1
+        self.truncated = len(actors) >= LIMIT or len(tasks) >= LIMIT
+        self._apply(self.to_events(nodes, actors, tasks))
+
+    def to_events(self, nodes, actors, tasks) -> list[ev.Event]:
+        now = time.time()
+        out: list[ev.Event] = []
+        self.node_ip.update({n.node_id: n.node_ip for n in nodes})
+        running = {t.actor_id: t for t in tasks if t.actor_id}
+        counts: dict[str, int] = {}
+        for a in sorted(actors, key=lambda a: (a.class_name, a.actor_id)):
+            name = self.names.get(a.actor_id)
+            if name is None:
+                rank = counts.get(a.class_name, 0)
+                name = a.name or f"{a.class_name}/{rank}"
+                self.names[a.actor_id] = name
+            counts[a.class_name] = counts.get(a.class_name, 0) + 1
+            node = self.node_ip.get(a.node_id or "", (a.node_id or "")[:8])
+            if name not in self._shown:
+                out.append(ev.WorkerEvent(src=name, role=a.class_name, node=node, pid=a.pid or 0,
+                                          actor_id=a.actor_id, ts=now))
+                self.pids[name] = a.pid or 0
+            task = running.get(a.actor_id)
+            if a.state in TERMINAL:
+                shown = (TERMINAL[a.state], "")
+            elif task is not None:
+                shown = (task.name.rpartition(".")[2] or task.name, task.task_id)
+            else:
+                shown = ("idle" if a.state == "ALIVE" else a.state.lower(), "")
+            if self._shown.get(name) == shown:
+                continue
+            prev = self._shown.get(name)
+            if prev and prev[0] == shown[0] and prev[1] != shown[1]:
+                out.append(ev.PhaseEvent(src=name, phase="idle", ts=now))  # the same method again: a new start
+            started = (task.start_time_ms / 1000) if task is not None and task.start_time_ms else None
+            out.append(ev.PhaseEvent(src=name, phase=shown[0], started=started, ts=now,
+                                     detail=f"task {shown[1][:16]}" if shown[1] else f"actor {a.state}"))
+            self._shown[name] = shown
+        return out
+
+    def _apply(self, events: list[ev.Event]) -> None:
+        now = time.time()
+        with self.lock:
+            for e in events:
+                e.run = e.run or f"ray:{self.address}"
+                e.ts = e.ts or now
+                self.state.apply(e)
+
+    # --- stacks -------------------------------------------------------------------------
+
+    def capture_stacks(self, targets: list[str], dump_id: str, timeout_s: float = 3.0) -> None:
+        """py-spy for the targets on this machine (all when empty); a note for the others."""
+        with self.lock:
+            workers = {s: w for s, w in self.state.workers.items() if (not targets or s in targets)}
+        local = {s: w.pid for s, w in workers.items() if w.pid and is_local(w.node)}
+        caps = capture_many(local, timeout_s)
+        events = []
+        for s, w in workers.items():
+            cap = caps.get(s)
+            if cap is None:
+                events.append(ev.StackEvent(src="gkd-tui", dump_id=dump_id, target=s, error=(
+                    f"{s} runs on {w.node or 'another node'}, pid {w.pid}: run `gkd-tui attach --ray-address auto` "
+                    f"there, or `py-spy dump --native --pid {w.pid}` on that node")))
+            else:
+                events.append(ev.StackEvent(src="gkd-tui", dump_id=dump_id, target=s, method=cap.method,
+                                            text=cap.text, error=cap.error))
+        self._apply(events)

@@ -1,0 +1,95 @@
+"""`gkd-tui attach --ray-address`: an unmodified Ray job, seen through the Ray state API alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from gkd_tui.app import GkdApp  # noqa: E402
+from gkd_tui.screens.stacks import StackScreen  # noqa: E402
+from gkd_tui.sources.ray_state import RayStateSource  # noqa: E402
+from gkd_tui.widgets.workers_table import WorkersTable  # noqa: E402
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def stuck_job():
+    """examples/stuck_ray_job.py (no gkd imports), its own local Ray cluster, hung in a sync."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "stuck_ray_job.py")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "syncing weights" in line or proc.poll() is not None:
+            break
+    assert "syncing weights" in "".join(seen), "".join(seen)
+    yield proc
+    proc.send_signal(signal.SIGINT)  # the job's own ray.shutdown() takes its local cluster down
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=env)
+
+
+def test_plain_attach_shows_the_actor_the_stuck_method_and_its_elapsed_time(stuck_job):
+    time.sleep(2.0)
+    out = cli("attach", "--ray-address", "auto", "--plain")
+    assert out.returncode == 0, out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if "sync_rollout_weights" in line)
+    assert row.startswith("RolloutWorker/")
+    elapsed = row.split("sync_rollout_weights")[1].split()[0]
+    assert elapsed.endswith("s") and float(elapsed.rstrip("s").split("m")[-1]) >= 1.0, row
+
+
+async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # the source sets it; later tests start clean
+    source = RayStateSource("auto", poll_s=0.5)
+    app = GkdApp(source, readonly=True)
+    async with app.run_test(size=(120, 36)) as pilot:
+        table = app.query_one(WorkersTable)
+        for _ in range(100):
+            await pilot.pause(0.1)
+            stuck = [s for s, w in source.state.workers.items() if w.phase == "sync_rollout_weights"]
+            if stuck and stuck[0] in table.order:
+                break
+        assert stuck, source.describe()
+        assert not app.check_action("cancel", ()) and not app.check_action("restart", ())  # nobody to ask
+        table.cursor = table.order.index(stuck[0])
+        t0 = time.monotonic()
+        await pilot.press("d")
+        for _ in range(80):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, StackScreen):
+                break
+        assert isinstance(app.screen, StackScreen) and time.monotonic() - t0 < 6
+        record = source.state.stacks[stuck[0]]
+        assert record.method == "py-spy" and "sync_rollout_weights" in record.text, record.error
+        await pilot.press("escape", "q")
+
+
+def test_without_the_token_it_says_what_is_missing(stuck_job):
+    if os.environ.get("RAY_AUTH_MODE") == "disabled":
+        pytest.skip("token authentication is off on this machine")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["RAY_AUTH_TOKEN_PATH"] = "/nonexistent/auth_token"
+    out = cli("attach", "--ray-address", "auto", "--plain", env=env)
+    assert out.returncode == 3
+    assert "token authentication" in out.stdout and "ray get-auth-token" in out.stdout
