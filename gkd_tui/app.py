@@ -51,6 +51,7 @@ class GkdApp(App):
         Binding("D", "dump_stacks(True)", "Dump all stacks", show=False),
         Binding("c", "cancel", "Cancel…"),
         Binding("r", "restart", "Restart smaller…"),
+        Binding("b", "bundle", "Bundle for a bug report", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter rows"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
@@ -225,6 +226,27 @@ class GkdApp(App):
             self.call_from_thread(self.notify, f"{op}: {e}", severity="error", timeout=6)
             return
         self.call_from_thread(self.notify, f"{op}: {result}", timeout=4)
+
+    def action_bundle(self) -> None:
+        self.bundle()
+
+    @work(thread=True, exclusive=True, group="bundle")
+    def bundle(self) -> None:
+        from gkd_core.bundle import write_bundle
+        from gkd_tui.render_text import status_text
+
+        run = getattr(self.source, "run", None)
+        if run is None or not Path(run).is_dir():
+            self.call_from_thread(self.notify, "bundle: this view has no run directory", severity="warning")
+            return
+        with self.source.lock:
+            status = status_text(self.source.state, self.source.now(), Path(run))
+        try:
+            out = write_bundle(Path(run), status=status)
+        except OSError as e:
+            self.call_from_thread(self.notify, f"bundle: {e}", severity="error", timeout=6)
+            return
+        self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8)
 
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""

@@ -194,6 +194,27 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(a: argparse.Namespace) -> int:
+    from gkd_core.bundle import write_bundle
+
+    try:
+        run = rundir.resolve_run(a.run)
+    except rundir.RunNotFound as e:
+        print(f"gkd-tui: {e}", file=sys.stderr)
+        return 2
+    status = ""
+    try:  # the live state when the supervisor answers; the files alone when it does not
+        client, _ = _client(run, 2.0)
+        with client:
+            snap = client.request("snapshot")
+        status = status_text(msgspec.convert(snap["state"], RunState), time.time(), run)
+    except (ControlUnreachable, ControlError) as e:
+        status = f"(no live state: {e})"
+    out = write_bundle(run, Path(a.output) if a.output else None, status)
+    print(out)
+    return 0
+
+
 STATUS_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
 
 
@@ -274,6 +295,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.add_argument("--gpu-backend", default="nvml", help=argparse.SUPPRESS)  # the test backend, for tests
     s.set_defaults(func=cmd_doctor)
+
+    s = sub.add_parser("bundle", help="one archive to share: config, events, logs, stacks (never keys)")
+    s.add_argument("run", nargs="?", help="a run directory or run id (default: the latest)")
+    s.add_argument("-o", "--output", help="the archive's path (default: RUN/bundles/bundle-TIME.tar.gz)")
+    s.set_defaults(func=cmd_bundle)
 
     s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")
     s.add_argument("targets", nargs="*")

@@ -66,3 +66,18 @@ def test_launch_detaches_and_restart_dry_run_shows_the_diff(gkd_home):
         time.sleep(0.1)
     else:
         raise AssertionError("the launched supervisor did not stop")
+
+
+def test_bundle_has_what_a_bug_report_needs_and_never_the_keys(start_supervisor, tmp_path):
+    import tarfile
+
+    sup = start_supervisor("trainer.total_steps=100000")
+    out = tmp_path / "b.tar.gz"
+    r = gkd_tui("bundle", str(sup.run), "-o", str(out), home=sup.home)
+    assert r.returncode == 0, r.stderr
+    names = tarfile.open(out).getnames()
+    assert any(n.endswith("/events.jsonl") for n in names) and any(n.endswith("/config.yaml") for n in names)
+    status = next(n for n in names if n.endswith("/status.txt"))
+    assert b"running" in tarfile.open(out).extractfile(status).read()  # the live state, from a snapshot
+    assert not any("/keys/" in n or n.endswith(".key_secret") or "/checkpoints/" in n for n in names)
+    assert (out.stat().st_mode & 0o777) == 0o600

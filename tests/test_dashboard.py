@@ -174,3 +174,47 @@ def test_log_follower_reads_appended_lines_and_keeps_partial_ones(tmp_path):
         assert list(f.lines)[-1] == "driver: third"  # "half" waits for its newline
     finally:
         f.stop()
+
+
+async def test_a_hung_nvml_sampler_raises_the_banner_on_a_live_dashboard(start_supervisor):
+    """The test backend hangs on its third sample; its gpu events reach a real supervisor and the
+    dashboard attached to it shows the banner, while the sampler's thread keeps reporting."""
+    from gkd_core.node.gpu_sampler import GpuSampler
+    from gkd_core.telemetry.reporter import Reporter
+    from gkd_tui.sources.live import LiveSource
+    from gkd_tui.widgets.nvml_pane import NvmlPane
+
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    rep = Reporter("agent/gpu-node", ingest=sup.endpoints["ingest"], heartbeat_s=1.0)
+    sampler = GpuSampler("gpu-node", rep.emit, backend="fake:gpus=2,hang_at=3", interval_s=0.5, deadline_s=3.0,
+                         smi=None).start()
+    app = GkdApp(LiveSource(sup.run))
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            pane = app.query_one(NvmlPane)
+            text = ""
+            for _ in range(150):
+                await pilot.pause(0.1)
+                text = str(pane.render())
+                if "NVML not answering on gpu-node" in text:
+                    break
+            assert "NVML not answering on gpu-node" in text, text
+            assert "GPU0" in text and "GPU1" in text  # the last readings stay, under the banner
+            for _ in range(30):  # the supervisor's critical alert, at the top (alerts run twice a second)
+                await pilot.pause(0.1)
+                header = str(app.query_one("RunHeader").render())
+                if "has not answered" in header:
+                    break
+            assert "CRITICAL" in header and "NVML on gpu-node has not answered" in header, header
+            await pilot.press("q")
+    finally:
+        sampler.stop()
+        rep.close()
+
+
+def test_no_color_says_with_attributes_what_colour_said():
+    from gkd_tui.widgets.format import monochrome
+
+    assert monochrome("bold white on red") == "bold reverse"  # an alert, a failed run
+    assert monochrome("yellow") == "bold underline"  # a warning, a phase near its deadline
+    assert monochrome("dim") == "dim" and monochrome("cyan") == ""

@@ -14,6 +14,7 @@ HELP = """[b]gkd-tui keys[/b]
   r        restart smaller from the latest checkpoint (shows the config diff first)
   enter    the selected worker's details: state, last stack, its log lines
   /        filter the workers table (escape clears)
+  b        write a bundle for a bug report: config, events, logs, stacks (never the keys)
   ?        this help           q  detach — the run goes on
   replay:  space play/pause, → step, End/Home jump, +/- speed
 

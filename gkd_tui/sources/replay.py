@@ -16,6 +16,8 @@ class ReplaySource:
 
     def __init__(self, path: Path):
         self.path = path
+        # a run directory's own log: its folder is the run (for the bundle); a loose file has none
+        self.run = path.parent if (path.parent / "config.yaml").exists() else None
         self.lock = threading.Lock()
         self.events: list = []
         self.skipped = 0

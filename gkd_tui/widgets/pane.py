@@ -7,8 +7,10 @@ layout of the whole screen costs tens of milliseconds with a large table beside 
 
 from __future__ import annotations
 
-from rich.text import Text
+from rich.text import Span, Text
 from textual.widgets import Static
+
+from gkd_tui.widgets.format import NO_COLOR, monochrome
 
 
 class Pane(Static):
@@ -16,6 +18,8 @@ class Pane(Static):
     _shape: tuple | None = None
 
     def put(self, t: Text) -> None:
+        if NO_COLOR:
+            t.spans = [Span(s.start, s.end, monochrome(s.style)) if isinstance(s.style, str) else s for s in t.spans]
         key = (t.plain, tuple(t.spans))
         if key == self._shown:
             return

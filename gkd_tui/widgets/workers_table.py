@@ -22,7 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
-from gkd_tui.widgets.format import fmt_duration
+from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
 COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "pid", "node", "gpu")
@@ -40,6 +40,8 @@ def cells_line(cells, widths=WIDTHS) -> str:
 
 @lru_cache(maxsize=64)
 def parsed(style: str) -> Style:
+    if NO_COLOR:
+        style = monochrome(style)
     return Style.parse(style) if style else Style()
 
 
