@@ -218,3 +218,22 @@ def test_no_color_says_with_attributes_what_colour_said():
     assert monochrome("bold white on red") == "bold reverse"  # an alert, a failed run
     assert monochrome("yellow") == "bold underline"  # a warning, a phase near its deadline
     assert monochrome("dim") == "dim" and monochrome("cyan") == ""
+
+
+def test_the_stack_viewer_puts_threads_running_user_code_first():
+    from gkd_tui.stack_text import user_threads_first
+
+    dump = "\n".join([
+        "Process 7: ray::RolloutWorker",
+        'Thread 7 (idle): "MainThread"',
+        "    run_task_loop (ray/_raylet.so)",
+        "    main_loop (ray/_private/worker.py:1069)",
+        'Thread 9 (idle): "gkd-reporter"',
+        "    _run (gkd_core/telemetry/reporter.py:150)",
+        'Thread 12 (idle): "ThreadPoolExecutor-0_0"',
+        "    sync_rollout_weights (gkd_core/trainer/workers.py:335)",
+        "    _worker (concurrent/futures/thread.py:83)",
+    ])
+    lines = user_threads_first(dump).splitlines()
+    assert lines[0] == "Process 7: ray::RolloutWorker" and lines[1].startswith("Thread 12")
+    assert sorted(lines) == sorted(dump.splitlines())  # nothing lost

@@ -8,6 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
 
 from gkd_core.state import StackRecord
+from gkd_tui.stack_text import user_threads_first
 
 
 class StackScreen(ModalScreen[None]):
@@ -23,8 +24,10 @@ class StackScreen(ModalScreen[None]):
         yield Input(placeholder="search the stack (enter: next match)", id="stack-search")
         with TabbedContent(id="stack-tabs"):
             for i, (target, rec) in enumerate(sorted(self.stacks.items())):
-                text = rec.text or f"(no stack: {rec.error})"
-                with TabPane(f"{target} [{rec.method}]", id=f"stack-{i}"):
+                text = user_threads_first(rec.text) if rec.text else f"(no stack: {rec.error})"
+                if rec.text and rec.error:  # a note beside a stack: a stopped process, a fallback taken
+                    text = f"# note: {rec.error}\n{text}"
+                with TabPane(f"{target} ({rec.method or 'none'})", id=f"stack-{i}"):
                     yield TextArea(text, read_only=True, show_line_numbers=True, soft_wrap=False)
 
     def action_search(self) -> None:

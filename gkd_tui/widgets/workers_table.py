@@ -25,8 +25,8 @@ from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
 from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
-COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "pid", "node", "gpu")
-WIDTHS = (13, 12, 8, 10, 5, 7, 8, 3)
+COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node")
+WIDTHS = (13, 12, 8, 10, 5, 3, 7, 12)
 # the name and phase columns grow to fit (RolloutWorker/12, sync_rollout_weights), up to this
 GROW_TO = {0: 22, 1: 22}
 # the row order (role, rank) changes only when workers join; re-sorting 4,096 rows costs a few
@@ -34,8 +34,10 @@ GROW_TO = {0: 22, 1: 22}
 RESORT_S = 1.0
 
 
-def cells_line(cells, widths=WIDTHS) -> str:
-    return " " + " ".join(str(c)[:w].ljust(w) for c, w in zip(cells, widths))
+def cells_line(cells, widths=WIDTHS) -> list[str]:
+    """The row's text a cell at a time (one segment each: a terminal does not care, but an SVG
+    capture lays out each segment on its own, so a bold row cannot drift past the last column)."""
+    return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths)]
 
 
 @lru_cache(maxsize=64)
@@ -136,7 +138,7 @@ class WorkersTable(ScrollView, can_focus=True):
         stale = age is not None and age > self._stall_s and w.phase not in TERMINAL_PHASES
         return (w.src, w.phase or "-", fmt_duration(st.time_in_phase(w, now)),
                 (fmt_duration(age) + (" STALE" if stale else "")) if age is not None else "-",
-                "-" if w.step is None else w.step, w.pid or "-", w.node or "-", ",".join(map(str, w.gpus)) or "-")
+                "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-")
 
     # --- rendering: the header, then the rows under the scroll offset -----------------------
 
@@ -162,7 +164,9 @@ class WorkersTable(ScrollView, can_focus=True):
             style += parsed(self.row_style(w))
             text = cells_line(self.row_cells(w), self.widths)
         # padded to the pane's width, so the stripes and the cursor span the whole row
-        return Strip([Segment(text.ljust(scroll_x + width), style)]).crop(scroll_x, scroll_x + width)
+        pad = scroll_x + width - sum(map(len, text))
+        segments = [Segment(cell, style) for cell in text] + ([Segment(" " * pad, style)] if pad > 0 else [])
+        return Strip(segments).crop(scroll_x, scroll_x + width)
 
     # --- the cursor --------------------------------------------------------------------------
 
