@@ -14,18 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-import msgspec
-
-
-class GpuReading(msgspec.Struct, kw_only=True):
-    index: int
-    uuid: str = ""
-    util: float | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
-    temp: float | None = None
-    power: float | None = None
-    pids: list[int] = []
+from gkd_core.telemetry.events import GpuEvent as GpuReading  # a reading is the event, less its node
 
 
 class NoDriver(Exception):

@@ -137,7 +137,9 @@ class GpuSampler:
             self._answered()
             self.samples += 1
             for g in msg.get("gpus") or []:
-                self.emit(ev.GpuEvent(node=self.node, **g))
+                reading = msgspec.convert(g, ev.GpuEvent)
+                reading.node = self.node
+                self.emit(reading)
         elif kind == "error":
             self._answered()
             self.emit(ev.GpuEvent(node=self.node, index=-1, error=f"NVML error: {msg.get('error')}"))
