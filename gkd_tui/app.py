@@ -15,6 +15,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input
 
 from gkd_tui.screens.confirm import ConfirmScreen
@@ -92,9 +93,15 @@ class GkdApp(App):
         self.source.start()
         self.query_one(WorkersTable).focus()  # not the hidden filter box: keys are actions
         self.redraw()
-        self.set_interval(REFRESH_S, self.redraw)
+        self._redraw_timer = self.set_interval(REFRESH_S, self.redraw)
 
     def redraw(self) -> None:
+        try:
+            self._redraw()
+        except NoMatches:
+            pass  # the app is closing: its panes are gone before the timer's last tick
+
+    def _redraw(self) -> None:
         now_wall = time.monotonic()
         tick = getattr(self.source, "tick", None)
         if tick is not None:
@@ -250,6 +257,7 @@ class GkdApp(App):
 
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""
+        self._redraw_timer.stop()
         self.source.stop()
         if self._client is not None:
             self._client.close()
