@@ -41,6 +41,11 @@ class WorkerState(msgspec.Struct, kw_only=True):
     rss: int = 0
     cpu: float = 0.0
     dropped: int = 0
+    # what Ray says (the `ray` events): the actor's state, and the method running on it since when
+    ray_state: str = ""
+    ray_task: str = ""
+    ray_task_since: float | None = None
+    ray_death_cause: str = ""
 
 
 class SyncState(msgspec.Struct, kw_only=True):
@@ -328,6 +333,12 @@ class RunState(msgspec.Struct, kw_only=True):
                 dump_id=e.dump_id, method=e.method, ts=e.ts, text=e.text[:STACK_TEXT_KEEP], error=e.error
             )
 
+    def _on_ray(self, e: ev.RayEvent) -> None:
+        w = self.workers.get(e.target)  # never creates one: Ray's view is of workers the run knows
+        if w is not None:
+            w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause = (
+                e.state, e.task, e.task_started, e.death_cause)
+
     def _on_alert(self, e: ev.AlertEvent) -> None:
         key = alert_key(e.code, e.targets)
         if e.cleared:
@@ -438,6 +449,7 @@ _HANDLERS = {
     ev.AlertEvent: RunState._on_alert,
     ev.LogEvent: RunState._on_log,
     ev.ActionEvent: RunState._on_action,
+    ev.RayEvent: RunState._on_ray,
 }
 
 _state_decoder = msgspec.json.Decoder(RunState)

@@ -122,3 +122,18 @@ def test_histories_are_bounded():
         st.apply(ev.SyncEvent(sync_id=i, state="done", seq=i + 1, ts=float(i)))
     assert len(st.metrics) == 512 and len(st.sync_history) == 32
     assert msgspec.json.encode(st)  # still encodable
+
+
+def test_rays_view_of_a_worker_is_kept_beside_its_own_and_a_dead_actor_raises_an_alert():
+    from gkd_core.supervisor import alerts
+
+    st = build()
+    st.apply(ev.RayEvent(target="rollout/1", actor_id="a1", state="ALIVE", task="sync_rollout_weights",
+                         task_started=1010.0, ts=1012.0))
+    w = st.workers["rollout/1"]
+    assert (w.ray_state, w.ray_task, w.ray_task_since) == ("ALIVE", "sync_rollout_weights", 1010.0)
+    st.apply(ev.RayEvent(target="nobody/9", state="ALIVE", ts=1013.0))
+    assert "nobody/9" not in st.workers  # Ray's view never invents a worker
+    st.apply(ev.RayEvent(target="rollout/1", actor_id="a1", state="DEAD", death_cause="OOM killed", ts=1014.0))
+    dead = [a for a in alerts.evaluate(st, 1015.0, stall_s=1000) if a.code == "actor_dead"]
+    assert dead and dead[0].targets == ["rollout/1"] and "OOM killed" in dead[0].message

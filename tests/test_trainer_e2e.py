@@ -89,6 +89,11 @@ def test_a_hung_sync_its_stack_a_hung_nvml_then_cancel_and_the_run_goes_on(start
     assert "sync_rollout_weights" in stack["text"] and "(sync_weights" not in stack.get("error", "")
     assert (sup.run / "stacks" / "e2e" / "rollout_1.txt").read_text().startswith(stack["text"][:40])
 
+    # Ray's own view of the same worker, from the driver's state-API watcher
+    ray_view = wait_until(lambda: [e for e in sup.events() if e["kind"] == "ray" and e["target"] == "rollout/1"
+                                   and e["task"] == "sync_rollout_weights"], 15, "Ray's view of rollout/1")[-1]
+    assert ray_view["state"] == "ALIVE" and ray_view["task_started"] <= time.time()
+
     # the agent's GPU sampler (the test backend) hangs on its third sample: flagged, with an alert
     hung = wait_until(lambda: [e for e in sup.events() if e["kind"] == "gpu" and e.get("nvml_hung_s")], 20,
                       "an nvml_hung_s gpu event")

@@ -92,10 +92,16 @@ class GpuSampler:
 
     def _spawn(self) -> None:
         self._buf = b""
-        self.child = subprocess.Popen([sys.executable, "-m", "gkd_core.node.gpu_child", self.backend,
-                                       str(os.getpid())],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
+        try:
+            self.child = subprocess.Popen([sys.executable, "-m", "gkd_core.node.gpu_child", self.backend,
+                                           str(os.getpid())],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          start_new_session=True)
+        except OSError as e:  # no process to be had (limits, memory): say so, try again later
+            self.emit(ev.GpuEvent(node=self.node, index=-1, error=f"the GPU sampler could not start: {e}"))
+            self._respawn_at = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_S[1], self._backoff * 2)
+            return
         os.set_blocking(self.child.stdout.fileno(), False)
         self._last_beat = time.monotonic()
 

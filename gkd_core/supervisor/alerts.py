@@ -7,12 +7,12 @@ alerts are ordinary events: in the log, in snapshots, and replayed like everythi
 
 from __future__ import annotations
 
-from gkd_core.state import RunState, alert_key
+from gkd_core.state import TERMINAL_PHASES, RunState, alert_key
 from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
 
 OWNED = ("heartbeat_stale", "sync_slow", "sync_timed_out", "sync_failed", "fingerprint_mismatch", "driver_failed",
-         "ingest_rejected", "events_dropped", "gpu_probe_hung")
+         "ingest_rejected", "events_dropped", "gpu_probe_hung", "actor_dead")
 
 
 def _fmt(seconds: float) -> str:
@@ -60,6 +60,17 @@ def evaluate(state: RunState, now: float, stall_s: float) -> list[AlertEvent]:
                 message=f"after sync {s.sync_id} a rollout worker's weights differ from the actor's",
                 hint="the rollout engine generates with stale weights; restart (r)",
             ))
+    if state.state == "running":
+        for w in state.workers.values():
+            if w.ray_state == "DEAD" and w.phase not in TERMINAL_PHASES:
+                out.append(AlertEvent(
+                    severity="critical", code="actor_dead",
+                    message=f"Ray reports {w.src}'s actor DEAD (pid {w.pid or '?'} on {w.node or '?'})"
+                            + (f": {w.ray_death_cause[:160]}" if w.ray_death_cause else ""),
+                    hint="out of memory or killed? read its log (enter on it); restart (r) resumes from the "
+                         "latest checkpoint",
+                    targets=[w.src],
+                ))
     for node, probe, seconds in state.hung_probes(now):
         name = "NVML" if probe == "nvml" else probe
         out.append(AlertEvent(

@@ -141,6 +141,17 @@ class LogEvent(Event, tag="log"):
     message: str = ""
 
 
+class RayEvent(Event, tag="ray"):
+    """What Ray's state API says of a worker's actor: a second view beside the worker's own."""
+
+    target: str = ""  # the worker's src
+    actor_id: str = ""
+    state: str = ""  # ALIVE, PENDING_CREATION, RESTARTING, DEAD
+    task: str = ""  # the method Ray is running on it now; "" when none
+    task_started: float | None = None
+    death_cause: str = ""
+
+
 class ActionEvent(Event, tag="action"):
     op: str = ""
     by: str = ""
@@ -150,7 +161,7 @@ class ActionEvent(Event, tag="action"):
 
 KNOWN = (
     RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, SyncEvent, TeacherEvent,
-    GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent,
+    GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent,
 )
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
 KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}

@@ -60,6 +60,17 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def best_stack(cap, own: tuple[str, str] | None) -> tuple[str, str, str]:
+    """(text, method, note) of one target: the agent's capture (a Capture) when it read something,
+    else what the worker's own thread said, else every reason why neither could."""
+    if cap is not None and cap.text:
+        return cap.text, cap.method, cap.error
+    if own is not None and own[0]:
+        return own[0], "in-process", cap.error if cap is not None else ""
+    reasons = [r for r in (cap.error if cap is not None else "", own[1] if own else "") if r]
+    return "", "", "; ".join(reasons)
+
+
 class Driver:
     def __init__(self, cfg: config_mod.Config, run_dir: Path):
         self.cfg = cfg
@@ -129,6 +140,7 @@ class Driver:
                 where["driver"] = (here, os.getpid())
             caps = gather_stacks(self.agents, self.node_labels, where, timeout_s=self.cfg.agent.stack_timeout_s)
         if refs:
+            # with agents, the workers' threads have had the agents' whole round to answer already
             ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0.3 if caps else STACK_DEADLINE_S)
             for t, ref in refs.items():
                 if ref in ready:
@@ -140,18 +152,12 @@ class Driver:
                     own[t] = ("", f"its own thread did not answer ({self.describe(t)}): it holds the GIL in C "
                                   "or is frozen")
         for t in wanted:
-            cap = caps.get(t)
-            if cap is not None and cap.text:
-                text, method, err = cap.text, cap.method, cap.error
-            elif t in own and own[t][0]:
-                text, method, err = own[t][0], "in-process", cap.error if cap else ""
-            elif cap is not None or t in own:
-                text, method = "", cap.method if cap else "in-process"
-                err = "; ".join(x for x in ((cap.error if cap else ""), own.get(t, ("", ""))[1]) if x)
-                if not caps:
-                    err += f"; try `py-spy dump --native --pid {self.info.get(t, {}).get('pid', '?')}`"
-            else:
+            if t not in caps and t not in own:
                 text, method, err = "", "", f"no worker named {t}"
+            else:
+                text, method, err = best_stack(caps.get(t), own.get(t))
+                if not text and not self.agents:
+                    err += f"; try `py-spy dump --native --pid {self.info.get(t, {}).get('pid', '?')}` on its node"
             (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {err}\n" if err else ""))
             self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
         self.action("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(wanted),
@@ -200,7 +206,9 @@ class Driver:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         with self.rep.phase("init", timeout_s=cfg.trainer.init_timeout_s, detail="ray.init"):
-            ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=True,
+            # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
+            # token-protected): about a second more at start, so only when the watcher is on
+            ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
                      runtime_env={"env_vars": {k: os.environ[k] for k in QUIET_ENV}})
         with self.rep.phase("init_model", detail="teacher"):
             teacher_path = cfg.teacher.path or str(models.prepare_teacher(gkd_home(), log=self.rep.log))
@@ -228,6 +236,11 @@ class Driver:
                                        hint="check RUN/logs/driver.log for an import or memory error"))
         if cfg.agent.enabled:
             self.start_agents()
+        if cfg.agent.ray_poll_s > 0:
+            from gkd_core.node.ray_watch import RayWatcher
+
+            # Ray's own view of every worker's actor: alive or dead, which method since when
+            RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
         from gkd_core.teacher.client import TeacherClient
 
         address = cfg.teacher.address or self.teacher_address
@@ -235,6 +248,10 @@ class Driver:
                                      max_in_flight=cfg.teacher.max_in_flight, timeout_s=cfg.teacher.request_timeout_s,
                                      max_retries=cfg.teacher.max_retries, reporter=self.rep)
         self.make_group()
+
+    def actor_names(self) -> dict[str, str]:
+        """actor id -> worker, for the Ray watcher's thread (a copy: the main thread adds workers)."""
+        return {i["actor_id"]: src for src, i in list(self.info.items()) if i.get("actor_id")}
 
     def start_agents(self) -> None:
         """One node agent per Ray node. A run without agents still runs: stacks then come from the

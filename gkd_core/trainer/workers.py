@@ -81,8 +81,9 @@ class WorkerBase:
     def ready(self) -> dict:
         import ray
 
+        ctx = ray.get_runtime_context()
         return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus,
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or ""}
 
     def cancel(self) -> bool:
         self._cancel.set()

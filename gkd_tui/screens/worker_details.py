@@ -34,8 +34,14 @@ class WorkerDetails(ModalScreen[None]):
         ]
         if w.detail:
             lines.append(f"detail: {w.detail}")
-        if w.actor_id:
-            lines.append(f"ray actor {w.actor_id}")
+        if w.actor_id or w.ray_state:
+            ray = f"ray actor {w.actor_id or '?'}: {w.ray_state or 'no word from the state API yet'}"
+            if w.ray_task:
+                since = f" for {fmt_duration(now - w.ray_task_since)}" if w.ray_task_since else ""
+                ray += f", running {w.ray_task}{since}"
+            if w.ray_death_cause:
+                ray += f"\n  died: {w.ray_death_cause}"
+            lines.append(ray)
         logs = [line for line in st.logs if line.startswith(src + " ")][-10:]
         lines.append("\nlog:")
         lines.extend(logs or ["(no log lines from it)"])

@@ -21,14 +21,13 @@ import threading
 import time
 from pathlib import Path
 
+from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, actor_view, poll
 from gkd_core.node.stacks import capture_many
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
 POLL_S = 2.0
-TIMEOUT_S = 3.0
-LIMIT = 10_000  # the state API's own ceiling; more than this is said to be truncated
-TERMINAL = {"DEAD": "exited", "FAILED": "failed"}
+TERMINAL = {"DEAD": "exited"}
 
 
 def token_available() -> bool:
@@ -94,7 +93,6 @@ class RayStateSource:
         self.polls = 0
         self.truncated = False
         self.names: dict[str, str] = {}  # actor id -> the worker name shown
-        self.pids: dict[str, int] = {}
         self.node_ip: dict[str, str] = {}  # node id -> ip
         self._shown: dict[str, tuple] = {}  # worker -> (phase, task id) last applied
         self._stop = threading.Event()
@@ -131,14 +129,8 @@ class RayStateSource:
             self.poll_once()
 
     def poll_once(self) -> None:
-        from ray.util import state as ray_state
-
-        kw = {"address": self.address, "timeout": TIMEOUT_S, "limit": LIMIT, "raise_on_missing_output": False}
         try:
-            nodes = ray_state.list_nodes(**kw)
-            actors = ray_state.list_actors(**kw)
-            # detail: the start times (a filter keeps it to the running ones)
-            tasks = ray_state.list_tasks(filters=[("state", "=", "RUNNING")], detail=True, **kw)
+            nodes, actors, tasks = poll(self.address, TIMEOUT_S)
         except Exception as e:
             what, hint = explain(e, self.address)
             self.error = what
@@ -168,12 +160,12 @@ class RayStateSource:
             if name not in self._shown:
                 out.append(ev.WorkerEvent(src=name, role=a.class_name, node=node, pid=a.pid or 0,
                                           actor_id=a.actor_id, ts=now))
-                self.pids[name] = a.pid or 0
-            task = running.get(a.actor_id)
+            state, method, started, cause = actor_view(a, running.get(a.actor_id))
+            task_id = running[a.actor_id].task_id if method else ""
             if a.state in TERMINAL:
                 shown = (TERMINAL[a.state], "")
-            elif task is not None:
-                shown = (task.name.rpartition(".")[2] or task.name, task.task_id)
+            elif method:
+                shown = (method, task_id)
             else:
                 shown = ("idle" if a.state == "ALIVE" else a.state.lower(), "")
             if self._shown.get(name) == shown:
@@ -181,9 +173,10 @@ class RayStateSource:
             prev = self._shown.get(name)
             if prev and prev[0] == shown[0] and prev[1] != shown[1]:
                 out.append(ev.PhaseEvent(src=name, phase="idle", ts=now))  # the same method again: a new start
-            started = (task.start_time_ms / 1000) if task is not None and task.start_time_ms else None
             out.append(ev.PhaseEvent(src=name, phase=shown[0], started=started, ts=now,
-                                     detail=f"task {shown[1][:16]}" if shown[1] else f"actor {a.state}"))
+                                     detail=f"task {task_id[:16]}" if task_id else f"actor {a.state}"))
+            out.append(ev.RayEvent(target=name, actor_id=a.actor_id, state=state, task=method, task_started=started,
+                                   death_cause=cause, ts=now))
             self._shown[name] = shown
         return out
 

@@ -1,4 +1,4 @@
-"""Every worker: role, node, pid, GPU, phase, time in phase, step, heartbeat age.
+"""Every worker: phase, time in phase, heartbeat age, step, GPU, pid, node, and its Ray actor's state.
 
 A line-API table that renders only the rows on screen, straight from the RunState: with 4,096
 workers a redraw costs the same as with 40, and nothing is copied into the widget (a DataTable
@@ -25,8 +25,8 @@ from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
 from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
-COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node")
-WIDTHS = (13, 12, 8, 10, 5, 3, 7, 12)
+COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node", "ray")
+WIDTHS = (13, 12, 8, 10, 5, 3, 7, 12, 10)
 # the name and phase columns grow to fit (RolloutWorker/12, sync_rollout_weights), up to this
 GROW_TO = {0: 22, 1: 22}
 # the row order (role, rank) changes only when workers join; re-sorting 4,096 rows costs a few
@@ -126,6 +126,8 @@ class WorkersTable(ScrollView, can_focus=True):
         age = st.heartbeat_age(w, now)
         if w.phase in TERMINAL_PHASES:
             return "red" if w.phase == "failed" else "dim"
+        if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
+            return "bold red"
         if age is not None and age > self._stall_s:
             return "bold red"
         if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
@@ -138,7 +140,8 @@ class WorkersTable(ScrollView, can_focus=True):
         stale = age is not None and age > self._stall_s and w.phase not in TERMINAL_PHASES
         return (w.src, w.phase or "-", fmt_duration(st.time_in_phase(w, now)),
                 (fmt_duration(age) + (" STALE" if stale else "")) if age is not None else "-",
-                "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-")
+                "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-",
+                w.ray_state.lower() or "-")
 
     # --- rendering: the header, then the rows under the scroll offset -----------------------
 
