@@ -94,7 +94,7 @@ class AgentConfig(_Section):
     gpu_interval_s: float = 2.0
     nvml_deadline_s: float = 3.0  # an NVML call not back by then is flagged (nvml_hung_s)
     stack_timeout_s: float = 3.0  # per process; a dump_stacks answers within this plus a margin
-    ray_poll_s: float = 2.0  # how often the driver asks Ray's state API about its actors; 0: never
+    ray_poll_s: float = 5.0  # how often the driver asks Ray's state API about its actors; 0: never
 
 
 class FaultConfig(_Section):
