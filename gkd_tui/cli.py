@@ -158,7 +158,7 @@ def cmd_attach_ray(a: argparse.Namespace) -> int:
 
 
 def cmd_attach(a: argparse.Namespace) -> int:
-    if a.ray_address:
+    if getattr(a, "ray_address", None):  # launch attaches through here too, without the option
         return cmd_attach_ray(a)
     run = None
     try:

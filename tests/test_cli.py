@@ -68,6 +68,27 @@ def test_launch_detaches_and_restart_dry_run_shows_the_diff(gkd_home):
         raise AssertionError("the launched supervisor did not stop")
 
 
+@pytest.mark.slow
+def test_launch_without_detach_attaches_and_follows(gkd_home):
+    """Without a TTY, launch attaches as text: the run's events follow the launch line."""
+    p = subprocess.Popen([sys.executable, "-m", "gkd_tui.cli", "launch", "trainer.total_steps=100000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                         env=dict(os.environ, GKD_HOME=str(gkd_home)))
+    lines: list[str] = []
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(lines) < 4 and p.poll() is None:
+            lines.append(p.stdout.readline())
+        text = "".join(lines)
+        assert "launched run" in text and "Traceback" not in text and len(lines) >= 4, text
+    finally:
+        p.kill()
+        p.wait(10)
+        gkd_tui("stop", home=gkd_home)
+
+
 def test_bundle_has_what_a_bug_report_needs_and_never_the_keys(start_supervisor, tmp_path):
     import tarfile
 
