@@ -134,8 +134,8 @@ class GkdApp(App):
         return True
 
     def can_control(self) -> bool:
-        """A live run has a supervisor to ask; a replay (keys still shown, it says why) has a
-        recording; the Ray state source has neither."""
+        """Cancel and restart need someone to ask: a live run has its supervisor; a replay keeps the
+        keys and says why they do nothing there; the Ray state source has no one."""
         return getattr(self.source, "live", False) or hasattr(self.source, "seek")
 
     def selected_worker(self) -> str | None:

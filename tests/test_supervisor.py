@@ -57,10 +57,14 @@ def test_three_late_joiners_and_a_lossy_one_all_equal_the_log(start_supervisor):
         late.connect()
         subs.append(late)
     assert [s.gaps for s in subs] == [0, 0, 0]  # at the run's own pace nobody misses anything
-    flood = Reporter("flood/0", ingest=sup.endpoints["ingest"], heartbeat_s=1.0, queue_max=100_000)
+    # room for the whole burst on the way in (the drops under test are the PUB socket's, on the way out;
+    # a busy machine must not turn them into drops at the sender)
+    flood = Reporter("flood/0", ingest=sup.endpoints["ingest"], heartbeat_s=1.0, queue_max=100_000,
+                     sndhwm=100_000)
     for i in range(30_000):  # the lossy one reads nothing meanwhile, so the PUB socket drops for it
         flood.emit(ev.LogEvent(message=f"burst {i}"))
     flood.close(timeout_s=10)
+    assert flood.dropped == 0
     with sup.client() as c:
         after_burst = wait_until(lambda: (seq := c.request("ping")["seq"]) > 30_000 and seq, 30, "the burst logged")
         deadline = time.monotonic() + 30
