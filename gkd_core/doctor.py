@@ -106,7 +106,7 @@ def probe_nvml(backend: str = "nvml", deadline_s: float = NVML_DEADLINE_S) -> di
                 break
             chunk = os.read(proc.stdout.fileno(), 65536)
             if not chunk:
-                return {"kind": "error", "error": f"the probe exited with code {proc.wait(1)}"}
+                return {"kind": "error", "error": f"the probe exited (code {proc.poll()})"}
             buf += chunk
             for line in buf.split(b"\n")[:-1]:
                 msg = msgspec.json.decode(line)
@@ -118,23 +118,25 @@ def probe_nvml(backend: str = "nvml", deadline_s: float = NVML_DEADLINE_S) -> di
             proc.kill()  # not waited for: one stuck in the driver would hold the doctor too
 
 
-def check_gpus(backend: str = "nvml") -> Check:
+def check_gpus(backend: str = "nvml") -> tuple[Check, int]:
+    """The check, and how many GPUs NVML sees (0 when it cannot tell)."""
     msg = probe_nvml(backend)
     kind = msg.get("kind")
     if kind == "no_driver":
         return Check("gpus", "warn", f"no GPU: {msg.get('error')}",
                      "expected on a CPU machine (the tiny demo runs here); on a GPU node, install or load "
-                     "the NVIDIA driver")
+                     "the NVIDIA driver"), 0
     if kind == "hung":
         return Check("gpus", "fail", f"NVML did not answer within {NVML_DEADLINE_S:g} s: the driver is wedged",
-                     "check `dmesg` for Xid errors; a node whose driver hangs needs a reset, not a retry")
+                     "check `dmesg` for Xid errors; a node whose driver hangs needs a reset, not a retry"), 0
     if kind == "error":
-        return Check("gpus", "fail", f"NVML error: {msg.get('error')}", "check `nvidia-smi` and the driver version")
+        return Check("gpus", "fail", f"NVML error: {msg.get('error')}",
+                     "check `nvidia-smi` and the driver version"), 0
     gpus = msg.get("gpus") or []
     busy = [g for g in gpus if g.get("pids")]
     detail = f"{len(gpus)} GPU(s) through NVML" + (f"; {len(busy)} already in use by other processes" if busy else "")
     return Check("gpus", "warn" if busy else "pass", detail,
-                 "free the busy GPUs or set CUDA_VISIBLE_DEVICES to the idle ones" if busy else "")
+                 "free the busy GPUs or set CUDA_VISIBLE_DEVICES to the idle ones" if busy else ""), len(gpus)
 
 
 def check_env() -> list[Check]:
@@ -277,9 +279,8 @@ def run_checks(path: str | None = None, overrides: list[str] | None = None, gpu_
     cfg_check, cfg = check_config(path, list(overrides or []))
     checks.append(cfg_check)
     checks += check_torch()
-    gpu = check_gpus(gpu_backend)
+    gpu, gpus = check_gpus(gpu_backend)
     checks.append(gpu)
-    gpus = int(gpu.detail.split()[0]) if gpu.status != "fail" and gpu.detail[:1].isdigit() else 0
     checks += check_env()
     checks += check_ray(cfg, gpus)
     if cfg is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import pytest
@@ -59,12 +60,15 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         assert sorted(ray.get([a.ready.remote() for a in agents.values()], timeout=30),
                       key=lambda r: r["node_id"]) and len(set(labels.values())) == 2
         Actor = ray.remote(num_cpus=0, max_concurrency=2)(rollout_class())
+        # rollout/0 and rollout/2 on the first node, rollout/1 on the second
+        placed = [nodes[0], nodes[1], nodes[0]]
         workers = {f"rollout/{i}": Actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
-                   .remote() for i, n in enumerate(nodes)}
+                   .remote() for i, n in enumerate(placed)}
         where = {name: tuple(ray.get(w.where.remote(), timeout=60)) for name, w in workers.items()}
-        assert {node for node, _ in where.values()} == set(nodes)  # one worker on each node
+        assert {node for node, _ in where.values()} == set(nodes)  # workers on both nodes
         workers["rollout/0"].sync_rollout_weights.remote()
         workers["rollout/1"].hold_the_gil.remote()
+        os.kill(where["rollout/2"][1], signal.SIGSTOP)  # frozen, as by a debugger or Ctrl-Z
         time.sleep(1.0)
         t0 = time.monotonic()
         caps = gather_stacks(agents, labels, where, timeout_s=3.0)
@@ -72,6 +76,7 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         assert took < 5.0
         assert caps["rollout/0"].method == "py-spy" and "sync_rollout_weights" in caps["rollout/0"].text, caps
         assert "hold_the_gil" in caps["rollout/1"].text, caps["rollout/1"].error
+        assert "is stopped" in caps["rollout/2"].error and "kill -CONT" in caps["rollout/2"].error
 
         # both agents report: registration and GPU readings, each under its own node
         seen: dict[str, set] = {}
@@ -86,6 +91,11 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         assert seen.get("gpu") == set(labels.values())
         assert seen.get("worker") == {f"agent/{label}" for label in labels.values()}
     finally:
+        if "where" in locals():
+            try:
+                os.kill(where["rollout/2"][1], signal.SIGCONT)
+            except (OSError, KeyError):
+                pass
         for w in locals().get("workers", {}).values():
             ray.kill(w)
         for a in agents.values():

@@ -59,8 +59,19 @@ def test_plain_attach_shows_the_actor_the_stuck_method_and_its_elapsed_time(stuc
     assert elapsed.endswith("s") and float(elapsed.rstrip("s").split("m")[-1]) >= 1.0, row
 
 
-async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, monkeypatch):
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # the source sets it; later tests start clean
+@pytest.fixture
+def restore_auth_mode():
+    """The source sets RAY_AUTH_MODE in this process, as it should in a dashboard's; later tests
+    (and the processes they start) get the environment they had."""
+    before = os.environ.get("RAY_AUTH_MODE")
+    yield
+    if before is None:
+        os.environ.pop("RAY_AUTH_MODE", None)
+    else:
+        os.environ["RAY_AUTH_MODE"] = before
+
+
+async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, restore_auth_mode):
     source = RayStateSource("auto", poll_s=0.5)
     app = GkdApp(source, readonly=True)
     async with app.run_test(size=(120, 36)) as pilot:

@@ -161,7 +161,11 @@ class GpuSampler:
         self._requested_at = None
 
     def _child_ended(self) -> None:
-        code = self.child.wait()  # it closed its stdout: it has exited, or is about to
+        try:  # it closed its stdout: it has exited, or is about to (unless stuck in the driver)
+            code = self.child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            self.child.kill()  # not waited for again: the OS reaps it when it can
+            code = "unknown (it would not exit)"
         self.child = None
         self._requested_at = None
         if self.no_driver:
