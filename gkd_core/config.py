@@ -60,6 +60,7 @@ class ActorConfig(_Section):
     loss: Literal["forward_kl", "reverse_kl", "jsd"] = "jsd"
     beta: float = 0.5
     temperature: float = 1.0
+    max_grad_norm: float = 1.0  # gradients clipped to this norm (verl's grad_clip); 0: not clipped
 
 
 class DataConfig(_Section):
@@ -76,6 +77,8 @@ class TrainerConfig(_Section):
     init_timeout_s: float = 300.0
     step_timeout_s: float = 300.0
     checkpoint_every: int = 10
+    keep_checkpoints: int = 3  # the newest N complete checkpoints are kept (verl's max_actor_ckpt_to_keep); 0: all
+    max_bad_steps: int = 3  # this many steps in a row with a non-finite loss or gradient stop the run
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
@@ -99,11 +102,13 @@ class AgentConfig(_Section):
 
 class FaultConfig(_Section):
     kind: Literal[
-        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml"
+        "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml",
+        "nan_grad", "disk_full",
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
+    repeat: int = 1  # nan_grad, disk_full: this many steps in a row, from `step`
 
 
 class ShrinkRule(_Section):
@@ -265,6 +270,11 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("data.batch_size", cfg.data.batch_size >= 1, "must be at least 1"),
         ("actor.micro_batch_size", cfg.actor.micro_batch_size >= 1, "must be at least 1"),
         ("actor.beta", 0.0 <= cfg.actor.beta <= 1.0, "must lie in [0, 1]"),
+        ("actor.max_grad_norm", cfg.actor.max_grad_norm >= 0, "must be 0 (no clipping) or positive"),
+        ("actor.temperature", cfg.actor.temperature > 0, "must be positive"),
+        ("trainer.keep_checkpoints", cfg.trainer.keep_checkpoints >= 0, "must be 0 (keep all) or positive"),
+        ("trainer.max_bad_steps", cfg.trainer.max_bad_steps >= 1, "must be at least 1"),
+        ("trainer.checkpoint_every", cfg.trainer.checkpoint_every >= 1, "must be at least 1"),
         ("teacher.num_microbatches", cfg.teacher.num_microbatches >= 1, "must be at least 1"),
         ("teacher.request_timeout_s", cfg.teacher.request_timeout_s > 0, "must be positive"),
         ("telemetry.heartbeat_s", cfg.telemetry.heartbeat_s > 0, "must be positive"),

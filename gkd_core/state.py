@@ -21,6 +21,17 @@ TEACHER_HISTORY_KEEP = 120
 STACK_TEXT_KEEP = 64 * 1024
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
 TERMINAL_PHASES = ("finished", "failed", "cancelled", "exited")
+SPANS_KEEP = 16  # finished phases remembered per worker: its peers' times and its own history
+CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress
+
+
+class PhaseSpan(msgspec.Struct, array_like=True):
+    """One finished phase of a worker: what, at which step, from when to when."""
+
+    phase: str
+    step: int | None
+    started: float
+    ended: float
 
 
 class WorkerState(msgspec.Struct, kw_only=True):
@@ -46,6 +57,9 @@ class WorkerState(msgspec.Struct, kw_only=True):
     ray_task: str = ""
     ray_task_since: float | None = None
     ray_death_cause: str = ""
+    phase_step: int | None = None  # the step the current phase began at (its instance, with the phase)
+    spans: list[PhaseSpan] = []  # finished phases, oldest first
+    cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
 
 
 class SyncState(msgspec.Struct, kw_only=True):
@@ -137,6 +151,7 @@ class AlertState(msgspec.Struct, kw_only=True):
     hint: str = ""
     targets: list[str] = []
     since: float = 0.0
+    evidence: dict[str, Any] = {}
 
 
 class StackRecord(msgspec.Struct, kw_only=True):
@@ -155,6 +170,8 @@ class MetricsPoint(msgspec.Struct, kw_only=True):
     agreement: float | None = None
     tokens_per_s: float | None = None
     timing: dict[str, float] = {}
+    grad_norm: float | None = None
+    skipped: bool = False
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -181,8 +198,10 @@ class RunState(msgspec.Struct, kw_only=True):
     gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
     alerts: dict[str, AlertState] = {}
     metrics: list[MetricsPoint] = []
+    bad_steps: list[int] = []  # steps skipped for a non-finite loss or gradient, the newest last
     actions: list[dict[str, Any]] = []  # the last few control actions, newest last
     stacks: dict[str, StackRecord] = {}  # target -> its newest stack
+    stacks_prev: dict[str, StackRecord] = {}  # target -> the one before: is it stuck in the same place?
     logs: list[str] = []  # the last few `log` events
 
     # --- the reducer -------------------------------------------------------------------
@@ -243,8 +262,13 @@ class RunState(msgspec.Struct, kw_only=True):
     def _on_phase(self, e: ev.PhaseEvent) -> None:
         w = self._worker(e.src, e.ts)
         if e.phase != w.phase:
+            if w.phase and w.phase not in TERMINAL_PHASES:
+                w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts))
+                if len(w.spans) > SPANS_KEEP:
+                    del w.spans[0]
             w.phase = e.phase
             w.phase_since = e.started if e.started is not None else e.ts
+            w.phase_step = e.step
         w.deadline, w.detail = e.deadline, e.detail
         if e.step is not None:
             w.step = e.step
@@ -253,6 +277,10 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _on_heartbeat(self, e: ev.HeartbeatEvent) -> None:
         w = self._worker(e.src, e.ts)
+        if e.cpu >= CPU_IDLE_PCT:
+            w.cpu_low_since = None
+        elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
+            w.cpu_low_since = w.last_heartbeat or e.ts
         w.last_heartbeat = e.ts
         w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
 
@@ -320,8 +348,11 @@ class RunState(msgspec.Struct, kw_only=True):
     def _on_metrics(self, e: ev.MetricsEvent) -> None:
         self.metrics.append(MetricsPoint(
             step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
-            tokens_per_s=e.tokens_per_s, timing=dict(e.timing),
+            tokens_per_s=e.tokens_per_s, timing=dict(e.timing), grad_norm=e.grad_norm, skipped=e.skipped,
         ))
+        if e.skipped:
+            self.bad_steps.append(e.step)
+            del self.bad_steps[:-METRICS_KEEP]
         if len(self.metrics) > METRICS_KEEP:
             del self.metrics[0]
         if self.step is None or e.step > self.step:
@@ -329,6 +360,8 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _on_stack(self, e: ev.StackEvent) -> None:
         if e.target:
+            if e.target in self.stacks:
+                self.stacks_prev[e.target] = self.stacks[e.target]
             self.stacks[e.target] = StackRecord(
                 dump_id=e.dump_id, method=e.method, ts=e.ts, text=e.text[:STACK_TEXT_KEEP], error=e.error
             )
@@ -347,7 +380,7 @@ class RunState(msgspec.Struct, kw_only=True):
         old = self.alerts.get(key)
         self.alerts[key] = AlertState(
             code=e.code, severity=e.severity, message=e.message, hint=e.hint, targets=list(e.targets),
-            since=old.since if old else e.ts,
+            since=old.since if old else e.ts, evidence=dict(e.evidence),
         )
 
     def _on_log(self, e: ev.LogEvent) -> None:

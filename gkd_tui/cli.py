@@ -97,7 +97,61 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 
 def cmd_dump_stacks(a: argparse.Namespace) -> int:
-    return _act(a, "dump_stacks", {"targets": a.targets})
+    """Ask for the stacks, wait (bounded) until the driver has answered, print them grouped: identical
+    stacks together, the odd ones out first. Exit 1 when some could not be taken."""
+    from gkd_core.stack_text import describe_group, group
+
+    run = None
+    dump_id = f"cli-{os.getpid()}-{int(time.time() * 1000)}"
+    try:
+        run = rundir.resolve_run(a.run)
+        client, _ = _client(run, 5.0)
+        with client:
+            client.request("dump_stacks", {"targets": a.targets, "dump_id": dump_id})
+            state, answered = _wait_for_dump(client, dump_id, a.timeout)
+    except ControlError as e:
+        print(f"gkd-tui: dump-stacks refused: {e}", file=sys.stderr)
+        return 1
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return _unreachable(run, e)
+    records = {t: r for t, r in state.stacks.items() if r.dump_id == dump_id}
+    wanted = answered.get("targets") or a.targets or sorted(records)
+    taken = {t: r.text for t, r in records.items() if r.text}
+    missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
+               if t not in taken}
+    notes = {t: r.error for t, r in records.items() if r.text and r.error}
+    groups = group(taken)
+    if a.json:
+        json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""),
+                   "groups": [{"targets": g.targets, "where": g.where, "stack": g.text} for g in groups],
+                   "missing": missing, "notes": notes}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"stacks of {len(wanted)} worker(s), dump {dump_id}"
+              + (f", saved in RUN/{answered['folder']}" if answered.get("folder") else ""))
+        for g in groups:
+            print(f"\n{describe_group(g)}")
+            print(g.text)
+            for t in g.targets:
+                if t in notes:
+                    print(f"  # {t}: {notes[t]}")
+        for t, why in missing.items():
+            print(f"\n{t}: no stack: {why}")
+    return 1 if missing else 0
+
+
+def _wait_for_dump(client: ControlClient, dump_id: str, timeout_s: float) -> tuple[RunState, dict]:
+    """The state once the driver's `dump_stacks` action for this dump is on record, or at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = msgspec.convert(client.request("snapshot")["state"], RunState)
+        for act in reversed(state.actions):
+            res = act.get("result")
+            if act.get("op") == "dump_stacks" and isinstance(res, dict) and res.get("dump_id") == dump_id:
+                return state, res
+        if time.monotonic() > deadline:
+            return state, {}
+        time.sleep(0.25)
 
 
 def _config_and_overrides(a: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -304,6 +358,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")
     s.add_argument("targets", nargs="*")
     s.add_argument("--run", default=None)
+    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the stacks (default 10)")
+    s.add_argument("--json", action="store_true", help="the groups, the missing and the notes as JSON")
     s.set_defaults(func=cmd_dump_stacks)
     return p
 

@@ -221,7 +221,7 @@ def test_no_color_says_with_attributes_what_colour_said():
 
 
 def test_the_stack_viewer_puts_threads_running_user_code_first():
-    from gkd_tui.stack_text import user_threads_first
+    from gkd_core.stack_text import user_threads_first
 
     dump = "\n".join([
         "Process 7: ray::RolloutWorker",

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -75,3 +77,82 @@ def test_gradients_flow_to_the_student_only_through_its_logits():
     s.requires_grad_(True)
     L.distill_loss(s, ids, lp, torch.ones(3, 5), loss="jsd").backward()
     assert s.grad is not None and torch.isfinite(s.grad).all() and s.grad.abs().sum() > 0
+
+
+# --- finite values and gradients for every input the trainer can produce -------------------------
+
+from hypothesis import HealthCheck, given, seed, settings, strategies as st  # noqa: E402
+
+LOSSES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 0.9)]
+
+
+def _finite_grad(student_logits, ids, teacher_logp, loss, beta, temperature=1.0):
+    s = student_logits.detach().clone().requires_grad_(True)
+    d = L.token_divergence(s, ids, teacher_logp, loss=loss, beta=beta, temperature=temperature)
+    d.sum().backward()
+    return d, s.grad
+
+
+@pytest.mark.parametrize("loss,beta", LOSSES)
+def test_a_confident_student_has_finite_gradients(loss, beta):
+    """The issue's reproduction: V = 64, k = 16, the student's top-k mass is 1.0 in float32."""
+    v, k = 64, 16
+    s = torch.zeros(2, 3, v)
+    s[..., 5] = 40.0
+    t = torch.log_softmax(torch.randn(2, 3, v, generator=torch.Generator().manual_seed(1)) * 3, -1)
+    top = t.topk(k, dim=-1)
+    ids = top.indices.clone()
+    ids[..., 0] = 5  # the student's peak inside the teacher's top-k, its mass 1.0
+    d, g = _finite_grad(s, ids, top.values, loss, beta)
+    assert torch.isfinite(d).all() and torch.isfinite(g).all()
+    # and outside it: the student's whole mass is in the tail
+    d, g = _finite_grad(s, top.indices.where(top.indices != 5, 6), top.values, loss, beta)
+    assert torch.isfinite(d).all() and torch.isfinite(g).all()
+
+
+def _case(draw):
+    v = draw(st.integers(2, 48))
+    k = draw(st.integers(1, v))
+    peak_s = draw(st.sampled_from([0.0, 1.0, 10.0, 40.0, 200.0]))
+    peak_t = draw(st.sampled_from([0.0, 1.0, 10.0, 40.0, 200.0]))
+    scale = draw(st.sampled_from([0.0, 0.1, 1.0, 5.0]))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+    temperature = draw(st.sampled_from([0.05, 0.7, 1.0, 2.0]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    s = torch.randn(2, 3, v, generator=g) * scale
+    s[..., draw(st.integers(0, v - 1))] += peak_s
+    t = torch.randn(2, 3, v, generator=g) * scale
+    t[..., draw(st.integers(0, v - 1))] += peak_t
+    # the teacher's log-probs come at its own precision, the student's logits at the model's
+    t_logp = torch.log_softmax(t, -1).to(dtype).float()
+    top = t_logp.topk(k, dim=-1)
+    return s.to(dtype).float().to(dtype), top.indices, top.values.to(dtype), temperature
+
+
+@seed(20261122)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(LOSSES))
+def test_divergences_and_gradients_are_finite_for_any_input(data, loss_beta):
+    s, ids, t_logp, temperature = _case(data.draw)
+    d, g = _finite_grad(s, ids, t_logp, *loss_beta, temperature=temperature)
+    assert torch.isfinite(d).all(), (loss_beta, d)
+    assert (d >= -1e-4).all()
+    assert g is not None and torch.isfinite(g).all(), loss_beta
+
+
+@seed(20261123)
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 40), st.sampled_from([0.0, 3.0, 30.0]), st.integers(0, 2**16))
+def test_equals_the_full_vocabulary_divergence_when_k_is_the_vocabulary_property(v, peak, rng):
+    g = torch.Generator().manual_seed(rng)
+    s, t = torch.randn(2, 4, v, generator=g), torch.randn(2, 4, v, generator=g)
+    s[..., 0] += peak
+    top = torch.log_softmax(t, -1).topk(v, dim=-1)
+    assert torch.allclose(L.token_divergence(s, top.indices, top.values, loss="forward_kl"), full_kl(t, s),
+                          atol=1e-4)
+    assert torch.allclose(L.token_divergence(s, top.indices, top.values, loss="reverse_kl"), full_kl(s, t),
+                          atol=1e-4)
+    lt, ls = torch.log_softmax(t, -1), torch.log_softmax(s, -1)
+    m = torch.logaddexp(lt + math.log(0.3), ls + math.log(0.7))
+    ref = 0.3 * (lt.exp() * (lt - m)).sum(-1) + 0.7 * (ls.exp() * (ls - m)).sum(-1)
+    assert torch.allclose(L.token_divergence(s, top.indices, top.values, loss="jsd", beta=0.3), ref, atol=1e-4)

@@ -79,7 +79,8 @@ class DriverProcess:
         lines: deque[str] = deque(maxlen=n)
         for line in _ANSI.sub("", data.decode(errors="replace")).splitlines():
             if line.strip():
-                lines.append(line[-300:])
+                # the head of a long line says what it is about ("gkd driver: ...")
+                lines.append(line if len(line) <= 600 else line[:600] + " …")
         return list(lines)
 
 

@@ -34,6 +34,10 @@ log = logging.getLogger("gkd.supervisor")
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
 ALERT_EVERY_S = 0.5
+# a worker named late gets its stack taken at once and again this much later, with no key press,
+# so that the alert can say "the same stack twice"
+AUTO_STACK_AGAIN_S = 3.0
+AUTO_STACK_CODES = ("straggler", "slower_than_usual")
 INGEST_BATCH = 5000
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -79,6 +83,7 @@ class Supervisor:
         self._exit_status = 0
         self._signalled = False
         self._next_alerts = 0.0
+        self._auto_stacks: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, phase start) -> (n, next)
         self._started_mono = time.monotonic()
         self.ctx = zmq.Context()
         self._authenticator = None
@@ -414,6 +419,26 @@ class Supervisor:
                 self._auth_reported = self._auth_refused
             self.emit(a)
         self._rejects_reported = self.rejects.total
+        self._auto_dump_stacks(time.monotonic())
+
+    def _auto_dump_stacks(self, mono: float) -> None:
+        """Two stacks of every worker named late, a few seconds apart, through the driver."""
+        named = {t for a in self.state.alerts.values() if a.code in AUTO_STACK_CODES for t in a.targets}
+        live = {}
+        for t in named:
+            w = self.state.workers.get(t)
+            if w is None:
+                continue
+            key = (t, w.phase_since)
+            n, due = self._auto_stacks.get(key, (0, mono))
+            if n < 2 and mono >= due:
+                try:
+                    self._forward("dump_stacks")({"targets": [t], "dump_id": f"auto-{self.seq}"}, "diagnosis")
+                    n, due = n + 1, mono + AUTO_STACK_AGAIN_S
+                except Refused:
+                    pass  # no driver to ask: the alert says so without a stack
+            live[key] = (n, due)
+        self._auto_stacks = live
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True

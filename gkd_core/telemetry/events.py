@@ -117,6 +117,9 @@ class MetricsEvent(Event, tag="metrics"):
     agreement: float | None = None
     tokens_per_s: float | None = None
     timing: dict[str, float] = {}
+    grad_norm: float | None = None  # before clipping; NaN or inf on a bad step
+    skipped: bool = False  # the step's loss or gradient was not finite: not applied, synced nor saved
+    bad_steps: int = 0  # skipped steps so far in this incarnation of the driver
 
 
 class StackEvent(Event, tag="stack"):
@@ -133,6 +136,7 @@ class AlertEvent(Event, tag="alert"):
     message: str = ""
     hint: str = ""
     targets: list[str] = []
+    evidence: dict[str, Any] = {}  # the numbers behind it: elapsed, the peers' median, CPU, the verdict
     cleared: bool = False
 
 

@@ -43,6 +43,10 @@ class SyncCancelled(RuntimeError):
     pass
 
 
+class BadSteps(RuntimeError):
+    """Steps in a row whose loss or gradient was not finite: the run stops instead of training on."""
+
+
 def stragglers(pending: list[str]) -> list[str]:
     """The root's broadcast completes only when every receiver has taken its part, so a pending
     student is blocked by pending rollouts: they are the ones to name."""
@@ -56,8 +60,9 @@ def free_port() -> int:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").exists())
-    return done[-1] if done else None
+    from gkd_core.trainer import checkpoints
+
+    return checkpoints.latest(run_dir / "checkpoints")
 
 
 def best_stack(cap, own: tuple[str, str] | None) -> tuple[str, str, str]:
@@ -88,6 +93,10 @@ class Driver:
         self.agents: dict[str, object] = {}  # Ray node id -> its node agent
         self.node_labels: dict[str, str] = {}
         self._teacher_back_at: float | None = None
+        self.bad_steps = 0
+        self._bad_run: list[int] = []  # the current run of skipped steps
+        self._last_ckpt_bytes = 0
+        self._disk_low = False
 
     # --- reporting helpers -------------------------------------------------------------
 
@@ -218,7 +227,8 @@ class Driver:
         def ctx(src: str) -> workers.WorkerContext:
             return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
                                          heartbeat_s=cfg.telemetry.heartbeat_s, device=device,
-                                         faults=[f for f in self.faults if f["target"] == src],
+                                         faults=[f for f in self.faults if f["target"] == src
+                                                 or (f["kind"] == "nan_grad" and src == "student/0")],
                                          stacks_dir=str(self.run_dir / "stacks"))
 
         opts = {"num_cpus": 0, "max_concurrency": 4}
@@ -455,13 +465,62 @@ class Driver:
         self.make_group()
 
     def checkpoint(self, step: int) -> None:
-        folder = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        """Save, unless the last checkpoint's size does not fit on the disk: then a `disk_low` alert
+        and training goes on without this save. Older checkpoints go once the new one is complete."""
+        from gkd_core.trainer import checkpoints
+
+        root = self.run_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        ok, free = checkpoints.fits(root, self._last_ckpt_bytes, self.disk_for(step))
+        if not ok:
+            last = latest_checkpoint(self.run_dir)
+            self._disk_low = True
+            self.rep.emit(ev.AlertEvent(
+                severity="critical", code="disk_low", targets=["checkpoint"],
+                message=f"step {step} not saved: {checkpoints.human(free)} free on the run directory's disk, a "
+                        f"checkpoint takes {checkpoints.human(self._last_ckpt_bytes)}; training goes on"
+                        + (f"; the last one is {last.relative_to(self.run_dir)}" if last else ""),
+                hint="free space on that disk or lower trainer.keep_checkpoints; the next save tries again"))
+            return
+        folder = root / f"step_{step:06d}"
         with self.rep.phase("checkpoint", step=step):
             self.wait({"student/0": self.actors["student/0"].save.remote(str(folder))}, self.cfg.trainer.step_timeout_s,
                       "checkpoint")
             (folder / "state.json").write_text(json.dumps({"step": step, "data_position": step + 1,
                                                            "sync_id": self.sync_id}))
             (folder / "COMPLETE").write_text("")  # written last: a checkpoint without it is ignored
+        self._last_ckpt_bytes = checkpoints.size_bytes(folder)
+        checkpoints.prune(root, self.cfg.trainer.keep_checkpoints)
+        if self._disk_low:
+            self._disk_low = False
+            self.rep.emit(ev.AlertEvent(severity="critical", code="disk_low", targets=["checkpoint"], cleared=True))
+
+    def disk_for(self, step: int):
+        """The free-space reading: the real one, or the `disk_full` fault's empty disk."""
+        from gkd_core.trainer import checkpoints
+
+        for f in self.faults:
+            if f["kind"] == "disk_full" and f["step"] <= step < f["step"] + max(1, f.get("repeat", 1)):
+                return checkpoints.FakeFreeSpace(0)
+        return checkpoints.DiskFreeSpace()
+
+    def on_bad_step(self, step: int, m: dict) -> str:
+        """A skipped step, counted. After ``max_bad_steps`` in a row the run must stop: the error,
+        naming the last good checkpoint and how to go on from it."""
+        self.bad_steps += 1 if m.get("skipped") else 0
+        self._bad_run.append(step)
+        limit = self.cfg.trainer.max_bad_steps
+        if len(self._bad_run) < limit and m.get("weights_finite", True):
+            return ""
+        last = latest_checkpoint(self.run_dir)
+        where = f"{last.relative_to(self.run_dir)}" if last else "none yet (a restart begins at step 1)"
+        why = (f"{len(self._bad_run)} steps in a row had a non-finite loss or gradient "
+               f"(steps {self._bad_run[0]}-{self._bad_run[-1]}, gradient norm {m.get('grad_norm')})"
+               if m.get("weights_finite", True) else f"the student's weights are not finite after step {step}")
+        return (f"{why}; the rollouts kept the last good weights. Last good checkpoint: {where}. "
+                f"Try: gkd-tui restart {self.run_dir} -o actor.lr={self.cfg.actor.lr / 10:g}"
+                + ("" if self.cfg.actor.max_grad_norm else " -o actor.max_grad_norm=1.0")
+                + (" -o model.dtype=bfloat16" if self.cfg.model.dtype == "float16" else ""))
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -504,24 +563,38 @@ class Driver:
                 m = self.wait({"student/0": self.actors["student/0"].train_step.remote(seqs, tids, tlps, step)},
                               cfg.trainer.step_timeout_s, "train")["student/0"]
             timing["train"] = time.monotonic() - t
+            skipped = bool(m.get("skipped"))
+            stop = ""
+            if skipped or not m.get("weights_finite", True):
+                stop = self.on_bad_step(step, m)
+            else:
+                self._bad_run = []
+            if stop:
+                self.emit_metrics(step, m, seqs, gen_s, timing)
+                raise BadSteps(stop)
             t = time.monotonic()
             if off and step < total:
                 with self.rep.phase("generate", step=step + 1, detail="waiting for the next batch"):
                     ready = self.collect_generate(gen, step + 1)
             timing["wait"] = time.monotonic() - t
             t = time.monotonic()
-            if step < total:
+            if step < total and not skipped:  # after a skipped step the rollouts already hold these weights
                 with self.rep.phase("sync_weights", step=step, timeout_s=cfg.trainer.sync_timeout_s):
                     self.sync(step)
             timing["sync"] = time.monotonic() - t
             if not off and step < total:
                 gen = self.launch_generate(step + 1)
-            if step % cfg.trainer.checkpoint_every == 0 or step == total:
+            if (step % cfg.trainer.checkpoint_every == 0 or step == total) and not skipped:
                 self.checkpoint(step)
-            n_tokens = int((seqs.shape[1] - 6) * len(seqs))
-            self.rep.emit(ev.MetricsEvent(step=step, loss=m["loss"], kl=m["kl"], agreement=m["agreement"],
-                                          tokens_per_s=n_tokens / max(gen_s, 1e-6), timing=timing))
+            self.emit_metrics(step, m, seqs, gen_s, timing)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
+
+    def emit_metrics(self, step: int, m: dict, seqs: np.ndarray, gen_s: float, timing: dict) -> None:
+        n_tokens = int((seqs.shape[1] - 6) * len(seqs))
+        self.rep.emit(ev.MetricsEvent(step=step, loss=m["loss"], kl=m["kl"], agreement=m["agreement"],
+                                      tokens_per_s=n_tokens / max(gen_s, 1e-6), timing=timing,
+                                      grad_norm=m.get("grad_norm"), skipped=bool(m.get("skipped")),
+                                      bad_steps=self.bad_steps))
 
     def shutdown(self) -> None:
         import ray
@@ -569,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         drv.start()
         drv.train()
         drv.rep.set_phase("finished")
-    except (WaitTimeout, WorkerFailed, TeacherUnavailable) as e:
+    except (WaitTimeout, WorkerFailed, TeacherUnavailable, BadSteps) as e:
         print(f"gkd driver: {e}", file=sys.stderr, flush=True)
         drv.rep.log(str(e), level="error")
         drv.rep.set_phase("failed", detail=str(e)[:300])

@@ -9,22 +9,43 @@ by the number of completion tokens.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-# log of the smallest tail mass we represent; below it a bucket counts as empty (xlogy's 0·log 0)
+# log of the smallest tail mass we represent: an empty tail (k = vocab, or every other token at
+# probability 0 in float32) is this instead of log 0, whose gradient is inf and, times 0, NaN
 _TAIL_FLOOR = -60.0
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x <= 0, accurate near 0 and near -inf."""
+    """log(1 - exp(x)) for x <= 0, accurate near 0 and near -inf. For constants only (the teacher's
+    tail): its gradient is infinite at x = 0."""
     x = x.clamp(max=0.0)
     return torch.where(x > -0.6931, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
 def bucket_logprobs(logp_topk: torch.Tensor) -> torch.Tensor:
-    """[..., k] log-probs of the top-k -> [..., k+1] with the tail bucket appended."""
-    tail = _log1mexp(torch.logsumexp(logp_topk, dim=-1, keepdim=True)).clamp(min=_TAIL_FLOOR)
+    """[..., k] log-probs of the top-k -> [..., k+1] with the tail bucket appended (no gradient
+    through the tail: use it for the teacher, whose log-probs are data)."""
+    tail = _log1mexp(torch.logsumexp(logp_topk.detach(), dim=-1, keepdim=True)).clamp(min=_TAIL_FLOOR)
     return torch.cat([logp_topk, tail], dim=-1)
+
+
+def student_buckets(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[..., V] logits -> [..., k+1] log-probs of the tokens ``ids`` and of all the others.
+
+    The tail is summed over the other tokens' own logits (a logsumexp with the top-k left out), not
+    taken as 1 - the top-k mass: once the student is confident that difference is 0 in float32 and
+    its log has an infinite gradient. The left-out entries are set to a floor e^-60 below the total,
+    so an empty tail is the floor, finite, with a zero gradient.
+    """
+    z = logits.float() / temperature
+    total = torch.logsumexp(z, dim=-1, keepdim=True)
+    top = torch.gather(z, -1, ids) - total
+    floor = (total.detach() + _TAIL_FLOOR - math.log(ids.shape[-1])).expand_as(ids)
+    tail = torch.logsumexp(z.scatter(-1, ids, floor), dim=-1, keepdim=True) - total
+    return torch.cat([top, tail], dim=-1)
 
 
 def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -42,8 +63,7 @@ def token_divergence(student_logits: torch.Tensor, teacher_ids: torch.Tensor, te
     jsd = generalized JSD(beta) with M = beta·teacher + (1-beta)·student; beta=0 is forward KL and
     beta=1 reverse KL (as in TRL's GKD).
     """
-    s_logp_full = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    s = bucket_logprobs(torch.gather(s_logp_full, -1, teacher_ids))
+    s = student_buckets(student_logits, teacher_ids, temperature)
     t = bucket_logprobs(teacher_logp.float())
     if loss == "forward_kl" or (loss == "jsd" and beta == 0.0):
         return _kl(t, s)
@@ -51,8 +71,7 @@ def token_divergence(student_logits: torch.Tensor, teacher_ids: torch.Tensor, te
         return _kl(s, t)
     if loss != "jsd":
         raise ValueError(f"unknown loss {loss!r}: forward_kl, reverse_kl or jsd")
-    log_m = torch.logsumexp(torch.stack([t + torch.log(torch.tensor(beta)), s + torch.log(torch.tensor(1 - beta))]),
-                            dim=0)
+    log_m = torch.logaddexp(t + math.log(beta), s + math.log(1 - beta))
     return beta * _kl(t, log_m) + (1 - beta) * _kl(s, log_m)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import socket
 import sys
@@ -28,6 +29,10 @@ from gkd_core.telemetry.reporter import Reporter
 
 class Cancelled(RuntimeError):
     """The method saw its cancel flag."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """The student's weights hold NaN or inf: they must not reach the rollout workers."""
 
 
 @dataclass
@@ -192,6 +197,7 @@ class StudentActor(WorkerBase):
             self.eval_ids = ids
             del teacher
         self.eos = self.tok.convert_tokens_to_ids("<eos>")
+        self._agreement = self.agreement()
         self.rep.set_phase("idle")
 
     @torch.no_grad()
@@ -227,10 +233,39 @@ class StudentActor(WorkerBase):
                 with torch.no_grad():
                     kl = L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl")
                     kl_sum += (kl * mask[sl]).sum().item()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.opt.step()
-            return {"loss": total, "kl": kl_sum / n_tokens.item(), "agreement": self.agreement(),
-                    "tokens": int(n_tokens.item())}
+            if self._nan_grad_due(step):
+                next(self.model.parameters()).grad.fill_(float("nan"))
+            out = {"loss": total, "kl": kl_sum / n_tokens.item(), "tokens": int(n_tokens.item())}
+            out.update(self._guarded_update(step, total, a.max_grad_norm))
+            return out
+
+    def _guarded_update(self, step: int, loss: float, max_norm: float) -> dict:
+        """Clip and apply the gradients, unless the loss or the gradient norm is not finite: then
+        the step is dropped (the weights stay as they were) and said so."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        # clip_grad_norm_ returns the norm before clipping; inf as the limit only measures it
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf")))
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            self.opt.zero_grad(set_to_none=True)
+            self.rep.log(f"step {step} skipped: loss {loss:.4g}, gradient norm {norm:.4g}", level="error")
+            return {"skipped": True, "grad_norm": norm, "agreement": self._agreement, "weights_finite": True}
+        self.opt.step()
+        finite = bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params]))).all())
+        self._agreement = self.agreement()
+        return {"skipped": False, "grad_norm": norm, "agreement": self._agreement, "weights_finite": finite}
+
+    def _nan_grad_due(self, step: int) -> bool:
+        """The injected `nan_grad` fault: from its step, `repeat` steps in a row, or every step for
+        `seconds` after the first."""
+        now = time.monotonic()
+        for f in self.ctx.faults:
+            if f["kind"] != "nan_grad" or step < f["step"]:
+                continue
+            first = f.setdefault("first_at", now)
+            if step < f["step"] + max(1, f.get("repeat", 1)) or (f["seconds"] and now - first < f["seconds"]):
+                self.rep.log(f"fault injected: a NaN gradient at step {step}", level="warn")
+                return True
+        return False
 
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
         import torch.distributed as dist
@@ -238,6 +273,8 @@ class StudentActor(WorkerBase):
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
+            if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have
+                raise NonFiniteWeights(f"{self.src}: the weights are not finite; sync {sync_id} not sent")
             self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
             return fingerprint(self.model.parameters())
 
@@ -259,6 +296,7 @@ class StudentActor(WorkerBase):
             self.model.tie_weights()
             self.opt.load_state_dict(torch.load(Path(folder) / "optimizer.pt", weights_only=True,
                                                 map_location=self.device))
+            self._agreement = self.agreement()
         return fingerprint(self.model.parameters())
 
     def weights_fingerprint(self) -> str:

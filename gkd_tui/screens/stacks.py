@@ -8,7 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
 
 from gkd_core.state import StackRecord
-from gkd_tui.stack_text import user_threads_first
+from gkd_core.stack_text import user_threads_first
 
 
 class StackScreen(ModalScreen[None]):

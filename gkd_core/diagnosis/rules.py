@@ -1,0 +1,201 @@
+"""The rules: each a small pure function of the RunState and ``now`` that returns the alerts that
+hold now, with its evidence and its hint in one place.
+
+The hints are the seeds' fixes (shared/seeds/: verl's recipe/gkd hang write-ups, the hang
+flow chart, the Ray self-play guide, LightRFT's troubleshooting guide).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from gkd_core.diagnosis.stragglers import Late, late_workers
+from gkd_core.diagnosis.verdict import verdict
+from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.supervisor.driver_process import headline
+from gkd_core.telemetry.events import AlertEvent
+
+
+class Settings(NamedTuple):
+    stall_s: float = 10.0  # a heartbeat older than this is stale
+
+
+BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it
+NCCL_TRY = ("NCCL_DEBUG=INFO to see where it stops; NCCL_IB_DISABLE=1 and NCCL_P2P_DISABLE=1 when the fabric is "
+            "suspect; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the interface that carries the node IP")
+PHASE_HINTS = {
+    "sync_weights": "seeds 000/001, the weight sync: its peers returned, it did not. Its stack says where; cancel the "
+                    "sync (c) to retry it, or restart without this worker or node (r); on NCCL, raise NCCL_TIMEOUT "
+                    "only once the stack shows a slow, not a stuck, broadcast",
+    "generate": "the rollout engine is stuck or slow on this worker alone: its stack (d); out of memory or a bad GPU "
+                "on its node? restart with one rollout worker fewer or smaller (r)",
+    "load_data": "case A, stuck loading data (`Generating train split` then silence): a dataset lock or a slow "
+                 "file system; its stack (d) shows the file; clear the datasets cache lock",
+    "join_group": f"cases B/C, joining the collective group: a member that never joins is stuck before it; {NCCL_TRY}",
+    "init_engine": f"cases B/C, engine init far too long: GPU memory taken by another process, or NCCL; {NCCL_TRY}",
+    "init_model": "cases B/C, model init far too long: a slow file system or out of host memory; its stack (d)",
+    "init": f"cases B/C, init far too long: its stack (d); {NCCL_TRY}",
+    "train": "the training step on this worker: its stack (d); out of memory? restart smaller (r)",
+    "teacher_wait": "waiting for the teacher: see the teacher pane (sent vs received vs served)",
+}
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 10 else _fmt(seconds)
+
+
+def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    out = []
+    for w in state.stale_workers(now, cfg.stall_s):
+        age = now - w.last_heartbeat
+        where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
+        out.append(AlertEvent(
+            severity="critical" if w.phase == "sync_weights" else "warn", code="heartbeat_stale",
+            message=f"{w.src} sent no heartbeat for {_fmt(age)} (phase {w.phase}, {where})",
+            hint=f"the process is frozen (SIGSTOP, D state) or dead: press d on it, or `gkd-tui dump-stacks {w.src}`",
+            targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase},
+        ))
+    return out
+
+
+def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Late workers, named by their peers (or by their own history), with the stuck-or-slow verdict."""
+    if state.state not in ("running", ""):
+        return []
+    return [_late_alert(state, late, now) for late in late_workers(state, now)]
+
+
+def _late_alert(state: RunState, late: Late, now: float) -> AlertEvent:
+    w = state.workers[late.src]
+    v = verdict(state, w, now)
+    at = f" (step {late.step})" if late.step is not None else ""
+    if late.by == "peers":
+        code = "straggler"
+        peers = "its peer" if late.n_done == 1 else f"{late.n_done} of its {late.n_group} peers"
+        base = f"{peers} finished in {_dur(late.baseline)}" + (" (median)" if late.n_done > 1 else "")
+    else:
+        code = "slower_than_usual"
+        base = f"usually {_dur(late.baseline)} (median of its last {late.n_done})"
+    where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
+    message = (f"{late.src} still in {late.phase}{at} after {_fmt(late.elapsed)}; {base}"
+               + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else ""))
+    return AlertEvent(
+        severity=late.severity, code=code, message=message, targets=[late.src],
+        hint=PHASE_HINTS.get(late.phase, "its stack (d) says where it waits; cancel it (c) or restart (r)"),
+        evidence={"phase": late.phase, "step": late.step, "elapsed_s": round(late.elapsed, 1),
+                  "threshold_s": round(late.threshold, 2), "baseline_s": round(late.baseline, 3), "by": late.by,
+                  "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
+                  "where": v.where},
+    )
+
+
+def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    out: list[AlertEvent] = []
+    view = state.sync_view(now)
+    s = state.sync
+    if view is None or s is None:
+        return out
+    pend = ", ".join(view.pending[:6]) + (" …" if len(view.pending) > 6 else "")
+    if view.running and view.timeout_s and view.fraction >= 0.5:
+        out.append(AlertEvent(
+            severity="warn", code="sync_slow",
+            message=f"sync {view.sync_id} at {_fmt(view.elapsed_s)} of its {_fmt(view.timeout_s)} timeout; "
+                    f"waiting for {pend or 'nobody?'}",
+            hint="dump the stragglers' stacks (d); a NCCL broadcast with no progress means a peer is gone",
+            targets=list(view.pending), evidence={"elapsed_s": round(view.elapsed_s, 1), "timeout_s": view.timeout_s},
+        ))
+    elif s.state == "timed_out":
+        out.append(AlertEvent(
+            severity="critical", code="sync_timed_out",
+            message=f"sync {s.sync_id} timed out after {_fmt(s.elapsed_s)}; pending: {pend}",
+            hint="dump their stacks (d), then cancel the sync (c) or restart smaller (r)",
+            targets=list(s.pending),
+        ))
+    elif s.state == "failed":
+        out.append(AlertEvent(
+            severity="critical", code="sync_failed", message=f"sync {s.sync_id} failed: {s.error[:200]}",
+            hint="see the worker's log; restart (r) resumes from the latest checkpoint", targets=list(s.pending),
+        ))
+    if s.fingerprint_ok is False:
+        out.append(AlertEvent(
+            severity="critical", code="fingerprint_mismatch",
+            message=f"after sync {s.sync_id} a rollout worker's weights differ from the actor's",
+            hint="the rollout engine generates with stale weights; restart (r)",
+        ))
+    return out
+
+
+def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    if state.state != "running":
+        return []
+    return [AlertEvent(
+        severity="critical", code="actor_dead",
+        message=f"Ray reports {w.src}'s actor DEAD (pid {w.pid or '?'} on {w.node or '?'})"
+                + (f": {w.ray_death_cause[:160]}" if w.ray_death_cause else ""),
+        hint="out of memory or killed? read its log (enter on it); restart (r) resumes from the latest checkpoint",
+        targets=[w.src],
+    ) for w in state.workers.values() if w.ray_state == "DEAD" and w.phase not in TERMINAL_PHASES]
+
+
+def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    out = []
+    for node, probe, seconds in state.hung_probes(now):
+        name = "NVML" if probe == "nvml" else probe
+        out.append(AlertEvent(
+            severity="critical", code="gpu_probe_hung",
+            message=f"{name} on {node} has not answered for {_fmt(seconds)}",
+            hint="the GPU driver is wedged (the seeds' frozen nvidia-smi): check `dmesg` for Xid errors; "
+                 "a worker stuck in CUDA will not come back, restart (r) on healthy nodes",
+            targets=[f"agent/{node}"] if probe == "nvml" else [f"agent/{node}", probe],
+            evidence={"probe": probe, "seconds": round(seconds, 1)},
+        ))
+    return out
+
+
+def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Seed 004's NaN loss: a step skipped because its loss or gradient norm was not finite."""
+    if not state.bad_steps or state.step is None or state.step - state.bad_steps[-1] >= BAD_STEP_SHOWN:
+        return []
+    last, n = state.bad_steps[-1], len(state.bad_steps)
+    return [AlertEvent(
+        severity="warn", code="bad_step", targets=["student/0"],
+        message=f"step {last} skipped: its loss or gradient norm was not finite ({n} skipped so far); the "
+                "weights, the rollouts and the checkpoints kept the last good values",
+        hint="seed 004's fixes for a NaN loss: lower actor.lr, keep clipping on (actor.max_grad_norm 1.0), "
+             "bfloat16 rather than float16 (model.dtype)",
+        evidence={"step": last, "bad_steps": n},
+    )]
+
+
+def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    if state.state != "failed":
+        return []
+    return [AlertEvent(
+        severity="critical", code="driver_failed", message=f"driver {state.reason}: {headline(state.log_tail)}"[:300],
+        hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",
+    )]
+
+
+def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    dropped = {w.src: w.dropped for w in state.workers.values() if w.dropped}
+    if not dropped:
+        return []
+    return [AlertEvent(
+        severity="info", code="events_dropped",
+        message=f"{sum(dropped.values())} events dropped by {len(dropped)} sender(s) (queue full or supervisor away)",
+        hint="the senders are too chatty or the supervisor too slow; counts only, the run goes on",
+    )]
+
+
+RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
+    heartbeat_stale, stragglers, sync, actor_dead, gpu_probe_hung, bad_step, driver_failed, events_dropped,
+]
+# codes these rules own: the supervisor clears them when their rule no longer returns them
+CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
+         "fingerprint_mismatch", "actor_dead", "gpu_probe_hung", "bad_step", "driver_failed", "events_dropped")
+# codes whose message carries a growing number: re-sent only when severity, verdict or place change
+LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual")

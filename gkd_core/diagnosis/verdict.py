@@ -1,0 +1,49 @@
+"""Stuck or slow: the seeds' question "how do I know it is really stuck?", answered from the
+heartbeats' CPU share and two stacks taken a few seconds apart.
+
+- frozen: no heartbeat (the Reporter thread is stopped too: SIGSTOP, D state, the GIL held in C);
+- stuck: no CPU progress and the same stack twice;
+- busy: the CPU is used and the stack changes;
+- waiting: little CPU but the stack moves (a slow peer, network, disk).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gkd_core.stack_text import signature, where
+from gkd_core.state import RunState, WorkerState
+
+FROZEN_S = 5.0  # a heartbeat older than this (at 1 Hz) means the whole process has stopped
+NO_PROGRESS_S = 5.0
+BUSY_PCT = 50.0
+
+
+class Verdict(NamedTuple):
+    word: str  # frozen, stuck, busy, waiting, or "" while there is nothing to go on
+    text: str
+    where: str  # the stack line, when a stack was taken during this phase
+
+
+def verdict(state: RunState, w: WorkerState, now: float) -> Verdict:
+    cur, prev = state.stacks.get(w.src), state.stacks_prev.get(w.src)
+    cur = cur if cur is not None and cur.ts >= w.phase_since and cur.text else None
+    prev = prev if cur is not None and prev is not None and prev.ts >= w.phase_since and prev.text else None
+    line = where(cur.text) if cur else ""
+    two = prev is not None
+    same = two and signature(cur.text) == signature(prev.text)
+    suffix = f", in {line}" if line else ""
+    age = now - w.last_heartbeat if w.last_heartbeat else None
+    if age is not None and age > FROZEN_S:
+        return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"
+                       + suffix, line)
+    low = now - w.cpu_low_since if w.cpu_low_since is not None else 0.0
+    if low >= NO_PROGRESS_S and (same or not two):
+        return Verdict("stuck", f"stuck: no CPU progress for {low:.0f} s"
+                       + (", the same stack twice" if same else "") + suffix, line)
+    if w.cpu >= BUSY_PCT:
+        return Verdict("busy", f"busy: {w.cpu:.0f} % CPU" + (", stack changing" if two and not same else "")
+                       + suffix, line)
+    if two:
+        return Verdict("waiting", f"waiting: {w.cpu:.0f} % CPU, stack changing" + suffix, line)
+    return Verdict("", f"{w.cpu:.0f} % CPU" + suffix, line)

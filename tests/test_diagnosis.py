@@ -1,0 +1,136 @@
+"""The diagnosis rules on a RunState built from real events: who is late, stuck or slow."""
+
+from __future__ import annotations
+
+from gkd_core import diagnosis
+from gkd_core.state import RunState
+from gkd_core.supervisor import alerts
+from gkd_core.telemetry import events as ev
+
+T0 = 1000.0
+PYSPY = """Process 7424: ray::RolloutWorker
+Python v3.11.7
+
+Thread 7424 (idle): "MainThread"
+    epoll_wait (libc.so.6)
+    Worker.main_loop (ray/_private/worker.py:1069)
+Thread 7549 (idle): "Dummy-1"
+    clock_nanosleep (libc.so.6)
+    time_sleep (libpython3.11.so.1.0)
+    WorkerBase._hang (gkd_core/trainer/workers.py:{line})
+    RolloutWorker.sync_rollout_weights (gkd_core/trainer/workers.py:334)
+    actor_method_executor (ray/_private/function_manager.py:689)
+"""
+
+
+def phase(st, src, name, ts, step=None):
+    st.apply(ev.PhaseEvent(src=src, phase=name, step=step, started=ts, ts=ts))
+
+
+def beat(st, src, ts, cpu):
+    st.apply(ev.HeartbeatEvent(src=src, ts=ts, cpu=cpu))
+
+
+def running_sync(hung_cpu=1.0, until=T0 + 30):
+    """hang_demo at step 3: rollout/0 returns from the sync in 0.02 s, rollout/1 never does; the
+    student (the broadcast's root) and the driver wait for it."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("driver", "driver"), ("student/0", "student"), ("rollout/0", "rollout"),
+                      ("rollout/1", "rollout")):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
+    for step in (1, 2):  # two healthy syncs before it
+        t = T0 - 40 + 10 * step
+        for src in ("driver", "student/0", "rollout/0", "rollout/1"):
+            phase(st, src, "sync_weights", t, step)
+        for src in ("driver", "student/0", "rollout/0", "rollout/1"):
+            phase(st, src, "idle", t + 0.03, step)
+    for src in ("driver", "student/0", "rollout/0", "rollout/1"):
+        phase(st, src, "sync_weights", T0, 3)
+    phase(st, "rollout/0", "idle", T0 + 0.02, 3)
+    t = T0
+    while t < until:
+        t += 1.0
+        for src in ("driver", "student/0", "rollout/0"):
+            beat(st, src, t, 30.0)
+        beat(st, "rollout/1", t, hung_cpu)
+    return st
+
+
+def named(st, now, code=None):
+    return [(a.code, a.targets, a.severity) for a in diagnosis.diagnose(st, now)
+            if code is None or a.code == code]
+
+
+def test_the_straggler_is_named_by_its_peer_not_by_the_deadline_and_only_it():
+    st = running_sync()
+    assert named(st, T0 + 4.5, "straggler") == []  # under the 5 s floor
+    assert named(st, T0 + 5.5, "straggler") == [("straggler", ["rollout/1"], "warn")]
+    assert named(st, T0 + 10.5, "straggler") == [("straggler", ["rollout/1"], "critical")]  # twice the threshold
+    everyone = {t for a in diagnosis.diagnose(st, T0 + 10.5) for t in a.targets}
+    assert everyone == {"rollout/1"}  # never the student blocked in its broadcast, never the driver
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 6) if a.code == "straggler"]
+    assert a.evidence["baseline_s"] == 0.02 and a.evidence["threshold_s"] == 5.0 and a.evidence["by"] == "peers"
+    assert "its peer finished in 0.02 s" in a.message and "sync_weights (step 3)" in a.message
+
+
+def test_stuck_needs_no_cpu_and_the_same_stack_twice_busy_is_cpu_and_a_moving_stack():
+    st = running_sync()
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 6) if a.code == "straggler"]
+    assert a.evidence["verdict"] == "stuck" and "no CPU progress" in a.message
+    for i, line in enumerate((117, 118)):  # a waiting loop: the line moves, the calls do not
+        st.apply(ev.StackEvent(target="rollout/1", dump_id=f"auto-{i}", method="py-spy", text=PYSPY.format(line=line),
+                               ts=T0 + 6 + 3 * i))
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 10) if a.code == "straggler"]
+    assert "the same stack twice" in a.message and a.evidence["verdict"] == "stuck"
+    assert "`RolloutWorker.sync_rollout_weights` (workers.py:334) → `WorkerBase._hang` (workers.py:118)" in a.message
+
+    busy = running_sync(hung_cpu=97.0)
+    busy.apply(ev.StackEvent(target="rollout/1", dump_id="a", text=PYSPY.format(line=117), ts=T0 + 6))
+    busy.apply(ev.StackEvent(target="rollout/1", dump_id="b", text=PYSPY.replace("WorkerBase._hang", "matmul")
+                             .format(line=1), ts=T0 + 9))
+    (a,) = [a for a in diagnosis.diagnose(busy, T0 + 10) if a.code == "straggler"]
+    assert a.evidence["verdict"] == "busy" and "busy: 97 % CPU, stack changing" in a.message
+
+
+def test_a_frozen_worker_says_so():
+    st = running_sync(until=T0 + 3)  # its heartbeats stop at T0 + 3: SIGSTOP
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 12) if a.code == "straggler"]
+    assert a.evidence["verdict"] == "frozen" and "no heartbeat" in a.message
+
+
+def test_slower_than_its_own_history_and_not_before_half_the_peers_are_done():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    for i in range(4):
+        st.apply(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, ts=T0))
+        phase(st, f"rollout/{i}", "generate", T0 + 1, 1)
+    phase(st, "rollout/0", "idle", T0 + 1.5, 1)  # one of four done: too few to judge the others
+    assert named(st, T0 + 20) == []
+    phase(st, "rollout/1", "idle", T0 + 1.6, 1)  # two of the three peers done: the rest are late
+    assert sorted(t[1][0] for t in named(st, T0 + 20, "straggler")) == ["rollout/2", "rollout/3"]
+
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    for step in range(1, 5):
+        phase(st, "student/0", "train", T0 + step, step)
+        phase(st, "student/0", "idle", T0 + step + 0.3, step)
+    phase(st, "student/0", "train", T0 + 10, 5)
+    assert named(st, T0 + 14.9) == []
+    assert named(st, T0 + 15.1) == [("slower_than_usual", ["student/0"], "warn")]
+
+
+def test_a_healthy_sync_names_nobody_and_a_live_alert_is_resent_on_a_log_scale():
+    st = running_sync()
+    phase(st, "rollout/1", "idle", T0 + 0.05, 3)
+    for src in ("driver", "student/0"):
+        phase(st, src, "idle", T0 + 0.06, 3)
+    assert named(st, T0 + 30) == []
+
+    st = running_sync()
+    sent = []
+    for t in range(5, 60):
+        for a in alerts.diff(st, alerts.evaluate(st, T0 + t, 10.0)):
+            st.apply(a)
+            sent.append(t)
+    assert 6 <= len(sent) <= 12  # named, critical, then as the time grows by half, not every second

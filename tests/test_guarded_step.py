@@ -1,0 +1,105 @@
+"""Runs that last days: a skipped non-finite step, the stop after several, checkpoints that fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import wait_until
+from gkd_core.state import RunState
+from gkd_core.diagnosis import rules
+from gkd_core.supervisor import alerts
+from gkd_core.telemetry import events as ev
+from gkd_core.trainer import checkpoints
+
+TRAINER = "gkd_core.trainer.driver"
+
+
+def _ckpt(root, step, complete=True, size=10):
+    d = root / f"step_{step:06d}"
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"x" * size)
+    if complete:
+        (d / "COMPLETE").write_text("")
+    return d
+
+
+def test_prune_keeps_the_newest_complete_and_deletes_torn_older_ones(tmp_path):
+    for s in (2, 4, 6, 8):
+        _ckpt(tmp_path, s)
+    _ckpt(tmp_path, 5, complete=False)  # torn, older than the newest complete: goes
+    _ckpt(tmp_path, 10, complete=False)  # torn, newer: may be the save under way, stays
+    gone = checkpoints.prune(tmp_path, keep=2)
+    assert sorted(p.name for p in gone) == ["step_000002", "step_000004", "step_000005"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000006", "step_000008", "step_000010"]
+    assert checkpoints.latest(tmp_path).name == "step_000008"  # never the torn one
+    assert checkpoints.prune(tmp_path, keep=0) == []  # 0 keeps all
+
+
+def test_fits_compares_the_free_space_with_the_last_checkpoint(tmp_path):
+    assert checkpoints.fits(tmp_path, 1000, checkpoints.FakeFreeSpace(1300)) == (True, 1300)
+    assert checkpoints.fits(tmp_path, 1000, checkpoints.FakeFreeSpace(1100)) == (False, 1100)
+    free = checkpoints.DiskFreeSpace().free_bytes(tmp_path)
+    assert free > 0 and checkpoints.fits(tmp_path, 0, checkpoints.DiskFreeSpace())[0]
+
+
+def test_a_skipped_step_raises_an_alert_with_seed_004s_fixes():
+    st = RunState()
+    for step in (1, 2, 3):
+        st.apply(ev.MetricsEvent(step=step, loss=0.5, skipped=step == 2, bad_steps=int(step >= 2), ts=float(step)))
+    (a,) = [a for a in alerts.evaluate(st, 10.0, 10.0) if a.code == "bad_step"]
+    assert "step 2 skipped" in a.message and a.targets == ["student/0"]
+    assert "actor.lr" in a.hint and "max_grad_norm" in a.hint and "bfloat16" in a.hint
+    st.apply(ev.MetricsEvent(step=2 + rules.BAD_STEP_SHOWN, loss=0.4, ts=99.0))
+    assert not [a for a in alerts.evaluate(st, 100.0, 10.0) if a.code == "bad_step"]
+
+
+@pytest.mark.slow
+def test_a_nan_gradient_is_skipped_a_full_disk_skips_a_save_and_a_restart_loads_the_newest(start_supervisor):
+    from safetensors.torch import load_file
+    import torch
+
+    sup = start_supervisor("trainer.total_steps=6", "trainer.checkpoint_every=2",
+                           "faults=[{kind: nan_grad, step: 3}, {kind: disk_full, step: 4}]", "--linger", "120",
+                           driver=TRAINER)
+    wait_until(lambda: [e for e in sup.events() if e["kind"] == "run" and e["state"] == "finished"], 240,
+               "the run to finish")
+    events = sup.events()
+    metrics = {e["step"]: e for e in events if e["kind"] == "metrics"}
+    assert sorted(metrics) == [1, 2, 3, 4, 5, 6]
+    assert metrics[3]["skipped"] and metrics[3]["bad_steps"] == 1 and not metrics[4]["skipped"]
+    assert all(isinstance(metrics[s]["grad_norm"], float) for s in (1, 2, 4, 5, 6))
+    # step 3's weights never reached the rollouts: no sync for step 3, every sync's fingerprint equal
+    syncs = [e for e in events if e["kind"] == "sync" and e["state"] == "done"]
+    assert 3 not in {e["step"] for e in syncs} and all(e["fingerprint_ok"] for e in syncs)
+    bad = [e for e in events if e["kind"] == "alert" and e["code"] == "bad_step"]
+    assert bad and "step 3" in bad[0]["message"] and "actor.lr" in bad[0]["hint"]
+    low = [e for e in events if e["kind"] == "alert" and e["code"] == "disk_low" and not e.get("cleared")]
+    assert low and "step 4 not saved" in low[0]["message"]
+    assert sorted(p.name for p in (sup.run / "checkpoints").iterdir()) == ["step_000002", "step_000006"]
+    state = load_file(str(sup.run / "checkpoints" / "step_000006" / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in state.values())
+
+    # a torn save newer than the newest complete one is never loaded
+    (sup.run / "checkpoints" / "step_000007").mkdir()
+    with sup.client(timeout_s=5) as c:
+        c.request("restart", {"overrides": ["trainer.total_steps=8"]})
+    wait_until(lambda: len([e for e in sup.events() if e["kind"] == "run" and e["state"] == "finished"]) == 2, 240,
+               "the restarted run to finish")
+    events = sup.events()
+    assert any(e["kind"] == "log" and "resumed from checkpoints/step_000006" in e["message"] for e in events)
+    assert max(e["step"] for e in events if e["kind"] == "metrics") == 8
+
+
+@pytest.mark.slow
+def test_three_bad_steps_in_a_row_stop_the_run_naming_the_last_good_checkpoint(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=8", "trainer.checkpoint_every=2",
+                           "faults=[{kind: nan_grad, step: 3, repeat: 3}]", driver=TRAINER)
+    assert sup.wait_exit(240) == 3
+    events = sup.events()
+    skipped = [e["step"] for e in events if e["kind"] == "metrics" and e["skipped"]]
+    assert skipped == [3, 4, 5]
+    failed = [e for e in events if e["kind"] == "run" and e["state"] == "failed"]
+    text = json.dumps(failed[-1]["log_tail"])
+    assert "3 steps in a row" in text and "checkpoints/step_000002" in text and "gkd-tui restart" in text
