@@ -1,4 +1,5 @@
-"""An ordinary Ray job with no gkd imports, whose rollout worker never finishes its weight sync.
+"""An ordinary Ray job with no gkd imports: of its two rollout workers, one never finishes its weight
+sync while the other returns from it at once.
 
     python examples/stuck_ray_job.py &        # the job
     gkd-tui attach --ray-address auto         # what gkd-tui sees of it, through the Ray state API
@@ -16,8 +17,9 @@ class RolloutWorker:
     def generate(self, n: int) -> list[int]:
         return list(range(n))
 
-    def sync_rollout_weights(self, step: int) -> bool:
-        time.sleep(3600)  # the broadcast whose peer is gone
+    def sync_rollout_weights(self, step: int, hang: bool = False) -> bool:
+        if hang:
+            time.sleep(3600)  # the broadcast whose peer is gone
         return True
 
 
@@ -36,5 +38,5 @@ if __name__ == "__main__":
         ray.get([w.generate.remote(8) for w in workers], timeout=60)
         ray.get(trainer.train_step.remote(step), timeout=60)
     print("step 3: syncing weights", flush=True)
-    refs = [workers[0].sync_rollout_weights.remote(3)]
+    refs = [w.sync_rollout_weights.remote(3, hang=i == 1) for i, w in enumerate(workers)]
     ray.get(refs)  # waits forever: the seeds' hang

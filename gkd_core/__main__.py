@@ -59,7 +59,9 @@ def summary(state) -> str:
     ms = [m for m in state.metrics if m.agreement is not None]
     if not ms:
         return ""
-    first, last = ms[0], ms[-1]
+    first, last = state.first_metrics or ms[0], ms[-1]
+    if first.agreement is None:
+        first = ms[0]
     out = f"; step {last.step}/{state.total_steps or '?'}, agreement {100 * first.agreement:.1f}% -> " \
           f"{100 * last.agreement:.1f}%"
     if first.kl is not None and last.kl is not None:

@@ -80,6 +80,8 @@ class TrainerConfig(_Section):
     keep_checkpoints: int = 3  # the newest N complete checkpoints are kept (verl's max_actor_ckpt_to_keep); 0: all
     max_bad_steps: int = 3  # this many steps in a row with a non-finite loss or gradient stop the run
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # environment of the driver and every worker (Ray's runtime_env), e.g. NCCL_DEBUG: INFO
+    env: dict[str, str] = {}
 
 
 class TelemetryConfig(_Section):
@@ -103,7 +105,7 @@ class AgentConfig(_Section):
 class FaultConfig(_Section):
     kind: Literal[
         "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml",
-        "nan_grad", "disk_full",
+        "nan_grad", "disk_full", "oom",
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
@@ -319,13 +321,31 @@ def shrink(cfg: Config) -> tuple[Config, list[tuple[str, Any, Any]]]:
     return msgspec.convert(tree, Config), changes
 
 
+def _section_paths(cls: type = Config, prefix: str = "") -> set[str]:
+    out = set()
+    for f in msgspec.structs.fields(cls):
+        if isinstance(f.type, type) and issubclass(f.type, msgspec.Struct):
+            out.add(prefix + f.name)
+            out |= _section_paths(f.type, prefix + f.name + ".")
+    return out
+
+
 def diff(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
-    """Flat (key, old, new) differences between two configs, in schema order."""
+    """Flat (key, old, new) differences between two configs, in schema order; a mapping such as
+    ``trainer.env`` by its entries."""
     a, b = msgspec.to_builtins(old), msgspec.to_builtins(new)
+    sections = _section_paths()
     out = []
     for path in _valid_paths():
+        if path in sections:
+            continue
         parts = path.split(".")
         va, vb = _get_path(a, parts), _get_path(b, parts)
-        if va != vb and not isinstance(va, dict):
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out.extend((f"{path}.{k}", va.get(k), vb.get(k)) for k in sorted(set(va) | set(vb))
+                       if va.get(k) != vb.get(k))
+        else:
             out.append((path, va, vb))
     return out

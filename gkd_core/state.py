@@ -9,6 +9,7 @@ take ``now`` as an argument and are never stored.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -21,6 +22,9 @@ TEACHER_HISTORY_KEEP = 120
 STACK_TEXT_KEEP = 64 * 1024
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
 TERMINAL_PHASES = ("finished", "failed", "cancelled", "exited")
+# what an out-of-memory error says: CUDA's, torch's, the kernel's OOM killer, Ray's memory monitor
+OOM = re.compile(r"out of memory|OutOfMemoryError|\bOOM\b|Killed process|running low on memory|"
+                 r"Failed to allocate memory for KV cache", re.IGNORECASE)
 SPANS_KEEP = 16  # finished phases remembered per worker: its peers' times and its own history
 CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress
 
@@ -197,12 +201,15 @@ class RunState(msgspec.Struct, kw_only=True):
     probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
     gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
     alerts: dict[str, AlertState] = {}
-    metrics: list[MetricsPoint] = []
+    metrics: list[MetricsPoint] = []  # the newest METRICS_KEEP
+    first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
     bad_steps: list[int] = []  # steps skipped for a non-finite loss or gradient, the newest last
     actions: list[dict[str, Any]] = []  # the last few control actions, newest last
     stacks: dict[str, StackRecord] = {}  # target -> its newest stack
     stacks_prev: dict[str, StackRecord] = {}  # target -> the one before: is it stuck in the same place?
     logs: list[str] = []  # the last few `log` events
+    # out-of-memory lines of this incarnation of the driver: (ts, src, line); a new driver starts afresh
+    oom: list[tuple[float, str, str]] = []
 
     # --- the reducer -------------------------------------------------------------------
 
@@ -243,6 +250,11 @@ class RunState(msgspec.Struct, kw_only=True):
         self.exit_code = e.exit_code
         self.reason = e.reason
         self.log_tail = list(e.log_tail)
+        if e.state == "running":
+            self.oom = []
+        for line in e.log_tail:
+            if OOM.search(line):
+                self._note_oom(e.ts, "driver", line)
         if e.state in ("restarting", "starting", "finished", "failed", "stopped"):
             # the driver's workers are gone with it; a new driver registers its own
             for w in self.workers.values():
@@ -353,6 +365,8 @@ class RunState(msgspec.Struct, kw_only=True):
         if e.skipped:
             self.bad_steps.append(e.step)
             del self.bad_steps[:-METRICS_KEEP]
+        if self.first_metrics is None:
+            self.first_metrics = self.metrics[-1]
         if len(self.metrics) > METRICS_KEEP:
             del self.metrics[0]
         if self.step is None or e.step > self.step:
@@ -387,6 +401,12 @@ class RunState(msgspec.Struct, kw_only=True):
         self.logs.append(f"{e.src} {e.level}: {e.message}"[:500])
         if len(self.logs) > 50:
             del self.logs[0]
+        if e.level in ("warn", "error") and OOM.search(e.message):
+            self._note_oom(e.ts, e.src, e.message)
+
+    def _note_oom(self, ts: float, src: str, line: str) -> None:
+        self.oom.append((ts, src, line[:500]))
+        del self.oom[:-8]
 
     def _on_action(self, e: ev.ActionEvent) -> None:
         self.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result})

@@ -214,7 +214,8 @@ class GkdApp(App):
             self.call_from_thread(self.notify, f"restart: {e}", severity="error", timeout=6)
             return
         changes = dry.get("changes") or []
-        diff = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in changes) or "  (nothing to shrink)"
+        diff = "\n".join(f"  {key}: {old!r} -> {new!r}" + (f"\n      ← {why[0]}" if why and why[0] else "")
+                         for key, old, new, *why in changes) or "  (nothing to shrink)"
         body = (f"Restart {dry.get('restart')} from the latest checkpoint with a smaller config:\n{diff}\n\n"
                 "The new config is written to RUN/restarts/ before the driver starts again.")
         self.call_from_thread(self.push_screen, ConfirmScreen("Restart smaller?", body,

@@ -76,8 +76,8 @@ def _act(a: argparse.Namespace, op: str, args: dict, timeout_s: float = 5.0) -> 
 def _describe(op: str, result) -> str:
     if op == "restart" and isinstance(result, dict):
         lines = [f"restart {result.get('restart')}: {result.get('config', '(dry run)')}"]
-        for key, old, new in result.get("changes", []):
-            lines.append(f"  {key}: {old!r} -> {new!r}")
+        for key, old, new, *why in result.get("changes", []):
+            lines.append(f"  {key}: {old!r} -> {new!r}" + (f"    ({why[0]})" if why and why[0] else ""))
         if not result.get("changes"):
             lines.append("  (same config)")
         return "\n".join(lines)
@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("restart", help="restart the driver from the latest checkpoint")
     s.add_argument("run", nargs="?")
-    s.add_argument("--smaller", action="store_true", help="apply the config's shrink rules first")
+    s.add_argument("--smaller", action="store_true", help="the changes the active diagnosis calls for (out of memory: the memory ladder; a straggler: one rollout worker fewer), else the config's shrink rules")
     s.add_argument("--dry-run", action="store_true", help="show the config changes only")
     s.add_argument("-o", "--override", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--json", action="store_true")

@@ -134,3 +134,46 @@ def test_a_healthy_sync_names_nobody_and_a_live_alert_is_resent_on_a_log_scale()
             st.apply(a)
             sent.append(t)
     assert 6 <= len(sent) <= 12  # named, critical, then as the time grows by half, not every second
+
+
+def _with_alerts(st, now):
+    for a in alerts.diff(st, alerts.evaluate(st, now, 10.0)):
+        st.apply(a)
+    return st
+
+
+def test_out_of_memory_names_the_worker_and_the_plan_is_seed_004s_ladder():
+    from gkd_core.config import load_config
+    from gkd_core.diagnosis.plan import apply, restart_plan
+
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    st.apply(ev.LogEvent(src="driver", level="error", ts=T0 + 1, message=(
+        "rollout/1 (pid 4121 on node-a, GPU 3) failed in generate: OutOfMemoryError: CUDA out of memory. "
+        "Tried to allocate 20.00 GiB")))
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 2) if a.code == "out_of_memory"]
+    assert a.targets == ["rollout/1"] and "in generate" in a.message and "micro_batch_size" in a.hint
+    cfg = load_config(None)
+    plan = restart_plan(_with_alerts(st, T0 + 2), cfg)
+    assert [(c.key, c.old, c.new) for c in plan] == [("actor.micro_batch_size", 16, 8),
+                                                      ("rollout.max_new_tokens", 16, 8)]
+    assert all("out of memory on rollout/1" in c.because and "seed 004" in c.because for c in plan)
+    assert apply(cfg, plan).actor.micro_batch_size == 8
+    st.apply(ev.RunEvent(state="running", ts=T0 + 60))  # a new driver: the old OOM is history
+    assert not [a for a in diagnosis.diagnose(st, T0 + 61) if a.code == "out_of_memory"]
+
+
+def test_after_a_sync_straggler_the_plan_drops_that_worker_and_on_gpus_sets_nccl():
+    from gkd_core.config import load_config
+    from gkd_core.diagnosis.plan import apply, restart_plan
+
+    cfg = load_config(None)
+    st = _with_alerts(running_sync(), T0 + 6)
+    (c,) = restart_plan(st, cfg)
+    assert (c.key, c.old, c.new) == ("rollout.n_workers", 2, 1) and c.because.startswith("straggler rollout/1")
+    st.apply(ev.GpuEvent(src="agent/node-a", node="node-a", index=0, util=0.0, ts=T0 + 6))
+    keys = {c.key: c for c in restart_plan(st, cfg)}
+    assert keys["trainer.env.NCCL_DEBUG"].new == "INFO" and "seeds 000/001" in keys["trainer.env.NCCL_DEBUG"].because
+    assert apply(cfg, list(keys.values())).trainer.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    generic = restart_plan(RunState(), cfg)  # nothing diagnosed: the config's shrink rules
+    assert generic and all(c.because.startswith("nothing diagnosed") for c in generic)

@@ -53,8 +53,8 @@ def test_plain_attach_shows_the_actor_the_stuck_method_and_its_elapsed_time(stuc
     time.sleep(2.0)
     out = cli("attach", "--ray-address", "auto", "--plain")
     assert out.returncode == 0, out.stdout + out.stderr
-    row = next(line for line in out.stdout.splitlines() if "sync_rollout_weights" in line)
-    assert row.startswith("RolloutWorker/")
+    row = next(line for line in out.stdout.splitlines()
+               if "sync_rollout_weights" in line and line.startswith("RolloutWorker/"))
     elapsed = row.split("sync_rollout_weights")[1].split()[0]
     assert elapsed.endswith("s") and float(elapsed.rstrip("s").split("m")[-1]) >= 1.0, row
 
@@ -104,3 +104,21 @@ def test_without_the_token_it_says_what_is_missing(stuck_job):
     out = cli("attach", "--ray-address", "auto", "--plain", env=env)
     assert out.returncode == 3
     assert "token authentication" in out.stdout and "ray get-auth-token" in out.stdout
+
+
+def test_plain_attach_names_the_member_its_peers_left_behind(stuck_job):
+    """Both workers were called; RolloutWorker/0 returned at once, RolloutWorker/1 never does: it, and
+    only it, is the straggler, grouped by class and call (no gkd naming), within 30 s of the hang."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = cli("attach", "--ray-address", "auto", "--plain")
+        assert out.returncode == 0, out.stdout + out.stderr
+        named = [line for line in out.stdout.splitlines() if " still in sync_rollout_weights" in line]
+        if named or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    assert named, out.stdout
+    assert all(line.split()[1] == "RolloutWorker/1" for line in named), named
+    assert "its peer finished in" in named[0]
+    alerts = [line for line in out.stdout.splitlines() if line.startswith(("WARN", "CRITICAL"))]
+    assert not [line for line in alerts if "RolloutWorker/0" in line or "Trainer" in line], alerts

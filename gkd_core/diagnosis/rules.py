@@ -7,11 +7,12 @@ flow chart, the Ray self-play guide, LightRFT's troubleshooting guide).
 
 from __future__ import annotations
 
+import re
 from typing import Callable, NamedTuple
 
 from gkd_core.diagnosis.stragglers import Late, late_workers
 from gkd_core.diagnosis.verdict import verdict
-from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.state import OOM, TERMINAL_PHASES, RunState
 from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
 
@@ -171,6 +172,28 @@ def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     )]
 
 
+MEMORY_LADDER = ("seed 004's memory ladder, in order: halve actor.micro_batch_size; gradient checkpointing; "
+                 "rollout.gpu_memory_utilization 0.5 (0.4 on small GPUs); shorter sequences "
+                 "(rollout.max_new_tokens); restart smaller (r) applies them in that order")
+FAILED_WORKER = re.compile(r"^(\S+/\S+) \(.*?\) failed in (\S+)")
+
+
+def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """An out-of-memory error in a worker's log or in Ray's death cause of its actor (seed 004)."""
+    hits = list(state.oom) + [(w.last_seen, w.src, w.ray_death_cause) for w in state.workers.values()
+                              if w.ray_death_cause and OOM.search(w.ray_death_cause)]
+    if not hits:
+        return []
+    ts, src, line = max(hits)
+    m = FAILED_WORKER.search(line.removeprefix("gkd driver: "))
+    target, where = (m.group(1), f" in {m.group(2)}") if m else (src, "")
+    return [AlertEvent(
+        severity="critical", code="out_of_memory", targets=[target],
+        message=f"{target} ran out of memory{where}: {line[:220]}",
+        hint=MEMORY_LADDER, evidence={"worker": target, "line": line[:300], "ts": ts},
+    )]
+
+
 def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state != "failed":
         return []
@@ -192,10 +215,12 @@ def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEven
 
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, actor_dead, gpu_probe_hung, bad_step, driver_failed, events_dropped,
+    heartbeat_stale, stragglers, sync, actor_dead, gpu_probe_hung, bad_step, out_of_memory, driver_failed,
+    events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
-         "fingerprint_mismatch", "actor_dead", "gpu_probe_hung", "bad_step", "driver_failed", "events_dropped")
+         "fingerprint_mismatch", "actor_dead", "gpu_probe_hung", "bad_step", "out_of_memory", "driver_failed",
+         "events_dropped")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
 LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual")

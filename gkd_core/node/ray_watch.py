@@ -21,16 +21,19 @@ TIMEOUT_S = 3.0
 LIMIT = 10_000  # the state API's own ceiling
 
 
-def poll(address: str | None = None, timeout_s: float = TIMEOUT_S):
-    """(nodes, actors, running tasks) from the state API, each call under ``timeout_s``.
+def poll(address: str | None = None, timeout_s: float = TIMEOUT_S, finished: bool = False):
+    """(nodes, actors, running tasks) from the state API, each call under ``timeout_s``; with
+    ``finished``, the finished tasks too (their start and end: the peers' times of a straggler).
     Raises what the state API raises (unreachable, refused)."""
     from ray.util import state as ray_state
 
     kw = {"address": address, "timeout": timeout_s, "limit": LIMIT, "raise_on_missing_output": False}
-    nodes = ray_state.list_nodes(**kw)
+    nodes = ray_state.list_nodes(detail=True, **kw)
     actors = ray_state.list_actors(detail=True, **kw)
     # detail gives the start times; the filter keeps it to the tasks running now
     tasks = ray_state.list_tasks(filters=[("state", "=", "RUNNING")], detail=True, **kw)
+    if finished:
+        tasks = tasks + ray_state.list_tasks(filters=[("state", "=", "FINISHED")], detail=True, **kw)
     return nodes, actors, tasks
 
 

@@ -58,6 +58,16 @@ def process_state(pid: int) -> str | None:
     return stat.rpartition(")")[2].split()[0]  # the command name may hold spaces and parentheses
 
 
+def cpu_seconds(pid: int) -> tuple[str, float] | None:
+    """(state letter, user + system CPU seconds) of a process from /proc, or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def faulthandler_file(folder: Path, pid: int) -> Path:
     return folder / f"faulthandler-{pid}.txt"
 

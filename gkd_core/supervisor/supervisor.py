@@ -23,6 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from gkd_core import config as config_mod
 from gkd_core import rundir
+from gkd_core.diagnosis import plan
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
@@ -274,17 +275,19 @@ class Supervisor:
         if self._pending_config is not None:
             raise Refused("a restart is already under way")
         new = self.cfg
-        changes: list[tuple[str, Any, Any]] = []
-        if args.get("shrink"):
-            new, changes = config_mod.shrink(new)
+        because: dict[str, str] = {}
+        if args.get("shrink"):  # the plan follows the active findings; nothing diagnosed: the shrink rules
+            steps = plan.restart_plan(self.state, new)
+            new = plan.apply(new, steps)
+            because = {c.key: c.because for c in steps}
         overrides = args.get("overrides") or []
         if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
             raise Refused("restart: 'overrides' must be a list of key=value strings")
         if overrides:
             new = config_mod.apply_overrides(new, overrides, source="restart overrides")
-        changes = config_mod.diff(self.cfg, new)
-        result = {"restart": self.restarts + 1, "changes": [list(c) for c in changes],
-                  "digest": config_mod.digest(new)}
+            because.update({config_mod.parse_override(o)[0]: "asked for" for o in overrides})
+        changes = [[k, old, v, because.get(k, "")] for k, old, v in config_mod.diff(self.cfg, new)]
+        result = {"restart": self.restarts + 1, "changes": changes, "digest": config_mod.digest(new)}
         if args.get("dry_run"):
             return result
         path = self.run_dir / "restarts" / f"{self.restarts + 1:03d}.yaml"

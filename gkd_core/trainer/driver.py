@@ -218,7 +218,7 @@ class Driver:
             # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
             # token-protected): about a second more at start, so only when the watcher is on
             ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
-                     runtime_env={"env_vars": {k: os.environ[k] for k in QUIET_ENV}})
+                     runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
         with self.rep.phase("init_model", detail="teacher"):
             teacher_path = cfg.teacher.path or str(models.prepare_teacher(gkd_home(), log=self.rep.log))
         self.teacher_path = teacher_path
@@ -625,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     except config_mod.ConfigError as e:
         print(f"gkd driver: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    os.environ.update(cfg.trainer.env)  # the driver's own collectives and Ray's workers alike
     if cfg.rollout.engine == "vllm":
         from gkd_core.trainer.vllm_engine import EngineUnavailable, require_vllm
 

@@ -128,6 +128,11 @@ class WorkerBase:
             self.rep.log(f"fault injected: {self.src} exits during {where} at step {step}", level="warn")
             self.rep.close(0.5)
             os._exit(1)
+        f = self._fault("oom", step)
+        if f:  # what torch raises when an allocation does not fit, as a real OOM would
+            self.rep.log(f"fault injected: an allocation too large in {where} at step {step}", level="warn")
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected in "
+                                         f"{self.src}'s {where} at step {step})")
         f = self._fault("hold_gil", step)
         if f:
             self.rep.log(f"fault injected: holding the GIL for {f['seconds']:g} s", level="warn")

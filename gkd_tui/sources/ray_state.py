@@ -21,13 +21,17 @@ import threading
 import time
 from pathlib import Path
 
+from gkd_core import diagnosis
 from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, actor_view, poll
-from gkd_core.node.stacks import capture_many
-from gkd_core.state import RunState
+from gkd_core.node.stacks import capture_many, cpu_seconds
+from gkd_core.state import SPANS_KEEP, RunState
+from gkd_core.supervisor.alerts import diff
 from gkd_core.telemetry import events as ev
 
 POLL_S = 2.0
 TERMINAL = {"DEAD": "exited"}
+HISTORY_S = 120.0  # finished calls this recent are taken in at the first poll: the peers' times
+AUTO_STACK_AGAIN_S = 3.0
 
 
 def token_available() -> bool:
@@ -95,6 +99,10 @@ class RayStateSource:
         self.names: dict[str, str] = {}  # actor id -> the worker name shown
         self.node_ip: dict[str, str] = {}  # node id -> ip
         self._shown: dict[str, tuple] = {}  # worker -> (phase, task id) last applied
+        self._done: dict[str, float] = {}  # finished task id -> its end, taken in already
+        self._since = time.time() - HISTORY_S
+        self._cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) at the last poll
+        self._auto: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, phase start) -> (stacks, next)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gkd-ray-state", daemon=True)
 
@@ -130,7 +138,7 @@ class RayStateSource:
 
     def poll_once(self) -> None:
         try:
-            nodes, actors, tasks = poll(self.address, TIMEOUT_S)
+            nodes, actors, tasks = poll(self.address, TIMEOUT_S, finished=True)
         except Exception as e:
             what, hint = explain(e, self.address)
             self.error = what
@@ -142,12 +150,58 @@ class RayStateSource:
         self.polls += 1
         self.truncated = len(actors) >= LIMIT or len(tasks) >= LIMIT
         self._apply(self.to_events(nodes, actors, tasks))
+        self._apply(self.cpu_samples())
+        self.diagnose()
+
+    def diagnose(self) -> None:
+        """The same rules as a gkd run's supervisor, on what Ray says; a worker named late gets two
+        stacks a few seconds apart (py-spy, on this machine) so the alert can say stuck or busy."""
+        with self.lock:
+            self._apply_locked(diff(self.state, diagnosis.diagnose(self.state, time.time())))
+            named = {t for a in self.state.alerts.values() if a.code in ("straggler", "slower_than_usual")
+                     for t in a.targets}
+            phase_since = {t: self.state.workers[t].phase_since for t in named if t in self.state.workers}
+        mono, live, due_now = time.monotonic(), {}, []
+        for t, since in phase_since.items():
+            n, due = self._auto.get((t, since), (0, mono))
+            if n < 2 and mono >= due:
+                due_now.append(t)
+                n, due = n + 1, mono + AUTO_STACK_AGAIN_S
+            live[(t, since)] = (n, due)
+        self._auto = live
+        if due_now:
+            self.capture_stacks(due_now, f"auto-{self.polls}")
+            with self.lock:
+                self._apply_locked(diff(self.state, diagnosis.diagnose(self.state, time.time())))
+
+    def cpu_samples(self) -> list[ev.Event]:
+        """A heartbeat per local actor from /proc: its CPU share since the last poll. A stopped
+        process (state T) sends none, so it reads as frozen, as a gkd worker's silent Reporter does."""
+        now, out = time.time(), []
+        with self.lock:
+            local = {s: w.pid for s, w in self.state.workers.items()
+                     if w.pid and w.phase != "exited" and is_local(w.node)}
+        for src, pid in local.items():
+            got = cpu_seconds(pid)
+            if got is None or got[0] in "TtZ":
+                continue
+            last = self._cpu.get(src)
+            self._cpu[src] = (now, got[1])
+            if last is not None and now > last[0]:
+                cpu = round(100.0 * (got[1] - last[1]) / (now - last[0]), 1)
+                out.append(ev.HeartbeatEvent(src=src, cpu=cpu, ts=now))
+        return out
 
     def to_events(self, nodes, actors, tasks) -> list[ev.Event]:
         now = time.time()
         out: list[ev.Event] = []
         self.node_ip.update({n.node_id: n.node_ip for n in nodes})
-        running = {t.actor_id: t for t in tasks if t.actor_id}
+        running = {t.actor_id: t for t in tasks if t.actor_id and getattr(t, "state", "RUNNING") == "RUNNING"}
+        finished: dict[str, list] = {}
+        for t in tasks:
+            if (t.actor_id and getattr(t, "state", "") == "FINISHED" and t.task_id not in self._done
+                    and t.start_time_ms and t.end_time_ms and t.end_time_ms / 1000 > self._since):
+                finished.setdefault(t.actor_id, []).append(t)
         counts: dict[str, int] = {}
         for a in sorted(actors, key=lambda a: (a.class_name, a.actor_id)):
             name = self.names.get(a.actor_id)
@@ -160,6 +214,7 @@ class RayStateSource:
             if name not in self._shown:
                 out.append(ev.WorkerEvent(src=name, role=a.class_name, node=node, pid=a.pid or 0,
                                           actor_id=a.actor_id, ts=now))
+            out.extend(self._finished_calls(name, finished.get(a.actor_id, [])))
             state, method, started, cause = actor_view(a, running.get(a.actor_id))
             task_id = running[a.actor_id].task_id if method else ""
             if a.state in TERMINAL:
@@ -178,15 +233,33 @@ class RayStateSource:
             out.append(ev.RayEvent(target=name, actor_id=a.actor_id, state=state, task=method, task_started=started,
                                    death_cause=cause, ts=now))
             self._shown[name] = shown
+        self._done = {k: end for k, end in self._done.items() if end > now - 2 * HISTORY_S}
+        return out
+
+    def _finished_calls(self, name: str, tasks: list) -> list[ev.Event]:
+        """The calls of one actor that ended since the last poll, as phases with their real start and
+        end (a call that began and ended between two polls is a span too): its peers' times."""
+        out: list[ev.Event] = []
+        for t in sorted(tasks, key=lambda t: t.start_time_ms)[-SPANS_KEEP:]:
+            start, end = t.start_time_ms / 1000, t.end_time_ms / 1000
+            self._done[t.task_id] = end
+            if self._shown.get(name, ("", ""))[1] != t.task_id:  # not seen running: its start first
+                out.append(ev.PhaseEvent(src=name, phase=t.name.rpartition(".")[2] or t.name, started=start,
+                                         ts=start, detail=f"task {t.task_id[:16]}"))
+            out.append(ev.PhaseEvent(src=name, phase="idle", started=end, ts=end))
+            self._shown[name] = ("idle", "")
         return out
 
     def _apply(self, events: list[ev.Event]) -> None:
-        now = time.time()
         with self.lock:
-            for e in events:
-                e.run = e.run or f"ray:{self.address}"
-                e.ts = e.ts or now
-                self.state.apply(e)
+            self._apply_locked(events)
+
+    def _apply_locked(self, events: list[ev.Event]) -> None:
+        now = time.time()
+        for e in events:
+            e.run = e.run or f"ray:{self.address}"
+            e.ts = e.ts or now
+            self.state.apply(e)
 
     # --- stacks -------------------------------------------------------------------------
 

@@ -1,0 +1,98 @@
+"""A restart plan that follows the cause: config changes driven by the active findings, each saying
+which finding it comes from.
+
+- out of memory: seed 004's memory ladder, in order (the first rungs that still change something);
+- a straggler, a dead or a frozen rollout worker: one rollout worker fewer (the ones left are
+  healthy), and on GPUs with a hung sync or group join the NCCL settings of seeds 000/001;
+- nothing diagnosed: the config's own generic shrink rules.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from gkd_core import config as config_mod
+from gkd_core.state import AlertState, RunState
+
+# seed 004's ladder as this trainer's keys: (key, factor, floor); gradient checkpointing and the
+# offloads of the ladder have no key in the bundled trainer yet
+LADDER = (("actor.micro_batch_size", 0.5, 1), ("rollout.gpu_memory_utilization", None, 0.5),
+          ("rollout.max_new_tokens", 0.5, 8), ("data.batch_size", 0.5, 4))
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_IB_DISABLE": "1"}
+LATE = ("straggler", "slower_than_usual", "actor_dead", "heartbeat_stale", "sync_timed_out")
+
+
+class Change(NamedTuple):
+    key: str
+    old: Any
+    new: Any
+    because: str  # the finding it follows from
+
+
+def _get(cfg: config_mod.Config, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _rung(cfg: config_mod.Config, key: str, factor: float | None, floor: float) -> Any:
+    old = _get(cfg, key)
+    new = floor if factor is None else old * factor
+    new = max(floor, int(new)) if isinstance(old, int) else round(max(floor, new), 4)
+    return new if new < old else None
+
+
+def _memory(cfg: config_mod.Config, finding: AlertState) -> list[Change]:
+    because = f"out of memory on {', '.join(finding.targets) or 'a worker'} (seed 004's ladder"
+    out = []
+    for i, (key, factor, floor) in enumerate(LADDER, 1):
+        new = _rung(cfg, key, factor, floor)
+        if new is not None:
+            out.append(Change(key, _get(cfg, key), new, f"{because}, rung {i})"))
+        if len(out) == 2:  # two rungs at a time: each restart one step further down, not all at once
+            break
+    return out
+
+
+def _late(cfg: config_mod.Config, state: RunState, findings: list[AlertState]) -> list[Change]:
+    rollouts = sorted({t for a in findings for t in a.targets if t.startswith("rollout/")})
+    out = []
+    if rollouts and cfg.rollout.n_workers > 1:
+        a = next(a for a in findings if set(a.targets) & set(rollouts))
+        nodes = {state.workers[t].node for t in rollouts if t in state.workers}
+        others = {w.node for w in state.workers.values() if w.role == "rollout" and w.src not in rollouts}
+        place = (f" on {', '.join(sorted(nodes))}" if nodes - others and others else "")
+        new = max(1, cfg.rollout.n_workers - len(rollouts))
+        out.append(Change("rollout.n_workers", cfg.rollout.n_workers, new,
+                          f"{a.code} {', '.join(rollouts)}{place}: run without it, one rollout worker fewer"
+                          + (f" (or without node {', '.join(sorted(nodes))})" if place else "")))
+    on_gpu = cfg.trainer.device == "cuda" or bool(state.gpus)
+    sync = [a for a in findings if a.evidence.get("phase") in ("sync_weights", "join_group")
+            or a.code == "sync_timed_out"]
+    if sync and on_gpu:
+        for k, v in NCCL_ENV.items():
+            if cfg.trainer.env.get(k) != v:
+                out.append(Change(f"trainer.env.{k}", cfg.trainer.env.get(k), v,
+                                  f"{sync[0].code} in the weight sync (seeds 000/001's NCCL settings)"))
+    return out
+
+
+def restart_plan(state: RunState, cfg: config_mod.Config) -> list[Change]:
+    """The changes a smaller restart makes now, the most severe finding's first."""
+    findings = state.active_alerts()
+    oom = [a for a in findings if a.code == "out_of_memory"]
+    if oom:
+        return _memory(cfg, oom[0])
+    late = [a for a in findings if a.code in LATE]
+    changes = _late(cfg, state, late) if late else []
+    if changes:
+        return changes
+    _, generic = config_mod.shrink(cfg)
+    return [Change(k, old, new, "nothing diagnosed: the config's shrink rules") for k, old, new in generic]
+
+
+def apply(cfg: config_mod.Config, changes: list[Change]) -> config_mod.Config:
+    # JSON is YAML: a string stays a string ("1" for an environment variable), a number a number
+    return config_mod.apply_overrides(cfg, [f"{c.key}={json.dumps(c.new)}" for c in changes], source="restart plan")
