@@ -61,6 +61,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     ray_task: str = ""
     ray_task_since: float | None = None
     ray_death_cause: str = ""
+    ray_required: dict[str, float] = {}  # its resource request, while Ray has not placed it
     phase_step: int | None = None  # the step the current phase began at (its instance, with the phase)
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
@@ -148,6 +149,12 @@ class ProbeHang(msgspec.Struct, kw_only=True):
     detail: str = ""
 
 
+class RayNode(msgspec.Struct, kw_only=True):
+    state: str = ""
+    resources: dict[str, float] = {}
+    ts: float = 0.0
+
+
 class AlertState(msgspec.Struct, kw_only=True):
     code: str
     severity: str
@@ -200,6 +207,7 @@ class RunState(msgspec.Struct, kw_only=True):
     gpus: dict[str, GpuRow] = {}
     probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
     gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
+    ray_nodes: dict[str, RayNode] = {}  # node IP -> its state and resources (Ray's view)
     alerts: dict[str, AlertState] = {}
     metrics: list[MetricsPoint] = []  # the newest METRICS_KEEP
     first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
@@ -385,6 +393,10 @@ class RunState(msgspec.Struct, kw_only=True):
         if w is not None:
             w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause = (
                 e.state, e.task, e.task_started, e.death_cause)
+            w.ray_required = dict(e.required)
+
+    def _on_ray_node(self, e: ev.RayNodeEvent) -> None:
+        self.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
 
     def _on_alert(self, e: ev.AlertEvent) -> None:
         key = alert_key(e.code, e.targets)
@@ -503,6 +515,7 @@ _HANDLERS = {
     ev.LogEvent: RunState._on_log,
     ev.ActionEvent: RunState._on_action,
     ev.RayEvent: RunState._on_ray,
+    ev.RayNodeEvent: RunState._on_ray_node,
 }
 
 _state_decoder = msgspec.json.Decoder(RunState)

@@ -46,7 +46,22 @@ def _fmt(seconds: float) -> str:
 
 
 def _dur(seconds: float) -> str:
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f} ms"
     return f"{seconds:.2f} s" if seconds < 10 else _fmt(seconds)
+
+
+def phase_hint(phase: str) -> str:
+    """The hint of a phase, by name or, for a Ray method, by what its name says it does."""
+    if phase in PHASE_HINTS:
+        return PHASE_HINTS[phase]
+    name = phase.lower()
+    for words, key in ((("sync", "weight"), "sync_weights"), (("broadcast",), "sync_weights"),
+                       (("generate",), "generate"), (("load", "data"), "load_data"), (("init",), "init"),
+                       (("train",), "train")):
+        if all(w in name for w in words):
+            return PHASE_HINTS[key]
+    return "its stack (d) says where it waits; cancel it (c) or restart (r)"
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -86,7 +101,7 @@ def _late_alert(state: RunState, late: Late, now: float) -> AlertEvent:
                + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else ""))
     return AlertEvent(
         severity=late.severity, code=code, message=message, targets=[late.src],
-        hint=PHASE_HINTS.get(late.phase, "its stack (d) says where it waits; cancel it (c) or restart (r)"),
+        hint=phase_hint(late.phase),
         evidence={"phase": late.phase, "step": late.step, "elapsed_s": round(late.elapsed, 1),
                   "threshold_s": round(late.threshold, 2), "baseline_s": round(late.baseline, 3), "by": late.by,
                   "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
@@ -194,6 +209,49 @@ def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     )]
 
 
+PENDING_S = 30.0  # an actor Ray could place but has not, after this long, is worth a word
+
+
+def _res(r: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(r.items())) or "nothing"
+
+
+def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Actors Ray cannot create (seed 003's workers stuck at init): a demand no node can meet, said
+    with the numbers, or a demand that waits for resources others hold."""
+    groups: dict[tuple, list] = {}
+    for w in state.workers.values():
+        if w.ray_state == "PENDING_CREATION":
+            groups.setdefault((w.role, tuple(sorted(w.ray_required.items()))), []).append(w)
+    alive = [n.resources for n in state.ray_nodes.values() if n.state == "ALIVE"]
+    out = []
+    for (role, req), ws in sorted(groups.items()):
+        need = dict(req)
+        waited = now - min(w.phase_since for w in ws)
+        names = [w.src for w in ws]
+        who = f"{len(ws)} {role} actor{'s' if len(ws) > 1 else ''}"
+        lacking = {k: v for k, v in need.items() if alive and v > max(n.get(k, 0.0) for n in alive)}
+        if lacking:
+            best = {k: max(n.get(k, 0.0) for n in alive) for k in lacking}
+            out.append(AlertEvent(
+                severity="critical", code="unschedulable", targets=names,
+                message=f"{who} cannot be scheduled: each asks for {_res(need)}; no node has {_res(lacking)} "
+                        f"(the largest of {len(alive)} node{'s' if len(alive) > 1 else ''} has {_res(best)})"
+                        + (f"; pending {_fmt(waited)}" if waited >= 1 else ""),
+                hint="seed 003, workers stuck at init: lower the request (num_gpus, resources=) or add a node "
+                     "that has it; `ray status` lists the demands Ray cannot meet",
+                evidence={"required": need, "largest": best, "nodes": len(alive), "elapsed_s": round(waited, 1)}))
+        elif waited > PENDING_S:
+            out.append(AlertEvent(
+                severity="warn", code="unschedulable", targets=names,
+                message=f"{who} pending for {_fmt(waited)}: each asks for {_res(need)}, which a node has but "
+                        "others hold",
+                hint="other actors or placement groups hold the resources: `ray status`; fewer workers or "
+                     "smaller requests",
+                evidence={"required": need, "elapsed_s": round(waited, 1)}))
+    return out
+
+
 def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state != "failed":
         return []
@@ -215,12 +273,12 @@ def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEven
 
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, actor_dead, gpu_probe_hung, bad_step, out_of_memory, driver_failed,
-    events_dropped,
+    heartbeat_stale, stragglers, sync, actor_dead, unschedulable, gpu_probe_hung, bad_step, out_of_memory,
+    driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
-         "fingerprint_mismatch", "actor_dead", "gpu_probe_hung", "bad_step", "out_of_memory", "driver_failed",
-         "events_dropped")
+         "fingerprint_mismatch", "actor_dead", "unschedulable", "gpu_probe_hung", "bad_step", "out_of_memory",
+         "driver_failed", "events_dropped")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
-LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual")
+LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable")

@@ -154,6 +154,16 @@ class RayEvent(Event, tag="ray"):
     task: str = ""  # the method Ray is running on it now; "" when none
     task_started: float | None = None
     death_cause: str = ""
+    required: dict[str, float] = {}  # what the actor asks for (CPU, GPU, custom), while Ray cannot place it
+
+
+class RayNodeEvent(Event, tag="ray_node"):
+    """A Ray node and what it has: whether a pending actor's demand can be met anywhere."""
+
+    node: str = ""  # its IP
+    node_id: str = ""
+    state: str = ""  # ALIVE, DEAD
+    resources: dict[str, float] = {}  # resources_total
 
 
 class ActionEvent(Event, tag="action"):
@@ -165,7 +175,7 @@ class ActionEvent(Event, tag="action"):
 
 KNOWN = (
     RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, SyncEvent, TeacherEvent,
-    GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent,
+    GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent, RayNodeEvent,
 )
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
 KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}

@@ -99,6 +99,7 @@ class RayStateSource:
         self.names: dict[str, str] = {}  # actor id -> the worker name shown
         self.node_ip: dict[str, str] = {}  # node id -> ip
         self._shown: dict[str, tuple] = {}  # worker -> (phase, task id) last applied
+        self._nodes: dict[str, tuple] = {}  # node id -> (state, resources) last applied
         self._done: dict[str, float] = {}  # finished task id -> its end, taken in already
         self._since = time.time() - HISTORY_S
         self._cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) at the last poll
@@ -196,6 +197,12 @@ class RayStateSource:
         now = time.time()
         out: list[ev.Event] = []
         self.node_ip.update({n.node_id: n.node_ip for n in nodes})
+        for n in nodes:
+            view = (n.state, tuple(sorted((n.resources_total or {}).items())))
+            if self._nodes.get(n.node_id) != view:
+                self._nodes[n.node_id] = view
+                out.append(ev.RayNodeEvent(node=n.node_ip, node_id=n.node_id, state=n.state,
+                                           resources=dict(n.resources_total or {}), ts=now))
         running = {t.actor_id: t for t in tasks if t.actor_id and getattr(t, "state", "RUNNING") == "RUNNING"}
         finished: dict[str, list] = {}
         for t in tasks:
@@ -231,7 +238,8 @@ class RayStateSource:
             out.append(ev.PhaseEvent(src=name, phase=shown[0], started=started, ts=now,
                                      detail=f"task {task_id[:16]}" if task_id else f"actor {a.state}"))
             out.append(ev.RayEvent(target=name, actor_id=a.actor_id, state=state, task=method, task_started=started,
-                                   death_cause=cause, ts=now))
+                                   death_cause=cause, ts=now,
+                                   required=dict(a.required_resources or {}) if a.state == "PENDING_CREATION" else {}))
             self._shown[name] = shown
         self._done = {k: end for k, end in self._done.items() if end > now - 2 * HISTORY_S}
         return out
