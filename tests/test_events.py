@@ -25,7 +25,7 @@ SAMPLES = [
 
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "sync", "teacher", "gpu", "metrics", "stack",
-                             "alert", "log", "action", "ray"}
+                             "alert", "log", "action", "ray", "ray_node"}
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)
