@@ -105,12 +105,13 @@ class AgentConfig(_Section):
 class FaultConfig(_Section):
     kind: Literal[
         "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml",
-        "nan_grad", "disk_full", "oom",
+        "nan_grad", "disk_full", "oom", "slow_worker",
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
     repeat: int = 1  # nan_grad, disk_full: this many steps in a row, from `step`
+    factor: float = 0.0  # slow_worker: each generation from `step` on takes this much longer (0.3: 30 %)
 
 
 class ShrinkRule(_Section):

@@ -105,6 +105,9 @@ class TeacherSide(msgspec.Struct, kw_only=True):
     workers: dict[str, int] = {}
     latency_ms: dict[str, float] = {}
     ts: float = 0.0
+    # when this side last moved: an answer completed (client) or served (server), or nothing was owed
+    progress_at: float = 0.0
+    received_at: float = 0.0  # server: when `received` last grew
 
 
 class TeacherState(msgspec.Struct, kw_only=True):
@@ -333,12 +336,18 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _on_teacher(self, e: ev.TeacherEvent) -> None:
         t = self.teacher
+        key = f"{e.side}:{e.src}"
+        old = t.by_src.get(key)
         side = TeacherSide(
             sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out or 0, in_flight=e.in_flight,
             received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),
             latency_ms=dict(e.latency_ms), ts=e.ts,
         )
-        t.by_src[f"{e.side}:{e.src}"] = side
+        moved = old is None or e.completed > old.completed or e.served > old.served
+        owed = e.in_flight if e.side == "client" else e.queue_depth
+        side.progress_at = e.ts if moved or not owed else old.progress_at
+        side.received_at = e.ts if old is None or e.received > old.received else old.received_at
+        t.by_src[key] = side
         if e.side == "client":
             total = sum(s.completed for k, s in t.by_src.items() if k.startswith("client:"))
             t.history.append((e.ts, total))

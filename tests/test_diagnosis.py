@@ -93,10 +93,17 @@ def test_stuck_needs_no_cpu_and_the_same_stack_twice_busy_is_cpu_and_a_moving_st
     assert a.evidence["verdict"] == "busy" and "busy: 97 % CPU, stack changing" in a.message
 
 
-def test_a_frozen_worker_says_so():
-    st = running_sync(until=T0 + 3)  # its heartbeats stop at T0 + 3: SIGSTOP
+def test_a_frozen_worker_says_so_as_soon_as_its_peers_heartbeats_still_arrive():
+    st = running_sync(until=T0 + 3)  # every heartbeat stops at T0 + 3: the path, or the supervisor
+    assert named(st, T0 + 9, "heartbeat_stale") == []  # not before stall_s (10 s)
     (a,) = [a for a in diagnosis.diagnose(st, T0 + 12) if a.code == "straggler"]
     assert a.evidence["verdict"] == "frozen" and "no heartbeat" in a.message
+    st = running_sync(until=T0 + 30)
+    for t in range(31, 40):  # rollout/1 alone goes silent (SIGSTOP): named at FROZEN_S, not at stall_s
+        for src in ("driver", "student/0", "rollout/0"):
+            beat(st, src, T0 + t, 30.0)
+    assert named(st, T0 + 35, "heartbeat_stale") == []
+    assert named(st, T0 + 36.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "critical")]
 
 
 def test_slower_than_its_own_history_and_not_before_half_the_peers_are_done():
@@ -127,7 +134,7 @@ def test_a_healthy_sync_names_nobody_and_a_live_alert_is_resent_on_a_log_scale()
         phase(st, src, "idle", T0 + 0.06, 3)
     assert named(st, T0 + 30) == []
 
-    st = running_sync()
+    st = running_sync(until=T0 + 60)
     sent = []
     for t in range(5, 60):
         for a in alerts.diff(st, alerts.evaluate(st, T0 + t, 10.0)):
@@ -177,3 +184,44 @@ def test_after_a_sync_straggler_the_plan_drops_that_worker_and_on_gpus_sets_nccl
     assert apply(cfg, list(keys.values())).trainer.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     generic = restart_plan(RunState(), cfg)  # nothing diagnosed: the config's shrink rules
     assert generic and all(c.because.startswith("nothing diagnosed") for c in generic)
+
+
+def _teacher_run():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    for src in ("driver", "teacher/proxy", "teacher/0"):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], ts=T0))
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=8, completed=8, ts=T0 + 1))
+    st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=8, served=8, ts=T0 + 1))
+    return st
+
+
+def test_the_teacher_side_that_holds_the_requests_is_named():
+    st = _teacher_run()  # the client sends 4 more; the server never sees them: the path between them
+    for t in range(2, 9):
+        st.apply(ev.TeacherEvent(src="driver", side="client", sent=12, completed=8, in_flight=4, ts=T0 + t))
+        st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=8, served=8, ts=T0 + t))
+    assert named(st, T0 + 5) == []
+    ((code, targets, _),) = named(st, T0 + 8)
+    assert code == "teacher_unreached" and targets == ["teacher/proxy"]
+
+    st = _teacher_run()  # the server receives them, its worker serves none: the teacher workers
+    for t in range(2, 9):
+        st.apply(ev.TeacherEvent(src="driver", side="client", sent=12, completed=8, in_flight=4, ts=T0 + t))
+        st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=12, served=8, queue_depth=4, ts=T0 + t))
+    ((code, targets, _),) = named(st, T0 + 8)
+    assert code == "teacher_not_serving" and targets == ["teacher/0"]
+
+
+def test_no_step_for_three_times_the_median_while_everyone_is_alive():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    st.apply(ev.WorkerEvent(src="rollout/0", role="rollout", ts=T0))
+    for step in range(1, 11):
+        st.apply(ev.MetricsEvent(step=step, ts=T0 + 12 * step))
+    last = T0 + 120
+    for t in range(0, 80):
+        beat(st, "rollout/0", last + t, 30.0)
+    assert named(st, last + 30) == []
+    ((code, _, severity),) = named(st, last + 40)
+    assert code == "no_progress" and severity == "warn"

@@ -18,4 +18,8 @@ def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> li
     out: list[AlertEvent] = []
     for rule in RULES:
         out.extend(rule(state, now, settings))
+    # "slower than usual" is for when nothing else explains the wait: once a rule names a cause (a
+    # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
+    if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
+        out = [a for a in out if a.code != "slower_than_usual"]
     return out

@@ -11,7 +11,7 @@ import re
 from typing import Callable, NamedTuple
 
 from gkd_core.diagnosis.stragglers import Late, late_workers
-from gkd_core.diagnosis.verdict import verdict
+from gkd_core.diagnosis.verdict import FROZEN_S, verdict
 from gkd_core.state import OOM, TERMINAL_PHASES, RunState
 from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
@@ -64,16 +64,27 @@ def phase_hint(phase: str) -> str:
     return "its stack (d) says where it waits; cancel it (c) or restart (r)"
 
 
+FRESH_S = 3.0  # a heartbeat younger than this: the sender and the path to the supervisor are well
+
+
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A worker that sends no heartbeat: frozen or dead. Named at ``stall_s``, or sooner (FROZEN_S)
+    when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor."""
+    others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < FRESH_S)
+    limit = min(cfg.stall_s, FROZEN_S) if others_fresh else cfg.stall_s
     out = []
-    for w in state.stale_workers(now, cfg.stall_s):
+    for w in state.stale_workers(now, limit):
         age = now - w.last_heartbeat
         where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
+        v = verdict(state, w, now)
         out.append(AlertEvent(
-            severity="critical" if w.phase == "sync_weights" else "warn", code="heartbeat_stale",
-            message=f"{w.src} sent no heartbeat for {_fmt(age)} (phase {w.phase}, {where})",
-            hint=f"the process is frozen (SIGSTOP, D state) or dead: press d on it, or `gkd-tui dump-stacks {w.src}`",
-            targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase},
+            severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s else "warn", code="heartbeat_stale",
+            message=f"{w.src} sent no heartbeat for {_fmt(age)} while {others_fresh} other(s) did (phase {w.phase}, "
+                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}",
+            hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
+                 f"`gkd-tui dump-stacks {w.src}`",
+            targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
+                                       "verdict": v.word or "frozen", "where": v.where},
         ))
     return out
 
@@ -209,6 +220,81 @@ def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     )]
 
 
+TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
+
+
+def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Seed 000's question, "the teacher server received no requests": which side holds them. The
+    client sent but the server received none (the path between them); the server received but its
+    workers serve none while its queue grows (the teacher workers)."""
+    if state.state not in ("running", ""):
+        return []
+    sides = state.teacher.by_src
+    clients = [s for k, s in sides.items() if k.startswith("client:") and s.in_flight]
+    servers = [s for k, s in sides.items() if k.startswith("server:")]
+    out = []
+    for c in clients:
+        waited = now - c.progress_at
+        if waited < TEACHER_STALL_S:
+            continue
+        if not servers or all(s.received_at <= c.progress_at for s in servers):
+            got = sum(s.received for s in servers)
+            out.append(AlertEvent(
+                severity="critical", code="teacher_unreached", targets=["teacher/proxy"],
+                message=f"the teacher client has {c.in_flight} request(s) in flight for {_fmt(waited)} (sent "
+                        f"{c.sent}); the teacher server received none of them (received {got} in all)",
+                hint="seed 000: the path between them: teacher.address, the proxy's host and port, a firewall; "
+                     "`gkd-tui doctor` checks what it can",
+                evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
+    for s in servers:
+        waited = now - s.progress_at
+        if s.queue_depth and waited >= TEACHER_STALL_S:
+            workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
+                             and w.phase not in TERMINAL_PHASES)
+            vs = {w: verdict(state, state.workers[w], now) for w in workers[:4]}
+            verdicts = [f"{w}: {v.text}" for w, v in vs.items()]
+            out.append(AlertEvent(
+                severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],
+                message=f"the teacher server received {s.received}, served {s.served}, {s.queue_depth} waiting for "
+                        f"{_fmt(waited)}: its workers do not answer" + (f" ({'; '.join(verdicts)})" if verdicts else ""),
+                hint="the teacher workers: their stacks (d), out of memory or dead (see the workers table); "
+                     "restart (r) brings them back",
+                evidence={"received": s.received, "served": s.served, "queue_depth": s.queue_depth,
+                          "elapsed_s": round(waited, 1), "verdict": ",".join(v.word for v in vs.values()),
+                          "where": ";".join(v.where for v in vs.values())}))
+    return out
+
+
+NO_STEP_FACTOR = 3.0
+NO_STEP_MIN_S = 30.0
+
+
+def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Seed 001's "the log stopped for 2 minutes": every process alive (heartbeats flow) but no step
+    for 3x the median step time."""
+    ms = state.metrics[-33:]
+    if state.state != "running" or len(ms) < 4:
+        return []
+    gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:]))
+    median = gaps[len(gaps) // 2]
+    since = now - ms[-1].ts
+    limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
+    alive = [w for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < cfg.stall_s]
+    if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
+        return []
+    busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in ("idle", "serve")),
+                  reverse=True)[:3]
+    return [AlertEvent(
+        severity="warn", code="no_progress",
+        message=f"no training step for {_fmt(since)} ({since / max(median, 1e-3):.0f}x the median step of "
+                f"{_dur(median)}), every heartbeat fresh; longest in a phase: "
+                + (", ".join(f"{src} in {ph} {_fmt(t)}" for t, src, ph in busy) or "nobody"),
+        hint="seed 001: alive but not progressing; dump every stack (D) and look for the odd one out",
+        targets=[busy[0][1]] if busy else [],
+        evidence={"since_s": round(since, 1), "median_step_s": round(median, 3), "elapsed_s": round(since, 1)},
+    )]
+
+
 PENDING_S = 30.0  # an actor Ray could place but has not, after this long, is worth a word
 
 
@@ -255,9 +341,12 @@ def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
 def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state != "failed":
         return []
+    line = headline(state.log_tail)
+    m = FAILED_WORKER.search(line.removeprefix("gkd driver: "))
     return [AlertEvent(
-        severity="critical", code="driver_failed", message=f"driver {state.reason}: {headline(state.log_tail)}"[:300],
+        severity="critical", code="driver_failed", message=f"driver {state.reason}: {line}"[:300],
         hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",
+        targets=[m.group(1)] if m else [],
     )]
 
 
@@ -273,12 +362,13 @@ def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEven
 
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, actor_dead, unschedulable, gpu_probe_hung, bad_step, out_of_memory,
-    driver_failed, events_dropped,
+    heartbeat_stale, stragglers, sync, teacher, no_progress, actor_dead, unschedulable, gpu_probe_hung, bad_step,
+    out_of_memory, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
-         "fingerprint_mismatch", "actor_dead", "unschedulable", "gpu_probe_hung", "bad_step", "out_of_memory",
-         "driver_failed", "events_dropped")
+         "fingerprint_mismatch", "teacher_unreached", "teacher_not_serving", "no_progress", "actor_dead",
+         "unschedulable", "gpu_probe_hung", "bad_step", "out_of_memory", "driver_failed", "events_dropped")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
-LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable")
+LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable",
+        "teacher_unreached", "teacher_not_serving", "no_progress")

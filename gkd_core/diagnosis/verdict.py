@@ -1,6 +1,7 @@
 """Stuck or slow: the seeds' question "how do I know it is really stuck?", answered from the
 heartbeats' CPU share and two stacks taken a few seconds apart.
 
+- dead: Ray says its actor is DEAD;
 - frozen: no heartbeat (the Reporter thread is stopped too: SIGSTOP, D state, the GIL held in C);
 - stuck: no CPU progress and the same stack twice;
 - busy: the CPU is used and the stack changes;
@@ -33,6 +34,9 @@ def verdict(state: RunState, w: WorkerState, now: float) -> Verdict:
     two = prev is not None
     same = two and signature(cur.text) == signature(prev.text)
     suffix = f", in {line}" if line else ""
+    if w.ray_state == "DEAD":
+        return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
+                                                                    if w.ray_death_cause else ""), line)
     age = now - w.last_heartbeat if w.last_heartbeat else None
     if age is not None and age > FROZEN_S:
         return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"

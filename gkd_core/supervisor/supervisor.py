@@ -38,7 +38,7 @@ ALERT_EVERY_S = 0.5
 # a worker named late gets its stack taken at once and again this much later, with no key press,
 # so that the alert can say "the same stack twice"
 AUTO_STACK_AGAIN_S = 3.0
-AUTO_STACK_CODES = ("straggler", "slower_than_usual")
+AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale")
 INGEST_BATCH = 5000
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)

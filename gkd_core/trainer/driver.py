@@ -388,6 +388,8 @@ class Driver:
                 if f["seconds"]:
                     self._teacher_back_at = time.monotonic() + f["seconds"]
             elif f["kind"] == "delay_teacher":
+                self.rep.log(f"fault injected: {', '.join(teachers)} answer {f['seconds']:g} s late from step {step}",
+                             level="warn")
                 for n in teachers:
                     self.actors[n].set_delay.remote(f["seconds"])
         for f in self.faults:

@@ -366,7 +366,14 @@ class RolloutWorker(WorkerBase):
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                       temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                                       eos_token_id=self.eos, pad_token_id=self.pad)
+            self._slow_down(step, time.perf_counter() - t0)
             return out.cpu().numpy().astype(np.int32), time.perf_counter() - t0
+
+    def _slow_down(self, step: int, took: float) -> None:
+        """The `slow_worker` fault: a worker that is slower, not stuck (a weaker GPU, a throttled node)."""
+        for f in self.ctx.faults:
+            if f["kind"] == "slow_worker" and step >= f["step"] and f.get("factor"):
+                time.sleep(took * f["factor"])
 
     def sync_rollout_weights(self, sync_id: int, step: int, timeout_s: float) -> str:
         import torch.distributed as dist

@@ -1,4 +1,5 @@
-"""The stack viewer: a tab per worker, searchable, from the newest dump (saved under RUN/stacks)."""
+"""The stack viewer: the stacks grouped (identical ones together, the odd ones out first), then a tab
+per worker, searchable, from the newest dump (saved under RUN/stacks)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
 
 from gkd_core.state import StackRecord
-from gkd_core.stack_text import user_threads_first
+from gkd_core.stack_text import describe_group, group, user_threads_first
 
 
 class StackScreen(ModalScreen[None]):
@@ -23,6 +24,9 @@ class StackScreen(ModalScreen[None]):
         yield Static(f"stacks of dump {self.dump_id} — / search, tab/←→ switch, escape close", id="stack-title")
         yield Input(placeholder="search the stack (enter: next match)", id="stack-search")
         with TabbedContent(id="stack-tabs"):
+            if len(self.stacks) > 1:
+                with TabPane(f"grouped ({len(self.stacks)})", id="stack-grouped"):
+                    yield TextArea(grouped_text(self.stacks), read_only=True, soft_wrap=False)
             for i, (target, rec) in enumerate(sorted(self.stacks.items())):
                 text = user_threads_first(rec.text) if rec.text else f"(no stack: {rec.error})"
                 if rec.text and rec.error:  # a note beside a stack: a stopped process, a fallback taken
@@ -50,3 +54,17 @@ class StackScreen(ModalScreen[None]):
                 area.scroll_cursor_visible()
                 return
         self.notify(f"'{query}' not in this stack", severity="warning", timeout=2)
+
+
+def grouped_text(stacks: dict[str, StackRecord]) -> str:
+    """What `gkd-tui dump-stacks` prints: a group per distinct stack, the odd ones out first, then the
+    workers whose stack could not be read and why."""
+    parts = []
+    for g in group({t: r.text for t, r in stacks.items() if r.text}):
+        parts.append(describe_group(g) + "\n" + g.text)
+    for t, r in sorted(stacks.items()):
+        if not r.text:
+            parts.append(f"{t}: no stack: {r.error}")
+        elif r.error:
+            parts.append(f"{t}: note: {r.error}")
+    return "\n\n".join(parts)
