@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import time
 from pathlib import Path
+from typing import Callable
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -22,6 +23,7 @@ from gkd_tui.screens.confirm import ConfirmScreen
 from gkd_tui.screens.help import HelpScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
+from gkd_tui.sources import Playback, Source
 
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -65,7 +67,7 @@ class GkdApp(App):
         Binding("minus", "speed(False)", "Slower (replay)", show=False),
     ]
 
-    def __init__(self, source, stall_s: float = 10.0, readonly: bool = False):
+    def __init__(self, source: Source, stall_s: float = 10.0, readonly: bool = False):
         super().__init__()
         self.source = source
         self.stall_s = stall_s
@@ -103,9 +105,8 @@ class GkdApp(App):
 
     def _redraw(self) -> None:
         now_wall = time.monotonic()
-        tick = getattr(self.source, "tick", None)
-        if tick is not None:
-            tick(now_wall - self._last_tick)
+        if self.source.playback is not None:
+            self.source.playback.tick(now_wall - self._last_tick)
         self._last_tick = now_wall
         with self.source.lock:
             st = self.source.state
@@ -116,7 +117,7 @@ class GkdApp(App):
             self.query_one(TeacherPane).show(st, now)
             self.query_one(NvmlPane).show(st, now)
             self.query_one(MetricsPane).show(st, now)
-            follower = getattr(self.source, "logs", None)
+            follower = self.source.logs
             self.query_one(LogTail).show(st, now, list(follower.lines) if follower else None)
             workers = len(st.workers)
         if workers >= 2 * max(32, self._frozen_for):
@@ -136,14 +137,14 @@ class GkdApp(App):
     def can_control(self) -> bool:
         """Cancel and restart need someone to ask: a live run has its supervisor; a replay keeps the
         keys and says why they do nothing there; the Ray state source has no one."""
-        return getattr(self.source, "live", False) or hasattr(self.source, "seek")
+        return self.source.control is not None or self.source.playback is not None
 
     def selected_worker(self) -> str | None:
         return self.query_one(WorkersTable).selected
 
     def request(self, op: str, args: dict, timeout_s: float = 3.0):
         """A control request from a worker thread; raises ControlError/ControlUnreachable."""
-        if not getattr(self.source, "live", False):
+        if self.source.control is None:
             raise RuntimeError("a replay has no run to act on")
         if self._client is None:
             self._client = self.source.control()
@@ -166,7 +167,7 @@ class GkdApp(App):
         dump_id = f"d{int(time.time() * 1000)}"
         self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
         try:
-            capture = getattr(self.source, "capture_stacks", None)
+            capture = self.source.capture_stacks
             if capture is not None:  # a source that reads stacks itself (py-spy on this machine)
                 capture(targets, dump_id)
             else:
@@ -246,7 +247,7 @@ class GkdApp(App):
         from gkd_core.bundle import write_bundle
         from gkd_tui.render_text import status_text
 
-        run = getattr(self.source, "run", None)
+        run = self.source.run
         if run is None or not Path(run).is_dir():
             self.call_from_thread(self.notify, "bundle: this view has no run directory", severity="warning")
             return
@@ -287,25 +288,24 @@ class GkdApp(App):
         self.query_one(WorkersTable).focus()
         self.redraw()
 
-    def _replay(self, name: str, *args) -> None:
-        fn = getattr(self.source, name, None)
-        if fn is None:
+    def _replay(self, act: Callable[[Playback], None]) -> None:
+        if self.source.playback is None:
             self.notify("this is a live run: replay keys do nothing here", severity="warning", timeout=2)
             return
-        fn(*args)
+        act(self.source.playback)
         self.redraw()
 
     def action_toggle_play(self) -> None:
-        self._replay("toggle")
+        self._replay(lambda pb: pb.toggle())
 
     def action_step(self) -> None:
-        self._replay("step")
+        self._replay(lambda pb: pb.step())
 
     def action_to_end(self) -> None:
-        self._replay("to_end")
+        self._replay(lambda pb: pb.to_end())
 
     def action_to_start(self) -> None:
-        self._replay("to_start")
+        self._replay(lambda pb: pb.to_start())
 
     def action_speed(self, up: bool) -> None:
-        self._replay("faster", up)
+        self._replay(lambda pb: pb.faster(up))

@@ -5,17 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gkd_core.state import RunState
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+from gkd_core.units import compact as fmt_duration
 
 
 def status_text(st: RunState, now: float, run: Path | None = None) -> str:

@@ -1,10 +1,17 @@
-"""Regenerate the dashboard screenshots (Textual SVG, and PNG) from a recorded hang_demo run.
+"""Regenerate the dashboard screenshots (Textual SVG, and PNG) from two recorded runs of
+examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
 
-    python screenshots/make_screenshots.py            # from screenshots/hang_demo.events.jsonl
-    python screenshots/make_screenshots.py --record   # record a new hang_demo run first (needs Ray)
+- ``straggler_demo.events.jsonl``, with the real-world 600 s sync timeout: rollout/1 is named by its
+  peer within seconds, its stack taken twice without a key press ("stuck: ... the same stack
+  twice"), then D (every stack, grouped) and the run stopped;
+- ``hang_demo.events.jsonl``, with a 20 s timeout: the sync runs to its timeout and the driver
+  fails, naming the straggler (the tests replay this one too).
 
-The recording is a real run's event log with this machine's paths replaced, so it can live in
-the repository. PNGs need cairosvg (`pip install cairosvg`); without it only SVGs are written.
+    python screenshots/make_screenshots.py            # from the recordings
+    python screenshots/make_screenshots.py --record   # record both runs again first (needs Ray)
+
+The recordings are real runs' event logs with this machine's paths replaced, so they can live in
+the repository. PNGs need cairosvg (`pip install -e ".[screenshots]"`); without it only SVGs.
 """
 
 from __future__ import annotations
@@ -23,18 +30,32 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from gkd_core import config  # noqa: E402
+from gkd_core import config, rundir  # noqa: E402
+from gkd_core.diagnosis import plan  # noqa: E402
+from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_tui.app import GkdApp  # noqa: E402
 from gkd_tui.screens.confirm import ConfirmScreen  # noqa: E402
 from gkd_tui.screens.stacks import StackScreen  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
-RECORDING = HERE / "hang_demo.events.jsonl"
+HANG = HERE / "hang_demo.events.jsonl"
+STRAGGLER = HERE / "straggler_demo.events.jsonl"
 SIZE = (120, 36)
 
 
-def record(out: Path) -> None:
-    """Run examples/hang_demo.yaml until its sync times out and keep the log, sanitized."""
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _press_d(run: Path) -> None:
+    """What D does: every worker's stack, into the dump named "all"."""
+    with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
+        c.request("dump_stacks", {"targets": [], "dump_id": "all"})
+
+
+def record(out: Path, timeout_s: int) -> None:
+    """Run examples/hang_demo.yaml with this sync timeout. Once the diagnosis has taken rollout/1's
+    stack twice, press D; with a long timeout, stop the run a few seconds later, else let it fail."""
     with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home))
@@ -42,21 +63,24 @@ def record(out: Path) -> None:
         if cache.is_dir():
             (home / "cache").symlink_to(cache)
         proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "examples/hang_demo.yaml",
-                                 "trainer.sync_timeout_s=20", "--run-id", "hang-demo", "--quiet"], env=env, cwd=ROOT)
+                                 f"trainer.sync_timeout_s={timeout_s}", "--run-id", "hang-demo", "--quiet"],
+                                env=env, cwd=ROOT)
         run = home / "runs" / "hang-demo"
-        # halfway through the hung sync, press d as a user would: the stacks go on the record
         deadline = time.monotonic() + 600
+        pressed = None
         while time.monotonic() < deadline and proc.poll() is None:
-            log = run / "events.jsonl"
-            if log.exists() and any(json.loads(line).get("state") == "progress" and json.loads(line).get(
-                    "elapsed_s", 0) > 10 for line in log.read_text().splitlines() if '"sync"' in line):
-                from gkd_core import rundir
-                from gkd_core.telemetry.control import ControlClient
-
-                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
-                    c.request("dump_stacks", {"targets": [], "dump_id": "hang"})
-                break
             time.sleep(0.5)
+            if not (run / "events.jsonl").exists():
+                continue
+            auto = [e for e in _events(run / "events.jsonl") if e["kind"] == "stack" and e["target"] == "rollout/1"
+                    and e["dump_id"].startswith("auto-")]
+            if pressed is None and len(auto) >= 2:
+                _press_d(run)
+                pressed = time.monotonic()
+            if pressed is not None and timeout_s > 60 and time.monotonic() > pressed + 8:
+                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
+                    c.request("stop")
+                break
         proc.wait(600)
         text = (run / "events.jsonl").read_text()
     out.write_text(sanitize(text, home))
@@ -70,27 +94,31 @@ def sanitize(text: str, home: Path | None = None) -> str:
     return text.replace(str(Path.home()), "~")
 
 
-def moments(events: list[dict]) -> dict[str, float]:
-    """Timestamps worth a picture: a healthy step, the hung sync near its timeout, the end."""
-    metrics = [e for e in events if e["kind"] == "metrics"]
-    timed_out = next(e for e in events if e["kind"] == "sync" and e["state"] == "timed_out")
-    started = next(e for e in events if e["kind"] == "sync" and e["state"] == "started"
+def moments() -> list[tuple[str, Path, float, str]]:
+    """(name, recording, when, overlay) of each picture."""
+    hang, strag = _events(HANG), _events(STRAGGLER)
+    metrics = [e for e in hang if e["kind"] == "metrics"]
+    timed_out = next(e for e in hang if e["kind"] == "sync" and e["state"] == "timed_out")
+    started = next(e for e in hang if e["kind"] == "sync" and e["state"] == "started"
                    and e["sync_id"] == timed_out["sync_id"])
-    timeout = timed_out["timeout_s"]
-    return {
-        "healthy-step": (metrics[min(1, len(metrics) - 1)]["ts"] + 0.05, ""),
-        "sync-near-timeout": (started["ts"] + 0.85 * timeout, ""),
-        "stack-viewer": (started["ts"] + 0.9 * timeout, "stacks"),
-        "sync-timed-out": (events[-1]["ts"], ""),
-        "restart-diff": (events[-1]["ts"], "restart"),
-    }
+    named = [e for e in strag if e["kind"] == "alert" and e["code"] == "straggler" and not e.get("cleared")]
+    grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
+    return [
+        ("healthy-step", HANG, metrics[min(1, len(metrics) - 1)]["ts"] + 0.05, ""),
+        ("straggler-stuck", STRAGGLER, named[-1]["ts"] + 0.5, ""),
+        ("stack-viewer", STRAGGLER, grouped + 0.1, "stacks"),
+        ("restart-diff", STRAGGLER, grouped + 0.1, "restart"),
+        ("sync-near-timeout", HANG, started["ts"] + 0.85 * timed_out["timeout_s"], ""),
+        ("sync-timed-out", HANG, hang[-1]["ts"], ""),
+    ]
 
 
-def restart_diff_screen() -> ConfirmScreen:
-    """The `r` screen for the hang demo's config, as the supervisor's dry run computes it."""
-    cfg = config.load_config(ROOT / "examples" / "hang_demo.yaml")
-    small, _ = config.shrink(cfg)
-    diff = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, a, b in config.diff(cfg, small))
+def restart_diff_screen(state) -> ConfirmScreen:
+    """The `r` screen at that moment, as the supervisor's dry run computes it: the plan that follows the
+    active findings, each line with the finding it comes from."""
+    cfg = config.load_config(ROOT / "examples" / "hang_demo.yaml", ["trainer.sync_timeout_s=600"])
+    steps = plan.restart_plan(state, cfg)
+    diff = "\n".join(f"  {c.key}: {c.old!r} -> {c.new!r}\n      ← {c.because}" for c in steps)
     return ConfirmScreen("Restart smaller?", f"Restart 1 from the latest checkpoint with a smaller config:\n{diff}"
                          "\n\nThe new config is written to RUN/restarts/ before the driver starts again.",
                          [("restart", "Restart smaller")])
@@ -104,12 +132,10 @@ async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Pat
         await pilot.pause()
         app.redraw()  # once the layout has settled: panes size their content to fit
         if overlay == "stacks":
-            stacks = {t: r for t, r in source.state.stacks.items() if r.dump_id == "hang"}
-            await app.push_screen(StackScreen(stacks, "hang"))
-            tabs = app.screen.query_one("#stack-tabs")
-            tabs.active = next(f"stack-{i}" for i, t in enumerate(sorted(stacks)) if t == "rollout/1")
+            stacks = {t: r for t, r in source.state.stacks.items() if r.dump_id == "all"}
+            await app.push_screen(StackScreen(stacks, "all"))  # opens on the grouped tab
         elif overlay == "restart":
-            await app.push_screen(restart_diff_screen())
+            await app.push_screen(restart_diff_screen(source.state))
         await pilot.pause()
         svg = HERE / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(HERE))
@@ -128,13 +154,14 @@ def to_png(svg: Path) -> Path | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--record", action="store_true", help="record a new hang_demo run first")
+    p.add_argument("--record", action="store_true", help="record both runs again first")
     a = p.parse_args()
-    if a.record or not RECORDING.exists():
-        record(RECORDING)
-    events = [json.loads(line) for line in RECORDING.read_text().splitlines() if line.strip()]
-    for name, (ts, overlay) in moments(events).items():
-        svg = asyncio.run(shoot(RECORDING, name, ts, overlay))
+    if a.record or not STRAGGLER.exists():
+        record(STRAGGLER, 600)
+    if a.record or not HANG.exists():
+        record(HANG, 20)
+    for name, recording, ts, overlay in moments():
+        svg = asyncio.run(shoot(recording, name, ts, overlay))
         png = to_png(svg)
         print(f"{svg.relative_to(ROOT)}" + (f", {png.relative_to(ROOT)}" if png else " (no cairosvg: SVG only)"))
 

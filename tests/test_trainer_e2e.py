@@ -29,8 +29,14 @@ def test_hang_demo_names_only_the_straggler_and_a_restart_resumes(start_supervis
     assert failed[0]["exit_code"] == 3
     steps_before = {e["step"] for e in sup.events() if e["kind"] == "metrics"}
     assert steps_before == {1, 2}
+    # named by its peer before the deadline, and `r` proposes the change that follows from it
+    named = [e for e in sup.events() if e["kind"] == "alert" and e["code"] == "straggler"]
+    assert named and named[0]["targets"] == ["rollout/1"] and named[0]["ts"] - started["ts"] < 6
 
     with sup.client(timeout_s=5) as c:
+        dry = c.request("restart", {"shrink": True, "dry_run": True})
+        assert [ch[:3] for ch in dry["changes"]] == [["rollout.n_workers", 2, 1]]
+        assert "rollout/1" in dry["changes"][0][3]
         c.request("restart", {})
     wait_until(lambda: [e for e in run_states(sup) if e["state"] == "finished"], 240, "the restarted run to finish")
     events = sup.events()
@@ -126,3 +132,15 @@ def test_the_vllm_engine_without_vllm_is_refused_with_a_clear_message(start_supe
     assert failed["state"] == "failed" and any("vLLM is not installed" in line for line in failed["log_tail"])
     alerts = [e for e in sup.events() if e["kind"] == "alert" and e["code"] == "driver_failed"]
     assert alerts and "rollout.engine=torch" in alerts[0]["message"]
+
+
+def test_an_out_of_memory_worker_is_named_and_r_proposes_the_memory_ladder(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=6", "faults=[{kind: oom, target: rollout/1, step: 3}]",
+                           "--linger", "60", driver=TRAINER)
+    alert = wait_until(lambda: [e for e in sup.events() if e["kind"] == "alert" and e["code"] == "out_of_memory"],
+                       240, "the out_of_memory alert")[0]
+    assert alert["targets"] == ["rollout/1"] and "micro_batch_size" in alert["hint"]
+    with sup.client(timeout_s=5) as c:
+        dry = c.request("restart", {"shrink": True, "dry_run": True})
+    keys = [ch[0] for ch in dry["changes"]]
+    assert keys[0] == "actor.micro_batch_size" and all("out of memory on rollout/1" in ch[3] for ch in dry["changes"])

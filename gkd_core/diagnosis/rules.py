@@ -15,6 +15,7 @@ from gkd_core.diagnosis.verdict import FROZEN_S, verdict
 from gkd_core.state import OOM, TERMINAL_PHASES, RunState
 from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
+from gkd_core.units import precise, spoken
 
 
 class Settings(NamedTuple):
@@ -39,16 +40,6 @@ PHASE_HINTS = {
     "train": "the training step on this worker: its stack (d); out of memory? restart smaller (r)",
     "teacher_wait": "waiting for the teacher: see the teacher pane (sent vs received vs served)",
 }
-
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def _dur(seconds: float) -> str:
-    if seconds < 0.1:
-        return f"{seconds * 1000:.0f} ms"
-    return f"{seconds:.2f} s" if seconds < 10 else _fmt(seconds)
 
 
 def phase_hint(phase: str) -> str:
@@ -79,7 +70,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
         v = verdict(state, w, now)
         out.append(AlertEvent(
             severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s else "warn", code="heartbeat_stale",
-            message=f"{w.src} sent no heartbeat for {_fmt(age)} while {others_fresh} other(s) did (phase {w.phase}, "
+            message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
                     f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}",
             hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
                  f"`gkd-tui dump-stacks {w.src}`",
@@ -103,12 +94,12 @@ def _late_alert(state: RunState, late: Late, now: float) -> AlertEvent:
     if late.by == "peers":
         code = "straggler"
         peers = "its peer" if late.n_done == 1 else f"{late.n_done} of its {late.n_group} peers"
-        base = f"{peers} finished in {_dur(late.baseline)}" + (" (median)" if late.n_done > 1 else "")
+        base = f"{peers} finished in {precise(late.baseline)}" + (" (median)" if late.n_done > 1 else "")
     else:
         code = "slower_than_usual"
-        base = f"usually {_dur(late.baseline)} (median of its last {late.n_done})"
+        base = f"usually {precise(late.baseline)} (median of its last {late.n_done})"
     where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
-    message = (f"{late.src} still in {late.phase}{at} after {_fmt(late.elapsed)}; {base}"
+    message = (f"{late.src} still in {late.phase}{at} after {spoken(late.elapsed)}; {base}"
                + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else ""))
     return AlertEvent(
         severity=late.severity, code=code, message=message, targets=[late.src],
@@ -130,7 +121,7 @@ def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if view.running and view.timeout_s and view.fraction >= 0.5:
         out.append(AlertEvent(
             severity="warn", code="sync_slow",
-            message=f"sync {view.sync_id} at {_fmt(view.elapsed_s)} of its {_fmt(view.timeout_s)} timeout; "
+            message=f"sync {view.sync_id} at {spoken(view.elapsed_s)} of its {spoken(view.timeout_s)} timeout; "
                     f"waiting for {pend or 'nobody?'}",
             hint="dump the stragglers' stacks (d); a NCCL broadcast with no progress means a peer is gone",
             targets=list(view.pending), evidence={"elapsed_s": round(view.elapsed_s, 1), "timeout_s": view.timeout_s},
@@ -138,7 +129,7 @@ def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     elif s.state == "timed_out":
         out.append(AlertEvent(
             severity="critical", code="sync_timed_out",
-            message=f"sync {s.sync_id} timed out after {_fmt(s.elapsed_s)}; pending: {pend}",
+            message=f"sync {s.sync_id} timed out after {spoken(s.elapsed_s)}; pending: {pend}",
             hint="dump their stacks (d), then cancel the sync (c) or restart smaller (r)",
             targets=list(s.pending),
         ))
@@ -174,7 +165,7 @@ def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEven
         name = "NVML" if probe == "nvml" else probe
         out.append(AlertEvent(
             severity="critical", code="gpu_probe_hung",
-            message=f"{name} on {node} has not answered for {_fmt(seconds)}",
+            message=f"{name} on {node} has not answered for {spoken(seconds)}",
             hint="the GPU driver is wedged (the seeds' frozen nvidia-smi): check `dmesg` for Xid errors; "
                  "a worker stuck in CUDA will not come back, restart (r) on healthy nodes",
             targets=[f"agent/{node}"] if probe == "nvml" else [f"agent/{node}", probe],
@@ -241,7 +232,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             got = sum(s.received for s in servers)
             out.append(AlertEvent(
                 severity="critical", code="teacher_unreached", targets=["teacher/proxy"],
-                message=f"the teacher client has {c.in_flight} request(s) in flight for {_fmt(waited)} (sent "
+                message=f"the teacher client has {c.in_flight} request(s) in flight for {spoken(waited)} (sent "
                         f"{c.sent}); the teacher server received none of them (received {got} in all)",
                 hint="seed 000: the path between them: teacher.address, the proxy's host and port, a firewall; "
                      "`gkd-tui doctor` checks what it can",
@@ -256,7 +247,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             out.append(AlertEvent(
                 severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],
                 message=f"the teacher server received {s.received}, served {s.served}, {s.queue_depth} waiting for "
-                        f"{_fmt(waited)}: its workers do not answer" + (f" ({'; '.join(verdicts)})" if verdicts else ""),
+                        f"{spoken(waited)}: its workers do not answer" + (f" ({'; '.join(verdicts)})" if verdicts else ""),
                 hint="the teacher workers: their stacks (d), out of memory or dead (see the workers table); "
                      "restart (r) brings them back",
                 evidence={"received": s.received, "served": s.served, "queue_depth": s.queue_depth,
@@ -286,9 +277,9 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                   reverse=True)[:3]
     return [AlertEvent(
         severity="warn", code="no_progress",
-        message=f"no training step for {_fmt(since)} ({since / max(median, 1e-3):.0f}x the median step of "
-                f"{_dur(median)}), every heartbeat fresh; longest in a phase: "
-                + (", ".join(f"{src} in {ph} {_fmt(t)}" for t, src, ph in busy) or "nobody"),
+        message=f"no training step for {spoken(since)} ({since / max(median, 1e-3):.0f}x the median step of "
+                f"{precise(median)}), every heartbeat fresh; longest in a phase: "
+                + (", ".join(f"{src} in {ph} {spoken(t)}" for t, src, ph in busy) or "nobody"),
         hint="seed 001: alive but not progressing; dump every stack (D) and look for the odd one out",
         targets=[busy[0][1]] if busy else [],
         evidence={"since_s": round(since, 1), "median_step_s": round(median, 3), "elapsed_s": round(since, 1)},
@@ -323,14 +314,14 @@ def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
                 severity="critical", code="unschedulable", targets=names,
                 message=f"{who} cannot be scheduled: each asks for {_res(need)}; no node has {_res(lacking)} "
                         f"(the largest of {len(alive)} node{'s' if len(alive) > 1 else ''} has {_res(best)})"
-                        + (f"; pending {_fmt(waited)}" if waited >= 1 else ""),
+                        + (f"; pending {spoken(waited)}" if waited >= 1 else ""),
                 hint="seed 003, workers stuck at init: lower the request (num_gpus, resources=) or add a node "
                      "that has it; `ray status` lists the demands Ray cannot meet",
                 evidence={"required": need, "largest": best, "nodes": len(alive), "elapsed_s": round(waited, 1)}))
         elif waited > PENDING_S:
             out.append(AlertEvent(
                 severity="warn", code="unschedulable", targets=names,
-                message=f"{who} pending for {_fmt(waited)}: each asks for {_res(need)}, which a node has but "
+                message=f"{who} pending for {spoken(waited)}: each asks for {_res(need)}, which a node has but "
                         "others hold",
                 hint="other actors or placement groups hold the resources: `ray status`; fewer workers or "
                      "smaller requests",

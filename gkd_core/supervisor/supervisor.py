@@ -286,7 +286,9 @@ class Supervisor:
         if overrides:
             new = config_mod.apply_overrides(new, overrides, source="restart overrides")
             because.update({config_mod.parse_override(o)[0]: "asked for" for o in overrides})
-        changes = [[k, old, v, because.get(k, "")] for k, old, v in config_mod.diff(self.cfg, new)]
+        order = list(because)  # the plan's order (the ladder's rungs in turn), then anything else
+        changes = sorted(([k, old, v, because.get(k, "")] for k, old, v in config_mod.diff(self.cfg, new)),
+                         key=lambda c: order.index(c[0]) if c[0] in order else len(order))
         result = {"restart": self.restarts + 1, "changes": changes, "digest": config_mod.digest(new)}
         if args.get("dry_run"):
             return result

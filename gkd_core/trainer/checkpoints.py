@@ -69,11 +69,3 @@ def fits(root: Path, need: int, disk: FreeSpace) -> tuple[bool, int]:
     """(whether a checkpoint of ``need`` bytes fits with margin, the free bytes read)."""
     free = disk.free_bytes(root)
     return free >= need * FIT_MARGIN, free
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"

@@ -470,6 +470,7 @@ class Driver:
         """Save, unless the last checkpoint's size does not fit on the disk: then a `disk_low` alert
         and training goes on without this save. Older checkpoints go once the new one is complete."""
         from gkd_core.trainer import checkpoints
+        from gkd_core.units import size
 
         root = self.run_dir / "checkpoints"
         root.mkdir(parents=True, exist_ok=True)
@@ -479,8 +480,8 @@ class Driver:
             self._disk_low = True
             self.rep.emit(ev.AlertEvent(
                 severity="critical", code="disk_low", targets=["checkpoint"],
-                message=f"step {step} not saved: {checkpoints.human(free)} free on the run directory's disk, a "
-                        f"checkpoint takes {checkpoints.human(self._last_ckpt_bytes)}; training goes on"
+                message=f"step {step} not saved: {size(free)} free on the run directory's disk, a "
+                        f"checkpoint takes {size(self._last_ckpt_bytes)}; training goes on"
                         + (f"; the last one is {last.relative_to(self.run_dir)}" if last else ""),
                 hint="free space on that disk or lower trainer.keep_checkpoints; the next save tries again"))
             return

@@ -1,1 +1,44 @@
-"""Where a dashboard's events come from: a live run (ZeroMQ) or a recorded one (replay)."""
+"""Where a dashboard's events come from: a live run (ZeroMQ), a recorded one (replay), or any Ray job
+(its state API). Each is a ``Source``: a RunState under a lock, the clock it is read at, and the
+capabilities its kind has, declared (None where it has none) so that the app asks no object what
+it happens to have."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from gkd_core.state import RunState
+
+if TYPE_CHECKING:
+    from gkd_core.telemetry.control import ControlClient
+    from gkd_tui.sources.log_follower import LogFollower
+
+
+class Playback(Protocol):
+    """A recorded run's clock: what the replay keys drive."""
+
+    def tick(self, wall_dt: float) -> None: ...
+    def toggle(self) -> None: ...
+    def step(self) -> None: ...
+    def to_end(self) -> None: ...
+    def to_start(self) -> None: ...
+    def faster(self, up: bool) -> None: ...
+
+
+class Source(Protocol):
+    lock: threading.Lock
+    state: RunState
+    run: Path | None  # its run directory (for the bundle), None when it has none
+    # a new control client for the dashboard's actions (a live run's supervisor), or None
+    control: Callable[[], ControlClient] | None
+    playback: Playback | None  # a replay's clock, or None
+    logs: LogFollower | None  # RUN/logs followed, or None
+    # a source that takes stacks itself (py-spy on this machine): (targets, dump_id), or None
+    capture_stacks: Callable[[list[str], str], None] | None
+
+    def now(self) -> float: ...
+    def describe(self) -> str: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...

@@ -13,10 +13,13 @@ from gkd_tui.sources.log_follower import LogFollower
 
 
 class LiveSource:
-    live = True
+    """A ``Source`` with control and logs; no playback, and stacks come through the driver."""
+
+    playback = None
+    capture_stacks = None
 
     def __init__(self, run: Path):
-        self.run = run
+        self.run: Path | None = run
         self.lock = threading.Lock()
         self.sub = RunSubscriber(run)
         self.error = ""
@@ -29,6 +32,7 @@ class LiveSource:
         across threads; the pump thread keeps the subscriber's)."""
         from gkd_core.telemetry.control import ControlClient
 
+        assert self.run is not None
         return ControlClient.for_run(self.run, self.sub.endpoints, timeout_s=3.0, by="dashboard")
 
     @property

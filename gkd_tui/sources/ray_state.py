@@ -85,8 +85,12 @@ def is_local(ip: str) -> bool:
 
 
 class RayStateSource:
-    live = False  # no control socket: stacks only, no cancel or restart
+    """A ``Source`` with no control socket (stacks only, no cancel or restart), no logs, no playback."""
+
+    control = None
+    playback = None
     logs = None
+    run = None
 
     def __init__(self, address: str = "auto", poll_s: float = POLL_S):
         self.address = address

@@ -12,7 +12,11 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 100.0)
 
 
 class ReplaySource:
-    live = False
+    """A ``Source`` that is its own playback; nobody to control, no logs to follow."""
+
+    control = None
+    logs = None
+    capture_stacks = None
 
     def __init__(self, path: Path):
         self.path = path
@@ -33,6 +37,10 @@ class ReplaySource:
         self.clock = self.events[0].ts if self.events else 0.0
         self.playing = True
         self.speed = 1.0
+
+    @property
+    def playback(self) -> "ReplaySource":
+        return self
 
     def start(self) -> None:
         pass

@@ -6,8 +6,7 @@ from rich.text import Text
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.pane import Pane
-
-LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "warning": "yellow"}
+from gkd_tui.widgets.styles import LEVEL_STYLE
 
 
 class LogTail(Pane):

@@ -7,10 +7,7 @@ from rich.text import Text
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
-
-STATE_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow",
-               "restarting": "bold yellow", "starting": "yellow"}
-SEVERITY_STYLE = {"critical": "bold white on red", "warn": "bold black on yellow", "info": "bold"}
+from gkd_tui.widgets.styles import SEVERITY_STYLE, STATE_STYLE
 
 
 class RunHeader(Pane):

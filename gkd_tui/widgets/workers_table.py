@@ -23,6 +23,7 @@ from textual.strip import Strip
 
 from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
 from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
+from gkd_tui.widgets.styles import NAMED_ROW_STYLE, named_workers
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
 COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node", "ray")
@@ -75,6 +76,7 @@ class WorkersTable(ScrollView, can_focus=True):
         self._state: RunState | None = None
         self._now = 0.0
         self._stall_s = 10.0
+        self._named: dict[str, str] = {}  # worker -> the severity of the worst alert naming it
         self._filter = ""
         self._sorted_for: tuple = ()
         self._sorted_at = 0.0
@@ -88,6 +90,7 @@ class WorkersTable(ScrollView, can_focus=True):
         """Point the table at ``st``; only the visible rows are rendered, at the next refresh."""
         selected = self.selected
         self._state, self._now, self._stall_s = st, now, stall_s
+        self._named = named_workers(st)
         self._base = None
         signature = (id(st), len(st.workers), filter_text)
         mono = time.monotonic()
@@ -128,6 +131,9 @@ class WorkersTable(ScrollView, can_focus=True):
             return "red" if w.phase == "failed" else "dim"
         if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
             return "bold red"
+        named = self._named.get(w.src)
+        if named in NAMED_ROW_STYLE:  # a straggler, a frozen or an out-of-memory worker: the eye goes there
+            return NAMED_ROW_STYLE[named]
         if age is not None and age > self._stall_s:
             return "bold red"
         if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
