@@ -119,15 +119,31 @@ def user_thread_text(text: str) -> str:
     return "\n".join(lines)
 
 
-def group(stacks: dict[str, str]) -> list[StackGroup]:
+def group(stacks: dict[str, str], lead: frozenset[str] | set[str] = frozenset()) -> list[StackGroup]:
     """Identical stacks together (the user thread's calls, as LLNL's STAT merges ranks), the odd ones
-    out first: the smallest groups lead, ties by their first member."""
+    out first: groups holding a worker in ``lead`` (those an alert names), then the smallest."""
     by_sig: dict[tuple[str, ...], list[str]] = {}
     for target in sorted(stacks, key=_natural):
         by_sig.setdefault(signature(stacks[target]), []).append(target)
     groups = [StackGroup(sig, members, where(stacks[members[0]]), user_thread_text(stacks[members[0]]))
               for sig, members in by_sig.items()]
-    return sorted(groups, key=lambda g: (len(g.targets), _natural(g.targets[0])))
+    return sorted(groups, key=lambda g: (not set(g.targets) & set(lead), len(g.targets), _natural(g.targets[0])))
+
+
+def grouped_report(stacks: dict[str, str], lead: frozenset[str] | set[str] = frozenset(),
+                   notes: dict[str, str] | None = None) -> str:
+    """The summary first (a line per group: how many, who, where), then each group's stack, then the
+    workers whose stack could not be read and why."""
+    groups = group(stacks, lead)
+    notes = notes or {}
+    out = [describe_group(g) for g in groups]
+    out += [f"{t}: no stack: {why}" for t, why in sorted(notes.items()) if t not in stacks]
+    for g in groups:
+        out.append("")
+        out.append(describe_group(g))
+        out.append(g.text)
+        out += [f"  # {t}: {notes[t]}" for t in g.targets if t in notes]
+    return "\n".join(out)
 
 
 def describe_group(g: StackGroup) -> str:

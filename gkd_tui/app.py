@@ -189,7 +189,9 @@ class GkdApp(App):
         if not got:
             self.call_from_thread(self.notify, f"no stacks came back within {STACK_WAIT_S:g} s", severity="error")
             return
-        self.call_from_thread(self.push_screen, StackScreen(got, dump_id))
+        with self.source.lock:
+            named = frozenset(t for a in self.source.state.alerts.values() for t in a.targets)
+        self.call_from_thread(self.push_screen, StackScreen(got, dump_id, named))
 
     def action_cancel(self) -> None:
         src = self.selected_worker()

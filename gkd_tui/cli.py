@@ -99,7 +99,7 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 def cmd_dump_stacks(a: argparse.Namespace) -> int:
     """Ask for the stacks, wait (bounded) until the driver has answered, print them grouped: identical
     stacks together, the odd ones out first. Exit 1 when some could not be taken."""
-    from gkd_core.stack_text import describe_group, group
+    from gkd_core.stack_text import group, grouped_report
 
     run = None
     dump_id = f"cli-{os.getpid()}-{int(time.time() * 1000)}"
@@ -120,23 +120,17 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
                if t not in taken}
     notes = {t: r.error for t, r in records.items() if r.text and r.error}
-    groups = group(taken)
+    named = {t for a in state.alerts.values() for t in a.targets}
+    groups = group(taken, named)
     if a.json:
-        json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""),
+        json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""), "named": sorted(named),
                    "groups": [{"targets": g.targets, "where": g.where, "stack": g.text} for g in groups],
                    "missing": missing, "notes": notes}, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(f"stacks of {len(wanted)} worker(s), dump {dump_id}"
               + (f", saved in RUN/{answered['folder']}" if answered.get("folder") else ""))
-        for g in groups:
-            print(f"\n{describe_group(g)}")
-            print(g.text)
-            for t in g.targets:
-                if t in notes:
-                    print(f"  # {t}: {notes[t]}")
-        for t, why in missing.items():
-            print(f"\n{t}: no stack: {why}")
+        print(grouped_report(taken, named, {**notes, **missing}))
     return 1 if missing else 0
 
 

@@ -133,7 +133,8 @@ async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Pat
         app.redraw()  # once the layout has settled: panes size their content to fit
         if overlay == "stacks":
             stacks = {t: r for t, r in source.state.stacks.items() if r.dump_id == "all"}
-            await app.push_screen(StackScreen(stacks, "all"))  # opens on the grouped tab
+            named = frozenset(t for a in source.state.alerts.values() for t in a.targets)
+            await app.push_screen(StackScreen(stacks, "all", named))  # opens on the grouped tab
         elif overlay == "restart":
             await app.push_screen(restart_diff_screen(source.state))
         await pilot.pause()

@@ -26,9 +26,8 @@ BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it
 NCCL_TRY = ("NCCL_DEBUG=INFO to see where it stops; NCCL_IB_DISABLE=1 and NCCL_P2P_DISABLE=1 when the fabric is "
             "suspect; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the interface that carries the node IP")
 PHASE_HINTS = {
-    "sync_weights": "seeds 000/001, the weight sync: its peers returned, it did not. Its stack says where; cancel the "
-                    "sync (c) to retry it, or restart without this worker or node (r); on NCCL, raise NCCL_TIMEOUT "
-                    "only once the stack shows a slow, not a stuck, broadcast",
+    "sync_weights": "seeds 000/001: its peers left the sync, it did not; its stack says where. Cancel the sync (c) "
+                    "to retry, or restart without it (r); on NCCL raise NCCL_TIMEOUT only if the stack moves",
     "generate": "the rollout engine is stuck or slow on this worker alone: its stack (d); out of memory or a bad GPU "
                 "on its node? restart with one rollout worker fewer or smaller (r)",
     "load_data": "case A, stuck loading data (`Generating train split` then silence): a dataset lock or a slow "

@@ -9,16 +9,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
 
 from gkd_core.state import StackRecord
-from gkd_core.stack_text import describe_group, group, user_threads_first
+from gkd_core.stack_text import grouped_report, user_threads_first
 
 
 class StackScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q", "app.pop_screen", "Close"), Binding("slash", "search", "Search")]
 
-    def __init__(self, stacks: dict[str, StackRecord], dump_id: str):
+    def __init__(self, stacks: dict[str, StackRecord], dump_id: str, lead: frozenset[str] = frozenset()):
         super().__init__()
         self.stacks = stacks
         self.dump_id = dump_id
+        self.lead = lead  # the workers the active alerts name: their group first
 
     def compose(self) -> ComposeResult:
         yield Static(f"stacks of dump {self.dump_id} — / search, tab/←→ switch, escape close", id="stack-title")
@@ -26,7 +27,7 @@ class StackScreen(ModalScreen[None]):
         with TabbedContent(id="stack-tabs"):
             if len(self.stacks) > 1:
                 with TabPane(f"grouped ({len(self.stacks)})", id="stack-grouped"):
-                    yield TextArea(grouped_text(self.stacks), read_only=True, soft_wrap=False)
+                    yield TextArea(grouped_text(self.stacks, self.lead), read_only=True, soft_wrap=False)
             for i, (target, rec) in enumerate(sorted(self.stacks.items())):
                 text = user_threads_first(rec.text) if rec.text else f"(no stack: {rec.error})"
                 if rec.text and rec.error:  # a note beside a stack: a stopped process, a fallback taken
@@ -56,15 +57,8 @@ class StackScreen(ModalScreen[None]):
         self.notify(f"'{query}' not in this stack", severity="warning", timeout=2)
 
 
-def grouped_text(stacks: dict[str, StackRecord]) -> str:
-    """What `gkd-tui dump-stacks` prints: a group per distinct stack, the odd ones out first, then the
-    workers whose stack could not be read and why."""
-    parts = []
-    for g in group({t: r.text for t, r in stacks.items() if r.text}):
-        parts.append(describe_group(g) + "\n" + g.text)
-    for t, r in sorted(stacks.items()):
-        if not r.text:
-            parts.append(f"{t}: no stack: {r.error}")
-        elif r.error:
-            parts.append(f"{t}: note: {r.error}")
-    return "\n\n".join(parts)
+def grouped_text(stacks: dict[str, StackRecord], lead: frozenset[str] | set[str] = frozenset()) -> str:
+    """What `gkd-tui dump-stacks` prints: the summary, then a group per distinct stack, the workers an
+    alert names first, then the odd ones out; and why a stack could not be read."""
+    return grouped_report({t: r.text for t, r in stacks.items() if r.text}, lead,
+                          {t: r.error for t, r in stacks.items() if r.error})

@@ -28,10 +28,10 @@ class RunHeader(Pane):
             a = alerts[0]
             t.append(f" {a.severity.upper()} ", style=SEVERITY_STYLE.get(a.severity, ""))
             t.append(f" {a.message}")
-            if a.hint:
-                t.append(f"  → {a.hint}", style="italic")
             if len(alerts) > 1:
                 t.append(f"  (+{len(alerts) - 1} more)", style="dim")
+            if a.hint:
+                t.append(f"\n → {a.hint}", style="italic")
         else:
             t.append(" no alerts", style="dim green")
         self.put(t)
