@@ -180,7 +180,7 @@ def main() -> None:
     for r in runs:
         print(f"{r['run']:12s} {r['seconds']:8.0f} {r['steps']:7d} {r['alerts']:21d} {r['stuck']:11d}  "
               f"{', '.join(r['codes']) or '-'}")
-    print(f"\n2 cores, Python {sys.version.split()[0]}; runs under {home}")
+    print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ class FaultConfig(_Section):
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
-    repeat: int = 1  # nan_grad, disk_full: this many steps in a row, from `step`
+    repeat: int = 1  # nan_grad (always the student's), disk_full: this many steps in a row, from `step`
     factor: float = 0.0  # slow_worker: each generation from `step` on takes this much longer (0.3: 30 %)
 
 
@@ -251,6 +251,9 @@ def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) 
         _set_path(tree, key, value, f"override {text!r}")
         sources[key] = f"override {text!r}"
     _check_keys(tree, Config, "", sources, source)
+    env = tree.get("trainer", {}).get("env") if isinstance(tree.get("trainer"), dict) else None
+    if isinstance(env, dict):  # NCCL_IB_DISABLE: 1 in YAML is meant as the string "1"
+        tree["trainer"]["env"] = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
     try:
         cfg = msgspec.convert(tree, Config)
     except msgspec.ValidationError as e:

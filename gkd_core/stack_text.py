@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-# frames from these are plumbing: Ray's loops, thread pools, our own reporter thread
-LIBRARY = ("site-packages", "/ray/", "ray/", "_raylet", "threading.py", "concurrent/futures", "selectors.py",
-           "queue.py", "socket.py", "asyncio/", "zmq/", "gkd_core/telemetry", "gkd_core/node", "(libc", "(libpython")
+# frames from these are plumbing: Ray's loops (py-spy writes its files as ray/..., relative to
+# site-packages), thread pools, our own reporter thread
+LIBRARY = re.compile(r"site-packages|(?:^|[\s/(\"])ray/|_raylet|threading\.py|concurrent/futures|selectors\.py|"
+                     r"queue\.py|socket\.py|asyncio/|zmq/|gkd_core/telemetry|gkd_core/node|\(libc|\(libpython")
 THREAD_START = re.compile(r"^(Thread \S+|Current thread \S+)")
 FRAME = re.compile(r"\.py[:\"]|\.py, line")
 PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)\s*$")
@@ -24,7 +25,7 @@ TRACEBACK_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), i
 
 
 def is_user_frame(line: str) -> bool:
-    return bool(FRAME.search(line)) and not any(lib in line for lib in LIBRARY)
+    return bool(FRAME.search(line)) and not LIBRARY.search(line)
 
 
 def _blocks(text: str) -> tuple[list[str], list[list[str]]]:
@@ -67,14 +68,14 @@ def user_thread(text: str) -> list[tuple[str, str, str]]:
         blocks = [["Thread ?"] + head]
     for b in blocks:
         fs = frames(b)
-        if any(not any(lib in f"{file}" or lib in func for lib in LIBRARY) and ".py" in file for func, file, _ in fs):
+        if any(_is_user(f) for f in fs):
             return fs
     return frames(blocks[0]) if blocks else []
 
 
 def _is_user(frame: tuple[str, str, str]) -> bool:
     func, file, _ = frame
-    return ".py" in file and not any(lib in file for lib in LIBRARY)
+    return ".py" in file and not LIBRARY.search(f"({file}")
 
 
 def signature(text: str) -> tuple[str, ...]:

@@ -108,6 +108,7 @@ class TeacherSide(msgspec.Struct, kw_only=True):
     # when this side last moved: an answer completed (client) or served (server), or nothing was owed
     progress_at: float = 0.0
     received_at: float = 0.0  # server: when `received` last grew
+    sent_at: float = 0.0  # client: when `sent` last grew
 
 
 class TeacherState(msgspec.Struct, kw_only=True):
@@ -197,6 +198,7 @@ class RunState(msgspec.Struct, kw_only=True):
     reason: str = ""
     log_tail: list[str] = []
     started: float = 0.0
+    running_since: float = 0.0  # when the current driver started (a restart starts anew)
     last_ts: float = 0.0
     total_steps: int | None = None
     step: int | None = None
@@ -263,6 +265,7 @@ class RunState(msgspec.Struct, kw_only=True):
         self.log_tail = list(e.log_tail)
         if e.state == "running":
             self.oom = []
+            self.running_since = e.ts
         for line in e.log_tail:
             if OOM.search(line):
                 self._note_oom(e.ts, "driver", line)
@@ -285,7 +288,7 @@ class RunState(msgspec.Struct, kw_only=True):
     def _on_phase(self, e: ev.PhaseEvent) -> None:
         w = self._worker(e.src, e.ts)
         if e.phase != w.phase:
-            if w.phase and w.phase not in TERMINAL_PHASES:
+            if w.phase and w.phase not in TERMINAL_PHASES and e.ts > w.phase_since:  # (a late sighting: none)
                 w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts))
                 if len(w.spans) > SPANS_KEEP:
                     del w.spans[0]
@@ -347,6 +350,7 @@ class RunState(msgspec.Struct, kw_only=True):
         owed = e.in_flight if e.side == "client" else e.queue_depth
         side.progress_at = e.ts if moved or not owed else old.progress_at
         side.received_at = e.ts if old is None or e.received > old.received else old.received_at
+        side.sent_at = e.ts if old is None or e.sent > old.sent else old.sent_at
         t.by_src[key] = side
         if e.side == "client":
             total = sum(s.completed for k, s in t.by_src.items() if k.startswith("client:"))

@@ -120,7 +120,7 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
                if t not in taken}
     notes = {t: r.error for t, r in records.items() if r.text and r.error}
-    named = {t for a in state.alerts.values() for t in a.targets}
+    named = {t for alert in state.alerts.values() for t in alert.targets}
     groups = group(taken, named)
     if a.json:
         json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""), "named": sorted(named),

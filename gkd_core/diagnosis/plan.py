@@ -1,9 +1,10 @@
 """A restart plan that follows the cause: config changes driven by the active findings, each saying
 which finding it comes from.
 
-- out of memory: seed 004's memory ladder, in order (the first rungs that still change something);
-- a straggler, a dead or a frozen rollout worker: one rollout worker fewer (the ones left are
-  healthy), and on GPUs with a hung sync or group join the NCCL settings of seeds 000/001;
+- out of memory: the memory ladder, in order (the first rungs that still change something);
+- a straggler named by its peers, a dead or a frozen rollout worker: run without it (one rollout
+  worker fewer), and on GPUs with a hung sync or group join, NCCL's own diagnostics and errors
+  that raise instead of hang;
 - nothing diagnosed: the config's own generic shrink rules.
 """
 
@@ -15,12 +16,15 @@ from typing import Any, NamedTuple
 from gkd_core import config as config_mod
 from gkd_core.state import AlertState, RunState
 
-# seed 004's ladder as this trainer's keys: (key, factor, floor); gradient checkpointing and the
-# offloads of the ladder have no key in the bundled trainer yet
+# the memory ladder of the troubleshooting guides as this trainer's keys: (key, factor, floor);
+# gradient checkpointing and the offloads of the ladder have no key in the bundled trainer yet
 LADDER = (("actor.micro_batch_size", 0.5, 1), ("rollout.gpu_memory_utilization", None, 0.5),
           ("rollout.max_new_tokens", 0.5, 8), ("data.batch_size", 0.5, 4))
-NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_IB_DISABLE": "1"}
-LATE = ("straggler", "slower_than_usual", "actor_dead", "heartbeat_stale", "sync_timed_out")
+# what the hang write-ups set first; NCCL_IB_DISABLE is left to the person (a large slowdown on
+# InfiniBand clusters), named in the hint instead
+NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+# findings that single out a worker (not "slower than usual": everyone may be)
+LATE = ("straggler", "actor_dead", "heartbeat_stale", "sync_timed_out")
 
 
 class Change(NamedTuple):
@@ -45,7 +49,7 @@ def _rung(cfg: config_mod.Config, key: str, factor: float | None, floor: float) 
 
 
 def _memory(cfg: config_mod.Config, finding: AlertState) -> list[Change]:
-    because = f"out of memory on {', '.join(finding.targets) or 'a worker'} (seed 004's ladder"
+    because = f"out of memory on {', '.join(finding.targets) or 'a worker'} (the memory ladder"
     out = []
     for i, (key, factor, floor) in enumerate(LADDER, 1):
         new = _rung(cfg, key, factor, floor)
@@ -59,7 +63,7 @@ def _memory(cfg: config_mod.Config, finding: AlertState) -> list[Change]:
 def _late(cfg: config_mod.Config, state: RunState, findings: list[AlertState]) -> list[Change]:
     rollouts = sorted({t for a in findings for t in a.targets if t.startswith("rollout/")})
     out = []
-    if rollouts and cfg.rollout.n_workers > 1:
+    if rollouts and len(rollouts) < cfg.rollout.n_workers:  # all of them named: the cause is elsewhere
         a = next(a for a in findings if set(a.targets) & set(rollouts))
         nodes = {state.workers[t].node for t in rollouts if t in state.workers}
         others = {w.node for w in state.workers.values() if w.role == "rollout" and w.src not in rollouts}
@@ -75,7 +79,8 @@ def _late(cfg: config_mod.Config, state: RunState, findings: list[AlertState]) -
         for k, v in NCCL_ENV.items():
             if cfg.trainer.env.get(k) != v:
                 out.append(Change(f"trainer.env.{k}", cfg.trainer.env.get(k), v,
-                                  f"{sync[0].code} in the weight sync (seeds 000/001's NCCL settings)"))
+                                  f"{sync[0].code} in the weight sync: NCCL says where, and errors instead "
+                                  "of hanging"))
     return out
 
 

@@ -1,8 +1,9 @@
 """The rules: each a small pure function of the RunState and ``now`` that returns the alerts that
 hold now, with its evidence and its hint in one place.
 
-The hints are the seeds' fixes (shared/seeds/: verl's recipe/gkd hang write-ups, the hang
-flow chart, the Ray self-play guide, LightRFT's troubleshooting guide).
+The hints are the fixes that the hang write-ups this project grew from give for each case (verl's
+recipe/gkd hangs, a hang flow chart, a Ray self-play guide, LightRFT's troubleshooting guide),
+said as what to do, not where it was read.
 """
 
 from __future__ import annotations
@@ -20,22 +21,23 @@ from gkd_core.units import precise, spoken
 
 class Settings(NamedTuple):
     stall_s: float = 10.0  # a heartbeat older than this is stale
+    heartbeat_s: float = 1.0  # how often workers send one: a silence is judged against it
 
 
 BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it
 NCCL_TRY = ("NCCL_DEBUG=INFO to see where it stops; NCCL_IB_DISABLE=1 and NCCL_P2P_DISABLE=1 when the fabric is "
             "suspect; NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the interface that carries the node IP")
 PHASE_HINTS = {
-    "sync_weights": "seeds 000/001: its peers left the sync, it did not; its stack says where. Cancel the sync (c) "
-                    "to retry, or restart without it (r); on NCCL raise NCCL_TIMEOUT only if the stack moves",
+    "sync_weights": "its peers left the weight sync, it did not; its stack says where. Cancel the sync (c) to "
+                    "retry, or restart without it (r); on NCCL raise NCCL_TIMEOUT only if the stack moves",
     "generate": "the rollout engine is stuck or slow on this worker alone: its stack (d); out of memory or a bad GPU "
                 "on its node? restart with one rollout worker fewer or smaller (r)",
-    "load_data": "case A, stuck loading data (`Generating train split` then silence): a dataset lock or a slow "
-                 "file system; its stack (d) shows the file; clear the datasets cache lock",
-    "join_group": f"cases B/C, joining the collective group: a member that never joins is stuck before it; {NCCL_TRY}",
-    "init_engine": f"cases B/C, engine init far too long: GPU memory taken by another process, or NCCL; {NCCL_TRY}",
-    "init_model": "cases B/C, model init far too long: a slow file system or out of host memory; its stack (d)",
-    "init": f"cases B/C, init far too long: its stack (d); {NCCL_TRY}",
+    "load_data": "stuck loading data (`Generating train split` then silence): a datasets cache lock or a slow "
+                 "file system; its stack (d) shows the file; remove the stale lock in the datasets cache",
+    "join_group": f"joining the collective group: a member that never joins is stuck before it; {NCCL_TRY}",
+    "init_engine": f"engine init far too long: GPU memory taken by another process, or NCCL; {NCCL_TRY}",
+    "init_model": "model init far too long: a slow file system or out of host memory; its stack (d)",
+    "init": f"init far too long: its stack (d); {NCCL_TRY}",
     "train": "the training step on this worker: its stack (d); out of memory? restart smaller (r)",
     "teacher_wait": "waiting for the teacher: see the teacher pane (sent vs received vs served)",
 }
@@ -54,19 +56,22 @@ def phase_hint(phase: str) -> str:
     return "its stack (d) says where it waits; cancel it (c) or restart (r)"
 
 
-FRESH_S = 3.0  # a heartbeat younger than this: the sender and the path to the supervisor are well
+def frozen_limits(cfg: Settings) -> tuple[float, float]:
+    """(a heartbeat this young is fresh, a silence this long is frozen): three beats, at least 5 s."""
+    return max(3.0, 3 * cfg.heartbeat_s), max(FROZEN_S, 3 * cfg.heartbeat_s)
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A worker that sends no heartbeat: frozen or dead. Named at ``stall_s``, or sooner (FROZEN_S)
     when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor."""
-    others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < FRESH_S)
-    limit = min(cfg.stall_s, FROZEN_S) if others_fresh else cfg.stall_s
+    fresh, frozen = frozen_limits(cfg)
+    others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
+    limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
     out = []
     for w in state.stale_workers(now, limit):
         age = now - w.last_heartbeat
         where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
-        v = verdict(state, w, now)
+        v = verdict(state, w, now, frozen)
         out.append(AlertEvent(
             severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s else "warn", code="heartbeat_stale",
             message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
@@ -83,12 +88,12 @@ def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """Late workers, named by their peers (or by their own history), with the stuck-or-slow verdict."""
     if state.state not in ("running", ""):
         return []
-    return [_late_alert(state, late, now) for late in late_workers(state, now)]
+    return [_late_alert(state, late, now, frozen_limits(cfg)[1]) for late in late_workers(state, now)]
 
 
-def _late_alert(state: RunState, late: Late, now: float) -> AlertEvent:
+def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> AlertEvent:
     w = state.workers[late.src]
-    v = verdict(state, w, now)
+    v = verdict(state, w, now, frozen_s)
     at = f" (step {late.step})" if late.step is not None else ""
     if late.by == "peers":
         code = "straggler"
@@ -165,7 +170,7 @@ def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEven
         out.append(AlertEvent(
             severity="critical", code="gpu_probe_hung",
             message=f"{name} on {node} has not answered for {spoken(seconds)}",
-            hint="the GPU driver is wedged (the seeds' frozen nvidia-smi): check `dmesg` for Xid errors; "
+            hint="the GPU driver is wedged (nvidia-smi would freeze too): check `dmesg` for Xid errors; "
                  "a worker stuck in CUDA will not come back, restart (r) on healthy nodes",
             targets=[f"agent/{node}"] if probe == "nvml" else [f"agent/{node}", probe],
             evidence={"probe": probe, "seconds": round(seconds, 1)},
@@ -182,22 +187,24 @@ def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         severity="warn", code="bad_step", targets=["student/0"],
         message=f"step {last} skipped: its loss or gradient norm was not finite ({n} skipped so far); the "
                 "weights, the rollouts and the checkpoints kept the last good values",
-        hint="seed 004's fixes for a NaN loss: lower actor.lr, keep clipping on (actor.max_grad_norm 1.0), "
-             "bfloat16 rather than float16 (model.dtype)",
+        hint="for a NaN loss: lower actor.lr, keep clipping on (actor.max_grad_norm 1.0), bfloat16 rather than "
+             "float16 (model.dtype)",
         evidence={"step": last, "bad_steps": n},
     )]
 
 
-MEMORY_LADDER = ("seed 004's memory ladder, in order: halve actor.micro_batch_size; gradient checkpointing; "
+MEMORY_LADDER = ("the memory ladder, in order: halve actor.micro_batch_size; gradient checkpointing; "
                  "rollout.gpu_memory_utilization 0.5 (0.4 on small GPUs); shorter sequences "
                  "(rollout.max_new_tokens); restart smaller (r) applies them in that order")
 FAILED_WORKER = re.compile(r"^(\S+/\S+) \(.*?\) failed in (\S+)")
 
 
 def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
-    """An out-of-memory error in a worker's log or in Ray's death cause of its actor (seed 004)."""
+    """An out-of-memory error in a worker's log or in Ray's death cause of its actor (this driver's
+    workers only: a restart starts afresh)."""
     hits = list(state.oom) + [(w.last_seen, w.src, w.ray_death_cause) for w in state.workers.values()
-                              if w.ray_death_cause and OOM.search(w.ray_death_cause)]
+                              if w.ray_death_cause and OOM.search(w.ray_death_cause)
+                              and w.phase not in TERMINAL_PHASES]
     if not hits:
         return []
     ts, src, line = max(hits)
@@ -211,6 +218,11 @@ def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
 
 
 TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
+TEACHER_STALL_FACTOR = 5.0  # ... or this many times the side's own p95 latency, when that is longer
+
+
+def _stall_limit(side) -> float:
+    return max(TEACHER_STALL_S, TEACHER_STALL_FACTOR * side.latency_ms.get("p95", 0.0) / 1000)
 
 
 def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -225,23 +237,23 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     out = []
     for c in clients:
         waited = now - c.progress_at
-        if waited < TEACHER_STALL_S:
+        if waited < _stall_limit(c):
             continue
-        if not servers or all(s.received_at <= c.progress_at for s in servers):
+        if not servers or all(s.received_at < c.sent_at for s in servers):  # none of the newest sends arrived
             got = sum(s.received for s in servers)
             out.append(AlertEvent(
                 severity="critical", code="teacher_unreached", targets=["teacher/proxy"],
                 message=f"the teacher client has {c.in_flight} request(s) in flight for {spoken(waited)} (sent "
                         f"{c.sent}); the teacher server received none of them (received {got} in all)",
-                hint="seed 000: the path between them: teacher.address, the proxy's host and port, a firewall; "
+                hint="the path between them: teacher.address, the proxy's host and port, a firewall; "
                      "`gkd-tui doctor` checks what it can",
                 evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
     for s in servers:
         waited = now - s.progress_at
-        if s.queue_depth and waited >= TEACHER_STALL_S:
+        if s.queue_depth and waited >= _stall_limit(s):
             workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
                              and w.phase not in TERMINAL_PHASES)
-            vs = {w: verdict(state, state.workers[w], now) for w in workers[:4]}
+            vs = {w: verdict(state, state.workers[w], now, frozen_limits(cfg)[1]) for w in workers[:4]}
             verdicts = [f"{w}: {v.text}" for w, v in vs.items()]
             out.append(AlertEvent(
                 severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],
@@ -255,6 +267,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     return out
 
 
+SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
 NO_STEP_FACTOR = 3.0
 NO_STEP_MIN_S = 30.0
 
@@ -267,7 +280,10 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         return []
     gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:]))
     median = gaps[len(gaps) // 2]
-    since = now - ms[-1].ts
+    since = now - max(ms[-1].ts, state.running_since)  # a restarted driver's init is not a stall
+    driver = state.workers.get("driver")
+    if driver is not None and (driver.phase.startswith("init") or driver.phase in SLOW_ON_PURPOSE):
+        return []
     limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
     alive = [w for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < cfg.stall_s]
     if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
@@ -279,7 +295,7 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         message=f"no training step for {spoken(since)} ({since / max(median, 1e-3):.0f}x the median step of "
                 f"{precise(median)}), every heartbeat fresh; longest in a phase: "
                 + (", ".join(f"{src} in {ph} {spoken(t)}" for t, src, ph in busy) or "nobody"),
-        hint="seed 001: alive but not progressing; dump every stack (D) and look for the odd one out",
+        hint="alive but not progressing: dump every stack (D) and look for the odd one out",
         targets=[busy[0][1]] if busy else [],
         evidence={"since_s": round(since, 1), "median_step_s": round(median, 3), "elapsed_s": round(since, 1)},
     )]
@@ -293,11 +309,11 @@ def _res(r: dict[str, float]) -> str:
 
 
 def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
-    """Actors Ray cannot create (seed 003's workers stuck at init): a demand no node can meet, said
-    with the numbers, or a demand that waits for resources others hold."""
+    """Actors Ray cannot create (workers stuck at init): a demand no node can meet, said with the
+    numbers, or a demand that waits for resources others hold."""
     groups: dict[tuple, list] = {}
     for w in state.workers.values():
-        if w.ray_state == "PENDING_CREATION":
+        if w.ray_state == "PENDING_CREATION" and w.phase not in TERMINAL_PHASES:
             groups.setdefault((w.role, tuple(sorted(w.ray_required.items()))), []).append(w)
     alive = [n.resources for n in state.ray_nodes.values() if n.state == "ALIVE"]
     out = []
@@ -314,7 +330,7 @@ def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
                 message=f"{who} cannot be scheduled: each asks for {_res(need)}; no node has {_res(lacking)} "
                         f"(the largest of {len(alive)} node{'s' if len(alive) > 1 else ''} has {_res(best)})"
                         + (f"; pending {spoken(waited)}" if waited >= 1 else ""),
-                hint="seed 003, workers stuck at init: lower the request (num_gpus, resources=) or add a node "
+                hint="lower the request (num_gpus, resources=) or add a node "
                      "that has it; `ray status` lists the demands Ray cannot meet",
                 evidence={"required": need, "largest": best, "nodes": len(alive), "elapsed_s": round(waited, 1)}))
         elif waited > PENDING_S:

@@ -23,7 +23,7 @@ PEER_FACTOR = 3.0
 OWN_FACTOR = 5.0
 OWN_MIN_SAMPLES = 3
 SAME_CALL_S = 5.0  # phases without a step: started within this of each other is the same call
-NOT_WORK = frozenset({"", "idle", "serve", "ready", *TERMINAL_PHASES})
+NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *TERMINAL_PHASES})
 
 
 class Late(NamedTuple):
@@ -103,4 +103,21 @@ def late_workers(state: RunState, now: float) -> list[Late]:
                                     "warn"))
     if named:  # the rest are waiting for them
         return named
-    return own
+    return _not_the_waiting(state, own)
+
+
+def _not_the_waiting(state: RunState, own: list[Late]) -> list[Late]:
+    """Own-history findings that share one instance of a phase are a group waiting on each other:
+    the driver waits on everyone, and in a weight sync the driver's own pending list says who holds
+    the broadcast up (the root is blocked by them). Without such a list, all of them stay named."""
+    by_instance: dict[tuple, list[Late]] = {}
+    for late in own:
+        by_instance.setdefault((late.phase, late.step), []).append(late)
+    out = []
+    for (phase, _), group in by_instance.items():
+        if len(group) > 1:
+            group = [g for g in group if state.workers[g.src].role != "driver"] or group
+            pending = set(state.sync.pending) if phase == "sync_weights" and state.sync is not None else set()
+            group = [g for g in group if g.src in pending] or group
+        out += group
+    return out

@@ -1,4 +1,4 @@
-"""Stuck or slow: the seeds' question "how do I know it is really stuck?", answered from the
+"""Stuck or slow: "how do I know it is really stuck?", answered from the
 heartbeats' CPU share and two stacks taken a few seconds apart.
 
 - dead: Ray says its actor is DEAD;
@@ -26,7 +26,7 @@ class Verdict(NamedTuple):
     where: str  # the stack line, when a stack was taken during this phase
 
 
-def verdict(state: RunState, w: WorkerState, now: float) -> Verdict:
+def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZEN_S) -> Verdict:
     cur, prev = state.stacks.get(w.src), state.stacks_prev.get(w.src)
     cur = cur if cur is not None and cur.ts >= w.phase_since and cur.text else None
     prev = prev if cur is not None and prev is not None and prev.ts >= w.phase_since and prev.text else None
@@ -38,7 +38,7 @@ def verdict(state: RunState, w: WorkerState, now: float) -> Verdict:
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
                                                                     if w.ray_death_cause else ""), line)
     age = now - w.last_heartbeat if w.last_heartbeat else None
-    if age is not None and age > FROZEN_S:
+    if age is not None and age > frozen_s:
         return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"
                        + suffix, line)
     low = now - w.cpu_low_since if w.cpu_low_since is not None else 0.0

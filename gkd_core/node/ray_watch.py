@@ -28,7 +28,7 @@ def poll(address: str | None = None, timeout_s: float = TIMEOUT_S, finished: boo
     from ray.util import state as ray_state
 
     kw = {"address": address, "timeout": timeout_s, "limit": LIMIT, "raise_on_missing_output": False}
-    nodes = ray_state.list_nodes(detail=True, **kw)
+    nodes = ray_state.list_nodes(**kw)
     actors = ray_state.list_actors(detail=True, **kw)
     # detail gives the start times; the filter keeps it to the tasks running now
     tasks = ray_state.list_tasks(filters=[("state", "=", "RUNNING")], detail=True, **kw)

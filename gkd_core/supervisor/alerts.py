@@ -15,8 +15,8 @@ from gkd_core.telemetry.events import AlertEvent
 OWNED = (*diagnosis.CODES, "ingest_rejected")
 
 
-def evaluate(state: RunState, now: float, stall_s: float) -> list[AlertEvent]:
-    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s))
+def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0) -> list[AlertEvent]:
+    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s))
 
 
 def _changed(cur, a: AlertEvent) -> bool:

@@ -84,7 +84,7 @@ class Supervisor:
         self._exit_status = 0
         self._signalled = False
         self._next_alerts = 0.0
-        self._auto_stacks: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, phase start) -> (n, next)
+        self._auto_stacks: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, alert since) -> (n, next)
         self._started_mono = time.monotonic()
         self.ctx = zmq.Context()
         self._authenticator = None
@@ -398,7 +398,7 @@ class Supervisor:
 
     def _evaluate_alerts(self) -> None:
         now = time.time()
-        wanted = alerts.evaluate(self.state, now, self.cfg.telemetry.stall_s)
+        wanted = alerts.evaluate(self.state, now, self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s)
         if self.rejects.total:
             wanted.append(ev.AlertEvent(
                 severity="warn", code="ingest_rejected",
@@ -428,13 +428,16 @@ class Supervisor:
 
     def _auto_dump_stacks(self, mono: float) -> None:
         """Two stacks of every worker named late, a few seconds apart, through the driver."""
-        named = {t for a in self.state.alerts.values() if a.code in AUTO_STACK_CODES for t in a.targets}
+        first: dict[str, float] = {}  # worker -> since when an alert names it
+        for a in self.state.alerts.values():
+            if a.code in AUTO_STACK_CODES:
+                for t in a.targets:
+                    first[t] = min(first.get(t, a.since), a.since)
         live = {}
-        for t in named:
-            w = self.state.workers.get(t)
-            if w is None:
+        for t, since in first.items():  # one pair of stacks per naming, however often it changes phase
+            key = (t, since)
+            if t not in self.state.workers:
                 continue
-            key = (t, w.phase_since)
             n, due = self._auto_stacks.get(key, (0, mono))
             if n < 2 and mono >= due:
                 try:

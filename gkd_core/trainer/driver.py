@@ -29,6 +29,8 @@ from gkd_core.lifeline import die_with_supervisor
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer import checkpoints
+from gkd_core.units import size
 
 EXIT_CONFIG = 2
 # one torch thread per process (more than the cores make small models many times slower), and
@@ -60,8 +62,6 @@ def free_port() -> int:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    from gkd_core.trainer import checkpoints
-
     return checkpoints.latest(run_dir / "checkpoints")
 
 
@@ -95,8 +95,8 @@ class Driver:
         self._teacher_back_at: float | None = None
         self.bad_steps = 0
         self._bad_run: list[int] = []  # the current run of skipped steps
-        self._last_ckpt_bytes = 0
-        self._disk_low = False
+        self._last_ckpt_bytes = 0  # the last checkpoint's size (an estimate until this driver has saved one)
+        self._disk_low = True  # a restarted driver clears what its predecessor raised, at its first save
 
     # --- reporting helpers -------------------------------------------------------------
 
@@ -469,9 +469,6 @@ class Driver:
     def checkpoint(self, step: int) -> None:
         """Save, unless the last checkpoint's size does not fit on the disk: then a `disk_low` alert
         and training goes on without this save. Older checkpoints go once the new one is complete."""
-        from gkd_core.trainer import checkpoints
-        from gkd_core.units import size
-
         root = self.run_dir / "checkpoints"
         root.mkdir(parents=True, exist_ok=True)
         ok, free = checkpoints.fits(root, self._last_ckpt_bytes, self.disk_for(step))
@@ -498,10 +495,8 @@ class Driver:
             self._disk_low = False
             self.rep.emit(ev.AlertEvent(severity="critical", code="disk_low", targets=["checkpoint"], cleared=True))
 
-    def disk_for(self, step: int):
+    def disk_for(self, step: int) -> checkpoints.FreeSpace:
         """The free-space reading: the real one, or the `disk_full` fault's empty disk."""
-        from gkd_core.trainer import checkpoints
-
         for f in self.faults:
             if f["kind"] == "disk_full" and f["step"] <= step < f["step"] + max(1, f.get("repeat", 1)):
                 return checkpoints.FakeFreeSpace(0)
@@ -529,6 +524,11 @@ class Driver:
 
     def resume(self) -> int:
         ckpt = latest_checkpoint(self.run_dir)
+        # what the next save will take, for the free-space check of the first one: the last
+        # checkpoint's size, else the student's own estimate (weights and optimizer state)
+        self._last_ckpt_bytes = checkpoints.size_bytes(ckpt) if ckpt is not None else self.wait(
+            {"student/0": self.actors["student/0"].checkpoint_bytes.remote()}, self.cfg.trainer.init_timeout_s,
+            "resume")["student/0"]
         if ckpt is None:
             return 1
         state = json.loads((ckpt / "state.json").read_text())
@@ -587,7 +587,8 @@ class Driver:
             timing["sync"] = time.monotonic() - t
             if not off and step < total:
                 gen = self.launch_generate(step + 1)
-            if (step % cfg.trainer.checkpoint_every == 0 or step == total) and not skipped:
+            # a skipped step is not saved as such, but the run's last step is: its weights are the last good ones
+            if (step % cfg.trainer.checkpoint_every == 0 and not skipped) or step == total:
                 self.checkpoint(step)
             self.emit_metrics(step, m, seqs, gen_s, timing)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")

@@ -131,7 +131,7 @@ class WorkerBase:
         f = self._fault("oom", step)
         if f:  # what torch raises when an allocation does not fit, as a real OOM would
             self.rep.log(f"fault injected: an allocation too large in {where} at step {step}", level="warn")
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected in "
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected in "
                                          f"{self.src}'s {where} at step {step})")
         f = self._fault("hold_gil", step)
         if f:
@@ -255,7 +255,7 @@ class StudentActor(WorkerBase):
             self.rep.log(f"step {step} skipped: loss {loss:.4g}, gradient norm {norm:.4g}", level="error")
             return {"skipped": True, "grad_norm": norm, "agreement": self._agreement, "weights_finite": True}
         self.opt.step()
-        finite = bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params]))).all())
+        finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
         self._agreement = self.agreement()
         return {"skipped": False, "grad_norm": norm, "agreement": self._agreement, "weights_finite": finite}
 
@@ -303,6 +303,10 @@ class StudentActor(WorkerBase):
                                                 map_location=self.device))
             self._agreement = self.agreement()
         return fingerprint(self.model.parameters())
+
+    def checkpoint_bytes(self) -> int:
+        """About what a checkpoint takes: the weights and the optimizer's two moments (AdamW)."""
+        return sum(p.numel() * p.element_size() + 2 * p.numel() * 4 for p in self.model.parameters())
 
     def weights_fingerprint(self) -> str:
         return fingerprint(self.model.parameters())

@@ -153,7 +153,8 @@ class RayStateSource:
             self.error = ""
             self._apply([ev.AlertEvent(code="ray_unreachable", cleared=True)])
         self.polls += 1
-        self.truncated = len(actors) >= LIMIT or len(tasks) >= LIMIT
+        running = [t for t in tasks if getattr(t, "state", "RUNNING") == "RUNNING"]
+        self.truncated = len(actors) >= LIMIT or len(running) >= LIMIT or len(tasks) - len(running) >= LIMIT
         self._apply(self.to_events(nodes, actors, tasks))
         self._apply(self.cpu_samples())
         self.diagnose()
@@ -245,14 +246,19 @@ class RayStateSource:
                                    death_cause=cause, ts=now,
                                    required=dict(a.required_resources or {}) if a.state == "PENDING_CREATION" else {}))
             self._shown[name] = shown
-        self._done = {k: end for k, end in self._done.items() if end > now - 2 * HISTORY_S}
+        # a finished call is taken in once: the window moves on, and what fell out of it is forgotten
+        self._since = max(self._since, now - HISTORY_S)
+        self._done = {k: end for k, end in self._done.items() if end > self._since}
         return out
 
     def _finished_calls(self, name: str, tasks: list) -> list[ev.Event]:
         """The calls of one actor that ended since the last poll, as phases with their real start and
         end (a call that began and ended between two polls is a span too): its peers' times."""
         out: list[ev.Event] = []
-        for t in sorted(tasks, key=lambda t: t.start_time_ms)[-SPANS_KEEP:]:
+        ordered = sorted(tasks, key=lambda t: t.start_time_ms)
+        for t in ordered[:-SPANS_KEEP]:  # older than the reducer keeps: taken in, not shown
+            self._done[t.task_id] = t.end_time_ms / 1000
+        for t in ordered[-SPANS_KEEP:]:
             start, end = t.start_time_ms / 1000, t.end_time_ms / 1000
             self._done[t.task_id] = end
             if self._shown.get(name, ("", ""))[1] != t.task_id:  # not seen running: its start first
