@@ -13,10 +13,12 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-# frames from these are plumbing: Ray's loops (py-spy writes its files as ray/..., relative to
-# site-packages), thread pools, our own reporter thread
-LIBRARY = re.compile(r"site-packages|(?:^|[\s/(\"])ray/|_raylet|threading\.py|concurrent/futures|selectors\.py|"
-                     r"queue\.py|socket\.py|asyncio/|zmq/|gkd_core/telemetry|gkd_core/node|\(libc|\(libpython")
+# frames from these are plumbing: Ray's loops, torch and its kin (py-spy writes their files as
+# ray/..., torch/..., relative to site-packages), thread pools, our own reporter thread. An RL
+# framework's own code (verl, OpenRLHF) is what a person looks for, so it is not listed.
+LIBRARY = re.compile(r"site-packages|(?:^|[\s/(\"])(?:ray|torch|transformers|numpy|safetensors|tokenizers|zmq)/|"
+                     r"_raylet|threading\.py|concurrent/futures|selectors\.py|queue\.py|socket\.py|asyncio/|"
+                     r"gkd_core/telemetry|gkd_core/node|\(libc|\(libpython")
 THREAD_START = re.compile(r"^(Thread \S+|Current thread \S+)")
 FRAME = re.compile(r"\.py[:\"]|\.py, line")
 PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)\s*$")

@@ -23,8 +23,9 @@ STACK_TEXT_KEEP = 64 * 1024
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
 TERMINAL_PHASES = ("finished", "failed", "cancelled", "exited")
 # what an out-of-memory error says: CUDA's, torch's, the kernel's OOM killer, Ray's memory monitor
-OOM = re.compile(r"out of memory|OutOfMemoryError|\bOOM\b|Killed process|running low on memory|"
-                 r"Failed to allocate memory for KV cache", re.IGNORECASE)
+# (not a bare "OOM": Ray's message for any dead worker lists "the OOM killer" among possible causes)
+OOM = re.compile(r"out of memory|OutOfMemoryError|\bOOM[- ]?(?:killed|error)|oom-kill|Killed process|"
+                 r"running low on memory|Failed to allocate memory for KV cache", re.IGNORECASE)
 SPANS_KEEP = 16  # finished phases remembered per worker: its peers' times and its own history
 CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress
 
@@ -141,6 +142,12 @@ class GpuRow(msgspec.Struct, kw_only=True):
     pids: list[int] = []
     ts: float = 0.0
     error: str = ""
+    full_idle_since: float | None = None  # memory at least GPU_FULL, utilisation 0, since then
+    util_avg: float | None = None  # utilisation, averaged over about the last minute of readings
+
+
+GPU_FULL = 0.9
+UTIL_AVG_S = 60.0
 
 
 class ProbeHang(msgspec.Struct, kw_only=True):
@@ -373,10 +380,21 @@ class RunState(msgspec.Struct, kw_only=True):
                 self.gpu_notes.pop(node, None)
             return
         self.gpu_notes.pop(node, None)
-        self.gpus[f"{node}/{e.index}"] = GpuRow(
+        key = f"{node}/{e.index}"
+        old = self.gpus.get(key)
+        row = self.gpus[key] = GpuRow(
             node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
             temp=e.temp, power=e.power, pids=list(e.pids), ts=e.ts, error=e.error,
         )
+        full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
+        if full and e.util is not None and e.util <= 0.0:
+            row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else e.ts
+        if e.util is not None:  # an average over time, whatever the sampling interval
+            if old is None or old.util_avg is None:
+                row.util_avg = e.util
+            else:
+                weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
+                row.util_avg = old.util_avg + weight * (e.util - old.util_avg)
 
     def _on_metrics(self, e: ev.MetricsEvent) -> None:
         self.metrics.append(MetricsPoint(

@@ -269,3 +269,23 @@ def test_a_late_sighting_makes_no_span_that_ends_before_it_starts():
     phase(st, "Actor/0", "work", T0 + 10)  # a call that began before it was seen
     phase(st, "Actor/0", "idle", T0 + 20)
     assert [(s.phase, s.ended - s.started) for s in st.workers["Actor/0"].spans] == [("work", 10.0)]
+
+
+def test_a_gpu_full_of_memory_at_zero_utilisation_and_unbalanced_gpus():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    st.apply(ev.WorkerEvent(src="rollout/1", role="rollout", pid=4121, ts=T0))
+    gib = 1 << 30
+    for t in range(0, 130, 2):
+        st.apply(ev.GpuEvent(src="agent/a", node="a", index=0, util=95.0, mem_used=40 * gib, mem_total=80 * gib,
+                             ts=T0 + t))
+        st.apply(ev.GpuEvent(src="agent/a", node="a", index=1, util=0.0, mem_used=78 * gib, mem_total=80 * gib,
+                             pids=[4121], ts=T0 + t))
+    assert named(st, T0 + 50, "gpu_idle_full") == []  # not before a minute
+    ((_, targets, _),) = named(st, T0 + 128, "gpu_idle_full")
+    assert targets == ["gpu a/1", "rollout/1"]
+    ((_, targets, _),) = named(st, T0 + 128, "gpu_unbalanced")
+    assert targets == ["gpu a/1"]
+    st.apply(ev.GpuEvent(src="agent/a", node="a", index=1, util=60.0, mem_used=78 * gib, mem_total=80 * gib,
+                         ts=T0 + 130))
+    assert named(st, T0 + 131, "gpu_idle_full") == []  # it computes again

@@ -178,6 +178,47 @@ def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEven
     return out
 
 
+GPU_IDLE_FULL_S = 60.0  # memory full, nothing computed, for this long
+GPU_SPREAD = 50.0  # utilisation points between the busiest and the idlest GPU of the run
+GPU_FRESH_S = 30.0  # readings older than this are not compared
+
+
+def gpu_danger(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """The danger signs of a GPU run: a GPU full of memory at 0 % utilisation for a minute (a process
+    that holds it and waits: a hung collective, a leftover process), and GPUs badly unbalanced."""
+    if state.state not in ("running", ""):
+        return []
+    out = []
+    by_pid = {w.pid: w.src for w in state.workers.values() if w.pid}
+    rows = [g for g in state.gpu_rows() if now - g.ts < GPU_FRESH_S]
+    for g in rows:
+        if g.full_idle_since is not None and now - g.full_idle_since >= GPU_IDLE_FULL_S:
+            holders = [by_pid.get(p, f"pid {p}") for p in g.pids]
+            out.append(AlertEvent(
+                severity="warn", code="gpu_idle_full", targets=[f"gpu {g.node}/{g.index}", *holders],
+                message=f"GPU {g.index} on {g.node}: {100 * (g.mem_used or 0) / (g.mem_total or 1):.0f} % of its memory "
+                        f"used at 0 % utilisation for {spoken(now - g.full_idle_since)}"
+                        + (f" (held by {', '.join(holders)})" if holders else ""),
+                hint="a process holds the GPU and computes nothing: a hung collective or a leftover process; its "
+                     "stack (d); `nvidia-smi` lists the pids",
+                evidence={"elapsed_s": round(now - g.full_idle_since, 1), "util": g.util, "mem_used": g.mem_used,
+                          "mem_total": g.mem_total}))
+    smooth = [(g.util_avg, g) for g in rows if g.util_avg is not None]
+    if len(smooth) >= 2 and state.running_since and now - state.running_since > GPU_IDLE_FULL_S:
+        (lo, g_lo), (hi, g_hi) = min(smooth, key=lambda x: x[0]), max(smooth, key=lambda x: x[0])
+        if hi - lo >= GPU_SPREAD:
+            idle = [f"gpu {g.node}/{g.index}" for u, g in smooth if hi - u >= GPU_SPREAD]
+            out.append(AlertEvent(
+                severity="warn", code="gpu_unbalanced", targets=idle,
+                message=f"GPUs unbalanced: {g_hi.node}/{g_hi.index} at {hi:.0f} %, {g_lo.node}/{g_lo.index} at "
+                        f"{lo:.0f} % (averaged over the last minute); {len(idle)} of {len(smooth)} far below the "
+                        "busiest",
+                hint="an uneven split of the work (batch sizes not divisible by the workers) or a straggler on the "
+                     "idle ones; compare their phases in the workers table",
+                evidence={"max_util": round(hi, 1), "min_util": round(lo, 1)}))
+    return out
+
+
 def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """Seed 004's NaN loss: a step skipped because its loss or gradient norm was not finite."""
     if not state.bad_steps or state.step is None or state.step - state.bad_steps[-1] >= BAD_STEP_SHOWN:
@@ -196,7 +237,8 @@ def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
 MEMORY_LADDER = ("the memory ladder, in order: halve actor.micro_batch_size; gradient checkpointing; "
                  "rollout.gpu_memory_utilization 0.5 (0.4 on small GPUs); shorter sequences "
                  "(rollout.max_new_tokens); restart smaller (r) applies them in that order")
-FAILED_WORKER = re.compile(r"^(\S+/\S+) \(.*?\) failed in (\S+)")
+# how the driver names a worker that failed or died under a guarded wait
+FAILED_WORKER = re.compile(r"^(\S+/\S+) \(.*?\) (?:failed in|died or was cancelled during) (\S+?):")
 
 
 def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -239,7 +281,10 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         waited = now - c.progress_at
         if waited < _stall_limit(c):
             continue
-        if not servers or all(s.received_at < c.sent_at for s in servers):  # none of the newest sends arrived
+        # the newest sends never arrived: fewer received than sent, and nothing received since
+        sent = sum(x.sent for k, x in sides.items() if k.startswith("client:"))
+        if not servers or (sum(s.received for s in servers) < sent
+                           and all(s.received_at < c.sent_at for s in servers)):
             got = sum(s.received for s in servers)
             out.append(AlertEvent(
                 severity="critical", code="teacher_unreached", targets=["teacher/proxy"],
@@ -352,7 +397,7 @@ def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     return [AlertEvent(
         severity="critical", code="driver_failed", message=f"driver {state.reason}: {line}"[:300],
         hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",
-        targets=[m.group(1)] if m else [],
+        targets=[m.group(1)] if m else [], evidence={"verdict": "dead"} if m and "died" in line else {},
     )]
 
 
@@ -368,13 +413,14 @@ def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEven
 
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, teacher, no_progress, actor_dead, unschedulable, gpu_probe_hung, bad_step,
-    out_of_memory, driver_failed, events_dropped,
+    heartbeat_stale, stragglers, sync, teacher, no_progress, actor_dead, unschedulable, gpu_probe_hung, gpu_danger,
+    bad_step, out_of_memory, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
          "fingerprint_mismatch", "teacher_unreached", "teacher_not_serving", "no_progress", "actor_dead",
-         "unschedulable", "gpu_probe_hung", "bad_step", "out_of_memory", "driver_failed", "events_dropped")
+         "unschedulable", "gpu_probe_hung", "gpu_idle_full", "gpu_unbalanced", "bad_step", "out_of_memory",
+         "driver_failed", "events_dropped")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
 LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable",
-        "teacher_unreached", "teacher_not_serving", "no_progress")
+        "teacher_unreached", "teacher_not_serving", "no_progress", "gpu_idle_full", "gpu_unbalanced")

@@ -96,7 +96,7 @@ class Driver:
         self.bad_steps = 0
         self._bad_run: list[int] = []  # the current run of skipped steps
         self._last_ckpt_bytes = 0  # the last checkpoint's size (an estimate until this driver has saved one)
-        self._disk_low = True  # a restarted driver clears what its predecessor raised, at its first save
+        self._disk_low = self.restart > 0  # a restarted driver clears what its predecessor raised, at its first save
 
     # --- reporting helpers -------------------------------------------------------------
 

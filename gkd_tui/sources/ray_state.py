@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 
 from gkd_core import diagnosis
-from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, actor_view, poll
+from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, RayView, poll
 from gkd_core.node.stacks import capture_many, cpu_seconds
-from gkd_core.state import SPANS_KEEP, RunState
+from gkd_core.state import RunState
 from gkd_core.supervisor.alerts import diff
 from gkd_core.telemetry import events as ev
 
+# every 2 s, where the driver's watcher asks every 5 (agent.ray_poll_s): here Ray's view is the only
+# signal there is, there the workers report themselves and Ray's is the second opinion
 POLL_S = 2.0
-TERMINAL = {"DEAD": "exited"}
-HISTORY_S = 120.0  # finished calls this recent are taken in at the first poll: the peers' times
 AUTO_STACK_AGAIN_S = 3.0
 
 
@@ -100,12 +100,7 @@ class RayStateSource:
         self.error = ""
         self.polls = 0
         self.truncated = False
-        self.names: dict[str, str] = {}  # actor id -> the worker name shown
-        self.node_ip: dict[str, str] = {}  # node id -> ip
-        self._shown: dict[str, tuple] = {}  # worker -> (phase, task id) last applied
-        self._nodes: dict[str, tuple] = {}  # node id -> (state, resources) last applied
-        self._done: dict[str, float] = {}  # finished task id -> its end, taken in already
-        self._since = time.time() - HISTORY_S
+        self.view = RayView()  # every actor a worker, its calls its phases
         self._cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) at the last poll
         self._auto: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, phase start) -> (stacks, next)
         self._stop = threading.Event()
@@ -155,7 +150,7 @@ class RayStateSource:
         self.polls += 1
         running = [t for t in tasks if getattr(t, "state", "RUNNING") == "RUNNING"]
         self.truncated = len(actors) >= LIMIT or len(running) >= LIMIT or len(tasks) - len(running) >= LIMIT
-        self._apply(self.to_events(nodes, actors, tasks))
+        self._apply(self.view.events(nodes, actors, tasks))
         self._apply(self.cpu_samples())
         self.diagnose()
 
@@ -196,76 +191,6 @@ class RayStateSource:
             if last is not None and now > last[0]:
                 cpu = round(100.0 * (got[1] - last[1]) / (now - last[0]), 1)
                 out.append(ev.HeartbeatEvent(src=src, cpu=cpu, ts=now))
-        return out
-
-    def to_events(self, nodes, actors, tasks) -> list[ev.Event]:
-        now = time.time()
-        out: list[ev.Event] = []
-        self.node_ip.update({n.node_id: n.node_ip for n in nodes})
-        for n in nodes:
-            view = (n.state, tuple(sorted((n.resources_total or {}).items())))
-            if self._nodes.get(n.node_id) != view:
-                self._nodes[n.node_id] = view
-                out.append(ev.RayNodeEvent(node=n.node_ip, node_id=n.node_id, state=n.state,
-                                           resources=dict(n.resources_total or {}), ts=now))
-        running = {t.actor_id: t for t in tasks if t.actor_id and getattr(t, "state", "RUNNING") == "RUNNING"}
-        finished: dict[str, list] = {}
-        for t in tasks:
-            if (t.actor_id and getattr(t, "state", "") == "FINISHED" and t.task_id not in self._done
-                    and t.start_time_ms and t.end_time_ms and t.end_time_ms / 1000 > self._since):
-                finished.setdefault(t.actor_id, []).append(t)
-        counts: dict[str, int] = {}
-        for a in sorted(actors, key=lambda a: (a.class_name, a.actor_id)):
-            name = self.names.get(a.actor_id)
-            if name is None:
-                rank = counts.get(a.class_name, 0)
-                name = a.name or f"{a.class_name}/{rank}"
-                self.names[a.actor_id] = name
-            counts[a.class_name] = counts.get(a.class_name, 0) + 1
-            node = self.node_ip.get(a.node_id or "", (a.node_id or "")[:8])
-            if name not in self._shown:
-                out.append(ev.WorkerEvent(src=name, role=a.class_name, node=node, pid=a.pid or 0,
-                                          actor_id=a.actor_id, ts=now))
-            out.extend(self._finished_calls(name, finished.get(a.actor_id, [])))
-            state, method, started, cause = actor_view(a, running.get(a.actor_id))
-            task_id = running[a.actor_id].task_id if method else ""
-            if a.state in TERMINAL:
-                shown = (TERMINAL[a.state], "")
-            elif method:
-                shown = (method, task_id)
-            else:
-                shown = ("idle" if a.state == "ALIVE" else a.state.lower(), "")
-            if self._shown.get(name) == shown:
-                continue
-            prev = self._shown.get(name)
-            if prev and prev[0] == shown[0] and prev[1] != shown[1]:
-                out.append(ev.PhaseEvent(src=name, phase="idle", ts=now))  # the same method again: a new start
-            out.append(ev.PhaseEvent(src=name, phase=shown[0], started=started, ts=now,
-                                     detail=f"task {task_id[:16]}" if task_id else f"actor {a.state}"))
-            out.append(ev.RayEvent(target=name, actor_id=a.actor_id, state=state, task=method, task_started=started,
-                                   death_cause=cause, ts=now,
-                                   required=dict(a.required_resources or {}) if a.state == "PENDING_CREATION" else {}))
-            self._shown[name] = shown
-        # a finished call is taken in once: the window moves on, and what fell out of it is forgotten
-        self._since = max(self._since, now - HISTORY_S)
-        self._done = {k: end for k, end in self._done.items() if end > self._since}
-        return out
-
-    def _finished_calls(self, name: str, tasks: list) -> list[ev.Event]:
-        """The calls of one actor that ended since the last poll, as phases with their real start and
-        end (a call that began and ended between two polls is a span too): its peers' times."""
-        out: list[ev.Event] = []
-        ordered = sorted(tasks, key=lambda t: t.start_time_ms)
-        for t in ordered[:-SPANS_KEEP]:  # older than the reducer keeps: taken in, not shown
-            self._done[t.task_id] = t.end_time_ms / 1000
-        for t in ordered[-SPANS_KEEP:]:
-            start, end = t.start_time_ms / 1000, t.end_time_ms / 1000
-            self._done[t.task_id] = end
-            if self._shown.get(name, ("", ""))[1] != t.task_id:  # not seen running: its start first
-                out.append(ev.PhaseEvent(src=name, phase=t.name.rpartition(".")[2] or t.name, started=start,
-                                         ts=start, detail=f"task {t.task_id[:16]}"))
-            out.append(ev.PhaseEvent(src=name, phase="idle", started=end, ts=end))
-            self._shown[name] = ("idle", "")
         return out
 
     def _apply(self, events: list[ev.Event]) -> None:
