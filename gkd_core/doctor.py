@@ -260,17 +260,42 @@ def check_stack_tools() -> Check:
     return Check("stacks", "pass", f"py-spy at {Path(exe).name}, ptrace allowed (native frames available)")
 
 
-def check_home() -> Check:
+def checkpoint_estimate(cfg: config_mod.Config) -> int:
+    """About what one checkpoint takes: the weights, plus AdamW's two float32 moments per parameter."""
+    per = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
+    if cfg.model.path and Path(cfg.model.path).is_dir():
+        files = list(Path(cfg.model.path).glob("*.safetensors")) or list(Path(cfg.model.path).glob("*.bin"))
+        params = sum(f.stat().st_size for f in files) / per
+    else:  # the built-in GPT-2 student: blocks, position and token embeddings (a small vocabulary)
+        m = cfg.model
+        params = 12 * m.n_layer * m.n_embd ** 2 + (64 + 64) * m.n_embd
+    return int(params * (per + 8))
+
+
+def check_home(cfg: config_mod.Config | None = None) -> Check:
     from gkd_core.rundir import gkd_home
+    from gkd_core.units import size
 
     home = gkd_home()
     home.mkdir(parents=True, exist_ok=True)
+    if not os.access(home, os.W_OK):
+        return Check("disk", "fail", "GKD_HOME is not writable", "set GKD_HOME to a writable folder")
     free = shutil.disk_usage(home).free
+    if cfg is not None:
+        one = checkpoint_estimate(cfg)
+        keep = cfg.trainer.keep_checkpoints
+        kept = keep or max(1, cfg.trainer.total_steps // cfg.trainer.checkpoint_every)
+        need = one * (kept + 1)  # the kept ones, and the next being written before the oldest goes
+        detail = (f"{size(free)} free under GKD_HOME; a checkpoint takes about {size(one)}, "
+                  f"{'all ' if not keep else ''}{kept} kept + 1 being written = {size(need)}")
+        if free < need:
+            return Check("disk", "fail" if free < 2 * one else "warn", detail,
+                         "lower trainer.keep_checkpoints, raise trainer.checkpoint_every, or free space; a save that "
+                         "does not fit is skipped with a disk_low alert")
+        return Check("disk", "pass", detail)
     if free < 1 << 30:
         return Check("disk", "warn", f"{free >> 20} MiB free under GKD_HOME", "checkpoints need room: free some, "
                      "or point GKD_HOME elsewhere")
-    if not os.access(home, os.W_OK):
-        return Check("disk", "fail", "GKD_HOME is not writable", "set GKD_HOME to a writable folder")
     return Check("disk", "pass", f"GKD_HOME writable, {free >> 30} GiB free")
 
 
@@ -288,7 +313,7 @@ def run_checks(path: str | None = None, overrides: list[str] | None = None, gpu_
         checks.append(check_teacher(cfg))
         checks.append(check_data(cfg))
     checks.append(check_stack_tools())
-    checks.append(check_home())
+    checks.append(check_home(cfg))
     return checks
 
 

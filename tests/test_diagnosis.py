@@ -289,3 +289,15 @@ def test_a_gpu_full_of_memory_at_zero_utilisation_and_unbalanced_gpus():
     st.apply(ev.GpuEvent(src="agent/a", node="a", index=1, util=60.0, mem_used=78 * gib, mem_total=80 * gib,
                          ts=T0 + 130))
     assert named(st, T0 + 131, "gpu_idle_full") == []  # it computes again
+
+
+def test_a_late_generation_says_the_hang_is_before_the_teacher():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=8, completed=8, ts=T0 + 1))
+    for i in range(2):
+        st.apply(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", ts=T0))
+        phase(st, f"rollout/{i}", "generate", T0 + 2, 3)
+    phase(st, "rollout/0", "idle", T0 + 2.5, 3)
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 9) if a.code == "straggler"]
+    assert a.targets == ["rollout/1"] and "the hang is before the teacher" in a.message

@@ -49,3 +49,17 @@ def test_inconsistent_batches_and_a_hung_nvml_fail_with_a_fix(tmp_path):
     assert by["gpus"]["status"] == "fail" and "did not answer" in by["gpus"]["detail"] and by["gpus"]["fix"]
     batches = [c for c in checks if c["name"] == "batches"]
     assert any(c["status"] == "fail" and "rollout.n_workers" in c["detail"] and c["fix"] for c in batches)
+
+
+def test_the_disk_check_weighs_free_space_against_the_checkpoints_kept(tmp_path, monkeypatch):
+    from gkd_core import doctor as doc
+    from gkd_core.config import load_config
+
+    cfg = load_config(None)
+    one = doc.checkpoint_estimate(cfg)
+    assert 0.5e6 < one < 3e6  # the built-in student's checkpoint is about 1.2 MB on disk
+    monkeypatch.setenv("GKD_HOME", str(tmp_path))
+    check = doc.check_home(cfg)
+    assert check.status == "pass" and "3 kept + 1 being written" in check.detail
+    huge = load_config(None, ["model.n_embd=65536", "model.n_layer=64"])  # about 32 TB a checkpoint
+    assert doc.check_home(huge).status == "fail" and "keep_checkpoints" in doc.check_home(huge).fix

@@ -104,7 +104,8 @@ def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> Ale
         base = f"usually {precise(late.baseline)} (median of its last {late.n_done})"
     where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
     message = (f"{late.src} still in {late.phase}{at} after {spoken(late.elapsed)}; {base}"
-               + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else ""))
+               + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else "")
+               + _before_the_teacher(state, late, w.phase_since))
     return AlertEvent(
         severity=late.severity, code=code, message=message, targets=[late.src],
         hint=phase_hint(late.phase),
@@ -113,6 +114,15 @@ def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> Ale
                   "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
                   "where": v.where},
     )
+
+
+def _before_the_teacher(state: RunState, late: Late, since: float) -> str:
+    """The finding of the verl GKD write-up: the teacher server "received no requests" because the
+    rollouts never got past generation. Said when a generation is late and nothing was sent since."""
+    clients = [c for k, c in state.teacher.by_src.items() if k.startswith("client:")]
+    if "generate" not in late.phase or not clients or any(c.sent_at >= since for c in clients):
+        return ""
+    return "; the teacher has received no request since: the hang is before the teacher, not in it"
 
 
 def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
