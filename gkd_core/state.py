@@ -524,6 +524,15 @@ class RunState(msgspec.Struct, kw_only=True):
         """Most severe first, then oldest first."""
         return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
 
+    def dump_answer(self, dump_id: str) -> dict | None:
+        """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:
+        every stack it took is in ``stacks`` by then."""
+        for act in reversed(self.actions):
+            res = act.get("result")
+            if act.get("op") == "dump_stacks" and isinstance(res, dict) and res.get("dump_id") == dump_id:
+                return res
+        return None
+
     def recent_metrics(self, n: int = 60) -> list[MetricsPoint]:
         return self.metrics[-n:]
 

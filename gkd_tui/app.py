@@ -180,9 +180,7 @@ class GkdApp(App):
         while time.monotonic() < deadline:
             with self.source.lock:
                 got = {t: r for t, r in self.source.state.stacks.items() if r.dump_id == dump_id}
-                answered = capture is not None or any(  # the driver's action: every stack it took is in
-                    a.get("op") == "dump_stacks" and isinstance(a.get("result"), dict)
-                    and a["result"].get("dump_id") == dump_id for a in self.source.state.actions)
+                answered = capture is not None or self.source.state.dump_answer(dump_id) is not None
             if got and (answered or (targets and all(t in got for t in targets))):
                 break
             time.sleep(0.1)

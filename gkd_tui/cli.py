@@ -139,10 +139,9 @@ def _wait_for_dump(client: ControlClient, dump_id: str, timeout_s: float) -> tup
     deadline = time.monotonic() + timeout_s
     while True:
         state = msgspec.convert(client.request("snapshot")["state"], RunState)
-        for act in reversed(state.actions):
-            res = act.get("result")
-            if act.get("op") == "dump_stacks" and isinstance(res, dict) and res.get("dump_id") == dump_id:
-                return state, res
+        answer = state.dump_answer(dump_id)
+        if answer is not None:
+            return state, answer
         if time.monotonic() > deadline:
             return state, {}
         time.sleep(0.25)

@@ -301,3 +301,15 @@ def test_a_late_generation_says_the_hang_is_before_the_teacher():
     phase(st, "rollout/0", "idle", T0 + 2.5, 3)
     (a,) = [a for a in diagnosis.diagnose(st, T0 + 9) if a.code == "straggler"]
     assert a.targets == ["rollout/1"] and "the hang is before the teacher" in a.message
+
+
+def test_stacks_of_a_named_worker_are_asked_for_twice_three_seconds_apart_once_per_naming():
+    st = _with_alerts(running_sync(), T0 + 6)
+    auto = diagnosis.AutoStacks()
+    asked = {m: auto.due(st, 100.0 + m) for m in (0, 1, 2, 3, 4, 7, 8)}
+    assert asked == {0: ["rollout/1"], 1: [], 2: [], 3: ["rollout/1"], 4: [], 7: [], 8: []}
+    for a in alerts.diff(st, []):  # the finding goes (the sync finished): a later naming asks anew
+        st.apply(a)
+    assert auto.due(st, 200.0) == []
+    _with_alerts(st, T0 + 7)
+    assert auto.due(st, 201.0) == ["rollout/1"]

@@ -1,17 +1,23 @@
 """Diagnosis: rules that turn a RunState into findings, in seconds rather than at a deadline.
 
 ``diagnose(state, now)`` runs every rule in ``rules.RULES``; each is a pure function of the
-RunState and ``now`` returning alerts with their evidence and hint. The supervisor runs it for gkd
-runs, the Ray-state source for jobs it only observes (DESIGN §4).
+RunState and ``now`` returning alerts with their evidence and hint. ``changes`` turns the findings
+into the alert events that move the state to them, and ``AutoStacks`` says whose stacks to take.
+The supervisor runs them for gkd runs, the Ray-state source for jobs it only observes (DESIGN §4).
 """
 
 from __future__ import annotations
 
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings
-from gkd_core.state import RunState
+from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 
-__all__ = ["CODES", "LIVE", "Settings", "diagnose"]
+__all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
+
+# a worker named by one of these gets its stack taken at once and again AUTO_STACK_AGAIN_S later,
+# with no key press, so that the alert can say "the same stack twice"
+AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale")
+AUTO_STACK_AGAIN_S = 3.0
 
 
 def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> list[AlertEvent]:
@@ -23,3 +29,58 @@ def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> li
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
         out = [a for a in out if a.code != "slower_than_usual"]
     return out
+
+
+def _changed(cur: AlertState, a: AlertEvent) -> bool:
+    if cur.severity != a.severity:
+        return True
+    if a.code in LIVE:  # the time in the message grows every second: a change only when it has grown
+        # by half (a log scale: 6, 9, 14, 20 s ...) or the verdict or the place changed
+        grown = a.evidence.get("elapsed_s", 0) > 1.5 * cur.evidence.get("elapsed_s", float("inf"))
+        return grown or any(cur.evidence.get(k) != a.evidence.get(k) for k in ("verdict", "where"))
+    return cur.message != a.message
+
+
+def changes(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:
+    """The alert events that move ``state.alerts`` to ``wanted``: new or changed findings, and a
+    `cleared` one for each finding of these rules (CODES) that no longer holds."""
+    out = []
+    keys = set()
+    for a in wanted:
+        key = alert_key(a.code, a.targets)
+        keys.add(key)
+        cur = state.alerts.get(key)
+        if cur is None or _changed(cur, a):
+            out.append(a)
+    for key, cur in state.alerts.items():
+        if cur.code in CODES and key not in keys:
+            out.append(AlertEvent(code=cur.code, targets=list(cur.targets), severity=cur.severity,
+                                  message=cur.message, cleared=True))
+    return out
+
+
+class AutoStacks:
+    """Whose stacks to take now: every worker an alert names, twice, AUTO_STACK_AGAIN_S apart, once
+    per naming however often it changes phase. Taking them is the caller's (the supervisor asks the
+    driver; the Ray-state source runs py-spy)."""
+
+    def __init__(self) -> None:
+        self._taken: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, named since) -> (n, next)
+
+    def due(self, state: RunState, mono: float) -> list[str]:
+        first: dict[str, float] = {}
+        for a in state.alerts.values():
+            if a.code in AUTO_STACK_CODES:
+                for t in a.targets:
+                    first[t] = min(first.get(t, a.since), a.since)
+        live, out = {}, []
+        for t, since in first.items():
+            if t not in state.workers:
+                continue
+            n, next_at = self._taken.get((t, since), (0, mono))
+            if n < 2 and mono >= next_at:
+                out.append(t)
+                n, next_at = n + 1, mono + AUTO_STACK_AGAIN_S
+            live[(t, since)] = (n, next_at)
+        self._taken = live
+        return out

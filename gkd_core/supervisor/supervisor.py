@@ -22,7 +22,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from gkd_core import config as config_mod
-from gkd_core import rundir
+from gkd_core import diagnosis, rundir
 from gkd_core.diagnosis import plan
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts
@@ -35,10 +35,6 @@ log = logging.getLogger("gkd.supervisor")
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
 ALERT_EVERY_S = 0.5
-# a worker named late gets its stack taken at once and again this much later, with no key press,
-# so that the alert can say "the same stack twice"
-AUTO_STACK_AGAIN_S = 3.0
-AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale")
 INGEST_BATCH = 5000
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -84,7 +80,7 @@ class Supervisor:
         self._exit_status = 0
         self._signalled = False
         self._next_alerts = 0.0
-        self._auto_stacks: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, alert since) -> (n, next)
+        self.auto_stacks = diagnosis.AutoStacks()
         self._started_mono = time.monotonic()
         self.ctx = zmq.Context()
         self._authenticator = None
@@ -428,25 +424,14 @@ class Supervisor:
 
     def _auto_dump_stacks(self, mono: float) -> None:
         """Two stacks of every worker named late, a few seconds apart, through the driver."""
-        first: dict[str, float] = {}  # worker -> since when an alert names it
-        for a in self.state.alerts.values():
-            if a.code in AUTO_STACK_CODES:
-                for t in a.targets:
-                    first[t] = min(first.get(t, a.since), a.since)
-        live = {}
-        for t, since in first.items():  # one pair of stacks per naming, however often it changes phase
-            key = (t, since)
-            if t not in self.state.workers:
-                continue
-            n, due = self._auto_stacks.get(key, (0, mono))
-            if n < 2 and mono >= due:
-                try:
-                    self._forward("dump_stacks")({"targets": [t], "dump_id": f"auto-{self.seq}"}, "diagnosis")
-                    n, due = n + 1, mono + AUTO_STACK_AGAIN_S
-                except Refused:
-                    pass  # no driver to ask: the alert says so without a stack
-            live[key] = (n, due)
-        self._auto_stacks = live
+        if self.driver is None or self.driver_identity is None:
+            return  # nobody to ask yet: the alert stands without a stack, and they are taken once it can
+        due = self.auto_stacks.due(self.state, mono)
+        if due:
+            try:
+                self._forward("dump_stacks")({"targets": due, "dump_id": f"auto-{self.seq}"}, "diagnosis")
+            except Refused:
+                pass  # the driver is exiting: its workers' stacks go with it
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True

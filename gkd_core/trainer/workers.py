@@ -131,8 +131,8 @@ class WorkerBase:
         f = self._fault("oom", step)
         if f:  # what torch raises when an allocation does not fit, as a real OOM would
             self.rep.log(f"fault injected: an allocation too large in {where} at step {step}", level="warn")
-            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected in "
-                                         f"{self.src}'s {where} at step {step})")
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected "
+                                              f"in {self.src}'s {where} at step {step})")
         f = self._fault("hold_gil", step)
         if f:
             self.rep.log(f"fault injected: holding the GIL for {f['seconds']:g} s", level="warn")

@@ -25,13 +25,11 @@ from gkd_core import diagnosis
 from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, RayView, poll
 from gkd_core.node.stacks import capture_many, cpu_seconds
 from gkd_core.state import RunState
-from gkd_core.supervisor.alerts import diff
 from gkd_core.telemetry import events as ev
 
 # every 2 s, where the driver's watcher asks every 5 (agent.ray_poll_s): here Ray's view is the only
 # signal there is, there the workers report themselves and Ray's is the second opinion
 POLL_S = 2.0
-AUTO_STACK_AGAIN_S = 3.0
 
 
 def token_available() -> bool:
@@ -102,7 +100,7 @@ class RayStateSource:
         self.truncated = False
         self.view = RayView()  # every actor a worker, its calls its phases
         self._cpu: dict[str, tuple[float, float]] = {}  # worker -> (wall, CPU seconds) at the last poll
-        self._auto: dict[tuple[str, float], tuple[int, float]] = {}  # (worker, phase start) -> (stacks, next)
+        self.auto_stacks = diagnosis.AutoStacks()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gkd-ray-state", daemon=True)
 
@@ -158,22 +156,12 @@ class RayStateSource:
         """The same rules as a gkd run's supervisor, on what Ray says; a worker named late gets two
         stacks a few seconds apart (py-spy, on this machine) so the alert can say stuck or busy."""
         with self.lock:
-            self._apply_locked(diff(self.state, diagnosis.diagnose(self.state, time.time())))
-            named = {t for a in self.state.alerts.values() if a.code in ("straggler", "slower_than_usual")
-                     for t in a.targets}
-            phase_since = {t: self.state.workers[t].phase_since for t in named if t in self.state.workers}
-        mono, live, due_now = time.monotonic(), {}, []
-        for t, since in phase_since.items():
-            n, due = self._auto.get((t, since), (0, mono))
-            if n < 2 and mono >= due:
-                due_now.append(t)
-                n, due = n + 1, mono + AUTO_STACK_AGAIN_S
-            live[(t, since)] = (n, due)
-        self._auto = live
-        if due_now:
-            self.capture_stacks(due_now, f"auto-{self.polls}")
+            self._apply_locked(diagnosis.changes(self.state, diagnosis.diagnose(self.state, time.time())))
+            due = self.auto_stacks.due(self.state, time.monotonic())
+        if due:
+            self.capture_stacks(due, f"auto-{self.polls}")
             with self.lock:
-                self._apply_locked(diff(self.state, diagnosis.diagnose(self.state, time.time())))
+                self._apply_locked(diagnosis.changes(self.state, diagnosis.diagnose(self.state, time.time())))
 
     def cpu_samples(self) -> list[ev.Event]:
         """A heartbeat per local actor from /proc: its CPU share since the last poll. A stopped
