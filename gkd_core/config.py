@@ -86,6 +86,9 @@ class TrainerConfig(_Section):
 
 class TelemetryConfig(_Section):
     heartbeat_s: float = 1.0
+    # events.jsonl keeps a quiet worker's heartbeat this often, and every one that changes something
+    # a rule reads (phase, idle CPU, dropped events, RSS); 0 keeps every heartbeat
+    heartbeat_log_s: float = 10.0
     stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
     bind_host: str = "127.0.0.1"  # where the ingest (PULL) socket listens; never 0.0.0.0 unless set
     control_tcp: str = ""  # host:port for an authenticated (CurveZMQ) tcp control socket; off when empty
@@ -284,6 +287,7 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("teacher.num_microbatches", cfg.teacher.num_microbatches >= 1, "must be at least 1"),
         ("teacher.request_timeout_s", cfg.teacher.request_timeout_s > 0, "must be positive"),
         ("telemetry.heartbeat_s", cfg.telemetry.heartbeat_s > 0, "must be positive"),
+        ("telemetry.heartbeat_log_s", cfg.telemetry.heartbeat_log_s >= 0, "must be 0 (every heartbeat) or more"),
         ("telemetry.pub_hwm", cfg.telemetry.pub_hwm >= 1, "must be at least 1"),
         ("rollout.gpu_memory_utilization", 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0, "must lie in (0, 1]"),
     ]

@@ -310,6 +310,8 @@ class RunState(msgspec.Struct, kw_only=True):
 
     def _on_heartbeat(self, e: ev.HeartbeatEvent) -> None:
         w = self._worker(e.src, e.ts)
+        if e.ts <= w.last_heartbeat:
+            return  # one the log restated (or a duplicate): nothing new
         if e.cpu >= CPU_IDLE_PCT:
             w.cpu_low_since = None
         elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before

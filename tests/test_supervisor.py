@@ -43,7 +43,9 @@ def pump_until_caught_up(subs, sup, timeout_s=30.0):
 
 
 def test_three_late_joiners_and_a_lossy_one_all_equal_the_log(start_supervisor):
-    sup = start_supervisor("trainer.total_steps=100000", "telemetry.pub_hwm=50", step_s=0.05)
+    # every heartbeat in the log, so the log is the whole stream (test_heartbeat_log: the thinned one)
+    sup = start_supervisor("trainer.total_steps=100000", "telemetry.pub_hwm=50", "telemetry.heartbeat_log_s=0",
+                           step_s=0.05)
     subs = [RunSubscriber(sup.run)]
     subs[0].connect()
     lossy = RunSubscriber(sup.run, rcvhwm=100)  # against a burst of 30 000

@@ -28,6 +28,7 @@ from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
 from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.supervisor.heartbeat_log import HeartbeatLog
 from gkd_core.telemetry import control, events as ev
 
 log = logging.getLogger("gkd.supervisor")
@@ -91,6 +92,7 @@ class Supervisor:
             "dump_stacks": self._forward("dump_stacks"),
         }
         self.log = EventLog(self.run_dir / "events.jsonl")
+        self.heartbeats = HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s)
         (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
         self.config_path = self.run_dir / "restarts" / "000.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
@@ -159,7 +161,7 @@ class Supervisor:
 
     # --- events --------------------------------------------------------------------------
 
-    def _commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes) -> None:
+    def _commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
         self.seq += 1
         obj["seq"] = self.seq
         obj["run"] = self.run_id
@@ -169,7 +171,8 @@ class Supervisor:
         if isinstance(typed, ev.Event):
             typed.run = self.run_id
         line = ev.encode_dict(obj)
-        self.log.append(line)
+        if logged:
+            self.log.append(line)
         try:
             self.pub.send(kind, _NOBLOCK_MORE)
             self.pub.send(line, _NOBLOCK)
@@ -208,7 +211,18 @@ class Supervisor:
             except ev.Rejected as r:
                 self.rejects.add(r, "ingest ")
                 continue
-            self._commit(obj, typed, obj["kind"].encode())
+            if type(typed) is ev.HeartbeatEvent:
+                logged, before = self.heartbeats.admit(typed)
+                if before is not None:
+                    self.emit(before)
+                self._commit(obj, typed, b"heartbeat", logged)
+            else:
+                self._commit(obj, typed, obj["kind"].encode())
+
+    def _restate_silent(self, everyone: bool = False) -> None:
+        """Log the newest heartbeat of each worker that fell silent since (see heartbeat_log)."""
+        for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
+            self.emit(e)
 
     # --- control -------------------------------------------------------------------------
 
@@ -369,6 +383,7 @@ class Supervisor:
         else:
             state, status = "failed", code if code > 0 else 128 - code
         self._exit_status = status
+        self._restate_silent(everyone=True)  # the workers' last words before the run's
         self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=describe_exit(code),
                               log_tail=tail if state != "finished" else tail[-3:]))
         self._ended_at = time.monotonic()
@@ -440,8 +455,10 @@ class Supervisor:
         """Run until the driver's run ends (plus ``linger_s``) or a stop; returns the exit status."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        tel = self.cfg.telemetry
         self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
-                              total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}"))
+                              total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}",
+                              heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
         self.emit(ev.LogEvent(message=f"supervisor pid {os.getpid()}: run directory {self.run_dir}, control "
                                       f"{self.endpoints['control']}, workers push to {self.endpoints['ingest']}"))
         self._spawn(self.config_path)
@@ -475,6 +492,7 @@ class Supervisor:
                     self._signalled = False
                     self.request_stop()
                 self._watch_driver()
+                self._restate_silent()
                 if now >= self._next_alerts:
                     self._evaluate_alerts()
                     self._next_alerts = now + ALERT_EVERY_S
@@ -484,6 +502,7 @@ class Supervisor:
                         break
         finally:
             self._drain_ingest()  # what the workers said last is worth keeping
+            self._restate_silent(everyone=True)
             self.close()
         return self._exit_status
 

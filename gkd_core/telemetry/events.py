@@ -38,6 +38,8 @@ class RunEvent(Event, tag="run"):
     reason: str = ""
     total_steps: int | None = None
     log_tail: list[str] = []
+    heartbeat_s: float | None = None  # how often workers send a heartbeat
+    heartbeat_log_s: float | None = None  # a quiet worker's heartbeat is logged this often (0: every one)
 
 
 class WorkerEvent(Event, tag="worker"):

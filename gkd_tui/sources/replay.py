@@ -1,11 +1,23 @@
-"""A recorded run, replayed through the same reducer: play/pause, step, speed, jump."""
+"""A recorded run, replayed through the same reducer: play/pause, step, speed, jump.
+
+The log leaves out the heartbeats of a quiet worker between two it keeps (see
+``gkd_core.supervisor.heartbeat_log``); the replay puts them back, copies of the one before at
+the run's heartbeat period, so a heartbeat's age reads as it did live. A worker that fell silent
+has no later heartbeat in the log to fill up to, and ages as it did.
+"""
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 import threading
 from pathlib import Path
 
+import msgspec
+
 from gkd_core.state import RunState
+from gkd_core.supervisor.heartbeat_log import SILENT_BEATS
 from gkd_core.telemetry import events as ev
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 100.0)
@@ -33,6 +45,9 @@ class ReplaySource:
             except ev.Rejected:
                 self.skipped += 1  # a torn last line of a crashed run, say: skip, never fail
         self.state = RunState()
+        self.heartbeat_s, self._fill_until = _left_out_heartbeats(self.events)
+        self._beats: list = []  # heap of (ts, n, heartbeat to copy, fill until)
+        self._n = itertools.count()
         self.cursor = 0  # events[:cursor] are applied
         self.clock = self.events[0].ts if self.events else 0.0
         self.playing = True
@@ -56,8 +71,22 @@ class ReplaySource:
         return f"replay {mark} {self.speed:g}x · {self.cursor}/{len(self.events)}"
 
     def _apply_until(self, ts: float) -> None:
-        while self.cursor < len(self.events) and self.events[self.cursor].ts <= ts:
-            self.state.apply(self.events[self.cursor])
+        events, beats, hb = self.events, self._beats, self.heartbeat_s
+        while True:
+            due = events[self.cursor].ts if self.cursor < len(events) else math.inf
+            if beats and beats[0][0] <= ts and beats[0][0] < due:
+                t, _, e, until = heapq.heappop(beats)
+                self.state.apply(msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts)))
+                if t + hb < until:
+                    heapq.heappush(beats, (t + hb, next(self._n), e, until))
+                continue
+            if due > ts:
+                return
+            e = events[self.cursor]
+            self.state.apply(e)
+            until = self._fill_until.get(self.cursor)
+            if until is not None:
+                heapq.heappush(beats, (e.ts + hb, next(self._n), e, until))
             self.cursor += 1
 
     def tick(self, wall_dt: float) -> None:
@@ -85,6 +114,7 @@ class ReplaySource:
     def to_start(self) -> None:
         with self.lock:
             self.state = RunState()
+            self._beats = []
             self.cursor = 0
             self.clock = self.events[0].ts if self.events else 0.0
 
@@ -104,3 +134,25 @@ class ReplaySource:
         if self.cursor >= len(self.events):
             self.to_start()
         self.playing = not self.playing
+
+
+def _left_out_heartbeats(events: list) -> tuple[float, dict[int, float]]:
+    """(the heartbeat period, {index of a logged heartbeat: ts of the same worker's next one})
+    for the gaps the log left out; none in a log that kept every heartbeat."""
+    periods = next(((e.heartbeat_s, e.heartbeat_log_s) for e in events
+                    if type(e) is ev.RunEvent and e.heartbeat_s and e.heartbeat_log_s), None)
+    if periods is None:
+        return 1.0, {}
+    hb, every = periods
+    longest = every + (SILENT_BEATS + 1) * hb  # a gap longer than this was a silence
+    last: dict[str, int] = {}
+    fill: dict[int, float] = {}
+    for i, e in enumerate(events):
+        if type(e) is ev.HeartbeatEvent:
+            j = last.get(e.src)
+            if j is not None and 1.5 * hb < e.ts - events[j].ts <= longest:
+                fill[j] = e.ts
+            last[e.src] = i
+        elif type(e) is ev.RunEvent and e.state in ("starting", "running", "restarting"):
+            last.clear()  # a new driver's workers: no gap to fill across it
+    return hb, fill

@@ -1,0 +1,84 @@
+"""Which heartbeats go into ``events.jsonl``.
+
+Every heartbeat reaches the live state and the subscribers; the log keeps what a replay and a
+diagnosis need and not one line per worker per second (at 8 workers that is most of the log's
+bytes on a real run, where steps take seconds). A worker's heartbeat is logged when:
+
+- it is the worker's first, or ``every_s`` have passed since its last logged one;
+- something a rule reads changed: the phase, CPU crossing the idle line (the "stuck" verdict),
+  the dropped-events count, or RSS by more than ``RSS_STEP`` (a leak stays visible); the beat
+  before it is restated first;
+- the worker has fallen silent: its newest heartbeat, held back so far, is restated (logged and
+  published again, with a new ``seq`` and its own ``ts``), so the log says when it was last
+  heard from to within a beat, which is what "frozen for 12 s" is measured from.
+
+A replay fills the gaps between two logged heartbeats of a worker that are at most
+``every_s`` plus a silence apart (see ``gkd_tui.sources.replay``): the run's ``run`` events
+carry both periods.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gkd_core.state import CPU_IDLE_PCT
+from gkd_core.telemetry.events import HeartbeatEvent
+
+RSS_STEP = 64 << 20  # bytes of RSS change that are worth a line of their own
+SILENT_BEATS = 2.5  # a worker this many heartbeat periods quiet has fallen silent
+
+
+@dataclass
+class _Src:
+    logged: HeartbeatEvent
+    held: HeartbeatEvent | None = None
+    held_at: float = 0.0  # monotonic time the held one arrived
+
+
+@dataclass
+class HeartbeatLog:
+    every_s: float = 10.0  # 0: every heartbeat is logged
+    heartbeat_s: float = 1.0
+    _srcs: dict[str, _Src] = field(default_factory=dict)
+
+    def admit(self, e: HeartbeatEvent, mono: float | None = None) -> tuple[bool, HeartbeatEvent | None]:
+        """(log this heartbeat now?, the same worker's held one to restate first). A change is logged
+        with the beat before it: a CPU share is of the interval since that one, and "idle since" is
+        measured from it."""
+        if self.every_s <= 0:
+            return True, None
+        s = self._srcs.get(e.src)
+        if s is None:
+            self._srcs[e.src] = _Src(e)
+            return True, None
+        if e.ts - s.logged.ts >= self.every_s - self.heartbeat_s / 2:
+            s.logged, s.held = e, None
+            return True, None
+        if self._changed(s.logged, e):
+            before, s.logged, s.held = s.held, e, None
+            return True, before
+        s.held, s.held_at = e, time.monotonic() if mono is None else mono
+        return False, None
+
+    @staticmethod
+    def _changed(last: HeartbeatEvent, e: HeartbeatEvent) -> bool:
+        return (e.phase != last.phase
+                or (e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT)
+                or e.dropped != last.dropped
+                or abs(e.rss - last.rss) > RSS_STEP)
+
+    def silent(self, mono: float | None = None) -> list[HeartbeatEvent]:
+        """The held heartbeats of workers heard from no more since: to restate now (each once)."""
+        now = time.monotonic() if mono is None else mono
+        limit = SILENT_BEATS * self.heartbeat_s
+        out = []
+        for s in self._srcs.values():
+            if s.held is not None and now - s.held_at > limit:
+                out.append(s.held)
+                s.logged, s.held = s.held, None
+        return out
+
+    def held(self) -> list[HeartbeatEvent]:
+        """Every heartbeat still held back (at the end of a run: restate them all)."""
+        return self.silent(float("inf"))

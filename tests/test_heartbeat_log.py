@@ -1,0 +1,110 @@
+"""The log keeps a quiet worker's heartbeat every few seconds, every change a rule reads, and the
+last one before a silence; a replay reads as the live state did."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+from gkd_core.state import replay
+from gkd_core.supervisor.heartbeat_log import HeartbeatLog
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.reporter import Reporter
+from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_tui.sources.replay import ReplaySource
+
+from conftest import wait_until
+
+
+def beat(t, src="rollout/0", **kw):
+    fields = {"phase": "generate", "cpu": 90.0, "rss": 1 << 30} | kw
+    return ev.HeartbeatEvent(src=src, ts=1000.0 + t, **fields)
+
+
+def test_a_quiet_worker_is_logged_every_period_and_each_change_with_the_beat_before():
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    kept, restated = [], []
+    for t in range(30):
+        e = beat(t, cpu=2.0 if t >= 14 else 90.0, phase="train" if 20 <= t < 22 else "generate")
+        now, before = log.admit(e, mono=t)
+        if before is not None:
+            restated.append(before.ts - 1000)
+        if now:
+            kept.append(t)
+    # first; 10 s on; idle from 14 (13 first); train at 20 (19 first), generate at 22 (21 first)
+    assert kept == [0, 10, 14, 20, 22]
+    assert restated == [13, 19, 21]
+    assert log.silent(mono=30.0) == []  # 29 arrived just now
+    last = log.silent(mono=32.0)
+    assert [e.ts - 1000 for e in last] == [29]  # fell silent: its newest beat, once
+    assert log.silent(mono=99.0) == []
+
+
+def test_rss_growth_and_dropped_events_are_logged_when_they_change():
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    assert log.admit(beat(0))[0]
+    assert not log.admit(beat(1, rss=(1 << 30) + (10 << 20)))[0]  # 10 MB: noise
+    assert log.admit(beat(2, rss=(1 << 30) + (100 << 20)))[0]
+    assert log.admit(beat(3, rss=(1 << 30) + (100 << 20), dropped=4))[0]
+    assert HeartbeatLog(every_s=0).admit(beat(0))[0] and HeartbeatLog(every_s=0).admit(beat(0.1))[0]
+
+
+def test_replay_fills_the_left_out_beats_and_not_a_silence(tmp_path):
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    lines = [ev.RunEvent(src="supervisor", state="starting", ts=999.0, heartbeat_s=1.0, heartbeat_log_s=10.0),
+             ev.WorkerEvent(src="rollout/0", role="rollout", rank=0, ts=999.5)]
+    for t in range(26):  # beats until 25, then silence
+        now, before = log.admit(beat(t), mono=t)
+        lines += [before] if before else []
+        lines += [beat(t)] if now else []
+    lines += log.silent(mono=40.0)
+    lines.append(ev.LogEvent(src="driver", message="later", ts=1040.0))
+    for i, e in enumerate(lines, 1):
+        e.seq = i
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    assert sum(type(e) is ev.HeartbeatEvent for e in lines) == 4  # 0, 10, 20 and the last, 25
+
+    r = ReplaySource(path)
+    r.seek(1017.3)
+    w = r.state.workers["rollout/0"]
+    assert w.last_heartbeat == 1017.0  # as live: a beat a second, not "10 s ago"
+    assert w.cpu == 90.0
+    r.seek(1035.0)
+    assert r.state.workers["rollout/0"].last_heartbeat == 1025.0  # silent since its last word
+    r.to_start()
+    r.to_end()
+    assert r.state.workers["rollout/0"].last_heartbeat == 1025.0
+
+
+@pytest.mark.slow
+def test_the_logged_run_ends_in_the_live_state_with_a_fraction_of_the_heartbeats(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=100000", "telemetry.heartbeat_s=0.2",
+                           "telemetry.heartbeat_log_s=1.0", step_s=0.05)
+    sub = RunSubscriber(sup.run)
+    sub.connect()
+    rep = Reporter("rollout/7", ingest=sup.endpoints["ingest"], heartbeat_s=0.2)
+    rep.register("rollout", 7)
+    end = time.monotonic() + 4.0
+    while time.monotonic() < end:
+        sub.pump(0.02)
+    rep.close()  # falls silent; the supervisor restates its last beat
+    sent = rep.sent
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        sub.pump(0.02)
+    with sup.client() as c:
+        c.request("stop")
+    assert sup.wait_exit() == 143
+    lines = (sup.run / "events.jsonl").read_bytes().splitlines()
+    wait_until(lambda: sub.pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
+    logged = [e for e in map(ev.decode, lines) if type(e) is ev.HeartbeatEvent and e.src == "rollout/7"]
+    assert sent >= 18 and len(logged) <= sent // 2, (sent, len(logged))
+    seqs = [e.seq for e in map(ev.decode, lines)]
+    assert seqs == sorted(set(seqs))  # strictly increasing, the restated beats too
+    want = replay(lines)
+    assert want.workers["rollout/7"].last_heartbeat == sub.state.workers["rollout/7"].last_heartbeat
+    # the same state as live, but for the count of events applied
+    assert msgspec.structs.replace(sub.state, applied=0) == msgspec.structs.replace(want, applied=0)
