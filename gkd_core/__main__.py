@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"gkd: invalid config: {e}", file=sys.stderr)
         return 2
+    from gkd_core.supervisor.driver_process import headline
     from gkd_core.supervisor.supervisor import DEFAULT_DRIVER, Supervisor
+    from gkd_core.trainer import checkpoints
 
     sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
                      driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger)
@@ -51,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"gkd: run {sup.run_id} {sup.state.state} (exit status {status}) in {time.monotonic() - t0:.0f} s"
               + summary(sup.state), file=sys.stderr)
+        if sup.state.state == "failed" and sup.state.log_tail:
+            print(f"gkd: {headline(sup.state.log_tail).removeprefix('gkd driver: ')}", file=sys.stderr)
+        final = checkpoints.latest(sup.run_dir / "checkpoints")
+        if final is not None:
+            print(f"gkd: the student is in {final} (a Hugging Face folder: from_pretrained loads it)",
+                  file=sys.stderr)
     return status
 
 

@@ -27,6 +27,8 @@ class ModelConfig(_Section):
 
     name: str = "tiny-student"
     path: str = ""  # a Hugging Face model folder; empty: the built-in tiny student
+    trust_remote_code: bool = False  # run the model folder's own Python code (only for folders you trust)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, ~30 % slower
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
@@ -36,6 +38,7 @@ class ModelConfig(_Section):
 class TeacherConfig(_Section):
     model: str = "tiny-teacher"
     path: str = ""  # empty: the built-in teacher, prepared once and cached under GKD_HOME
+    trust_remote_code: bool = False
     address: str = ""  # tcp://host:port of a running teacher proxy; empty with launch=true
     launch: bool = True
     n_server_workers: int = 1
@@ -64,10 +67,14 @@ class ActorConfig(_Section):
 
 
 class DataConfig(_Section):
-    files: list[str] = []  # empty: the built-in synthetic task
+    files: list[str] = []  # JSON lines, JSON or Parquet (verl's RL files as they are); empty: the built-in task
+    val_files: list[str] = []  # held-out prompts; empty: eval_prompts are held out of `files`
+    prompt_key: str = "prompt"  # a list of chat messages (rendered with the chat template) or a string
+    max_prompt_length: int = 1024  # in tokens
+    truncation: Literal["drop", "left", "error"] = "drop"  # a longer prompt: dropped, cut from the left, or an error
     batch_size: int = 32
     eval_prompts: int = 64
-    seed: int = 0
+    seed: int = 0  # the order of the prompts, shuffled anew every epoch
 
 
 class TrainerConfig(_Section):
@@ -77,6 +84,7 @@ class TrainerConfig(_Section):
     init_timeout_s: float = 300.0
     step_timeout_s: float = 300.0
     checkpoint_every: int = 10
+    eval_every: int = 10  # held-out prompts evaluated every N steps (and before the first and after the last)
     keep_checkpoints: int = 3  # the newest N complete checkpoints are kept (verl's max_actor_ckpt_to_keep); 0: all
     max_bad_steps: int = 3  # this many steps in a row with a non-finite loss or gradient stop the run
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -277,6 +285,9 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("trainer.sync_timeout_s", cfg.trainer.sync_timeout_s > 0, "must be positive"),
         ("rollout.n_workers", cfg.rollout.n_workers >= 1, "must be at least 1"),
         ("data.batch_size", cfg.data.batch_size >= 1, "must be at least 1"),
+        ("data.max_prompt_length", cfg.data.max_prompt_length >= 1, "must be at least 1"),
+        ("data.eval_prompts", cfg.data.eval_prompts >= 0, "must be 0 (no evaluation) or more"),
+        ("trainer.eval_every", cfg.trainer.eval_every >= 0, "must be 0 (only the first and last) or more"),
         ("actor.micro_batch_size", cfg.actor.micro_batch_size >= 1, "must be at least 1"),
         ("actor.beta", 0.0 <= cfg.actor.beta <= 1.0, "must lie in [0, 1]"),
         ("actor.max_grad_norm", cfg.actor.max_grad_norm >= 0, "must be 0 (no clipping) or positive"),
@@ -302,6 +313,19 @@ def _check_semantics(cfg: Config, source: str) -> None:
 
 def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+
+
+def absolute_paths(cfg: Config, base: Path) -> Config:
+    """Model folders and data files made absolute from ``base`` (where the run starts), so that the
+    driver, its workers and a later restart all find them wherever they run."""
+    def fix(p: str) -> str:
+        return str((base / Path(p).expanduser()).resolve()) if p else p
+
+    return msgspec.structs.replace(
+        cfg, model=msgspec.structs.replace(cfg.model, path=fix(cfg.model.path)),
+        teacher=msgspec.structs.replace(cfg.teacher, path=fix(cfg.teacher.path)),
+        data=msgspec.structs.replace(cfg.data, files=[fix(f) for f in cfg.data.files],
+                                     val_files=[fix(f) for f in cfg.data.val_files]))
 
 
 def digest(cfg: Config) -> str:

@@ -238,13 +238,17 @@ def check_teacher(cfg: config_mod.Config) -> Check:
 
 
 def check_data(cfg: config_mod.Config) -> Check:
+    from gkd_core.trainer.data import DataError, read_rows
+
     if not cfg.data.files:
         return Check("data", "pass", "the built-in synthetic task")
-    missing = [f for f in cfg.data.files if not Path(f).exists()]
-    if missing:
-        return Check("data", "fail", f"missing: {', '.join(missing[:3])}", "fix data.files (paths are relative to "
-                     "where the run starts)")
-    return Check("data", "pass", f"{len(cfg.data.files)} file(s) present")
+    counts = []
+    for f in [*cfg.data.files, *cfg.data.val_files]:
+        try:
+            counts.append(f"{len(read_rows(f, cfg.data.prompt_key))} in {Path(f).name}")
+        except DataError as e:
+            return Check("data", "fail", str(e), "fix data.files, data.val_files or data.prompt_key")
+    return Check("data", "pass", "prompts: " + ", ".join(counts))
 
 
 def check_stack_tools() -> Check:

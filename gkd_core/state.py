@@ -194,6 +194,13 @@ class MetricsPoint(msgspec.Struct, kw_only=True):
     timing: dict[str, float] = {}
     grad_norm: float | None = None
     skipped: bool = False
+    sample_agreement: float | None = None
+    completion_len: float | None = None
+    eos_share: float | None = None
+    eval_kl: float | None = None
+    evaluated: bool = False
+    bad_steps: int = 0
+    epoch: float | None = None
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -402,6 +409,8 @@ class RunState(msgspec.Struct, kw_only=True):
         self.metrics.append(MetricsPoint(
             step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
             tokens_per_s=e.tokens_per_s, timing=dict(e.timing), grad_norm=e.grad_norm, skipped=e.skipped,
+            sample_agreement=e.sample_agreement, completion_len=e.completion_len, eos_share=e.eos_share,
+            eval_kl=e.eval_kl, evaluated=e.evaluated, bad_steps=e.bad_steps, epoch=e.epoch,
         ))
         if e.skipped:
             self.bad_steps.append(e.step)

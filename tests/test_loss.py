@@ -62,7 +62,7 @@ def test_never_negative_and_the_tail_counts(loss):
 
 def test_masking_and_normalisation():
     ids = torch.tensor([[2, 5, 3, 7, 8, 1, 0, 0], [2, 5, 3, 7, 1, 9, 9, 9]])
-    mask = L.completion_mask(ids, prompt_len=3, eos_id=1)
+    mask = L.completion_mask(ids, prompt_len=3, eos_ids=1)
     assert mask.tolist() == [[0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0, 0, 0]]
     s, _, tid, lp = setup(v=12)
     s, tid, lp = s[:2, :4].repeat(1, 2, 1), tid[:2, :4].repeat(1, 2, 1), lp[:2, :4].repeat(1, 2, 1)

@@ -15,7 +15,7 @@ from gkd_core.telemetry.reporter import Reporter
 V = 11
 
 
-def score(ids: np.ndarray, topk: int):
+def score(ids: np.ndarray, topk: int, left_pad: np.ndarray | None = None):
     """A real, deterministic scorer: log-softmax of a fixed table indexed by the previous token."""
     table = np.log(np.arange(1, V + 1, dtype=np.float64))[None, :] * ((np.arange(V)[:, None] % 3) + 1)
     logits = table[ids]

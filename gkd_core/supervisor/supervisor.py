@@ -58,7 +58,7 @@ class Supervisor:
     def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
                  home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
                  linger_s: float = 0.0, grace_s: float = 10.0):
-        self.cfg = cfg
+        self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
         self.driver_module = driver_module
         self.linger_s = linger_s

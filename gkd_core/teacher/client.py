@@ -59,8 +59,10 @@ class TeacherClient:
                                           timed_out=self.timed_out or msgspec.UNSET, in_flight=self.in_flight,
                                           latency_ms=self.latency.quantiles()))
 
-    def score(self, input_ids: np.ndarray, topk: int, on_wait=None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k ids and log-probs [B, T, k] for every position of ``input_ids`` [B, T].
+    def score(self, input_ids: np.ndarray, topk: int, on_wait=None,
+              left_pad: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k ids and log-probs [B, T, k] for every position of ``input_ids`` [B, T], whose rows
+        start with ``left_pad`` [B] pad tokens (none when not given).
 
         ``on_wait`` is called about every 100 ms while waiting (the driver serves commands there).
         Raises ``TeacherUnavailable`` when a microbatch fails ``max_retries`` + 1 times."""
@@ -76,7 +78,8 @@ class TeacherClient:
                 while todo and len(waiting) < self.max_in_flight:
                     i, idx = todo.popleft()
                     rid = str(next(self._ids)).encode()
-                    sock.send_multipart([b"", rid, protocol.encode_request(input_ids[idx], topk)])
+                    sock.send_multipart([b"", rid, protocol.encode_request(
+                        input_ids[idx], topk, None if left_pad is None else left_pad[idx])])
                     waiting[rid] = (i, idx, time.monotonic())
                     attempts[i] += 1
                     self.sent += 1

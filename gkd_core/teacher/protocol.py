@@ -14,6 +14,7 @@ class TeacherRequest(msgspec.Struct, kw_only=True):
     input_ids: bytes  # int32, row-major
     shape: tuple[int, int]  # [batch, tokens]
     topk: int
+    left_pad: bytes = b""  # int32 [batch]: pad tokens at the start of each row (none when empty)
 
 
 class TeacherReply(msgspec.Struct, kw_only=True):
@@ -30,17 +31,24 @@ _rep = msgspec.msgpack.Decoder(TeacherReply)
 MAX_TOKENS = 1 << 24  # refuse absurd shapes before allocating anything
 
 
-def encode_request(input_ids: np.ndarray, topk: int) -> bytes:
+def encode_request(input_ids: np.ndarray, topk: int, left_pad: np.ndarray | None = None) -> bytes:
     arr = np.ascontiguousarray(input_ids, dtype=np.int32)
-    return _enc.encode(TeacherRequest(input_ids=arr.tobytes(), shape=tuple(arr.shape), topk=topk))
+    pads = b"" if left_pad is None else np.ascontiguousarray(left_pad, dtype=np.int32).tobytes()
+    return _enc.encode(TeacherRequest(input_ids=arr.tobytes(), shape=tuple(arr.shape), topk=topk, left_pad=pads))
 
 
-def decode_request(data: bytes) -> tuple[np.ndarray, int]:
+def decode_request(data: bytes) -> tuple[np.ndarray, int, np.ndarray]:
+    """(ids [B, T], k, left pads [B]; zeros when the request has none)."""
     req = _req.decode(data)
     b, t = req.shape
     if b * t > MAX_TOKENS or b * t * 4 != len(req.input_ids) or not 1 <= req.topk <= 1 << 16:
         raise ValueError(f"inconsistent teacher request: shape {req.shape}, {len(req.input_ids)} bytes, topk {req.topk}")
-    return np.frombuffer(req.input_ids, dtype=np.int32).reshape(b, t), req.topk
+    if req.left_pad and len(req.left_pad) != b * 4:
+        raise ValueError(f"inconsistent teacher request: {len(req.left_pad)} bytes of left pads for {b} rows")
+    pads = np.frombuffer(req.left_pad, dtype=np.int32) if req.left_pad else np.zeros(b, dtype=np.int32)
+    if len(pads) and (pads.min() < 0 or pads.max() >= t):
+        raise ValueError(f"inconsistent teacher request: left pads outside [0, {t})")
+    return np.frombuffer(req.input_ids, dtype=np.int32).reshape(b, t), req.topk, pads
 
 
 def encode_reply(ids: np.ndarray, logp: np.ndarray, compute_ms: float) -> bytes:

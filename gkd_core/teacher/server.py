@@ -119,7 +119,7 @@ class TeacherProxy(_BackgroundLoop):
 class TeacherWorkerLoop(_BackgroundLoop):
     """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
 
-    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int], tuple], reporter: Reporter,
+    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple], reporter: Reporter,
                  ctx: zmq.Context | None = None):
         self.name = name
         self.address = backend_address
@@ -142,11 +142,11 @@ class TeacherWorkerLoop(_BackgroundLoop):
                 req_id, payload = (frames + [b""])[:2] if len(frames) >= 2 else (b"", b"")
                 t0 = time.perf_counter()
                 try:
-                    ids, topk = protocol.decode_request(payload)
+                    ids, topk, pads = protocol.decode_request(payload)
                     with self.rep.phase("serve"):
                         if self.delay_s:
                             time.sleep(self.delay_s)
-                        top_ids, top_logp = self.score(ids, topk)
+                        top_ids, top_logp = self.score(ids, topk, pads)
                     reply = protocol.encode_reply(top_ids, top_logp, (time.perf_counter() - t0) * 1e3)
                 except Exception as e:  # a bad request must not kill the server: answer with the error
                     reply = protocol.encode_error(f"{self.name}: {type(e).__name__}: {e}"[:500])

@@ -122,6 +122,17 @@ class MetricsEvent(Event, tag="metrics"):
     grad_norm: float | None = None  # before clipping; NaN or inf on a bad step
     skipped: bool = False  # the step's loss or gradient was not finite: not applied, synced nor saved
     bad_steps: int = 0  # skipped steps so far in this incarnation of the driver
+    # on the step's own samples: top-1 agreement with the teacher per completion token, mean
+    # completion length in tokens (EOS included), the share of completions that reached EOS
+    sample_agreement: float | None = None
+    completion_len: float | None = None
+    eos_share: float | None = None
+    # `agreement` and `eval_kl` are the newest evaluation's (held-out prompts, greedy completions);
+    # `evaluated`: this step ran it
+    eval_kl: float | None = None
+    evaluated: bool = False
+    data_position: int | None = None  # prompts handed out so far, this step's included
+    epoch: float | None = None  # data_position over the number of training prompts
 
 
 class StackEvent(Event, tag="stack"):

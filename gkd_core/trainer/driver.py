@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -47,6 +48,25 @@ class SyncCancelled(RuntimeError):
 
 class BadSteps(RuntimeError):
     """Steps in a row whose loss or gradient was not finite: the run stops instead of training on."""
+
+
+@dataclass
+class Pending:
+    """Prompts out for generation: the Ray calls and how their rows are padded."""
+
+    refs: dict
+    left_pad: np.ndarray  # [B], in the order the rollouts' parts come back
+    width: int  # the prompts' padded width: every completion starts there
+    position: int  # the data position once these prompts are taken
+
+
+@dataclass
+class Batch:
+    seqs: np.ndarray  # [B, width + new]
+    left_pad: np.ndarray
+    width: int
+    position: int
+    gen_s: float  # the slowest rollout's generation time
 
 
 def stragglers(pending: list[str]) -> list[str]:
@@ -97,6 +117,8 @@ class Driver:
         self._bad_run: list[int] = []  # the current run of skipped steps
         self._last_ckpt_bytes = 0  # the last checkpoint's size (an estimate until this driver has saved one)
         self._disk_low = self.restart > 0  # a restarted driver clears what its predecessor raised, at its first save
+        self.consumed = 0  # the data position after the last trained step's prompts (kept in checkpoints)
+        self.last_eval: dict = {}
 
     # --- reporting helpers -------------------------------------------------------------
 
@@ -207,9 +229,13 @@ class Driver:
         import torch
 
         from gkd_core.rundir import gkd_home
-        from gkd_core.trainer import models, workers
+        from gkd_core.trainer import data, inputs, workers
 
-        cfg = self.cfg
+        with self.rep.phase("load_data"):
+            self.inputs = inputs.prepare(self.cfg, gkd_home(), log=self.rep.log)
+        self.cfg = cfg = self.inputs.cfg  # the model folders resolved: workers load exactly these
+        self.rep.log(self.inputs.said)
+        self.order = data.PromptOrder(len(self.inputs.train.ids), cfg.data.seed)
         device = cfg.trainer.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -219,9 +245,7 @@ class Driver:
             # token-protected): about a second more at start, so only when the watcher is on
             ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
                      runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
-        with self.rep.phase("init_model", detail="teacher"):
-            teacher_path = cfg.teacher.path or str(models.prepare_teacher(gkd_home(), log=self.rep.log))
-        self.teacher_path = teacher_path
+        self.teacher_path = cfg.teacher.path
         gpu = 1 if device == "cuda" else 0
 
         def ctx(src: str) -> workers.WorkerContext:
@@ -236,9 +260,9 @@ class Driver:
         with self.rep.phase("init", detail="actors"):
             Student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **opts)
             Rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **opts)
-            self.actors["student/0"] = Student.remote(ctx("student/0"), cfg_dict, teacher_path)
+            self.actors["student/0"] = Student.remote(ctx("student/0"), cfg_dict)
             for i in range(cfg.rollout.n_workers):
-                self.actors[f"rollout/{i}"] = Rollout.remote(i, ctx(f"rollout/{i}"), cfg_dict, teacher_path)
+                self.actors[f"rollout/{i}"] = Rollout.remote(i, ctx(f"rollout/{i}"), cfg_dict)
             if cfg.teacher.launch:
                 self.start_teacher()
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
@@ -307,7 +331,8 @@ class Driver:
             self.teacher_address, self.teacher_backend = addrs["frontend"], addrs["backend"]
         Worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=gpu, **opts)
         for i in range(self.cfg.teacher.n_server_workers):
-            self.actors[f"teacher/{i}"] = Worker.remote(i, ctx(f"teacher/{i}"), self.teacher_path, self.teacher_backend)
+            self.actors[f"teacher/{i}"] = Worker.remote(i, ctx(f"teacher/{i}"), self.teacher_path, self.teacher_backend,
+                                                        self.cfg.teacher.trust_remote_code)
 
     def make_group(self) -> None:
         """(Re)create the collective group: the student is rank 0, rollout i is rank i+1."""
@@ -325,39 +350,56 @@ class Driver:
 
     # --- one step's parts ------------------------------------------------------------------
 
-    def launch_generate(self, step: int) -> dict:
-        from gkd_core.trainer import models, task
+    def launch_generate(self, step: int) -> Pending:
+        """The next batch of prompts, out to the rollouts."""
+        rows = [self.inputs.train.ids[i] for i in self.order.take(self.cfg.data.batch_size)]
+        return self._send(rows, step, seed=self.cfg.data.seed * 100_003 + step * 31, greedy=False)
 
-        tok_path = self.teacher_path
-        if not hasattr(self, "_tok"):
-            from transformers import AutoTokenizer
+    def _send(self, rows: list[list[int]], step: int, seed: int, greedy: bool) -> Pending:
+        from gkd_core.trainer import data
 
-            self._tok = AutoTokenizer.from_pretrained(tok_path)
-        examples = task.prompts(self.cfg.data.seed, self.cfg.data.batch_size, offset=step)
-        ids = models.encode_examples(self._tok, examples, with_answer=False).numpy()
+        ids, pads = data.left_pad(rows, self.inputs.pad_id)
         n = self.cfg.rollout.n_workers
-        parts = np.array_split(ids, n)
-        return {f"rollout/{i}": self.actors[f"rollout/{i}"].generate.remote(parts[i], step,
-                                                                             self.cfg.data.seed * 100_003 + step * 31 + i)
-                for i in range(n) if len(parts[i])}
+        parts = np.array_split(np.arange(len(ids)), n)
+        refs = {f"rollout/{i}": self.actors[f"rollout/{i}"].generate.remote(ids[idx], pads[idx], step, seed + i, greedy)
+                for i, idx in enumerate(parts) if len(idx)}
+        return Pending(refs, pads, ids.shape[1], self.order.position)
 
-    def collect_generate(self, refs: dict, step: int) -> tuple[np.ndarray, float]:
-        out = self.wait(refs, self.cfg.trainer.step_timeout_s, "generate",
+    def collect_generate(self, pending: Pending, step: int, what: str = "generate") -> Batch:
+        out = self.wait(pending.refs, self.cfg.trainer.step_timeout_s, what,
                         hint="dump the rollout's stack (d); restart smaller (r) if it is out of memory")
-        pad = self._tok.convert_tokens_to_ids("<pad>")
         seqs = [out[k][0] for k in sorted(out, key=lambda s: int(s.split("/")[1]))]
         width = max(s.shape[1] for s in seqs)
-        batch = np.concatenate([np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=pad) for s in seqs])
-        return batch, max(out[k][1] for k in out)
+        batch = np.concatenate([np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=self.inputs.pad_id)
+                                for s in seqs])
+        return Batch(batch, pending.left_pad, pending.width, pending.position, max(out[k][1] for k in out))
 
-    def teacher_score(self, seqs: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    def evaluate(self, step: int) -> None:
+        """The held-out prompts, completed greedily by the rollouts (which hold the newest weights),
+        scored by the teacher and measured by the student."""
+        if not self.inputs.val:
+            return
+        with self.rep.phase("evaluate", step=step, detail=f"{len(self.inputs.val)} held-out prompts"):
+            batch = self.collect_generate(self._send(self.inputs.val, step, seed=0, greedy=True), step, "evaluate")
+            tids, tlps = self.teacher_score(batch, step)
+            self.last_eval = self.wait(
+                {"student/0": self.actors["student/0"].evaluate.remote(batch.seqs, batch.left_pad, batch.width, tids,
+                                                                       tlps, step)},
+                self.cfg.trainer.step_timeout_s, "evaluate")["student/0"]
+
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.trainer.eval_every
+        return step == self.cfg.trainer.total_steps or (every > 0 and step % every == 0)
+
+    def teacher_score(self, batch: Batch, step: int) -> tuple[np.ndarray, np.ndarray]:
         from gkd_core.teacher.client import TeacherUnavailable
 
         deadline = time.monotonic() + self.cfg.trainer.step_timeout_s
         while True:
             self.maybe_teacher_back()
             try:
-                return self.teacher.score(seqs, self.cfg.teacher.topk, on_wait=self.on_teacher_wait)
+                return self.teacher.score(batch.seqs, self.cfg.teacher.topk, on_wait=self.on_teacher_wait,
+                                          left_pad=batch.left_pad)
             except TeacherUnavailable as e:
                 if time.monotonic() > deadline:
                     raise
@@ -486,8 +528,9 @@ class Driver:
         with self.rep.phase("checkpoint", step=step):
             self.wait({"student/0": self.actors["student/0"].save.remote(str(folder))}, self.cfg.trainer.step_timeout_s,
                       "checkpoint")
-            (folder / "state.json").write_text(json.dumps({"step": step, "data_position": step + 1,
-                                                           "sync_id": self.sync_id}))
+            (folder / "state.json").write_text(json.dumps({
+                "step": step, "prompts_consumed": self.consumed, "epoch": self.consumed // self.order.n,
+                "sync_id": self.sync_id}))
             (folder / "COMPLETE").write_text("")  # written last: a checkpoint without it is ignored
         self._last_ckpt_bytes = checkpoints.size_bytes(folder)
         checkpoints.prune(root, self.cfg.trainer.keep_checkpoints)
@@ -535,37 +578,44 @@ class Driver:
         self.wait({"student/0": self.actors["student/0"].load.remote(str(ckpt))}, self.cfg.trainer.init_timeout_s,
                   "resume")
         self.sync_id = state.get("sync_id", 0)
-        self.rep.log(f"resumed from {ckpt.relative_to(self.run_dir)} (step {state['step']})")
-        return int(state["data_position"])
+        # where the data stands: prompts handed out by the steps saved (older checkpoints: steps x batch)
+        self.consumed = self.order.position = int(state.get("prompts_consumed",
+                                                            state["step"] * self.cfg.data.batch_size))
+        self.rep.log(f"resumed from {ckpt.relative_to(self.run_dir)} (step {state['step']}, prompt "
+                     f"{self.consumed % self.order.n} of epoch {self.consumed // self.order.n})")
+        return int(state["step"]) + 1
 
     def train(self) -> None:
         cfg = self.cfg
         total = cfg.trainer.total_steps
         start = self.resume()
         self.sync(start - 1)  # the rollouts start from the student's weights
+        self.evaluate(start - 1)  # where it starts from: the "from" of the run's summary
         off = cfg.trainer.scheduler == "one_step_off"
-        gen = self.launch_generate(start) if start <= total else {}
-        ready: tuple[np.ndarray, float] | None = None
+        gen = self.launch_generate(start) if start <= total else None
+        ready: Batch | None = None
         for step in range(start, total + 1):
             t_step = time.monotonic()
             timing: dict[str, float] = {}
             self.apply_driver_faults(step)
             t = time.monotonic()
             with self.rep.phase("generate", step=step):
-                seqs, gen_s = ready if ready is not None else self.collect_generate(gen, step)
+                batch = ready if ready is not None else self.collect_generate(gen, step)
                 ready = None
             timing["generate"] = time.monotonic() - t
             if off and step < total:
                 gen = self.launch_generate(step + 1)  # overlaps the teacher and the training below
             t = time.monotonic()
             with self.rep.phase("teacher_wait", step=step):
-                tids, tlps = self.teacher_score(seqs, step)
+                tids, tlps = self.teacher_score(batch, step)
             timing["teacher"] = time.monotonic() - t
             t = time.monotonic()
             with self.rep.phase("train", step=step):
-                m = self.wait({"student/0": self.actors["student/0"].train_step.remote(seqs, tids, tlps, step)},
-                              cfg.trainer.step_timeout_s, "train")["student/0"]
+                m = self.wait({"student/0": self.actors["student/0"].train_step.remote(
+                    batch.seqs, batch.left_pad, batch.width, tids, tlps, step)},
+                    cfg.trainer.step_timeout_s, "train")["student/0"]
             timing["train"] = time.monotonic() - t
+            self.consumed = batch.position
             skipped = bool(m.get("skipped"))
             stop = ""
             if skipped or not m.get("weights_finite", True):
@@ -573,32 +623,42 @@ class Driver:
             else:
                 self._bad_run = []
             if stop:
-                self.emit_metrics(step, m, seqs, gen_s, timing)
+                self.emit_metrics(step, m, batch, timing, evaluated=False)
                 raise BadSteps(stop)
             t = time.monotonic()
             if off and step < total:
                 with self.rep.phase("generate", step=step + 1, detail="waiting for the next batch"):
                     ready = self.collect_generate(gen, step + 1)
             timing["wait"] = time.monotonic() - t
+            evaluated = self.eval_due(step)
             t = time.monotonic()
-            if step < total and not skipped:  # after a skipped step the rollouts already hold these weights
+            # after a skipped step the rollouts already hold these weights; after the last, they are
+            # needed only for its evaluation
+            if not skipped and (step < total or evaluated):
                 with self.rep.phase("sync_weights", step=step, timeout_s=cfg.trainer.sync_timeout_s):
                     self.sync(step)
             timing["sync"] = time.monotonic() - t
+            if evaluated:  # the rollouts are idle here: the next batch is generated or not yet asked for
+                t = time.monotonic()
+                self.evaluate(step)
+                timing["eval"] = time.monotonic() - t
             if not off and step < total:
                 gen = self.launch_generate(step + 1)
             # a skipped step is not saved as such, but the run's last step is: its weights are the last good ones
             if (step % cfg.trainer.checkpoint_every == 0 and not skipped) or step == total:
                 self.checkpoint(step)
-            self.emit_metrics(step, m, seqs, gen_s, timing)
+            self.emit_metrics(step, m, batch, timing, evaluated)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
 
-    def emit_metrics(self, step: int, m: dict, seqs: np.ndarray, gen_s: float, timing: dict) -> None:
-        n_tokens = int((seqs.shape[1] - 6) * len(seqs))
-        self.rep.emit(ev.MetricsEvent(step=step, loss=m["loss"], kl=m["kl"], agreement=m["agreement"],
-                                      tokens_per_s=n_tokens / max(gen_s, 1e-6), timing=timing,
-                                      grad_norm=m.get("grad_norm"), skipped=bool(m.get("skipped")),
-                                      bad_steps=self.bad_steps))
+    def emit_metrics(self, step: int, m: dict, batch: Batch, timing: dict, evaluated: bool) -> None:
+        e = self.last_eval
+        self.rep.emit(ev.MetricsEvent(
+            step=step, loss=m["loss"], kl=m["kl"], agreement=e.get("agreement"), eval_kl=e.get("kl"),
+            evaluated=evaluated, tokens_per_s=m["tokens"] / max(batch.gen_s, 1e-6), timing=timing,
+            grad_norm=m.get("grad_norm"), skipped=bool(m.get("skipped")), bad_steps=self.bad_steps,
+            sample_agreement=m.get("sample_agreement"), completion_len=m.get("completion_len"),
+            eos_share=m.get("eos_share"), data_position=batch.position,
+            epoch=round(batch.position / self.order.n, 4)))
 
     def shutdown(self) -> None:
         import ray
@@ -641,12 +701,19 @@ def main(argv: list[str] | None = None) -> int:
     from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed
     from gkd_core.teacher.client import TeacherUnavailable
 
+    from gkd_core.trainer.data import DataError
+
     drv = Driver(cfg, Path(a.run_dir))
     code = 0
     try:
         drv.start()
         drv.train()
         drv.rep.set_phase("finished")
+    except DataError as e:  # nothing has started: what to fix in the config or the files
+        print(f"gkd driver: {e}", file=sys.stderr, flush=True)
+        drv.rep.log(str(e), level="error")
+        drv.rep.set_phase("failed", detail=str(e)[:300])
+        code = EXIT_CONFIG
     except (WaitTimeout, WorkerFailed, TeacherUnavailable, BadSteps) as e:
         print(f"gkd driver: {e}", file=sys.stderr, flush=True)
         drv.rep.log(str(e), level="error")

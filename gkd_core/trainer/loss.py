@@ -75,13 +75,23 @@ def token_divergence(student_logits: torch.Tensor, teacher_ids: torch.Tensor, te
     return beta * _kl(t, log_m) + (1 - beta) * _kl(s, log_m)
 
 
-def completion_mask(input_ids: torch.Tensor, prompt_len: int, eos_id: int) -> torch.Tensor:
-    """[B, T] 1.0 on completion tokens up to and including the first EOS, 0 on the prompt and after."""
+def completion_mask(input_ids: torch.Tensor, prompt_len: int, eos_ids: int | list[int]) -> torch.Tensor:
+    """[B, T] 1.0 on completion tokens up to and including the first EOS (any of ``eos_ids``), 0 on
+    the prompt and after."""
     b, t = input_ids.shape
     pos = torch.arange(t, device=input_ids.device).expand(b, t)
-    is_eos = (input_ids == eos_id) & (pos >= prompt_len)
+    eos = torch.as_tensor([eos_ids] if isinstance(eos_ids, int) else list(eos_ids), device=input_ids.device)
+    is_eos = torch.isin(input_ids, eos) & (pos >= prompt_len)
     first_eos = torch.where(is_eos, pos, torch.full_like(pos, t)).min(dim=1, keepdim=True).values
     return ((pos >= prompt_len) & (pos <= first_eos)).float()
+
+
+def attention(left_pad: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention mask, position ids), both [B, width], of rows left-padded by ``left_pad`` [B]
+    tokens: the pads are masked and every row's first real token is at position 0, as in generation."""
+    pos = torch.arange(width, device=left_pad.device).expand(len(left_pad), width)
+    mask = (pos >= left_pad[:, None]).long()
+    return mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def distill_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logp: torch.Tensor,

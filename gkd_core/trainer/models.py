@@ -1,8 +1,10 @@
-"""The built-in student and teacher, stored and loaded the way a real Hugging Face model is.
+"""Models by folder, and the built-in demo written out as the files a real run has.
 
-The teacher is prepared once by short supervised training on the task and cached under
-``$GKD_HOME/cache/``; later launches load it at once. Both go through ``save_pretrained`` /
-``from_pretrained`` with a tokenizer file, so a real model folder takes the same path.
+Every run loads its student and teacher with ``from_pretrained`` from a folder and reads its
+prompts from data files. With no ``model.path``, ``teacher.path`` or ``data.files``, the
+built-in tiny demo stands in: a teacher prepared once by short supervised training on the
+synthetic task, an untrained student, and the task's prompts as JSON lines, all cached under
+``$GKD_HOME/cache/``, and from there on the same code as any Hugging Face model.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import random
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -82,16 +85,78 @@ def teacher_dir(home: Path) -> Path:
 
 
 def prepare_teacher(home: Path, log=print) -> Path:
-    """The cached built-in teacher, trained first if it is not there (atomically, so two runs
-    starting together neither corrupt it nor train it twice for long)."""
-    final = teacher_dir(home)
-    if (final / "gkd_teacher.json").exists():
+    """The cached built-in teacher, trained first if it is not there."""
+    return _atomic_folder(teacher_dir(home), lambda tmp: _train_teacher(tmp, log))
+
+
+def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype),
+                                                 trust_remote_code=trust_remote_code)
+    return model.to(device), tok
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+
+
+def eos_ids(model_or_path, tok) -> list[int]:
+    """Every id that ends a completion: the generation config's (one or several) and the tokenizer's."""
+    gen = getattr(model_or_path, "generation_config", None)
+    if gen is None:
+        from transformers import GenerationConfig
+
+        try:
+            gen = GenerationConfig.from_pretrained(str(model_or_path))
+        except OSError:  # a folder without generation_config.json
+            gen = None
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tok.eos_token_id is not None and tok.eos_token_id not in ids:
+        ids.append(tok.eos_token_id)
+    return ids
+
+
+def pad_id(tok, eos: list[int]) -> int:
+    """The tokenizer's pad id, or its first EOS (many causal LMs have no pad token)."""
+    return tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+
+
+def first_difference(a, b) -> str:
+    """'' when two tokenizers give every token the same id, else the first difference, in words."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    for tok in sorted(set(va) | set(vb), key=lambda t: (min(va.get(t, 1 << 30), vb.get(t, 1 << 30)), t)):
+        if va.get(tok) != vb.get(tok):
+            return f"token {tok!r} is id {va.get(tok, 'absent')} in the student's and {vb.get(tok, 'absent')} in the teacher's"
+    return ""
+
+
+@dataclass(frozen=True)
+class Demo:
+    teacher: Path
+    student: Path
+    train: Path
+    val: Path
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _atomic_folder(final: Path, fill) -> Path:
+    """``final``, made by ``fill(tmp)`` in a temporary folder renamed into place: two runs starting
+    together neither corrupt it nor see it half written."""
+    if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    _train_teacher(tmp, log)
+    fill(tmp)
     try:
         os.rename(tmp, final)
     except OSError:  # another run won the race; use its copy
@@ -99,19 +164,28 @@ def prepare_teacher(home: Path, log=print) -> Path:
     return final
 
 
-def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu"):
-    from transformers import AutoTokenizer, GPT2LMHeadModel, AutoModelForCausalLM
+def prepare_demo(home: Path, cfg_model, log=print) -> Demo:
+    """The built-in demo's folders and files (made once, then cached)."""
+    teacher = prepare_teacher(home, log)
+    arch = {"n_layer": cfg_model.n_layer, "n_embd": cfg_model.n_embd, "n_head": cfg_model.n_head, "seed": 0,
+            "teacher": teacher.name}
 
-    tok = AutoTokenizer.from_pretrained(str(path))
-    cls = GPT2LMHeadModel if (Path(path) / "gkd_teacher.json").exists() else AutoModelForCausalLM
-    model = cls.from_pretrained(str(path), dtype=getattr(torch, dtype))
-    return model.to(device), tok
+    def student(folder: Path) -> None:
+        from transformers import AutoTokenizer, GPT2LMHeadModel
+
+        torch.manual_seed(0)
+        GPT2LMHeadModel(gpt2_config(cfg_model.n_layer, cfg_model.n_embd, cfg_model.n_head)).save_pretrained(str(folder))
+        AutoTokenizer.from_pretrained(str(teacher)).save_pretrained(str(folder))
+
+    def prompts(folder: Path) -> None:
+        train, val = task.split_prompts(n_val=VAL_PROMPTS)
+        for name, rows in (("train.jsonl", train), ("val.jsonl", val)):
+            (folder / name).write_text("".join(json.dumps({"prompt": " ".join(p)}) + "\n" for p in rows))
+
+    cache = home / "cache"
+    data = _atomic_folder(cache / f"tiny-task-{_digest(task.SPEC)}", prompts)
+    return Demo(teacher=teacher, student=_atomic_folder(cache / f"tiny-student-{_digest(arch)}", student),
+                train=data / "train.jsonl", val=data / "val.jsonl")
 
 
-def new_student(cfg_model, seed: int, tok_dir: Path):
-    """The untrained built-in student (its tokenizer is the teacher's)."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(gpt2_config(cfg_model.n_layer, cfg_model.n_embd, cfg_model.n_head))
-    return model, AutoTokenizer.from_pretrained(str(tok_dir))
+VAL_PROMPTS = 64

@@ -54,3 +54,14 @@ def build_tokenizer(folder: Path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>")
     fast.save_pretrained(str(folder))
     return fast
+
+
+SPEC = {"task": "chain", "steps": STEPS, "digits": PROMPT_DIGITS, "answer": ANSWER_LEN, "version": 1}
+
+
+def split_prompts(n_val: int) -> tuple[list[list[str]], list[list[str]]]:
+    """Every distinct prompt of the task (4 steps x 1,000 digit triples), in a fixed random order:
+    (training prompts, the ``n_val`` held out for evaluation)."""
+    every = [["<bos>", k, *f"{d:03d}", ">"] for k in STEPS for d in range(10 ** PROMPT_DIGITS)]
+    random.Random(0).shuffle(every)
+    return every[n_val:], every[:n_val]

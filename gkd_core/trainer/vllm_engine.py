@@ -42,21 +42,25 @@ class GkdWorkerExtension:
 class VllmEngine:
     """Generation through ``vllm.LLM`` for a model folder; weights replaced after every sync."""
 
-    def __init__(self, model_path: str, *, gpu_memory_utilization: float, dtype: str, eos_id: int, pad_id: int):
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float, dtype: str, eos_ids: list[int],
+                 pad_id: int):
         require_vllm()
         from vllm import LLM
 
-        self.eos_id, self.pad_id = eos_id, pad_id
+        self.eos_ids, self.pad_id = list(eos_ids), pad_id
         self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                        enforce_eager=True, worker_extension_cls=f"{__name__}.GkdWorkerExtension")
 
-    def generate(self, prompt_ids: np.ndarray, *, temperature: float, max_new_tokens: int, seed: int) -> np.ndarray:
+    def generate(self, prompt_ids: np.ndarray, left_pad: np.ndarray, *, temperature: float, max_new_tokens: int,
+                 seed: int) -> np.ndarray:
+        """Rows as the torch engine returns them: the left-padded prompt, the completion, pads."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
-                                stop_token_ids=[self.eos_id])
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in row]) for row in prompt_ids]
+                                stop_token_ids=self.eos_ids)
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in row[pad:]])
+                   for row, pad in zip(prompt_ids, left_pad)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         rows = [list(map(int, row)) + list(o.outputs[0].token_ids) for row, o in zip(prompt_ids, outs)]
         width = max(len(r) for r in rows)

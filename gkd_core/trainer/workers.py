@@ -176,61 +176,69 @@ class WorkerBase:
 
 
 class StudentActor(WorkerBase):
-    """The trainable student: trains on the teacher's top-k, sends its weights to the rollouts."""
+    """The trainable student: trains on the teacher's top-k, sends its weights to the rollouts.
 
-    def __init__(self, ctx: WorkerContext, cfg: dict, teacher_path: str):
+    Batches are rows left-padded to one prompt width (``width``) followed by the completion;
+    ``left_pad`` [B] says how many pads each row starts with."""
+
+    def __init__(self, ctx: WorkerContext, cfg: dict):
         super().__init__("student/0", "student", 0, ctx)
         from gkd_core.config import Config
         import msgspec
 
-        from gkd_core.trainer import models, task
+        from gkd_core.trainer import models
 
         self.cfg = msgspec.convert(cfg, Config)
-        with self.rep.phase("init_model"):
-            if self.cfg.model.path:
-                self.model, self.tok = models.load_model(self.cfg.model.path, self.cfg.model.dtype)
-            else:
-                self.model, self.tok = models.new_student(self.cfg.model, self.cfg.data.seed, Path(teacher_path))
+        m = self.cfg.model
+        with self.rep.phase("init_model", detail=m.path):
+            self.model, self.tok = models.load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
             self.model.to(self.device)
+            if m.gradient_checkpointing:
+                self.model.gradient_checkpointing_enable()
+                self.model.config.use_cache = False
             self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.actor.lr)
-            # held-out prompts and the teacher's greedy answers to them: the agreement metric
-            teacher, _ = models.load_model(teacher_path, device=str(self.device))
-            examples = task.prompts(seed=self.cfg.data.seed + 10_000, n=self.cfg.data.eval_prompts)
-            ids = models.encode_examples(self.tok, examples, with_answer=True).to(self.device)
-            with torch.no_grad():
-                self.eval_targets = teacher(input_ids=ids).logits[:, task.PROMPT_LEN - 1:-1].argmax(-1)
-            self.eval_ids = ids
-            del teacher
-        self.eos = self.tok.convert_tokens_to_ids("<eos>")
-        self._agreement = self.agreement()
+        self.eos = models.eos_ids(self.model, self.tok)
         self.rep.set_phase("idle")
 
-    @torch.no_grad()
-    def agreement(self) -> float:
-        from gkd_core.trainer import task
+    def _batch(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray, t_logp: np.ndarray):
+        from gkd_core.trainer import loss as L
 
-        pred = self.model(input_ids=self.eval_ids).logits[:, task.PROMPT_LEN - 1:-1].argmax(-1)
-        return (pred == self.eval_targets).float().mean().item()
+        # arrays from Ray's object store are read-only: copy them into tensors
+        ids = torch.tensor(seqs, dtype=torch.long, device=self.device)
+        attn, pos = L.attention(torch.tensor(left_pad, dtype=torch.long, device=self.device), ids.shape[1])
+        tid = torch.tensor(t_ids, dtype=torch.long, device=self.device)[:, :-1]
+        tlp = torch.tensor(t_logp, dtype=torch.float32, device=self.device)[:, :-1]
+        mask = L.completion_mask(ids, width, self.eos)[:, 1:]
+        return ids, attn, pos, tid, tlp, mask
 
-    def train_step(self, seqs: np.ndarray, t_ids: np.ndarray, t_logp: np.ndarray, step: int) -> dict:
-        from gkd_core.trainer import loss as L, task
+    def _logits(self, ids, attn, pos, sl) -> torch.Tensor:
+        return self.model(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, :-1]
+
+    @staticmethod
+    def _shape_stats(ids: torch.Tensor, mask: torch.Tensor, eos: list[int]) -> dict:
+        """Mean completion length (EOS included) and the share of completions that reached EOS."""
+        lengths = mask.sum(1)
+        last = (mask.cumsum(1) == lengths[:, None]) & (mask > 0)  # each row's last completion token
+        ended = (torch.isin(ids[:, 1:], torch.as_tensor(eos, device=ids.device)) & last).any(1)
+        return {"completion_len": lengths.mean().item(), "eos_share": ended.float().mean().item()}
+
+    def train_step(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
+                   t_logp: np.ndarray, step: int) -> dict:
+        from gkd_core.trainer import loss as L
 
         self._begin()
         with self.rep.phase("train", step=step):
             self._maybe_faults(step, "train")
             a = self.cfg.actor
-            # arrays from Ray's object store are read-only: copy them into tensors
-            ids = torch.tensor(seqs, dtype=torch.long, device=self.device)
-            tid = torch.tensor(t_ids, dtype=torch.long, device=self.device)[:, :-1]
-            tlp = torch.tensor(t_logp, dtype=torch.float32, device=self.device)[:, :-1]
-            mask = L.completion_mask(ids, task.PROMPT_LEN, self.eos)[:, 1:]
+            ids, attn, pos, tid, tlp, mask = self._batch(seqs, left_pad, width, t_ids, t_logp)
             n_tokens = mask.sum().clamp(min=1.0)  # the global count across micro batches
+            self.model.train()
             self.opt.zero_grad()
-            total = kl_sum = 0.0
+            total = kl_sum = agree = 0.0
             for lo in range(0, len(ids), a.micro_batch_size):
                 self._check_cancel()
                 sl = slice(lo, lo + a.micro_batch_size)
-                logits = self.model(input_ids=ids[sl]).logits[:, :-1]
+                logits = self._logits(ids, attn, pos, sl)
                 loss = L.distill_loss(logits, tid[sl], tlp[sl], mask[sl], n_tokens=n_tokens, loss=a.loss,
                                       beta=a.beta, temperature=a.temperature)
                 loss.backward()
@@ -238,11 +246,39 @@ class StudentActor(WorkerBase):
                 with torch.no_grad():
                     kl = L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl")
                     kl_sum += (kl * mask[sl]).sum().item()
+                    agree += ((logits.argmax(-1) == tid[sl][..., 0]).float() * mask[sl]).sum().item()
             if self._nan_grad_due(step):
                 next(self.model.parameters()).grad.fill_(float("nan"))
-            out = {"loss": total, "kl": kl_sum / n_tokens.item(), "tokens": int(n_tokens.item())}
+            out = {"loss": total, "kl": kl_sum / n_tokens.item(), "tokens": int(n_tokens.item()),
+                   "sample_agreement": agree / n_tokens.item(), **self._shape_stats(ids, mask, self.eos)}
             out.update(self._guarded_update(step, total, a.max_grad_norm))
             return out
+
+    @torch.no_grad()
+    def evaluate(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
+                 t_logp: np.ndarray, step: int) -> dict:
+        """The student's own (greedy) completions of held-out prompts against the teacher: KL, the
+        divergence being optimised, top-1 agreement per completion token, length, EOS share."""
+        from gkd_core.trainer import loss as L
+
+        self._begin()
+        with self.rep.phase("evaluate", step=step, detail=f"{len(seqs)} held-out prompts"):
+            a = self.cfg.actor
+            ids, attn, pos, tid, tlp, mask = self._batch(seqs, left_pad, width, t_ids, t_logp)
+            n = mask.sum().clamp(min=1.0).item()
+            self.model.eval()
+            div = kl = agree = 0.0
+            for lo in range(0, len(ids), a.micro_batch_size):
+                self._check_cancel()
+                sl = slice(lo, lo + a.micro_batch_size)
+                logits = self._logits(ids, attn, pos, sl)
+                m = mask[sl]
+                div += (L.token_divergence(logits, tid[sl], tlp[sl], loss=a.loss, beta=a.beta,
+                                           temperature=a.temperature) * m).sum().item()
+                kl += (L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl") * m).sum().item()
+                agree += ((logits.argmax(-1) == tid[sl][..., 0]).float() * m).sum().item()
+            return {"divergence": div / n, "kl": kl / n, "agreement": agree / n,
+                    **self._shape_stats(ids, mask, self.eos)}
 
     def _guarded_update(self, step: int, loss: float, max_norm: float) -> dict:
         """Clip and apply the gradients, unless the loss or the gradient norm is not finite: then
@@ -253,11 +289,10 @@ class StudentActor(WorkerBase):
         if not (math.isfinite(loss) and math.isfinite(norm)):
             self.opt.zero_grad(set_to_none=True)
             self.rep.log(f"step {step} skipped: loss {loss:.4g}, gradient norm {norm:.4g}", level="error")
-            return {"skipped": True, "grad_norm": norm, "agreement": self._agreement, "weights_finite": True}
+            return {"skipped": True, "grad_norm": norm, "weights_finite": True}
         self.opt.step()
         finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
-        self._agreement = self.agreement()
-        return {"skipped": False, "grad_norm": norm, "agreement": self._agreement, "weights_finite": finite}
+        return {"skipped": False, "grad_norm": norm, "weights_finite": finite}
 
     def _nan_grad_due(self, step: int) -> bool:
         """The injected `nan_grad` fault: from its step, `repeat` steps in a row, or every step for
@@ -301,7 +336,6 @@ class StudentActor(WorkerBase):
             self.model.tie_weights()
             self.opt.load_state_dict(torch.load(Path(folder) / "optimizer.pt", weights_only=True,
                                                 map_location=self.device))
-            self._agreement = self.agreement()
         return fingerprint(self.model.parameters())
 
     def checkpoint_bytes(self) -> int:
@@ -315,62 +349,62 @@ class StudentActor(WorkerBase):
 class RolloutWorker(WorkerBase):
     """Generates with the torch engine from the student's weights, received over the group."""
 
-    def __init__(self, rank: int, ctx: WorkerContext, cfg: dict, tokenizer_path: str):
+    def __init__(self, rank: int, ctx: WorkerContext, cfg: dict):
         super().__init__(f"rollout/{rank}", "rollout", rank, ctx)
         import msgspec
-        from transformers import AutoTokenizer
 
         from gkd_core.config import Config
         from gkd_core.trainer import models
 
         self.cfg = msgspec.convert(cfg, Config)
+        m = self.cfg.model
         with self.rep.phase("init_engine", detail=f"engine {self.cfg.rollout.engine}"):
-            self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
-            if self.cfg.model.path:
-                self.model, _ = models.load_model(self.cfg.model.path, self.cfg.model.dtype)
-            else:
-                self.model, _ = models.new_student(self.cfg.model, self.cfg.data.seed, Path(tokenizer_path))
+            self.model, self.tok = models.load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
             self.model.to(self.device).eval()
-            self.eos = self.tok.convert_tokens_to_ids("<eos>")
-            self.pad = self.tok.convert_tokens_to_ids("<pad>")
+            self.eos = models.eos_ids(self.model, self.tok)
+            self.pad = models.pad_id(self.tok, self.eos)
             self.engine = None
             if self.cfg.rollout.engine == "vllm":
-                self.engine = self._vllm_engine(tokenizer_path)
+                self.engine = self._vllm_engine()
         self.rep.set_phase("idle")
 
-    def _vllm_engine(self, tokenizer_path: str):
-        import tempfile
-
+    def _vllm_engine(self):
         from gkd_core.trainer.vllm_engine import VllmEngine
 
-        path = self.cfg.model.path
-        if not path:  # vLLM loads from a folder: write the built-in student out once
-            path = tempfile.mkdtemp(prefix=f"gkd-{self.src.replace('/', '-')}-")
-            self.model.save_pretrained(path)
-            self.tok.save_pretrained(path)
-        return VllmEngine(path, gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization,
-                          dtype=self.cfg.model.dtype, eos_id=self.eos, pad_id=self.pad)
+        m = self.cfg.model
+        return VllmEngine(m.path, gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization, dtype=m.dtype,
+                          eos_ids=self.eos, pad_id=self.pad)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: np.ndarray, step: int, seed: int) -> tuple[np.ndarray, float]:
+    def generate(self, prompt_ids: np.ndarray, left_pad: np.ndarray, step: int, seed: int,
+                 greedy: bool = False) -> tuple[np.ndarray, float]:
+        """[B, P + new] rows: the left-padded prompts, then the completions (pad after EOS)."""
+        from gkd_core.trainer import loss as L
+
         self._begin()
-        with self.rep.phase("generate", step=step, detail=f"{len(prompt_ids)} prompts"):
-            self._maybe_faults(step, "generate")
-            f = self._fault("hang_generate", step)
-            if f:
-                self._hang(f"{self.src} generate at step {step}", f["seconds"])
+        what = "evaluate" if greedy else "generate"
+        with self.rep.phase(what, step=step, detail=f"{len(prompt_ids)} prompts"):
+            if not greedy:
+                self._maybe_faults(step, "generate")
+                f = self._fault("hang_generate", step)
+                if f:
+                    self._hang(f"{self.src} generate at step {step}", f["seconds"])
             t0 = time.perf_counter()
             r = self.cfg.rollout
             if self.engine is not None:
-                out = self.engine.generate(prompt_ids, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                                           seed=seed)
+                out = self.engine.generate(prompt_ids, left_pad, temperature=0.0 if greedy else r.temperature,
+                                           max_new_tokens=r.max_new_tokens, seed=seed)
                 return out, time.perf_counter() - t0
             torch.manual_seed(seed)
             ids = torch.as_tensor(np.array(prompt_ids), dtype=torch.long, device=self.device)
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                      temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                                      eos_token_id=self.eos, pad_token_id=self.pad)
-            self._slow_down(step, time.perf_counter() - t0)
+            mask, _ = L.attention(torch.as_tensor(np.array(left_pad), dtype=torch.long, device=self.device),
+                                  ids.shape[1])
+            sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": r.temperature,
+                                                             "top_k": 0, "top_p": 1.0}
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=r.max_new_tokens,
+                                      eos_token_id=self.eos, pad_token_id=self.pad, **sampling)
+            if not greedy:
+                self._slow_down(step, time.perf_counter() - t0)
             return out.cpu().numpy().astype(np.int32), time.perf_counter() - t0
 
     def _slow_down(self, step: int, took: float) -> None:
@@ -410,22 +444,28 @@ class TeacherProxyActor(WorkerBase):
 
 
 class TeacherWorkerActor(WorkerBase):
-    def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str):
+    def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
+                 trust_remote_code: bool = False):
         super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
         from gkd_core.teacher.server import TeacherWorkerLoop
         from gkd_core.trainer import models
 
         with self.rep.phase("init_model", detail=teacher_path):
-            self.model, _ = models.load_model(teacher_path, device=str(self.device))
+            self.model, _ = models.load_model(teacher_path, device=str(self.device),
+                                              trust_remote_code=trust_remote_code)
             self.model.eval()
         self.loop = TeacherWorkerLoop(self.src, backend, self._score, self.rep)
         self.loop.start()
         self.rep.set_phase("idle")
 
     @torch.no_grad()
-    def _score(self, ids: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    def _score(self, ids: np.ndarray, topk: int, left_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from gkd_core.trainer import loss as L
+
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
-        logp = torch.log_softmax(self.model(input_ids=x).logits.float(), dim=-1)
+        attn, pos = L.attention(torch.tensor(left_pad, dtype=torch.long, device=self.device), x.shape[1])
+        logits = self.model(input_ids=x, attention_mask=attn, position_ids=pos).logits
+        logp = torch.log_softmax(logits.float(), dim=-1)
         top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
         return top.indices.cpu().numpy(), top.values.cpu().numpy()
 

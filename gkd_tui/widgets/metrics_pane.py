@@ -1,4 +1,5 @@
-"""Training: loss, KL, agreement sparklines, tokens/s and where each step's time goes."""
+"""Training: loss, KL, agreement sparklines, tokens/s, the gradient norm, what the samples look like
+and where each step's time goes."""
 
 from __future__ import annotations
 
@@ -27,7 +28,16 @@ class MetricsPane(Pane):
             t.append(sparkline(vals, 30), style=style)
             t.append("\n")
         if last.tokens_per_s:
-            t.append(f"tokens/s  {last.tokens_per_s:8.0f}\n")
+            t.append(f"tokens/s  {last.tokens_per_s:8.0f}")
+            t.append(f"  epoch {last.epoch:.2f}\n" if last.epoch is not None else "\n")
+        if last.grad_norm is not None:
+            t.append(f"grad norm {last.grad_norm:8.3g}", style="red" if last.skipped else "")
+            if last.bad_steps:
+                t.append(f"  {last.bad_steps} bad step(s) skipped", style="red")
+            t.append("\n")
+        if last.completion_len is not None:
+            t.append(f"samples   {last.completion_len:5.1f} tokens, {100 * (last.eos_share or 0):.0f}% reach EOS, "
+                     f"{100 * (last.sample_agreement or 0):.0f}% agree\n", style="dim")
         if last.timing:
             total = sum(last.timing.values()) or 1.0
             t.append("step " + "  ".join(f"{k} {v:.2f}s" for k, v in last.timing.items()), style="dim")
