@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from gkd_core.node.stacks import install_faulthandler
+from gkd_core.trainer.faults import WorkerFaults
 from gkd_core.telemetry.reporter import Reporter
 
 
@@ -42,7 +43,7 @@ class WorkerContext:
     ingest: str
     run_id: str
     heartbeat_s: float = 1.0
-    faults: list[dict] = field(default_factory=list)  # FaultConfig as dicts, only this worker's
+    faults: WorkerFaults = field(default_factory=WorkerFaults)  # only this worker's
     device: str = "cpu"
     stacks_dir: str = ""  # RUN/stacks: where faulthandler writes on SIGUSR1
 
@@ -106,14 +107,6 @@ class WorkerBase:
 
     # --- faults -------------------------------------------------------------------------
 
-    def _fault(self, kind: str, step: int) -> dict | None:
-        """The injected fault of this kind at this step, consumed: each fires once."""
-        for f in self.ctx.faults:
-            if f["kind"] == kind and f["step"] == step:
-                self.ctx.faults.remove(f)
-                return f
-        return None
-
     def _hang(self, what: str, seconds: float) -> None:
         """An injected hang: waits (forever when seconds is 0) until cancelled."""
         self.rep.log(f"fault injected: {what} hangs" + (f" for {seconds:g} s" if seconds else ""), level="warn")
@@ -123,21 +116,21 @@ class WorkerBase:
             time.sleep(0.05)
 
     def _maybe_faults(self, step: int, where: str) -> None:
-        f = self._fault("kill_worker", step)
+        f = self.ctx.faults.take("kill_worker", step)
         if f:
             self.rep.log(f"fault injected: {self.src} exits during {where} at step {step}", level="warn")
             self.rep.close(0.5)
             os._exit(1)
-        f = self._fault("oom", step)
+        f = self.ctx.faults.take("oom", step)
         if f:  # what torch raises when an allocation does not fit, as a real OOM would
             self.rep.log(f"fault injected: an allocation too large in {where} at step {step}", level="warn")
             raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 20.00 GiB (fault injected "
                                               f"in {self.src}'s {where} at step {step})")
-        f = self._fault("hold_gil", step)
+        f = self.ctx.faults.take("hold_gil", step)
         if f:
-            self.rep.log(f"fault injected: holding the GIL for {f['seconds']:g} s", level="warn")
+            self.rep.log(f"fault injected: holding the GIL for {f.seconds:g} s", level="warn")
             # PyDLL keeps the GIL across the call: the whole process, its Reporter too, stops
-            ctypes.PyDLL(None).sleep(int(max(1, f["seconds"])))
+            ctypes.PyDLL(None).sleep(int(max(1, f.seconds)))
 
     # --- the collective group ------------------------------------------------------------
 
@@ -247,7 +240,8 @@ class StudentActor(WorkerBase):
                     kl = L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl")
                     kl_sum += (kl * mask[sl]).sum().item()
                     agree += ((logits.argmax(-1) == tid[sl][..., 0]).float() * mask[sl]).sum().item()
-            if self._nan_grad_due(step):
+            if self.ctx.faults.nan_grad(step):
+                self.rep.log(f"fault injected: a NaN gradient at step {step}", level="warn")
                 next(self.model.parameters()).grad.fill_(float("nan"))
             out = {"loss": total, "kl": kl_sum / n_tokens.item(), "tokens": int(n_tokens.item()),
                    "sample_agreement": agree / n_tokens.item(), **self._shape_stats(ids, mask, self.eos)}
@@ -293,19 +287,6 @@ class StudentActor(WorkerBase):
         self.opt.step()
         finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
         return {"skipped": False, "grad_norm": norm, "weights_finite": finite}
-
-    def _nan_grad_due(self, step: int) -> bool:
-        """The injected `nan_grad` fault: from its step, `repeat` steps in a row, or every step for
-        `seconds` after the first."""
-        now = time.monotonic()
-        for f in self.ctx.faults:
-            if f["kind"] != "nan_grad" or step < f["step"]:
-                continue
-            first = f.setdefault("first_at", now)
-            if step < f["step"] + max(1, f.get("repeat", 1)) or (f["seconds"] and now - first < f["seconds"]):
-                self.rep.log(f"fault injected: a NaN gradient at step {step}", level="warn")
-                return True
-        return False
 
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
         import torch.distributed as dist
@@ -386,9 +367,9 @@ class RolloutWorker(WorkerBase):
         with self.rep.phase(what, step=step, detail=f"{len(prompt_ids)} prompts"):
             if not greedy:
                 self._maybe_faults(step, "generate")
-                f = self._fault("hang_generate", step)
+                f = self.ctx.faults.take("hang_generate", step)
                 if f:
-                    self._hang(f"{self.src} generate at step {step}", f["seconds"])
+                    self._hang(f"{self.src} generate at step {step}", f.seconds)
             t0 = time.perf_counter()
             r = self.cfg.rollout
             if self.engine is not None:
@@ -409,18 +390,18 @@ class RolloutWorker(WorkerBase):
 
     def _slow_down(self, step: int, took: float) -> None:
         """The `slow_worker` fault: a worker that is slower, not stuck (a weaker GPU, a throttled node)."""
-        for f in self.ctx.faults:
-            if f["kind"] == "slow_worker" and step >= f["step"] and f.get("factor"):
-                time.sleep(took * f["factor"])
+        factor = self.ctx.faults.slow_factor(step)
+        if factor:
+            time.sleep(took * factor)
 
     def sync_rollout_weights(self, sync_id: int, step: int, timeout_s: float) -> str:
         import torch.distributed as dist
 
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: receive"):
-            f = self._fault("hang_sync", step)
+            f = self.ctx.faults.take("hang_sync", step)
             if f:
-                self._hang(f"{self.src} sync_weights at step {step}", f["seconds"])
+                self._hang(f"{self.src} sync_weights at step {step}", f.seconds)
             params = list(self.model.parameters())
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
             self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)

@@ -1,0 +1,119 @@
+"""The driver's side of the one-key actions: commands the supervisor forwards (dump stacks, cancel),
+served between steps and while any wait is in progress, each recorded as an `action` event."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import ray
+
+from gkd_core.node.agent import gather_stacks
+from gkd_core.node.stacks import Capture
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.commands import CommandInbox
+from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer.cluster import Cluster
+from gkd_core.trainer.workers import thread_stacks
+
+STACK_DEADLINE_S = 3.0
+
+
+def best_stack(cap: Capture | None, own: tuple[str, str] | None) -> tuple[str, str, str]:
+    """(text, method, note) of one target: the agent's capture when it read something, else what
+    the worker's own thread said, else every reason why neither could."""
+    if cap is not None and cap.text:
+        return cap.text, cap.method, cap.error
+    if own is not None and own[0]:
+        return own[0], "in-process", cap.error if cap is not None else ""
+    reasons = [r for r in (cap.error if cap is not None else "", own[1] if own else "") if r]
+    return "", "", "; ".join(reasons)
+
+
+class Actions:
+    def __init__(self, cluster: Cluster, rep: Reporter, run_dir: Path, inbox: CommandInbox,
+                 cancel_sync: Callable[[], None]):
+        self.cluster, self.rep, self.run_dir, self.inbox = cluster, rep, run_dir, inbox
+        self.cancel_sync = cancel_sync
+
+    def record(self, op: str, by: str, ok: bool, result) -> None:
+        self.rep.emit(ev.ActionEvent(op=op, by=by, ok=ok, result=result))
+
+    def serve(self, *_args) -> None:
+        for cmd in self.inbox.poll(0):
+            try:
+                if cmd.op == "dump_stacks":
+                    self.dump_stacks(cmd.args.get("targets") or [], cmd.by, str(cmd.args.get("dump_id") or cmd.id))
+                elif cmd.op == "cancel":
+                    self.cancel(str(cmd.args.get("target") or "sync"), str(cmd.args.get("mode") or "cooperative"),
+                                cmd.by)
+                else:
+                    self.record(cmd.op, cmd.by, False, f"the driver does not know '{cmd.op}'")
+            except Exception as e:  # a command must never take the run down
+                self.record(cmd.op, cmd.by, False, f"{type(e).__name__}: {e}")
+
+    def dump_stacks(self, targets: list[str], by: str, dump_id: str) -> None:
+        """Every target's stack, two ways at once within one deadline: its node's agent (py-spy with
+        native frames, or faulthandler: these work while the process holds the GIL or sits in C), and
+        the worker's own thread (which needs the GIL). The agent's answer wins when it has one."""
+        c = self.cluster
+        wanted = targets or ["driver", *c.actors]
+        folder = self.run_dir / "stacks" / dump_id
+        folder.mkdir(parents=True, exist_ok=True)
+        refs = {t: c.actors[t].stacks.remote() for t in wanted if t in c.actors}
+        own: dict[str, tuple[str, str]] = {}
+        if "driver" in wanted:
+            own["driver"] = (thread_stacks(), "")
+        caps: dict[str, Capture] = {}
+        if c.agents:
+            here = ray.get_runtime_context().get_node_id()
+            where = {t: (c.info[t]["node_id"], c.info[t]["pid"]) for t in wanted
+                     if t in c.info and c.info[t].get("node_id")}
+            if "driver" in wanted:
+                where["driver"] = (here, os.getpid())
+            caps = gather_stacks(c.agents, c.node_labels, where, timeout_s=c.cfg.agent.stack_timeout_s)
+        if refs:
+            # with agents, the workers' threads have had the agents' whole round to answer already
+            ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0.3 if caps else STACK_DEADLINE_S)
+            for t, ref in refs.items():
+                if ref in ready:
+                    try:
+                        own[t] = (ray.get(ref, timeout=1), "")
+                    except Exception as e:
+                        own[t] = ("", f"{type(e).__name__}: {e}"[:300])
+                else:
+                    own[t] = ("", f"its own thread did not answer ({c.describe(t)}): it holds the GIL in C "
+                                  "or is frozen")
+        for t in wanted:
+            if t not in caps and t not in own:
+                text, method, err = "", "", f"no worker named {t}"
+            else:
+                text, method, err = best_stack(caps.get(t), own.get(t))
+                if not text and not c.agents:
+                    err += f"; try `py-spy dump --native --pid {c.info.get(t, {}).get('pid', '?')}` on its node"
+            (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {err}\n" if err else ""))
+            self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
+        self.record("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(wanted),
+                                              "folder": str(folder.relative_to(self.run_dir))})
+
+    def cancel(self, target: str, mode: str, by: str) -> None:
+        actors = self.cluster.actors
+        if target == "sync":
+            self.cancel_sync()
+            self.record("cancel", by, True, {"target": "sync", "outcome": "the current sync is being cancelled"})
+            return
+        names = list(actors) if target == "all" else [target]
+        missing = [n for n in names if n not in actors]
+        if missing:
+            self.record("cancel", by, False, f"no worker named {', '.join(missing)}; workers: {', '.join(actors)}")
+            return
+        for n in names:
+            if mode == "force":
+                ray.kill(actors[n], no_restart=True)
+            else:
+                actors[n].cancel.remote()
+        if target == "all":
+            self.cancel_sync()
+        self.record("cancel", by, True, {"target": target, "mode": mode,
+                                         "outcome": "killed" if mode == "force" else "cancel flag set"})

@@ -1,0 +1,175 @@
+"""The run's Ray cluster: ray.init, the actors (student, rollouts, teacher proxy and workers), the
+node agents, Ray's own view of them, the collective group, and every wait on them.
+
+Every wait is ``wait(refs, timeout, phase)``: one deadline for all the named refs, the driver's
+commands served while it waits (``on_tick``), and an error that names who is late or who died.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+import ray
+
+from gkd_core.config import Config
+from gkd_core.node.agent import start_agents
+from gkd_core.node.ray_watch import RayWatcher
+from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer import workers
+from gkd_core.trainer.faults import FaultPlan
+from gkd_core.trainer.guarded import guarded_wait
+
+# one torch thread per process (more than the cores make small models many times slower), and
+# no progress bars or advice from transformers in the logs people read when a run is stuck
+QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+             "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
+        self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
+        self.actors: dict[str, object] = {}
+        self.info: dict[str, dict] = {}  # src -> pid, node, gpus, node_id, actor_id
+        self.agents: dict[str, object] = {}  # Ray node id -> its node agent
+        self.node_labels: dict[str, str] = {}
+        self.teacher_address = cfg.teacher.address
+        self.teacher_backend = ""
+        self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
+
+    @property
+    def members(self) -> list[str]:
+        """The collective group: the student is rank 0, rollout i is rank i+1."""
+        return ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+
+    @property
+    def gpus_per_actor(self) -> int:
+        return 1 if self.device == "cuda" else 0
+
+    def describe(self, src: str) -> str:
+        i = self.info.get(src, {})
+        gpus = ",".join(map(str, i.get("gpus") or [])) or "-"
+        return f"pid {i.get('pid', '?')} on {i.get('node', '?')}, GPU {gpus}"
+
+    def wait(self, refs: dict, timeout_s: float, phase: str, hint: str = "", on_tick=None) -> dict:
+        return guarded_wait(refs, timeout_s, phase=phase, describe=self.describe, on_tick=on_tick or self.on_tick,
+                            hint=hint)
+
+    def context(self, src: str) -> workers.WorkerContext:
+        return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
+                                     heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
+                                     faults=self.faults.for_worker(src), stacks_dir=str(self.run_dir / "stacks"))
+
+    # --- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.cfg
+        with self.rep.phase("init", timeout_s=cfg.trainer.init_timeout_s, detail="ray.init"):
+            # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
+            # token-protected): about a second more at start, so only when the watcher is on
+            ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
+                     runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
+        cfg_dict = msgspec.to_builtins(cfg)
+        gpu = self.gpus_per_actor
+        with self.rep.phase("init", detail="actors"):
+            student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **ACTOR_OPTS)
+            rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **ACTOR_OPTS)
+            self.actors["student/0"] = student.remote(self.context("student/0"), cfg_dict)
+            for i in range(cfg.rollout.n_workers):
+                self.actors[f"rollout/{i}"] = rollout.remote(i, self.context(f"rollout/{i}"), cfg_dict)
+            if cfg.teacher.launch:
+                self.start_teacher()
+            self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
+                                       cfg.trainer.init_timeout_s, "init",
+                                       hint="check RUN/logs/driver.log for an import or memory error"))
+        if cfg.agent.enabled:
+            self.start_agents()
+        if cfg.agent.ray_poll_s > 0:
+            # Ray's own view of every worker's actor: alive or dead, which method since when
+            RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
+        self.make_group()
+
+    def actor_names(self) -> dict[str, str]:
+        """actor id -> worker, for the Ray watcher's thread (a copy: the main thread adds workers)."""
+        return {i["actor_id"]: src for src, i in list(self.info.items()) if i.get("actor_id")}
+
+    def start_agents(self) -> None:
+        """One node agent per Ray node. A run without agents still runs: stacks then come from the
+        workers themselves, and the GPU pane says there are no readings."""
+        a = self.cfg.agent
+        with self.rep.phase("init", detail="node agents"):
+            try:
+                self.agents, self.node_labels = start_agents(
+                    self.rep.ingest, self.rep.run, self.run_dir, gpu_backend=self.faults.gpu_backend(a.gpu_backend),
+                    gpu_interval_s=a.gpu_interval_s, nvml_deadline_s=a.nvml_deadline_s,
+                    heartbeat_s=self.cfg.telemetry.heartbeat_s)
+            except Exception as e:  # never the reason a run does not start
+                self.rep.log(f"node agents did not start ({type(e).__name__}: {e}); stacks come from the workers "
+                             "alone", level="warn")
+                return
+        missing = [label for node, label in self.node_labels.items() if node not in self.agents]
+        if missing:
+            self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
+
+    def start_teacher(self) -> None:
+        """The teacher proxy (once) and its workers (again after they were killed)."""
+        t = self.cfg.teacher
+        if "teacher/proxy" not in self.actors:
+            proxy = ray.remote(workers.TeacherProxyActor).options(**ACTOR_OPTS).remote(
+                self.context("teacher/proxy"), self.cfg.telemetry.bind_host)
+            self.actors["teacher/proxy"] = proxy
+            addrs = self.wait({"teacher/proxy": proxy.addresses.remote()}, self.cfg.trainer.init_timeout_s,
+                              "init")["teacher/proxy"]
+            self.teacher_backend = addrs["backend"]
+            self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
+        worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **ACTOR_OPTS)
+        for i in range(t.n_server_workers):
+            self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
+                                                        self.teacher_backend, t.trust_remote_code)
+
+    def teacher_workers(self) -> list[str]:
+        return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
+
+    # --- the collective group ------------------------------------------------------------
+
+    def make_group(self) -> None:
+        """(Re)create the collective group over a fresh port."""
+        members = self.members
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        address = "127.0.0.1" if len(ray.nodes()) == 1 else ray.util.get_node_ip_address()
+        port = free_port()
+        refs = {m: self.actors[m].init_group.remote(address, port, len(members), r, self.cfg.trainer.sync_timeout_s,
+                                                    backend) for r, m in enumerate(members)}
+        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {port}"):
+            self.wait(refs, self.cfg.trainer.init_timeout_s, "join_group",
+                      hint="a member that never joins is stuck before init: dump its stack (d)")
+
+    def rebuild_group(self) -> None:
+        """An aborted sync leaves the group in an unknown state: tear it down and make a new one."""
+        refs = {m: self.actors[m].destroy_group.remote() for m in self.members}
+        self.wait(refs, self.cfg.trainer.sync_timeout_s, "destroy_group")
+        self.make_group()
+
+    # --- end -----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        def stop() -> None:
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
+
+        t = threading.Thread(target=stop, daemon=True)
+        t.start()
+        t.join(15)  # ray.shutdown is a wait too

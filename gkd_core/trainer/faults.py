@@ -1,0 +1,75 @@
+"""The injected faults of a run (``faults:`` in the config), typed, and who fires which.
+
+The driver holds the plan and fires its own (the teacher's, the disk's, NVML's); each worker gets
+the part that is its own (``for_worker``) and asks it at the points where a fault can strike.
+Faults fire in the first incarnation of a run only: a restart is how you get past them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gkd_core.config import FaultConfig
+
+DRIVER_KINDS = ("kill_teacher", "delay_teacher", "disk_full", "hang_nvml")
+
+
+@dataclass
+class WorkerFaults:
+    """One worker's faults (sent to its actor): each step-bound fault fires once."""
+
+    faults: list[FaultConfig] = field(default_factory=list)
+    _nan_since: dict[int, float] = field(default_factory=dict)  # nan_grad fault -> when it first fired
+
+    def take(self, kind: str, step: int) -> FaultConfig | None:
+        """The fault of this kind at this step, consumed."""
+        for f in self.faults:
+            if f.kind == kind and f.step == step:
+                self.faults.remove(f)
+                return f
+        return None
+
+    def nan_grad(self, step: int) -> bool:
+        """From its step, `repeat` steps in a row, or every step for `seconds` after the first."""
+        now = time.monotonic()
+        for i, f in enumerate(self.faults):
+            if f.kind != "nan_grad" or step < f.step:
+                continue
+            first = self._nan_since.setdefault(i, now)
+            if step < f.step + max(1, f.repeat) or (f.seconds and now - first < f.seconds):
+                return True
+        return False
+
+    def slow_factor(self, step: int) -> float:
+        """`slow_worker`: how much longer each generation takes from its step on (0: not slowed)."""
+        return sum(f.factor for f in self.faults if f.kind == "slow_worker" and step >= f.step)
+
+
+@dataclass
+class FaultPlan:
+    faults: list[FaultConfig]
+
+    @classmethod
+    def for_run(cls, faults: list[FaultConfig], restart: int) -> "FaultPlan":
+        return cls(list(faults) if restart == 0 else [])
+
+    def for_worker(self, src: str) -> WorkerFaults:
+        # a NaN gradient is the student's whatever its target says: it is where gradients are
+        return WorkerFaults([f for f in self.faults if f.kind not in DRIVER_KINDS
+                             and (f.target == src or (f.kind == "nan_grad" and src == "student/0"))])
+
+    def at(self, kind: str, step: int) -> FaultConfig | None:
+        return next((f for f in self.faults if f.kind == kind and f.step == step), None)
+
+    def ends(self, kind: str, step: int) -> FaultConfig | None:
+        """The fault of this kind whose one step was the step before: to undo now."""
+        return next((f for f in self.faults if f.kind == kind and f.step == step - 1), None)
+
+    def disk_full(self, step: int) -> bool:
+        return any(f.kind == "disk_full" and f.step <= step < f.step + max(1, f.repeat) for f in self.faults)
+
+    def gpu_backend(self, configured: str) -> str:
+        """`hang_nvml` swaps in the test GPU backend, hanging on that sample."""
+        f = next((f for f in self.faults if f.kind == "hang_nvml"), None)
+        return f"fake:gpus=1,hang_at={f.step}" if f else configured

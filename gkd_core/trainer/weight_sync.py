@@ -1,0 +1,92 @@
+"""The weight sync: the student broadcasts its weights over the collective group, every rollout
+receives them, and each answers with a fingerprint that must equal the student's.
+
+Each sync is a `sync` event stream (started, progress once a second with who is pending, then done,
+timed_out, failed or cancelled). A cancelled sync tears the group down, makes a new one and syncs
+again: the weights still have to reach the rollouts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer.cluster import Cluster
+from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed, guarded_wait
+
+
+class SyncCancelled(RuntimeError):
+    pass
+
+
+def stragglers(pending: list[str]) -> list[str]:
+    """The root's broadcast completes only when every receiver has taken its part, so a pending
+    student is blocked by pending rollouts: they are the ones to name."""
+    return [m for m in pending if m != "student/0"] or pending
+
+
+class WeightSync:
+    def __init__(self, cluster: Cluster, rep: Reporter, timeout_s: float):
+        self.cluster, self.rep, self.timeout_s = cluster, rep, timeout_s
+        self.sync_id = 0  # kept in checkpoints, so that ids go on across restarts
+        self._cancel = False
+        self.on_tick = None  # the driver's commands, served while the sync runs
+
+    def request_cancel(self) -> None:
+        self._cancel = True
+
+    def __call__(self, step: int) -> None:
+        c = self.cluster
+        self.sync_id += 1
+        sid, timeout, members = self.sync_id, self.timeout_s, c.members
+        self._cancel = False
+        t0 = time.monotonic()
+        self.rep.emit(ev.SyncEvent(sync_id=sid, state="started", timeout_s=timeout, pending=members, step=step))
+        refs = {"student/0": c.actors["student/0"].sync_send.remote(sid, step, timeout)}
+        for m in members[1:]:
+            refs[m] = c.actors[m].sync_rollout_weights.remote(sid, step, timeout)
+
+        def tick(pending: list[str], elapsed: float) -> None:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state="progress", timeout_s=timeout, elapsed_s=elapsed,
+                                       pending=stragglers(pending), done=[m for m in members if m not in pending],
+                                       step=step))
+            if self.on_tick is not None:
+                self.on_tick()
+            if self._cancel:
+                raise SyncCancelled(f"sync {sid} cancelled with {', '.join(pending)} pending")
+
+        def ended(state: str, **kw) -> None:
+            self.rep.emit(ev.SyncEvent(sync_id=sid, state=state, timeout_s=timeout, elapsed_s=time.monotonic() - t0,
+                                       step=step, **kw))
+
+        try:
+            prints = guarded_wait(refs, timeout, phase="sync_weights", describe=c.describe, on_tick=tick,
+                                  hint="dump their stacks (d); cancel the sync (c) or restart smaller (r)")
+        except WaitTimeout as e:
+            late = stragglers(e.pending)
+            blocked = "student/0" in e.pending and late != e.pending
+            done = ", ".join(f"{m} in {t:.1f} s" for m, t in sorted(e.done.items())) or "nobody"
+            msg = (f"{', '.join(late)} did not finish sync_weights (sync {sid}, step {step}) within "
+                   f"{timeout:g} s: " + "; ".join(f"{m} is {c.describe(m)}" for m in late)
+                   + (" ; student/0 is blocked in its broadcast, waiting for them" if blocked else "")
+                   + f"; finished: {done}; try: dump their stacks (d), then cancel the sync (c) or restart "
+                   "smaller (r)")
+            ended("timed_out", pending=late, done=sorted(e.done), error=msg)
+            for m in e.pending:
+                c.actors[m].cancel.remote()
+            raise WaitTimeout(msg, late, e.done) from None
+        except SyncCancelled as e:
+            ended("cancelled", error=str(e))
+            for m in members:
+                c.actors[m].cancel.remote()
+            c.rebuild_group()
+            return self(step)
+        except WorkerFailed as e:
+            ended("failed", pending=[e.name], error=str(e)[:1000])
+            raise
+        want = prints["student/0"]
+        ok = all(prints[m] == want for m in members[1:])
+        ended("done", done=members, fingerprint_ok=ok,
+              error="" if ok else "rollout weights differ from the student's: "
+              + ", ".join(m for m in members[1:] if prints[m] != want))
