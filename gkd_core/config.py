@@ -95,7 +95,7 @@ class TrainerConfig(_Section):
 class TelemetryConfig(_Section):
     heartbeat_s: float = 1.0
     # events.jsonl keeps a quiet worker's heartbeat this often, and every one that changes something
-    # a rule reads (phase, idle CPU, dropped events, RSS); 0 keeps every heartbeat
+    # a rule reads (idle CPU, dropped events, RSS); 0 keeps every heartbeat
     heartbeat_log_s: float = 10.0
     stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
     bind_host: str = "127.0.0.1"  # where the ingest (PULL) socket listens; never 0.0.0.0 unless set

@@ -5,9 +5,10 @@ diagnosis need and not one line per worker per second (at 8 workers that is most
 bytes on a real run, where steps take seconds). A worker's heartbeat is logged when:
 
 - it is the worker's first, or ``every_s`` have passed since its last logged one;
-- something a rule reads changed: the phase, CPU crossing the idle line (the "stuck" verdict),
-  the dropped-events count, or RSS by more than ``RSS_STEP`` (a leak stays visible); the beat
-  before it is restated first;
+- something a rule reads changed: CPU crossing the idle line (the "stuck" verdict), the
+  dropped-events count, or RSS by more than ``RSS_STEP`` (a leak stays visible); the beat before
+  it is restated first (the phase is not among them: the reducer takes it from `phase` events,
+  which are all logged);
 - the worker has fallen silent: its newest heartbeat, held back so far, is restated (logged and
   published again, with a new ``seq`` and its own ``ts``), so the log says when it was last
   heard from to within a beat, which is what "frozen for 12 s" is measured from.
@@ -63,8 +64,7 @@ class HeartbeatLog:
 
     @staticmethod
     def _changed(last: HeartbeatEvent, e: HeartbeatEvent) -> bool:
-        return (e.phase != last.phase
-                or (e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT)
+        return ((e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT)
                 or e.dropped != last.dropped
                 or abs(e.rss - last.rss) > RSS_STEP)
 
