@@ -72,8 +72,11 @@ def summary(state) -> str:
         first = ms[0]
     out = f"; step {last.step}/{state.total_steps or '?'}, agreement {100 * first.agreement:.1f}% -> " \
           f"{100 * last.agreement:.1f}%"
-    if first.kl is not None and last.kl is not None:
-        out += f", KL {first.kl:.2f} -> {last.kl:.2f}"
+    # the evaluations' KL when the run evaluated (as its agreement is), else the samples'
+    kl0 = first.eval_kl if first.eval_kl is not None else first.kl
+    kl1 = last.eval_kl if last.eval_kl is not None else last.kl
+    if kl0 is not None and kl1 is not None:
+        out += f", KL {kl0:.2f} -> {kl1:.2f}"
     return out
 
 
