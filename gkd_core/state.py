@@ -302,7 +302,9 @@ class RunState(msgspec.Struct, kw_only=True):
     def _on_phase(self, e: ev.PhaseEvent) -> None:
         w = self._worker(e.src, e.ts)
         if e.phase != w.phase:
-            if w.phase and w.phase not in TERMINAL_PHASES and e.ts > w.phase_since:  # (a late sighting: none)
+            # a late sighting (older than the phase it would end) makes no span; a call that began and
+            # ended within the same millisecond (Ray's task times) makes one of no length
+            if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since:
                 w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts))
                 if len(w.spans) > SPANS_KEEP:
                     del w.spans[0]

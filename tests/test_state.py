@@ -137,3 +137,15 @@ def test_rays_view_of_a_worker_is_kept_beside_its_own_and_a_dead_actor_raises_an
     st.apply(ev.RayEvent(target="rollout/1", actor_id="a1", state="DEAD", death_cause="OOM killed", ts=1014.0))
     dead = [a for a in alerts.evaluate(st, 1015.0, stall_s=1000) if a.code == "actor_dead"]
     assert dead and dead[0].targets == ["rollout/1"] and "OOM killed" in dead[0].message
+
+
+def test_a_call_that_begins_and_ends_in_the_same_millisecond_is_a_span():
+    """Ray's task times are in milliseconds: a peer's sync that took under one is still a finished
+    call (without it, the straggler beside it has no peer to be named by)."""
+    s = RunState()
+    s.apply(ev.WorkerEvent(src="RolloutWorker/0", role="RolloutWorker", ts=100.0))
+    for phase, t in (("generate", 10.0), ("idle", 10.2), ("sync_rollout_weights", 12.0), ("idle", 12.0)):
+        s.apply(ev.PhaseEvent(src="RolloutWorker/0", phase=phase, started=t, ts=t))
+    spans = s.workers["RolloutWorker/0"].spans
+    assert [(x.phase, x.started, x.ended) for x in spans][-2:] == [("idle", 10.2, 12.0),
+                                                                    ("sync_rollout_weights", 12.0, 12.0)]

@@ -20,12 +20,20 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import numpy as np
+import ray
 import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
 
+from gkd_core.config import Config
 from gkd_core.node.stacks import install_faulthandler
-from gkd_core.trainer.faults import WorkerFaults
+from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
 from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer import loss as L, models
+from gkd_core.trainer.faults import WorkerFaults
+from gkd_core.trainer.vllm_engine import VllmEngine
 
 
 class Cancelled(RuntimeError):
@@ -71,8 +79,6 @@ class WorkerBase:
         self._cancel = threading.Event()
         self.gpus: list[int] = []
         try:
-            import ray
-
             self.gpus = [int(g) for g in ray.get_gpu_ids()]
             actor_id = ray.get_runtime_context().get_actor_id() or ""
         except Exception:  # outside Ray (unit tests): no GPUs assigned, no actor id
@@ -85,8 +91,6 @@ class WorkerBase:
     # --- control, answered while another method runs ----------------------------------
 
     def ready(self) -> dict:
-        import ray
-
         ctx = ray.get_runtime_context()
         return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus,
                 "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or ""}
@@ -135,8 +139,6 @@ class WorkerBase:
     # --- the collective group ------------------------------------------------------------
 
     def init_group(self, address: str, port: int, world: int, rank: int, timeout_s: float, backend: str) -> bool:
-        import torch.distributed as dist
-
         with self.rep.phase("join_group", timeout_s=timeout_s, detail=f"rank {rank}/{world} at {address}:{port}"):
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -156,8 +158,6 @@ class WorkerBase:
         work.wait()  # raises the collective's own error, if it failed
 
     def destroy_group(self) -> bool:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
@@ -176,11 +176,6 @@ class StudentActor(WorkerBase):
 
     def __init__(self, ctx: WorkerContext, cfg: dict):
         super().__init__("student/0", "student", 0, ctx)
-        from gkd_core.config import Config
-        import msgspec
-
-        from gkd_core.trainer import models
-
         self.cfg = msgspec.convert(cfg, Config)
         m = self.cfg.model
         with self.rep.phase("init_model", detail=m.path):
@@ -194,8 +189,6 @@ class StudentActor(WorkerBase):
         self.rep.set_phase("idle")
 
     def _batch(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray, t_logp: np.ndarray):
-        from gkd_core.trainer import loss as L
-
         # arrays from Ray's object store are read-only: copy them into tensors
         ids = torch.tensor(seqs, dtype=torch.long, device=self.device)
         attn, pos = L.attention(torch.tensor(left_pad, dtype=torch.long, device=self.device), ids.shape[1])
@@ -204,8 +197,20 @@ class StudentActor(WorkerBase):
         mask = L.completion_mask(ids, width, self.eos)[:, 1:]
         return ids, attn, pos, tid, tlp, mask
 
-    def _logits(self, ids, attn, pos, sl) -> torch.Tensor:
-        return self.model(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, :-1]
+    def _micro_batches(self, ids, attn, pos):
+        """(rows, the student's logits for them), one micro batch at a time, checking for a cancel."""
+        size = self.cfg.actor.micro_batch_size
+        for lo in range(0, len(ids), size):
+            self._check_cancel()
+            sl = slice(lo, lo + size)
+            yield sl, self.model(input_ids=ids[sl], attention_mask=attn[sl], position_ids=pos[sl]).logits[:, :-1]
+
+    @staticmethod
+    @torch.no_grad()
+    def _kl_and_agreement(logits, tid, tlp, mask) -> tuple[float, float]:
+        """Summed over the completion tokens: forward KL, and how many the student's top-1 is the teacher's."""
+        kl = (L.token_divergence(logits, tid, tlp, loss="forward_kl") * mask).sum().item()
+        return kl, ((logits.argmax(-1) == tid[..., 0]).float() * mask).sum().item()
 
     @staticmethod
     def _shape_stats(ids: torch.Tensor, mask: torch.Tensor, eos: list[int]) -> dict:
@@ -217,8 +222,6 @@ class StudentActor(WorkerBase):
 
     def train_step(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
                    t_logp: np.ndarray, step: int) -> dict:
-        from gkd_core.trainer import loss as L
-
         self._begin()
         with self.rep.phase("train", step=step):
             self._maybe_faults(step, "train")
@@ -228,18 +231,13 @@ class StudentActor(WorkerBase):
             self.model.train()
             self.opt.zero_grad()
             total = kl_sum = agree = 0.0
-            for lo in range(0, len(ids), a.micro_batch_size):
-                self._check_cancel()
-                sl = slice(lo, lo + a.micro_batch_size)
-                logits = self._logits(ids, attn, pos, sl)
+            for sl, logits in self._micro_batches(ids, attn, pos):
                 loss = L.distill_loss(logits, tid[sl], tlp[sl], mask[sl], n_tokens=n_tokens, loss=a.loss,
                                       beta=a.beta, temperature=a.temperature)
                 loss.backward()
                 total += loss.item()
-                with torch.no_grad():
-                    kl = L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl")
-                    kl_sum += (kl * mask[sl]).sum().item()
-                    agree += ((logits.argmax(-1) == tid[sl][..., 0]).float() * mask[sl]).sum().item()
+                kl, same = self._kl_and_agreement(logits, tid[sl], tlp[sl], mask[sl])
+                kl_sum, agree = kl_sum + kl, agree + same
             if self.ctx.faults.nan_grad(step):
                 self.rep.log(f"fault injected: a NaN gradient at step {step}", level="warn")
                 next(self.model.parameters()).grad.fill_(float("nan"))
@@ -253,8 +251,6 @@ class StudentActor(WorkerBase):
                  t_logp: np.ndarray, step: int) -> dict:
         """The student's own (greedy) completions of held-out prompts against the teacher: KL, the
         divergence being optimised, top-1 agreement per completion token, length, EOS share."""
-        from gkd_core.trainer import loss as L
-
         self._begin()
         with self.rep.phase("evaluate", step=step, detail=f"{len(seqs)} held-out prompts"):
             a = self.cfg.actor
@@ -262,15 +258,11 @@ class StudentActor(WorkerBase):
             n = mask.sum().clamp(min=1.0).item()
             self.model.eval()
             div = kl = agree = 0.0
-            for lo in range(0, len(ids), a.micro_batch_size):
-                self._check_cancel()
-                sl = slice(lo, lo + a.micro_batch_size)
-                logits = self._logits(ids, attn, pos, sl)
-                m = mask[sl]
+            for sl, logits in self._micro_batches(ids, attn, pos):
                 div += (L.token_divergence(logits, tid[sl], tlp[sl], loss=a.loss, beta=a.beta,
-                                           temperature=a.temperature) * m).sum().item()
-                kl += (L.token_divergence(logits, tid[sl], tlp[sl], loss="forward_kl") * m).sum().item()
-                agree += ((logits.argmax(-1) == tid[sl][..., 0]).float() * m).sum().item()
+                                           temperature=a.temperature) * mask[sl]).sum().item()
+                k, same = self._kl_and_agreement(logits, tid[sl], tlp[sl], mask[sl])
+                kl, agree = kl + k, agree + same
             return {"divergence": div / n, "kl": kl / n, "agreement": agree / n,
                     **self._shape_stats(ids, mask, self.eos)}
 
@@ -289,8 +281,6 @@ class StudentActor(WorkerBase):
         return {"skipped": False, "grad_norm": norm, "weights_finite": finite}
 
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
-        import torch.distributed as dist
-
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
@@ -309,8 +299,6 @@ class StudentActor(WorkerBase):
         return True
 
     def load(self, folder: str) -> str:
-        from safetensors.torch import load_file
-
         with self.rep.phase("init_model", detail=f"resume from {folder}"):
             state = load_file(str(Path(folder) / "model.safetensors"), device=str(self.device))
             self.model.load_state_dict(state, strict=False)
@@ -332,11 +320,6 @@ class RolloutWorker(WorkerBase):
 
     def __init__(self, rank: int, ctx: WorkerContext, cfg: dict):
         super().__init__(f"rollout/{rank}", "rollout", rank, ctx)
-        import msgspec
-
-        from gkd_core.config import Config
-        from gkd_core.trainer import models
-
         self.cfg = msgspec.convert(cfg, Config)
         m = self.cfg.model
         with self.rep.phase("init_engine", detail=f"engine {self.cfg.rollout.engine}"):
@@ -350,8 +333,6 @@ class RolloutWorker(WorkerBase):
         self.rep.set_phase("idle")
 
     def _vllm_engine(self):
-        from gkd_core.trainer.vllm_engine import VllmEngine
-
         m = self.cfg.model
         return VllmEngine(m.path, gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization, dtype=m.dtype,
                           eos_ids=self.eos, pad_id=self.pad)
@@ -360,8 +341,6 @@ class RolloutWorker(WorkerBase):
     def generate(self, prompt_ids: np.ndarray, left_pad: np.ndarray, step: int, seed: int,
                  greedy: bool = False) -> tuple[np.ndarray, float]:
         """[B, P + new] rows: the left-padded prompts, then the completions (pad after EOS)."""
-        from gkd_core.trainer import loss as L
-
         self._begin()
         what = "evaluate" if greedy else "generate"
         with self.rep.phase(what, step=step, detail=f"{len(prompt_ids)} prompts"):
@@ -395,8 +374,6 @@ class RolloutWorker(WorkerBase):
             time.sleep(took * factor)
 
     def sync_rollout_weights(self, sync_id: int, step: int, timeout_s: float) -> str:
-        import torch.distributed as dist
-
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: receive"):
             f = self.ctx.faults.take("hang_sync", step)
@@ -414,8 +391,6 @@ class RolloutWorker(WorkerBase):
 class TeacherProxyActor(WorkerBase):
     def __init__(self, ctx: WorkerContext, host: str = "127.0.0.1"):
         super().__init__("teacher/proxy", "teacher", None, ctx)  # type: ignore[arg-type]
-        from gkd_core.teacher.server import TeacherProxy
-
         self.proxy = TeacherProxy(self.rep, host=host)
         self.proxy.start()
         self.rep.set_phase("serve", detail=self.proxy.frontend_address)
@@ -428,9 +403,6 @@ class TeacherWorkerActor(WorkerBase):
     def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
                  trust_remote_code: bool = False):
         super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
-        from gkd_core.teacher.server import TeacherWorkerLoop
-        from gkd_core.trainer import models
-
         with self.rep.phase("init_model", detail=teacher_path):
             self.model, _ = models.load_model(teacher_path, device=str(self.device),
                                               trust_remote_code=trust_remote_code)
@@ -441,8 +413,6 @@ class TeacherWorkerActor(WorkerBase):
 
     @torch.no_grad()
     def _score(self, ids: np.ndarray, topk: int, left_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from gkd_core.trainer import loss as L
-
         x = torch.tensor(ids, dtype=torch.long, device=self.device)
         attn, pos = L.attention(torch.tensor(left_pad, dtype=torch.long, device=self.device), x.shape[1])
         logits = self.model(input_ids=x, attention_mask=attn, position_ids=pos).logits
