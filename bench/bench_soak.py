@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,7 +140,12 @@ def soak(steps: int, loss: str, scheduler: str, dashboard: bool) -> dict:
             procs["dashboard"] = dash.pid
         tail = LogTail(run / "events.jsonl")
         samples: dict[str, list[tuple[int, float]]] = {}
+        deadline = time.monotonic() + 600 + steps  # a run slower than a second a step is stuck: say so
         while sup.poll() is None:
+            if time.monotonic() > deadline:
+                os.killpg(sup.pid, signal.SIGKILL)
+                raise RuntimeError(f"{run_id}: not finished within {600 + steps} s (step {tail.step}); "
+                                   f"see {run / 'logs' / 'driver.log'}")
             tail.read()
             procs.update(tail.pids)
             if tail.step >= 1:

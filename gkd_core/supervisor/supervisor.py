@@ -492,8 +492,8 @@ class Supervisor:
                     self._signalled = False
                     self.request_stop()
                 self._watch_driver()
-                self._restate_silent()
                 if now >= self._next_alerts:
+                    self._restate_silent()  # at the alerts' pace: a walk over every worker
                     self._evaluate_alerts()
                     self._next_alerts = now + ALERT_EVERY_S
                 self.log.flush()

@@ -20,7 +20,7 @@ class WorkerFaults:
     """One worker's faults (sent to its actor): each step-bound fault fires once."""
 
     faults: list[FaultConfig] = field(default_factory=list)
-    _nan_since: dict[int, float] = field(default_factory=dict)  # nan_grad fault -> when it first fired
+    _nan_since: dict[int, float] = field(default_factory=dict)  # id of a nan_grad fault -> when it first fired
 
     def take(self, kind: str, step: int) -> FaultConfig | None:
         """The fault of this kind at this step, consumed."""
@@ -33,10 +33,10 @@ class WorkerFaults:
     def nan_grad(self, step: int) -> bool:
         """From its step, `repeat` steps in a row, or every step for `seconds` after the first."""
         now = time.monotonic()
-        for i, f in enumerate(self.faults):
+        for f in self.faults:
             if f.kind != "nan_grad" or step < f.step:
                 continue
-            first = self._nan_since.setdefault(i, now)
+            first = self._nan_since.setdefault(id(f), now)  # not its index: `take` removes others
             if step < f.step + max(1, f.repeat) or (f.seconds and now - first < f.seconds):
                 return True
         return False
