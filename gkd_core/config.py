@@ -90,6 +90,9 @@ class TrainerConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # environment of the driver and every worker (Ray's runtime_env), e.g. NCCL_DEBUG: INFO
     env: dict[str, str] = {}
+    # Ray custom resources each role's actors ask for (student, rollout, teacher): they land on the
+    # nodes started with them, e.g. {rollout: {gen: 0.01}} and `ray start --resources '{"gen": 1}'`
+    placement: dict[str, dict[str, float]] = {}
 
 
 class TelemetryConfig(_Section):
@@ -98,7 +101,8 @@ class TelemetryConfig(_Section):
     # a rule reads (idle CPU, dropped events, RSS); 0 keeps every heartbeat
     heartbeat_log_s: float = 10.0
     stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
-    bind_host: str = "127.0.0.1"  # where the ingest (PULL) socket listens; never 0.0.0.0 unless set
+    bind_host: str = "127.0.0.1"  # where the teacher server (and, across nodes, the tcp ingest) listen; a loopback
+    # address is replaced by Ray's address for the node when the cluster has several; never 0.0.0.0 unless set
     control_tcp: str = ""  # host:port for an authenticated (CurveZMQ) tcp control socket; off when empty
     events_tcp: str = ""  # host:port for a tcp copy of the PUB socket; off when empty
     pub_hwm: int = 100_000  # events queued per subscriber before a slow one misses some (and resnapshots)
@@ -295,6 +299,9 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("trainer.keep_checkpoints", cfg.trainer.keep_checkpoints >= 0, "must be 0 (keep all) or positive"),
         ("trainer.max_bad_steps", cfg.trainer.max_bad_steps >= 1, "must be at least 1"),
         ("trainer.checkpoint_every", cfg.trainer.checkpoint_every >= 1, "must be at least 1"),
+        ("trainer.placement", set(cfg.trainer.placement) <= {"student", "rollout", "teacher"}
+         and all(v > 0 for r in cfg.trainer.placement.values() for v in r.values()),
+         "roles are student, rollout and teacher, each with positive amounts of Ray resources"),
         ("teacher.num_microbatches", cfg.teacher.num_microbatches >= 1, "must be at least 1"),
         ("teacher.request_timeout_s", cfg.teacher.request_timeout_s > 0, "must be positive"),
         ("telemetry.heartbeat_s", cfg.telemetry.heartbeat_s > 0, "must be positive"),

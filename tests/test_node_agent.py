@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.ingest import IngestRoute
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -53,7 +54,7 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 2
-    agents, labels = start_agents(f"tcp://127.0.0.1:{port}", "t", tmp_path, gpu_backend="fake:gpus=1",
+    agents, labels = start_agents(IngestRoute(local=f"tcp://127.0.0.1:{port}"), "t", tmp_path, gpu_backend="fake:gpus=1",
                                   gpu_interval_s=0.5)
     try:
         assert sorted(agents) == sorted(nodes)

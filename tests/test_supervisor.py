@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from gkd_core.state import replay
-from gkd_core.telemetry import events as ev
-from gkd_core.telemetry.control import ControlClient, ControlUnreachable
+from gkd_core.telemetry import events as ev, ingest
+from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.telemetry.subscriber import RunSubscriber
 
@@ -165,6 +165,42 @@ def test_bad_messages_on_ingest_are_counted_and_dropped(start_supervisor):
                "the good event after the bad ones in the log")
 
 
+def test_tcp_ingest_for_other_nodes_lets_in_only_the_run_key(start_supervisor):
+    """The ingest the driver opens for workers on other nodes: never on every interface; a sender
+    without the run's key (none, or a key of its own) is refused in the handshake and counted,
+    and nothing it sends is recorded; the run's key gets through."""
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    with sup.client() as c:
+        for host, why in (("0.0.0.0", "every interface"), ("node-1", "not an IP address")):
+            with pytest.raises(ControlError, match=why):
+                c.request("open_ingest", {"host": host})
+        endpoint = c.request("open_ingest", {"host": "127.0.0.1"})["endpoint"]
+        assert endpoint.startswith("tcp://127.0.0.1:") and c.request("open_ingest", {"host": "127.0.0.1"}) == {
+            "endpoint": endpoint}
+    keys = sup.run / "keys"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.rglob("ingest*.key*"))
+    own = zmq.curve_keypair()
+    strangers = [None, ingest.Curve(server_public=ingest.client_keys(keys).server_public,
+                                    public=own[0].decode(), secret=own[1].decode())]
+    forged = ev.AlertEvent(src="stranger", severity="critical", code="forged", message="stop this run")
+    for curve in strangers:
+        with Reporter("stranger", ingest=endpoint, run=sup.run.name, heartbeat_s=60, curve=curve) as r:
+            r.emit(forged)
+            r.emit(ev.RunEvent(state="failed", reason="forged"))
+            time.sleep(0.5)
+    with Reporter("node2/worker", ingest=endpoint, run=sup.run.name, heartbeat_s=60,
+                  curve=ingest.client_keys(keys)) as r:
+        r.log("from another node")
+    wait_until(lambda: any(e.get("message") == "from another node" for e in sup.events()), 5.0,
+               "the run key's event in the log")
+    with sup.client() as c:
+        snap = c.request("snapshot")
+        assert snap["supervisor"]["rejected"].get("unauthenticated", 0) >= 2, snap["supervisor"]
+        assert "forged" not in msgspec.json.encode(snap["state"]).decode()
+        assert c.request("ping")["pong"]
+    assert not [e for e in sup.events() if e.get("src") == "stranger" or e.get("reason") == "forged"]
+
+
 def test_tcp_control_needs_the_run_key(start_supervisor):
     sup = start_supervisor("trainer.total_steps=100000", "telemetry.control_tcp=127.0.0.1:*", step_s=0.05)
     addr = sup.endpoints["control_tcp"]
@@ -252,10 +288,9 @@ def test_stop_ends_the_run_and_files_are_private(start_supervisor):
     sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
     sup.wait_driver()
     assert stat.S_IMODE((sup.run / "endpoints.json").stat().st_mode) == 0o600
-    for key in ("events", "control"):
+    for key in ("events", "control", "ingest"):  # no other user can connect, nor push an event
         path = sup.endpoints[key].removeprefix("ipc://")
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    assert sup.endpoints["ingest"].startswith("tcp://127.0.0.1:")
     r = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(sup.run)], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0, r.stderr

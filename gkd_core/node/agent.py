@@ -17,17 +17,21 @@ import msgspec
 
 from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.node.stacks import Capture, capture_many
+from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
 
 READY_TIMEOUT_S = 60.0
 
 
 class NodeAgent:
-    def __init__(self, label: str, ingest: str, run_id: str, run_dir: str, gpu_backend: str = "nvml",
+    def __init__(self, label: str, route: IngestRoute, run_id: str, run_dir: str, gpu_backend: str = "nvml",
                  gpu_interval_s: float = 2.0, nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0):
+        import ray
+
         self.label = label
         self.run_dir = Path(run_dir)
-        self.rep = Reporter(f"agent/{label}", ingest=ingest, run=run_id, heartbeat_s=heartbeat_s)
+        address, curve = route.pick(ray.get_runtime_context().get_node_id())
+        self.rep = Reporter(f"agent/{label}", ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
         self.rep.register("agent", node=label)
         self.rep.set_phase("watching")
         self.sampler = GpuSampler(label, self.rep.emit, backend=gpu_backend, interval_s=gpu_interval_s,
@@ -56,7 +60,7 @@ def node_labels(nodes: list[dict]) -> dict[str, str]:
     return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}") for n, h in zip(nodes, hosts)}
 
 
-def start_agents(ingest: str, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
+def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
                  nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0) -> tuple[dict[str, object], dict[str, str]]:
     """One agent on every live node. Returns ({node id: handle}, {node id: label}); nodes whose agent
     did not come up within the deadline are left out (and said so in the log by the caller)."""
@@ -71,7 +75,7 @@ def start_agents(ingest: str, run_id: str, run_dir: Path, gpu_backend: str = "nv
         node_id = n["NodeID"]
         handles[node_id] = Agent.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-        ).remote(labels[node_id], ingest, run_id, str(run_dir), gpu_backend, gpu_interval_s, nvml_deadline_s,
+        ).remote(labels[node_id], route, run_id, str(run_dir), gpu_backend, gpu_interval_s, nvml_deadline_s,
                  heartbeat_s)
     refs = {node_id: h.ready.remote() for node_id, h in handles.items()}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=READY_TIMEOUT_S)

@@ -9,6 +9,7 @@ turns its exit into a `run` event.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -29,7 +30,7 @@ from gkd_core.supervisor import alerts
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
 from gkd_core.supervisor.eventlog import EventLog
 from gkd_core.supervisor.heartbeat_log import HeartbeatLog
-from gkd_core.telemetry import control, events as ev
+from gkd_core.telemetry import control, events as ev, ingest
 
 log = logging.getLogger("gkd.supervisor")
 
@@ -52,6 +53,9 @@ class Refused(Exception):
 
 def _ipc(path: Path) -> str:
     return f"ipc://{path}"
+
+
+SOCKETS = ("events.sock", "control.sock", "driver.sock", "ingest.sock")  # in the run's private socket folder
 
 
 class Supervisor:
@@ -89,8 +93,11 @@ class Supervisor:
         self._ops: dict[str, Callable[[dict, str], Any]] = {
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
             "restart": self._op_restart, "cancel": self._forward("cancel"),
-            "dump_stacks": self._forward("dump_stacks"),
+            "dump_stacks": self._forward("dump_stacks"), "open_ingest": self._op_open_ingest,
         }
+        self.ingest_tcp: zmq.Socket | None = None  # for other nodes, opened by the driver (ingest.py)
+        self._ingest_monitor: zmq.Socket | None = None
+        self._poller = zmq.Poller()
         self.log = EventLog(self.run_dir / "events.jsonl")
         self.heartbeats = HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s)
         (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
@@ -113,12 +120,10 @@ class Supervisor:
         self.drivers = self.ctx.socket(zmq.ROUTER)
         self.drivers.linger = 0
         self.drivers.bind(_ipc(sockdir / "driver.sock"))
-        for name in ("events.sock", "control.sock", "driver.sock"):
+        self.ingest = self._pull()
+        self.ingest.bind(_ipc(sockdir / "ingest.sock"))
+        for name in SOCKETS:
             os.chmod(sockdir / name, 0o600)
-        self.ingest = self.ctx.socket(zmq.PULL)
-        self.ingest.rcvhwm = 100_000
-        self.ingest.linger = 0
-        self.ingest.bind(f"tcp://{tel.bind_host}:*")
         endpoints = {
             "run_id": self.run_id,
             "events": self.pub.last_endpoint.decode(),
@@ -133,16 +138,27 @@ class Supervisor:
             self._bind_tcp(endpoints)
         self.endpoints = endpoints  # published in endpoints.json once the run's first events are logged
 
+    def _pull(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.PULL)
+        sock.rcvhwm = 100_000
+        sock.linger = 0
+        return sock
+
+    def _zap(self):
+        """The CurveZMQ authenticator (a thread), started the first time a tcp socket needs it."""
+        if self._authenticator is None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._authenticator = ThreadAuthenticator(self.ctx, log=logging.getLogger("gkd.zap"))
+            self._authenticator.start()
+        return self._authenticator
+
     def _bind_tcp(self, endpoints: dict) -> None:
         """Optional tcp endpoints, authenticated with CurveZMQ; refusals are recorded."""
-        from zmq.auth.thread import ThreadAuthenticator
-
         tel = self.cfg.telemetry
         keys = self.run_dir / "keys"
         control.create_keys(keys)
-        self._authenticator = ThreadAuthenticator(self.ctx, log=logging.getLogger("gkd.zap"))
-        self._authenticator.start()
-        self._authenticator.configure_curve(domain="*", location=str(keys / "authorized"))
+        self._zap().configure_curve(domain="*", location=str(keys / "authorized"))
         if tel.control_tcp:
             self.control_tcp = self.ctx.socket(zmq.ROUTER)
             self.control_tcp.linger = 0
@@ -191,10 +207,11 @@ class Supervisor:
         obj["kind"] = event.__struct_config__.tag
         self._commit(obj, event, obj["kind"].encode())
 
-    def _drain_ingest(self) -> None:
+    def _drain_ingest(self, sock: zmq.Socket | None = None) -> None:
         # the hot path: plain recv with int flags (pyzmq's recv_multipart and enum flags cost
         # more than decoding the event); a message is [json] or [kind, json]
-        recv, more = self.ingest.recv, self.ingest.getsockopt
+        sock = sock or self.ingest
+        recv, more = sock.recv, sock.getsockopt
         for _ in range(INGEST_BATCH):
             try:
                 data = recv(_NOBLOCK)
@@ -341,7 +358,43 @@ class Supervisor:
                 recv_monitor_message(mon, zmq.NOBLOCK)
             except (zmq.Again, ValueError):
                 return
-            self._auth_refused += 1
+            if mon is self._ingest_monitor:
+                self.rejects.add(ev.Rejected("unauthenticated", "a tcp sender without the run's CurveZMQ key "
+                                                                 "(refused in the handshake)"), "ingest ")
+            else:
+                self._auth_refused += 1
+
+    def _op_open_ingest(self, args: dict, by: str) -> dict:
+        """The tcp ingest for workers on other nodes, on ``host`` (the head node's Ray address),
+        CurveZMQ with the run's ingest keys (RUN/keys). Opened once; asked again, the same."""
+        if self.ingest_tcp is not None:
+            return {"endpoint": self.ingest_tcp.last_endpoint.decode()}
+        host = args.get("host")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise Refused(f"open_ingest: host {host!r} is not an IP address") from None
+        if ip.is_unspecified and host != self.cfg.telemetry.bind_host:
+            raise Refused(f"open_ingest: {host} would listen on every interface; set telemetry.bind_host "
+                          f"to {host} to allow it")
+        keys = self.run_dir / "keys"
+        ingest.create_keys(keys)
+        self._zap().configure_curve(domain=ingest.ZAP_DOMAIN, location=str(keys / "ingest_authorized"))
+        sock = self._pull()
+        ingest.server_socket(sock, keys)
+        self._ingest_monitor = sock.get_monitor_socket(AUTH_FAILURES)
+        self._monitors.append(self._ingest_monitor)
+        try:
+            sock.bind(f"tcp://{f'[{host}]' if ip.version == 6 else host}:*")
+        except zmq.ZMQError as e:
+            sock.close(linger=0)
+            raise Refused(f"open_ingest: cannot listen on {host}: {e}") from None
+        self.ingest_tcp = sock
+        self.endpoints["ingest_tcp"] = sock.last_endpoint.decode()
+        rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._ingest_monitor, zmq.POLLIN)
+        return {"endpoint": self.endpoints["ingest_tcp"]}
 
     # --- the driver ----------------------------------------------------------------------
 
@@ -349,7 +402,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update({
             "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
-            "GKD_COMMANDS": self.endpoints["driver"], "GKD_CONFIG": str(config_path), "PYTHONUNBUFFERED": "1",
+            "GKD_COMMANDS": self.endpoints["driver"], "GKD_CONTROL": self.endpoints["control"],
+            "GKD_CONFIG": str(config_path), "PYTHONUNBUFFERED": "1",
             "GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid()),
         })
         argv = [sys.executable, "-m", self.driver_module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
@@ -413,9 +467,11 @@ class Supervisor:
         if self.rejects.total:
             wanted.append(ev.AlertEvent(
                 severity="warn", code="ingest_rejected",
-                message=f"{self.rejects.total} malformed messages dropped: "
+                message=f"{self.rejects.total} messages refused: "
                         + ", ".join(f"{k} {v}" for k, v in sorted(self.rejects.counts.items())),
-                hint="a sender speaks another protocol version or sends corrupt data; the run goes on",
+                hint="unauthenticated: something without the run's key tried the tcp ingest (a stranger, or "
+                     "a worker of another run); otherwise a sender speaks another protocol version or sends "
+                     "corrupt data. Nothing of theirs was recorded; the run goes on",
             ))
         if self._auth_refused:
             wanted.append(ev.AlertEvent(
@@ -465,7 +521,7 @@ class Supervisor:
         self.log.flush()
         # last: whoever finds endpoints.json finds a run with its first events on disk
         rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
-        poller = zmq.Poller()
+        poller = self._poller
         for s in (self.ingest, self.control, self.drivers, self.control_tcp, *self._monitors):
             if s is not None:
                 poller.register(s, zmq.POLLIN)
@@ -475,6 +531,8 @@ class Supervisor:
                 ready = dict(poller.poll(TICK_S * 1000))
                 if self.ingest in ready:
                     self._drain_ingest()
+                if self.ingest_tcp is not None and self.ingest_tcp in ready:
+                    self._drain_ingest(self.ingest_tcp)
                 if self.control in ready:
                     self._serve_control(self.control, "ipc")
                 if self.control_tcp is not None and self.control_tcp in ready:
@@ -502,6 +560,8 @@ class Supervisor:
                         break
         finally:
             self._drain_ingest()  # what the workers said last is worth keeping
+            if self.ingest_tcp is not None:
+                self._drain_ingest(self.ingest_tcp)
             self._restate_silent(everyone=True)
             self.close()
         return self._exit_status
@@ -516,7 +576,7 @@ class Supervisor:
             self._authenticator.stop()
         self.ctx.destroy(linger=500)
         sockdir = rundir.socket_dir(self.run_dir)
-        for name in ("events.sock", "control.sock", "driver.sock"):
+        for name in SOCKETS:
             try:
                 (sockdir / name).unlink()
             except FileNotFoundError:

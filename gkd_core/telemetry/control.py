@@ -18,7 +18,7 @@ import msgspec
 import zmq
 import zmq.auth
 
-OPS = ("ping", "snapshot", "stop", "restart", "cancel", "dump_stacks")
+OPS = ("ping", "snapshot", "stop", "restart", "cancel", "dump_stacks", "open_ingest")
 _ids = itertools.count(1)
 
 

@@ -22,6 +22,7 @@ from typing import Iterator
 import zmq
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.ingest import Curve, client_socket
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -37,14 +38,16 @@ def _rss_bytes() -> int:
 
 
 class Reporter:
-    """Sends this process's events to the run's supervisor (address from ``GKD_INGEST``)."""
+    """Sends this process's events to the run's supervisor (address from ``GKD_INGEST``); over
+    tcp from another node with the run's CurveZMQ keys (``curve``, see ``ingest``)."""
 
     def __init__(self, src: str, *, ingest: str | None = None, run: str | None = None,
                  heartbeat_s: float = 1.0, queue_max: int = 10_000, sndhwm: int = 10_000,
-                 ctx: zmq.Context | None = None, start: bool = True):
+                 ctx: zmq.Context | None = None, start: bool = True, curve: Curve | None = None):
         self.src = src
         self.run = run if run is not None else os.environ.get("GKD_RUN_ID", "")
         self.ingest = ingest if ingest is not None else os.environ.get("GKD_INGEST", "")
+        self.curve = curve
         self.heartbeat_s = heartbeat_s
         self.queue_max = queue_max
         self.dropped = 0
@@ -148,6 +151,8 @@ class Reporter:
         sock = self._ctx.socket(zmq.PUSH)
         sock.sndhwm = self._sndhwm
         sock.linger = 0
+        if self.curve is not None:
+            client_socket(sock, self.curve)
         if self.ingest:
             sock.connect(self.ingest)
         self._sock_ready.set()

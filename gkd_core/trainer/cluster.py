@@ -7,6 +7,7 @@ commands served while it waits (``on_tick``), and an error that names who is lat
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import threading
@@ -19,6 +20,8 @@ import ray
 from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
+from gkd_core.telemetry import ingest
+from gkd_core.telemetry.control import ControlClient
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
@@ -47,6 +50,8 @@ class Cluster:
         self.teacher_address = cfg.teacher.address
         self.teacher_backend = ""
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
+        self.route = ingest.IngestRoute(local=rep.ingest)
+        self.multi_node = False
 
     @property
     def members(self) -> list[str]:
@@ -69,7 +74,8 @@ class Cluster:
     def context(self, src: str) -> workers.WorkerContext:
         return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
                                      heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
-                                     faults=self.faults.for_worker(src), stacks_dir=str(self.run_dir / "stacks"))
+                                     faults=self.faults.for_worker(src), stacks_dir=str(self.run_dir / "stacks"),
+                                     route=self.route)
 
     # --- start ---------------------------------------------------------------------------
 
@@ -80,11 +86,15 @@ class Cluster:
             # token-protected): about a second more at start, so only when the watcher is on
             ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
                      runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
+        self.route.head_node = ray.get_runtime_context().get_node_id()
+        self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+        if self.multi_node:
+            self.open_remote_ingest()
         cfg_dict = msgspec.to_builtins(cfg)
         gpu = self.gpus_per_actor
         with self.rep.phase("init", detail="actors"):
-            student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **ACTOR_OPTS)
-            rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **ACTOR_OPTS)
+            student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **self.opts("student"))
+            rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **self.opts("rollout"))
             self.actors["student/0"] = student.remote(self.context("student/0"), cfg_dict)
             for i in range(cfg.rollout.n_workers):
                 self.actors[f"rollout/{i}"] = rollout.remote(i, self.context(f"rollout/{i}"), cfg_dict)
@@ -100,6 +110,41 @@ class Cluster:
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
         self.make_group()
 
+    def opts(self, role: str) -> dict:
+        """Ray options of a role's actors: threaded, no CPU reserved, its resources from trainer.placement."""
+        resources = self.cfg.trainer.placement.get(role)
+        return {**ACTOR_OPTS, "resources": dict(resources)} if resources else dict(ACTOR_OPTS)
+
+    @property
+    def bind_host(self) -> str:
+        """Where this node listens for the others: ``telemetry.bind_host``, or Ray's address for this
+        node when that is a loopback address and the cluster has other nodes (they cannot reach it)."""
+        host = self.cfg.telemetry.bind_host
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        return ray.util.get_node_ip_address() if self.multi_node and loopback else host
+
+    def open_remote_ingest(self) -> None:
+        """Ask the supervisor for a CurveZMQ tcp ingest on the head node's address, for the workers
+        on other nodes, and hand them the run's keys through Ray (``self.route``)."""
+        control = os.environ.get("GKD_CONTROL", "")
+        with self.rep.phase("init", detail="the ingest for other nodes"):
+            if not control:
+                self.rep.log("no supervisor control socket (GKD_CONTROL): workers on other nodes cannot "
+                             "report", level="warn")
+                return
+            try:
+                with ControlClient(control, timeout_s=5.0, retries=1, by="driver") as c:
+                    endpoint = c.request("open_ingest", {"host": self.bind_host})["endpoint"]
+            except Exception as e:
+                self.rep.log(f"the supervisor did not open an ingest for other nodes ({e}); their workers' "
+                             "events will be missing", level="error")
+                return
+        self.route.remote, self.route.curve = endpoint, ingest.client_keys(self.run_dir / "keys")
+        self.rep.log(f"workers on other nodes push events to {endpoint} (CurveZMQ, this run's keys)")
+
     def actor_names(self) -> dict[str, str]:
         """actor id -> worker, for the Ray watcher's thread (a copy: the main thread adds workers)."""
         return {i["actor_id"]: src for src, i in list(self.info.items()) if i.get("actor_id")}
@@ -111,7 +156,7 @@ class Cluster:
         with self.rep.phase("init", detail="node agents"):
             try:
                 self.agents, self.node_labels = start_agents(
-                    self.rep.ingest, self.rep.run, self.run_dir, gpu_backend=self.faults.gpu_backend(a.gpu_backend),
+                    self.route, self.rep.run, self.run_dir, gpu_backend=self.faults.gpu_backend(a.gpu_backend),
                     gpu_interval_s=a.gpu_interval_s, nvml_deadline_s=a.nvml_deadline_s,
                     heartbeat_s=self.cfg.telemetry.heartbeat_s)
             except Exception as e:  # never the reason a run does not start
@@ -126,14 +171,14 @@ class Cluster:
         """The teacher proxy (once) and its workers (again after they were killed)."""
         t = self.cfg.teacher
         if "teacher/proxy" not in self.actors:
-            proxy = ray.remote(workers.TeacherProxyActor).options(**ACTOR_OPTS).remote(
-                self.context("teacher/proxy"), self.cfg.telemetry.bind_host)
+            proxy = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
+                self.context("teacher/proxy"), "" if self.multi_node else self.cfg.telemetry.bind_host)
             self.actors["teacher/proxy"] = proxy
             addrs = self.wait({"teacher/proxy": proxy.addresses.remote()}, self.cfg.trainer.init_timeout_s,
                               "init")["teacher/proxy"]
             self.teacher_backend = addrs["backend"]
             self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
-        worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **ACTOR_OPTS)
+        worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **self.opts("teacher"))
         for i in range(t.n_server_workers):
             self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
                                                         self.teacher_backend, t.trust_remote_code)
@@ -147,7 +192,10 @@ class Cluster:
         """(Re)create the collective group over a fresh port."""
         members = self.members
         backend = "nccl" if self.device == "cuda" else "gloo"
-        address = "127.0.0.1" if len(ray.nodes()) == 1 else ray.util.get_node_ip_address()
+        # rank 0 (the student) serves the rendezvous: its node's address, wherever it landed
+        address = "127.0.0.1"
+        if self.multi_node:
+            address = self.info["student/0"].get("ip") or ray.util.get_node_ip_address()
         port = free_port()
         refs = {m: self.actors[m].init_group.remote(address, port, len(members), r, self.cfg.trainer.sync_timeout_s,
                                                     backend) for r, m in enumerate(members)}

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from gkd_core.config import Config
 from gkd_core.node.stacks import install_faulthandler
 from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
+from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import loss as L, models
 from gkd_core.trainer.faults import WorkerFaults
@@ -48,12 +49,30 @@ class NonFiniteWeights(RuntimeError):
 class WorkerContext:
     """What every actor needs to report: where, as which run, and its injected faults."""
 
-    ingest: str
+    ingest: str  # the supervisor's node's address; ``route`` says the way from any node
     run_id: str
     heartbeat_s: float = 1.0
     faults: WorkerFaults = field(default_factory=WorkerFaults)  # only this worker's
     device: str = "cpu"
     stacks_dir: str = ""  # RUN/stacks: where faulthandler writes on SIGUSR1
+    route: IngestRoute | None = None
+
+
+def interface_of(ip: str) -> str:
+    """The name of the network interface that has this IPv4 address, or ""."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return ""
+
+
+def node_id() -> str:
+    try:
+        return ray.get_runtime_context().get_node_id() or ""
+    except Exception:  # outside Ray (unit tests)
+        return ""
 
 
 def thread_stacks() -> str:
@@ -75,7 +94,8 @@ class WorkerBase:
         torch.set_num_threads(1)  # two threads per process oversubscribe a small machine badly
         self.src, self.role, self.rank, self.ctx = src, role, rank, ctx
         self.device = torch.device(ctx.device)
-        self.rep = Reporter(src, ingest=ctx.ingest, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s)
+        address, curve = ctx.route.pick(node_id()) if ctx.route else (ctx.ingest, None)
+        self.rep = Reporter(src, ingest=address, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s, curve=curve)
         self._cancel = threading.Event()
         self.gpus: list[int] = []
         try:
@@ -93,7 +113,7 @@ class WorkerBase:
     def ready(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus,
-                "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or ""}
+                "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or "", "ip": ray.util.get_node_ip_address()}
 
     def cancel(self) -> bool:
         self._cancel.set()
@@ -142,6 +162,13 @@ class WorkerBase:
         with self.rep.phase("join_group", timeout_s=timeout_s, detail=f"rank {rank}/{world} at {address}:{port}"):
             if dist.is_initialized():
                 dist.destroy_process_group()
+            if backend == "gloo" and address != "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in os.environ:
+                # gloo's pairs use the address the host name resolves to, which may be a loopback one
+                # (two Ray nodes on one host name, or an /etc/hosts that says 127.0.1.1): the interface
+                # of Ray's own address for this node reaches the other nodes
+                ifname = interface_of(ray.util.get_node_ip_address())
+                if ifname:
+                    os.environ["GLOO_SOCKET_IFNAME"] = ifname
             dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}", world_size=world,
                                     rank=rank, timeout=timedelta(seconds=timeout_s))
         return True
@@ -390,8 +417,9 @@ class RolloutWorker(WorkerBase):
 
 class TeacherProxyActor(WorkerBase):
     def __init__(self, ctx: WorkerContext, host: str = "127.0.0.1"):
+        """``host`` empty: this node's Ray address (the teacher's workers may be on other nodes)."""
         super().__init__("teacher/proxy", "teacher", None, ctx)  # type: ignore[arg-type]
-        self.proxy = TeacherProxy(self.rep, host=host)
+        self.proxy = TeacherProxy(self.rep, host=host or ray.util.get_node_ip_address())
         self.proxy.start()
         self.rep.set_phase("serve", detail=self.proxy.frontend_address)
 

@@ -1,0 +1,156 @@
+"""Two real Ray nodes on this machine, each in its own network namespace (10.77.0.1 and 10.77.0.2,
+joined by a veth pair, no other route): a gkd run with its student on the head and its rollouts
+and teacher on the second node. Every worker's events must reach the supervisor, stacks must come
+from both nodes, a frozen worker on the second node is named as on the head, and a process without
+the run's key cannot add an event from either namespace.
+
+Needs root (namespaces, veth); skipped with the reason where they cannot be made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, wait_until
+
+pytestmark = pytest.mark.slow
+
+SUFFIX = f"{os.getpid() % 100000}"
+NS = {"head": f"gkdh{SUFFIX}", "node2": f"gkdn{SUFFIX}"}
+IP = {"head": "10.77.0.1", "node2": "10.77.0.2"}
+GCS_PORT = 6391
+
+
+def sh(*argv: str, timeout: float = 60, check: bool = True, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check, env=env)
+
+
+def in_ns(node: str, *argv: str) -> list[str]:
+    return ["ip", "netns", "exec", NS[node], *argv]
+
+
+def namespace_of(pid: int) -> str:
+    return sh("ip", "netns", "identify", str(pid), check=False).stdout.strip()
+
+
+@pytest.fixture
+def two_nodes(gkd_home, monkeypatch):
+    """A Ray head (resource ``head``) in one namespace and a Ray worker node (``node2``) in another."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and iproute2 (`ip`); the multi-node test bed was not made")
+    made = []
+    try:
+        for ns in NS.values():
+            r = sh("ip", "netns", "add", ns, check=False)
+            if r.returncode:
+                pytest.skip(f"cannot make a network namespace here: {r.stderr.strip()}")
+            made.append(ns)
+        veth = (f"gv{SUFFIX}a", f"gv{SUFFIX}b")
+        sh("ip", "link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+        for node, dev in zip(NS, veth):
+            sh("ip", "link", "set", dev, "netns", NS[node])
+            sh("ip", "-n", NS[node], "addr", "add", f"{IP[node]}/24", "dev", dev)
+            sh("ip", "-n", NS[node], "link", "set", dev, "up")
+            sh("ip", "-n", NS[node], "link", "set", "lo", "up")
+        env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
+                   RAY_ADDRESS=f"{IP['head']}:{GCS_PORT}")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        common = ["--num-cpus", "2", "--disable-usage-stats"]
+        sh(*in_ns("head", sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address",
+                  IP["head"], "--port", str(GCS_PORT), "--include-dashboard=false", "--resources", '{"head": 1}',
+                  *common,
+                  "--temp-dir", f"/tmp/gkd-ns-{SUFFIX}"), timeout=120, env=env)
+        sh(*in_ns("node2", sys.executable, "-m", "ray.scripts.scripts", "start", "--address",
+                  f"{IP['head']}:{GCS_PORT}", "--node-ip-address", IP["node2"], "--resources", '{"node2": 1}',
+                  *common), timeout=120, env=env)
+        yield env
+    finally:
+        sh(sys.executable, "-m", "ray.scripts.scripts", "stop", "--force", timeout=60, check=False)
+        for ns in made:
+            sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(f"/tmp/gkd-ns-{SUFFIX}", ignore_errors=True)
+
+
+def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, gkd_home):
+    run_dir = gkd_home / "runs" / "two-nodes"
+    log = open(gkd_home / "run.log", "w")
+    proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
+                                  "trainer.checkpoint_every=1000",
+                                  "trainer.placement={student: {head: 0.01}, rollout: {node2: 0.01}, teacher: {node2: 0.01}}",
+                                  "--run-id", "two-nodes"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    events = lambda: [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]  # noqa: E731
+    try:
+        wait_until(lambda: (run_dir / "events.jsonl").exists() and
+                   sum(e["kind"] == "metrics" for e in events()) >= 3, 180,
+                   f"three steps on two nodes ({(gkd_home / 'run.log').read_text()[-600:]})")
+        evs = events()
+        pids = {e["src"]: e["pid"] for e in evs if e["kind"] == "worker"}
+        where = {src: namespace_of(pid) for src, pid in pids.items()}
+        assert where["student/0"] == NS["head"] and where["driver"] == NS["head"], where
+        for src in ("rollout/0", "rollout/1", "teacher/0"):
+            assert where[src] == NS["node2"], where
+        # every worker's worker, phase and heartbeat events, from both nodes
+        wait_until(lambda: all({"worker", "phase", "heartbeat"} <= {e["kind"] for e in events() if e["src"] == src}
+                               for src in pids), 15, "worker, phase and heartbeat events of every worker")
+        assert sum(src.startswith("agent/") for src in pids) == 2, pids  # an agent on each node
+        logs = [e["message"] for e in evs if e["kind"] == "log"]
+        assert any(f"tcp://{IP['head']}:" in m and "CurveZMQ" in m for m in logs), logs
+        endpoints = json.loads((run_dir / "endpoints.json").read_text())
+        remote = endpoints["ingest_tcp"]
+        assert remote.startswith(f"tcp://{IP['head']}:")
+
+        # stacks from both nodes, within 5 s
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "dump-stacks", "--run", str(run_dir), "--json"],
+                             capture_output=True, text=True, timeout=30, cwd=ROOT)
+        took = time.monotonic() - t0
+        report = json.loads(out.stdout)
+        got = {t for g in report["groups"] for t in g["targets"]}
+        assert {"student/0", "rollout/0", "rollout/1", "teacher/0"} <= got, report
+        assert took < 5, f"dump-stacks took {took:.1f} s"
+
+        # strangers: no key, from the other namespace and from the head's own, over tcp
+        forge = ("import sys, time; from gkd_core.telemetry.reporter import Reporter; "
+                 "from gkd_core.telemetry import events as ev\n"
+                 "with Reporter('stranger', ingest=sys.argv[1], run='two-nodes', heartbeat_s=60) as r:\n"
+                 "    r.emit(ev.AlertEvent(severity='critical', code='forged', message='stop this run'))\n"
+                 "    r.emit(ev.RunEvent(state='failed', reason='forged'))\n"
+                 "    time.sleep(1.0)\n")
+        for node in ("node2", "head"):
+            sh(*in_ns(node, sys.executable, "-c", forge, remote), timeout=30)
+        snap = json.loads(subprocess.run([sys.executable, "-m", "gkd_tui.cli", "status", str(run_dir), "--json"],
+                                         capture_output=True, text=True, timeout=30, cwd=ROOT).stdout)
+        assert "forged" not in json.dumps(snap), snap
+        assert not [e for e in events() if e["src"] == "stranger" or e.get("reason") == "forged"]
+        rejected = wait_until(lambda: [e for e in events() if e["kind"] == "alert"
+                                       and e.get("code") == "ingest_rejected" and "unauthenticated" in e["message"]],
+                              5, "the refused senders counted")
+        assert rejected
+
+        # a frozen worker on the second node is named, as on the head
+        victim = pids["rollout/0"]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            named = wait_until(lambda: [e for e in events() if e["kind"] == "alert" and not e.get("cleared")
+                                        and "rollout/0" in e.get("targets", [])], 30, "an alert naming rollout/0")
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        assert named
+    finally:
+        subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,
+                       cwd=ROOT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
