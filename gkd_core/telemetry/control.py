@@ -68,20 +68,23 @@ def decode_request(data: bytes) -> Request:
 # --- keys ------------------------------------------------------------------------------------
 
 
-def create_keys(keys_dir: Path) -> None:
-    """A server and a client CurveZMQ key pair, private (0600); the client's public key authorized."""
+def create_keys(keys_dir: Path, server: str = "server", client: str = "client",
+                authorized: str = "authorized") -> None:
+    """A server and a client CurveZMQ key pair, private (0600); the client's public key authorized
+    (moved to ``keys_dir/authorized``, the folder the authenticator reads)."""
     keys_dir.mkdir(mode=0o700, exist_ok=True)
-    authorized = keys_dir / "authorized"
-    authorized.mkdir(mode=0o700, exist_ok=True)
-    zmq.auth.create_certificates(str(keys_dir), "server")
-    zmq.auth.create_certificates(str(keys_dir), "client")
-    os.replace(keys_dir / "client.key", authorized / "client.key")
-    for p in list(keys_dir.glob("*.key*")) + list(authorized.glob("*.key")):
+    allowed = keys_dir / authorized
+    allowed.mkdir(mode=0o700, exist_ok=True)
+    zmq.auth.create_certificates(str(keys_dir), server)
+    zmq.auth.create_certificates(str(keys_dir), client)
+    os.replace(keys_dir / f"{client}.key", allowed / f"{client}.key")
+    for p in (keys_dir / f"{server}.key", keys_dir / f"{server}.key_secret", keys_dir / f"{client}.key_secret",
+              allowed / f"{client}.key"):
         os.chmod(p, 0o600)
 
 
-def server_curve(sock: zmq.Socket, keys_dir: Path) -> None:
-    public, secret = zmq.auth.load_certificate(str(keys_dir / "server.key_secret"))
+def server_curve(sock: zmq.Socket, keys_dir: Path, server: str = "server") -> None:
+    public, secret = zmq.auth.load_certificate(str(keys_dir / f"{server}.key_secret"))
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True

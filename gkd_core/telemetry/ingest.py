@@ -11,12 +11,13 @@ before any frame of its reaches the supervisor, and is counted as ``unauthentica
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import msgspec
 import zmq
 import zmq.auth
+
+from gkd_core.telemetry import control
 
 ZAP_DOMAIN = "ingest"  # the control sockets' keys (domain "*") do not open the ingest, nor the reverse
 
@@ -47,22 +48,13 @@ class IngestRoute(msgspec.Struct):
 def create_keys(keys_dir: Path) -> None:
     """The ingest's server pair and the run's client pair, 0600; the client's public key is the one
     authorized (``ingest_authorized/``). Idempotent: a restarted driver finds the same keys."""
-    authorized = keys_dir / "ingest_authorized"
-    if (keys_dir / "ingest.key_secret").exists():
-        return
-    keys_dir.mkdir(mode=0o700, exist_ok=True)
-    authorized.mkdir(mode=0o700, exist_ok=True)
-    zmq.auth.create_certificates(str(keys_dir), "ingest_server")
-    zmq.auth.create_certificates(str(keys_dir), "ingest")
-    os.replace(keys_dir / "ingest.key", authorized / "ingest.key")
-    for p in [*keys_dir.glob("ingest*.key*"), *authorized.glob("*.key")]:
-        os.chmod(p, 0o600)
+    if not (keys_dir / "ingest.key_secret").exists():
+        control.create_keys(keys_dir, server="ingest_server", client="ingest", authorized="ingest_authorized")
 
 
 def server_socket(sock: zmq.Socket, keys_dir: Path) -> None:
     """Make ``sock`` the CurveZMQ server of the ingest (before bind)."""
-    public, secret = zmq.auth.load_certificate(str(keys_dir / "ingest_server.key_secret"))
-    sock.curve_secretkey, sock.curve_publickey, sock.curve_server = secret, public, True
+    control.server_curve(sock, keys_dir, server="ingest_server")
     sock.zap_domain = ZAP_DOMAIN.encode()
 
 

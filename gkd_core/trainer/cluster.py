@@ -34,6 +34,13 @@ QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFO
 ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,11 +127,14 @@ class Cluster:
         """Where this node listens for the others: ``telemetry.bind_host``, or Ray's address for this
         node when that is a loopback address and the cluster has other nodes (they cannot reach it)."""
         host = self.cfg.telemetry.bind_host
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
-        return ray.util.get_node_ip_address() if self.multi_node and loopback else host
+        return ray.util.get_node_ip_address() if self.multi_node and _loopback(host) else host
+
+    @property
+    def teacher_host(self) -> str:
+        """Where the teacher proxy listens: as ``bind_host``, but on its own node's Ray address
+        (empty: the proxy finds it), which need not be the head's."""
+        host = self.cfg.telemetry.bind_host
+        return "" if self.multi_node and _loopback(host) else host
 
     def open_remote_ingest(self) -> None:
         """Ask the supervisor for a CurveZMQ tcp ingest on the head node's address, for the workers
@@ -172,7 +182,7 @@ class Cluster:
         t = self.cfg.teacher
         if "teacher/proxy" not in self.actors:
             proxy = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
-                self.context("teacher/proxy"), "" if self.multi_node else self.cfg.telemetry.bind_host)
+                self.context("teacher/proxy"), self.teacher_host)
             self.actors["teacher/proxy"] = proxy
             addrs = self.wait({"teacher/proxy": proxy.addresses.remote()}, self.cfg.trainer.init_timeout_s,
                               "init")["teacher/proxy"]
