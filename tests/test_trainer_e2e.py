@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -144,3 +145,22 @@ def test_an_out_of_memory_worker_is_named_and_r_proposes_the_memory_ladder(start
         dry = c.request("restart", {"shrink": True, "dry_run": True})
     keys = [ch[0] for ch in dry["changes"]]
     assert keys[0] == "actor.micro_batch_size" and all("out of memory on rollout/1" in ch[3] for ch in dry["changes"])
+
+
+def test_a_ray_cluster_that_never_answers_is_named_at_our_deadline(start_supervisor):
+    """RAY_ADDRESS of a listener that accepts and says nothing: Ray's own timeouts are minutes;
+    ``trainer.init_timeout_s`` ends it, with the address, the phase and what to check."""
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)
+        address = "127.0.0.1:%d" % mute.getsockname()[1]
+        t0 = time.monotonic()
+        sup = start_supervisor("trainer.init_timeout_s=4", driver=TRAINER, RAY_ADDRESS=address)
+        assert sup.wait_exit(90) == 3
+        took = time.monotonic() - t0
+    failed = run_states(sup)[-1]
+    assert failed["state"] == "failed" and failed["exit_code"] == 3
+    said = [e["message"] for e in sup.events() if e["kind"] == "log" and e.get("level") == "error"]
+    assert said and f"ray.init ({address}) did not return within 4 s" in said[0] and "RAY_AUTH_TOKEN" in said[0]
+    assert any("ray.init" in line and "within 4 s" in line for line in failed["log_tail"])
+    assert took < 60, took

@@ -7,9 +7,11 @@ commands served while it waits (``on_tick``), and an error that names who is lat
 
 from __future__ import annotations
 
+import faulthandler
 import ipaddress
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Callable
@@ -20,17 +22,20 @@ import ray
 from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
+from gkd_core.rundir import socket_dir
 from gkd_core.telemetry import ingest
 from gkd_core.telemetry.control import ControlClient
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
-from gkd_core.trainer.guarded import guarded_wait
+from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
 
 # one torch thread per process (more than the cores make small models many times slower), and
 # no progress bars or advice from transformers in the logs people read when a run is stuck
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+RAY_INIT_HINT = ("check that the cluster is up (`ray status` on its head), that this node reaches it, and that "
+                 "RAY_AUTH_TOKEN is the cluster's; if it is only slow, raise trainer.init_timeout_s")
 ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
 
 
@@ -59,6 +64,8 @@ class Cluster:
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
         self.route = ingest.IngestRoute(local=rep.ingest)
         self.multi_node = False
+        self.groups = 0  # collective groups made so far: each gets its own rendezvous
+        self.group_file: Path | None = None  # the current group's FileStore, removed with the group
 
     @property
     def members(self) -> list[str]:
@@ -88,13 +95,17 @@ class Cluster:
 
     def start(self) -> None:
         cfg = self.cfg
-        with self.rep.phase("init", timeout_s=cfg.trainer.init_timeout_s, detail="ray.init"):
-            # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
-            # token-protected): about a second more at start, so only when the watcher is on
-            ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
-                     runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
-        self.route.head_node = ray.get_runtime_context().get_node_id()
-        self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
+        where = os.environ.get("RAY_ADDRESS") or "a new local cluster"
+        limit = cfg.trainer.init_timeout_s
+        with self.rep.phase("init", timeout_s=limit, detail=f"ray.init ({where})"):
+            with watchdog(f"ray.init ({where})", limit, self.give_up, hint=RAY_INIT_HINT):
+                # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
+                # token-protected): about a second more at start, so only when the watcher is on
+                ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
+                         runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
+            with watchdog(f"the Ray GCS ({where}) listing its nodes", limit, self.give_up, hint=RAY_INIT_HINT):
+                self.route.head_node = ray.get_runtime_context().get_node_id()
+                self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
         if self.multi_node:
             self.open_remote_ingest()
         cfg_dict = msgspec.to_builtins(cfg)
@@ -116,6 +127,18 @@ class Cluster:
             # Ray's own view of every worker's actor: alive or dead, which method since when
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
         self.make_group()
+
+    def give_up(self, why: str) -> None:
+        """A call with no deadline of its own ran past ours (``watchdog``). It cannot be interrupted,
+        so: say what and where, show where every thread is, and end the driver with EXIT_STUCK —
+        the supervisor records the exit and ``restart`` starts over."""
+        print("gkd driver: where every thread was when the deadline passed:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        print(f"gkd driver: {why}", file=sys.stderr, flush=True)  # last: the line the failure alert quotes
+        self.rep.log(why, level="error")
+        self.rep.set_phase("failed", detail=why[:300])
+        self.rep.close(2.0)
+        os._exit(EXIT_STUCK)
 
     def opts(self, role: str) -> dict:
         """Ray options of a role's actors: threaded, no CPU reserved, its resources from trainer.placement."""
@@ -199,19 +222,37 @@ class Cluster:
     # --- the collective group ------------------------------------------------------------
 
     def make_group(self) -> None:
-        """(Re)create the collective group over a fresh port."""
+        """(Re)create the collective group at a fresh rendezvous."""
         members = self.members
         backend = "nccl" if self.device == "cuda" else "gloo"
-        # rank 0 (the student) serves the rendezvous: its node's address, wherever it landed
-        address = "127.0.0.1"
-        if self.multi_node:
-            address = self.info["student/0"].get("ip") or ray.util.get_node_ip_address()
-        port = free_port()
-        refs = {m: self.actors[m].init_group.remote(address, port, len(members), r, self.cfg.trainer.sync_timeout_s,
+        rendezvous = self.rendezvous()
+        refs = {m: self.actors[m].init_group.remote(rendezvous, len(members), r, self.cfg.trainer.sync_timeout_s,
                                                     backend) for r, m in enumerate(members)}
-        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {port}"):
+        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {rendezvous}"):
             self.wait(refs, self.cfg.trainer.init_timeout_s, "join_group",
                       hint="a member that never joins is stuck before init: dump its stack (d)")
+
+    def rendezvous(self) -> str:
+        """Where the group's members meet. On one node, a file in the run's private socket folder:
+        torch's TCPStore listens on every interface, and anyone who reaches it could join or poison
+        the group. Across nodes there is no shared private place, so rank 0 (the student) serves a
+        TCPStore at its node's address, wherever it landed."""
+        self.groups += 1
+        self.forget_group_file()
+        if not self.multi_node:
+            folder = socket_dir(self.run_dir)
+            for stale in folder.glob("group-*.store") if self.groups == 1 else ():
+                stale.unlink(missing_ok=True)  # an earlier driver's, killed before it could remove it
+            path = folder / f"group-{os.getpid()}-{self.groups}.store"
+            self.group_file = path
+            return f"file://{path}"
+        address = self.info["student/0"].get("ip") or ray.util.get_node_ip_address()
+        return f"tcp://{address}:{free_port()}"
+
+    def forget_group_file(self) -> None:
+        if self.group_file is not None:
+            self.group_file.unlink(missing_ok=True)
+            self.group_file = None
 
     def rebuild_group(self) -> None:
         """An aborted sync leaves the group in an unknown state: tear it down and make a new one."""
@@ -222,6 +263,8 @@ class Cluster:
     # --- end -----------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        self.forget_group_file()
+
         def stop() -> None:
             try:
                 ray.shutdown()

@@ -42,14 +42,13 @@ from gkd_core.trainer.actions import Actions
 from gkd_core.trainer.cluster import QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
 from gkd_core.trainer.faults import FaultPlan
-from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed
+from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
 from gkd_core.trainer.saver import Saver
 from gkd_core.trainer.schedulers import SCHEDULERS
 from gkd_core.trainer.vllm_engine import EngineUnavailable, require_vllm
 from gkd_core.trainer.weight_sync import WeightSync
 
 EXIT_CONFIG = 2
-EXIT_STUCK = 3  # a wait ran past its deadline, or a worker died: the error says who
 
 
 class BadSteps(RuntimeError):

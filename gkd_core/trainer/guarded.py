@@ -3,15 +3,22 @@
 It waits for a set of named refs together under one deadline, calls ``on_tick`` about once a
 second (progress events, control commands), and fails with the names of who is late — or who
 died, as soon as Ray knows, not when the deadline expires.
+
+``watchdog``: a deadline for a call that takes none of its own (``ray.init``, the first GCS
+calls), without moving the call off the main thread, where Ray expects to be initialised.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
+
+EXIT_STUCK = 3  # the driver's exit code when a wait ran past its deadline or a worker died
 
 
 class WaitTimeout(TimeoutError):
@@ -70,3 +77,24 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
             if on_tick is not None and pending:
                 on_tick(sorted(pending), now - start)
     return results
+
+
+@contextmanager
+def watchdog(what: str, timeout_s: float, on_expire: Callable[[str], None], hint: str = "") -> Iterator[None]:
+    """Run the block on this thread; if it has not returned after ``timeout_s``, call
+    ``on_expire(message)`` from a timer thread. The block cannot be interrupted from another
+    thread, so ``on_expire`` is expected to report and end the process."""
+    done = threading.Event()
+
+    def expire() -> None:
+        if not done.is_set():
+            on_expire(f"{what} did not return within {timeout_s:g} s" + (f"; {hint}" if hint else ""))
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.name, timer.daemon = f"watchdog: {what}", True
+    timer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        timer.cancel()

@@ -158,18 +158,22 @@ class WorkerBase:
 
     # --- the collective group ------------------------------------------------------------
 
-    def init_group(self, address: str, port: int, world: int, rank: int, timeout_s: float, backend: str) -> bool:
-        with self.rep.phase("join_group", timeout_s=timeout_s, detail=f"rank {rank}/{world} at {address}:{port}"):
+    def init_group(self, rendezvous: str, world: int, rank: int, timeout_s: float, backend: str) -> bool:
+        """Join the collective group at ``rendezvous``: ``file://PATH`` on one node, ``tcp://HOST:PORT``
+        (served by rank 0) across nodes."""
+        with self.rep.phase("join_group", timeout_s=timeout_s, detail=f"rank {rank}/{world} at {rendezvous}"):
             if dist.is_initialized():
                 dist.destroy_process_group()
-            if backend == "gloo" and address != "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in os.environ:
-                # gloo's pairs use the address the host name resolves to, which may be a loopback one
-                # (two Ray nodes on one host name, or an /etc/hosts that says 127.0.1.1): the interface
-                # of Ray's own address for this node reaches the other nodes
-                ifname = interface_of(ray.util.get_node_ip_address())
+            if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+                # gloo's pairs listen on the address the host name resolves to, which may be a loopback
+                # one (two Ray nodes on one host name, or an /etc/hosts that says 127.0.1.1) or a public
+                # one on a single node: on one node, loopback; across nodes, the interface of Ray's own
+                # address for this node, which reaches the others
+                ip = "127.0.0.1" if rendezvous.startswith("file://") else ray.util.get_node_ip_address()
+                ifname = interface_of(ip)
                 if ifname:
                     os.environ["GLOO_SOCKET_IFNAME"] = ifname
-            dist.init_process_group(backend=backend, init_method=f"tcp://{address}:{port}", world_size=world,
+            dist.init_process_group(backend=backend, init_method=rendezvous, world_size=world,
                                     rank=rank, timeout=timedelta(seconds=timeout_s))
         return True
 
