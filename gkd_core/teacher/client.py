@@ -40,6 +40,7 @@ class TeacherClient:
         self.latency = LatencyWindow()
         self._ids = itertools.count(1)
         self._sock: zmq.Socket | None = None
+        self._resend = False
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
@@ -52,6 +53,13 @@ class TeacherClient:
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+
+    def resend(self, address: str) -> None:
+        """Send everything in flight again, now, to ``address``: the server that had it died and a
+        new one was started (on new ports, if it was the proxy). Not counted as a retry."""
+        self._reset()
+        self.address = address
+        self._resend = True
 
     def report(self) -> None:
         if self.rep is not None:
@@ -113,6 +121,12 @@ class TeacherClient:
                             todo.appendleft((i, idx))
                 if on_wait is not None:
                     on_wait()
+                if self._resend:
+                    self._resend = False
+                    for rid in list(waiting):
+                        i, idx, _ = waiting.pop(rid)
+                        attempts[i] -= 1
+                        todo.appendleft((i, idx))
                 if now >= next_report:
                     self.report()
                     next_report = now + 1.0

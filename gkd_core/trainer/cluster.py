@@ -13,11 +13,13 @@ import os
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 import msgspec
 import ray
+from ray.exceptions import RayActorError
 
 from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
@@ -36,6 +38,7 @@ QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFO
              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 RAY_INIT_HINT = ("check that the cluster is up (`ray status` on its head), that this node reaches it, and that "
                  "RAY_AUTH_TOKEN is the cluster's; if it is only slow, raise trainer.init_timeout_s")
+TEACHER_PROBE_S = 2.0  # how often the teacher's actors are asked whether they live, while it is waited on
 ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
 
 
@@ -64,6 +67,8 @@ class Cluster:
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
         self.route = ingest.IngestRoute(local=rep.ingest)
         self.multi_node = False
+        self._probes: dict[str, object] = {}  # teacher actor -> its unanswered ``ready`` (dead_teacher)
+        self._probed: dict[str, float] = {}
         self.groups = 0  # collective groups made so far: each gets its own rendezvous
         self.group_file: Path | None = None  # the current group's FileStore, removed with the group
 
@@ -201,7 +206,7 @@ class Cluster:
             self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
 
     def start_teacher(self) -> None:
-        """The teacher proxy (once) and its workers (again after they were killed)."""
+        """The teacher proxy (once, or again after it died) and its workers (those not running)."""
         t = self.cfg.teacher
         if "teacher/proxy" not in self.actors:
             proxy = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
@@ -213,8 +218,52 @@ class Cluster:
             self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
         worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **self.opts("teacher"))
         for i in range(t.n_server_workers):
+            if f"teacher/{i}" in self.actors:
+                continue
             self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
                                                         self.teacher_backend, t.trust_remote_code)
+
+    def dead_teacher(self) -> list[str]:
+        """The launched teacher's actors that Ray reports dead. Never blocks: each actor is asked
+        ``ready`` at most every ``TEACHER_PROBE_S``, and an actor that has not answered yet (busy,
+        or frozen: the alerts name it) is not dead."""
+        if not self.cfg.teacher.launch or "teacher/proxy" not in self.actors:
+            return []
+        now = time.monotonic()
+        names = ["teacher/proxy", *self.teacher_workers()]
+        for n in names:
+            if n not in self._probes and now - self._probed.get(n, 0.0) >= TEACHER_PROBE_S:
+                self._probes[n], self._probed[n] = self.actors[n].ready.remote(), now
+        asked = {ref: n for n, ref in self._probes.items() if n in names}
+        answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0) if asked else ([], [])
+        dead = []
+        for ref in answered:
+            n = asked[ref]
+            del self._probes[n]
+            try:
+                ray.get(ref, timeout=1)
+            except RayActorError:
+                dead.append(n)
+        return dead
+
+    def revive_teacher(self, dead: list[str]) -> list[str]:
+        """Start the dead teacher actors again; returns who was started. A dead proxy takes its
+        workers with it: they serve its backend address, which a new proxy does not keep."""
+        if not dead:
+            return []
+        names = ["teacher/proxy", *self.teacher_workers()]
+        if "teacher/proxy" in dead:
+            dead = names
+        for n in dead:
+            ray.kill(self.actors.pop(n), no_restart=True)
+            self._probes.pop(n, None)
+        with self.rep.phase("init", detail=f"starting {', '.join(dead)} again"):
+            self.rep.log(f"{', '.join(dead)} died: starting {'them' if len(dead) > 1 else 'it'} again", level="warn")
+            self.start_teacher()
+            self.info.update(self.wait({n: self.actors[n].ready.remote() for n in dead},
+                                       self.cfg.trainer.init_timeout_s, "init",
+                                       hint="check RUN/logs/driver.log for an import or memory error"))
+        return dead
 
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]

@@ -164,7 +164,15 @@ class Driver:
 
     def on_teacher_wait(self) -> None:
         self.maybe_teacher_back()
+        self.revive_teacher()
         self.actions.serve()
+
+    def revive_teacher(self) -> None:
+        """A teacher actor Ray reports dead is started again, and what was in flight is sent again
+        at once (to the new proxy's address, if it was the proxy) instead of at its timeout."""
+        started = self.cluster.revive_teacher(self.cluster.dead_teacher())
+        if started:
+            self.teacher.resend(self.cluster.teacher_address)
 
     def train_step(self, batch: Batch, tids: np.ndarray, tlps: np.ndarray, step: int) -> dict:
         student = self.cluster.actors["student/0"]
