@@ -7,6 +7,7 @@ driver's code, or 128+signal, when it failed; 143 when it was stopped on request
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run directory under $GKD_HOME/runs (default: a timestamp)")
     run.add_argument("--linger", type=float, default=0.0, metavar="S",
                      help="keep serving for S seconds after the run ends (for a restart from the dashboard)")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="take over a run whose supervisor is gone: its latest config, its log, and its driver "
+                          "started again from the latest checkpoint (what `gkd-tui restart` does then)")
     run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
@@ -31,6 +35,24 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cfg_path, overrides = args.config, list(args.overrides)
+    resume = None
+    if args.resume:
+        from gkd_core import rundir
+
+        resume = Path(args.resume).resolve()
+        if cfg_path:
+            overrides.insert(0, cfg_path)  # on a taken-over run, key=value overrides only
+        try:
+            cfg_path = str(rundir.latest_config(resume))
+            rundir.check_unsupervised(resume)
+        except (OSError, RuntimeError) as e:
+            print(f"gkd: cannot take over {resume}: {e}", file=sys.stderr)
+            return 2
+        try:  # the driver the run had (a test's demo driver, say), unless told otherwise
+            old = json.loads((resume / "endpoints.json").read_bytes())
+            args.driver = args.driver or (old.get("driver_module") if isinstance(old, dict) else None)
+        except (OSError, ValueError):
+            pass
     if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
         overrides.insert(0, cfg_path)  # `run trainer.total_steps=5`: overrides on the embedded default
         cfg_path = None
@@ -44,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from gkd_core.trainer import checkpoints
 
     sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
-                     driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger)
+                     driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger, resume=resume)
     if not args.quiet:
         print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
         print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -184,16 +185,49 @@ def _nearest(path: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+class _YamlWithoutDates(yaml.SafeLoader):
+    """``yaml.safe_load`` without dates: no config value is one, and a date that is none (2001-02-30)
+    raises ValueError from inside the parser, where no key can be named. Read as strings, they are
+    refused by the type check, which names the key."""
+
+
+_YamlWithoutDates.add_constructor("tag:yaml.org,2002:timestamp", _YamlWithoutDates.construct_yaml_str)
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """YAML text -> Python values; ConfigError in one line (PyYAML's messages span several) saying
+    where in ``where`` the problem is."""
+    try:
+        return yaml.load(text, Loader=_YamlWithoutDates)  # a SafeLoader
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        context = f" ({e.context})" if e.context else ""
+        raise ConfigError(f"{where}: not valid YAML{at}: {e.problem}{context}") from None
+    except yaml.YAMLError as e:  # the reader's: a character YAML does not allow, with its position
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid YAML: nested deeper than the parser goes") from None
+    except ValueError as e:  # an integer of more than 4,300 digits
+        raise ConfigError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def _show(value: Any) -> str:
+    """A value in an error message: its repr, cut (a message is one line, not a dump of the input)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"an integer of {len(str(abs(value)))} digits"  # (repr of a 5,000-digit int raises)
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``trainer.total_steps=10`` -> ("trainer.total_steps", 10); values are parsed as YAML."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
-        raise ConfigError(f"override {text!r} is not of the form key.path=value (for example trainer.total_steps=10)")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({e.problem})") from None
+        raise ConfigError(f"override {_show(text)} is not of the form key.path=value "
+                          "(for example trainer.total_steps=10)")
+    value = _load_yaml(raw, f"override {_show(text)}") if raw.strip() else ""
     return key, value
 
 
@@ -228,7 +262,7 @@ def _check_keys(tree: Any, cls: type, prefix: str, sources: dict[str, str], defa
         path = f"{prefix}{key}"
         if key not in fields:
             src = sources.get(path, default_source)
-            raise ConfigError(f"{src}: unknown key '{path}' (value {value!r}){_nearest(path)}")
+            raise ConfigError(f"{src}: unknown key '{path}' (value {_show(value)}){_nearest(path)}")
         ftype = fields[key].type
         if isinstance(ftype, type) and issubclass(ftype, msgspec.Struct):
             _check_keys(value, ftype, path + ".", sources, default_source)
@@ -243,9 +277,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist (run with no config for the embedded CPU demo)")
         try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); a config is a YAML file") from None
+        loaded = _load_yaml(text, str(p))
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -263,8 +298,8 @@ def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) 
     sources: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(tree, key, value, f"override {text!r}")
-        sources[key] = f"override {text!r}"
+        _set_path(tree, key, value, f"override {_show(text)}")
+        sources[key] = f"override {_show(text)}"
     _check_keys(tree, Config, "", sources, source)
     env = tree.get("trainer", {}).get("env") if isinstance(tree.get("trainer"), dict) else None
     if isinstance(env, dict):  # NCCL_IB_DISABLE: 1 in YAML is meant as the string "1"
@@ -278,9 +313,27 @@ def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) 
         value = _get_path(tree, where.split(".")) if where else None
         src = sources.get(where, source)
         reason = msg.split(" - at ")[0]
-        raise ConfigError(f"{src}: bad value for '{where or '(top level)'}': {value!r}: {reason}") from None
+        raise ConfigError(f"{src}: bad value for '{where or '(top level)'}': {_show(value)}: {reason}") from None
+    _check_numbers(msgspec.to_builtins(cfg), "", sources, source)
     _check_semantics(cfg, source)
     return cfg
+
+
+def _check_numbers(tree: Any, path: str, sources: dict[str, str], source: str) -> None:
+    """No NaN or infinity (YAML's .nan, .inf), no integer beyond 64 bits: none is a meaningful
+    setting, and each would fail later and far away (a deadline that never comes, an overflow in
+    a socket option) instead of here, naming its key."""
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            _check_numbers(v, f"{path}.{k}" if path else str(k), sources, source)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            _check_numbers(v, f"{path}.{i}", sources, source)
+    elif isinstance(tree, float) and not math.isfinite(tree):
+        raise ConfigError(f"{sources.get(path, source)}: bad value for '{path}': {tree!r}: must be a finite number")
+    elif isinstance(tree, int) and not isinstance(tree, bool) and not -(2**63) <= tree < 2**63:
+        raise ConfigError(f"{sources.get(path, source)}: bad value for '{path}': {_show(tree)}: "
+                          "does not fit in 64 bits")
 
 
 def _check_semantics(cfg: Config, source: str) -> None:
@@ -312,7 +365,7 @@ def _check_semantics(cfg: Config, source: str) -> None:
     for key, ok, why in checks:
         if not ok:
             value = _get_path(msgspec.to_builtins(cfg), key.split("."))
-            raise ConfigError(f"{source}: bad value for '{key}': {value!r}: {why}")
+            raise ConfigError(f"{source}: bad value for '{key}': {_show(value)}: {why}")
     for rule in cfg.shrink:
         if rule.key not in _valid_paths():
             raise ConfigError(f"{source}: shrink rule names unknown key '{rule.key}'{_nearest(rule.key)}")

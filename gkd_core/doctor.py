@@ -237,6 +237,57 @@ def check_teacher(cfg: config_mod.Config) -> Check:
                  "does not accept connections"), "" if ok else "start the teacher proxy, or check host, port, firewall")
 
 
+def check_other_nodes(cfg: config_mod.Config) -> Check:
+    """Where workers on other nodes will push their events, and whether that can work from here.
+
+    A run opens that ingest only when its Ray cluster has more than one node, on a port chosen
+    then; so this names the address and checks what can be checked before: that it is one of this
+    node's addresses (on the head), or that the head answers (on a worker node)."""
+    import ipaddress
+
+    import psutil
+
+    host = cfg.telemetry.bind_host
+    loopback = host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
+    address = os.environ.get("RAY_ADDRESS", "").removeprefix("ray://")
+    ours = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+    head, _, port = address.partition(":")
+    if head and head not in ours and head not in ("auto", "localhost", "127.0.0.1"):
+        # a worker node: its workers push to the head's ingest, on the head's Ray address
+        target = head if loopback else host
+        ok = _connects(head, int(port or 6379))
+        return Check("other nodes", "pass" if ok else "fail",
+                     f"workers here push their events to tcp://{target}:(a port the run picks), CurveZMQ with the "
+                     f"run's key; the head {head} " + ("answers" if ok else "does not answer"),
+                     "" if ok else f"a route and an open firewall from this node to {head}, all tcp ports")
+    try:
+        import ray
+
+        node_ip = ray.util.get_node_ip_address()
+    except Exception as e:
+        return Check("other nodes", "warn", f"the node's address is unknown ({type(e).__name__}: {e})",
+                     "set telemetry.bind_host to this node's address on the cluster network")
+    target = node_ip if loopback else host
+    if target not in ours and not loopback:
+        return Check("other nodes", "fail", f"telemetry.bind_host={host} is not an address of this node",
+                     f"telemetry.bind_host={node_ip} (this node's Ray address), or one of {', '.join(sorted(ours))}")
+    if _is_ip(target) and ipaddress.ip_address(target).is_loopback:
+        return Check("other nodes", "warn", f"this node's Ray address is {target}: other nodes cannot reach it",
+                     "on a cluster, start Ray with --node-ip-address=THIS_NODE_IP")
+    return Check("other nodes", "pass",
+                 f"with more than one Ray node, workers elsewhere push their events to tcp://{target}:(a port "
+                 f"the run picks), CurveZMQ with the run's key; the other nodes must reach {target}, all tcp "
+                 "ports, as Ray's own traffic does")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        socket.inet_aton(host)
+        return host.count(".") == 3
+    except OSError:
+        return False
+
+
 def check_data(cfg: config_mod.Config) -> Check:
     from gkd_core.trainer.data import DataError, read_rows
 
@@ -315,6 +366,7 @@ def run_checks(path: str | None = None, overrides: list[str] | None = None, gpu_
     if cfg is not None:
         checks += check_batches(cfg)
         checks.append(check_teacher(cfg))
+        checks.append(check_other_nodes(cfg))
         checks.append(check_data(cfg))
     checks.append(check_stack_tools())
     checks.append(check_home(cfg))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -101,10 +102,64 @@ def resolve_run(arg: str | os.PathLike | None = None) -> Path:
 
 
 def read_endpoints(run: Path) -> dict:
+    """The run's addresses; RunNotFound, saying what is wrong, unless the file holds a ``control``
+    and an ``events`` address (what every reader connects to)."""
     path = run / "endpoints.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise RunNotFound(f"{path} does not exist: the supervisor of this run has not started yet") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunNotFound(f"{path} is not valid JSON ({e}); is the supervisor still writing it?") from None
+    bad = [key for key in ("control", "events") if not isinstance(data, dict)
+           or not isinstance(data.get(key), str) or not data[key].startswith(("ipc://", "tcp://"))]
+    if bad:
+        raise RunNotFound(f"{path} has no {' and no '.join(bad)} address (ipc:// or tcp://): not the endpoints "
+                          "a supervisor writes; is this a run directory?")
+    return data
+
+
+def _endpoints_file(run: Path) -> dict:
+    try:
+        data = json.loads((run / "endpoints.json").read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def supervisor_pid(run: Path) -> int:
+    """The pid the run's supervisor wrote in endpoints.json, or 0."""
+    pid = _endpoints_file(run).get("supervisor_pid")
+    return pid if isinstance(pid, int) and pid > 0 else 0
+
+
+def supervisor_alive(run: Path) -> int:
+    """The pid of the run's supervisor unless it is known to be gone (0): its process has ended, or
+    its pid now runs another program. A supervisor on another machine (a run directory on a
+    shared file system) cannot be seen from here, so it counts as alive."""
+    pid = supervisor_pid(run)
+    host = _endpoints_file(run).get("host")
+    if pid and host and host != socket.gethostname():
+        return pid
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if pid else b""
+    except OSError:
+        return 0
+    return pid if b"gkd_core" in cmdline else 0
+
+
+def check_unsupervised(run: Path) -> None:
+    """RuntimeError unless ``run`` is a run directory whose supervisor is gone."""
+    if not (run / "events.jsonl").exists() or not (run / "restarts").is_dir():
+        raise RuntimeError(f"{run} is not a run directory (no events.jsonl and restarts/)")
+    pid = supervisor_alive(run)
+    if pid:
+        raise RuntimeError(f"its supervisor (pid {pid}) is still running: `gkd-tui restart {run}` asks it")
+
+
+def latest_config(run: Path) -> Path:
+    """The config of the run's latest (re)start: ``restarts/NNN.yaml`` with the highest NNN."""
+    made = sorted((f for f in (run / "restarts").glob("*.yaml") if f.stem.isdigit()), key=lambda f: int(f.stem))
+    if not made:
+        raise RuntimeError(f"{run / 'restarts'} holds no NNN.yaml: no config to restart with")
+    return made[-1]

@@ -257,7 +257,7 @@ class RunState(msgspec.Struct, kw_only=True):
         w = self.workers.get(src)
         if w is None:
             role, _, rank = src.partition("/")
-            w = WorkerState(src=src, role=role, rank=int(rank) if rank.isdigit() else None, phase_since=ts)
+            w = WorkerState(src=src, role=role, rank=_rank(rank), phase_since=ts)
             self.workers[src] = w
         if ts > w.last_seen:
             w.last_seen = ts
@@ -550,6 +550,12 @@ class RunState(msgspec.Struct, kw_only=True):
         return self.metrics[-n:]
 
 
+def _rank(text: str) -> int | None:
+    """The rank in a src such as ``rollout/2``; None for anything else. ASCII digits only, and few:
+    ``str.isdigit`` is true of "²", which int() refuses, and int() refuses 4,300 digits too."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def alert_key(code: str, targets: list[str]) -> str:
     return code + ("@" + ",".join(sorted(targets)) if targets else "")
 
@@ -582,15 +588,17 @@ def decode_state(data: bytes | str) -> RunState:
     return _state_decoder.decode(data)
 
 
-def replay(lines) -> RunState:
-    """Rebuild a RunState from the lines of an ``events.jsonl`` (bad lines are skipped)."""
+def replay(lines, skipped: list[tuple[int, str]] | None = None) -> RunState:
+    """Rebuild a RunState from the lines of an ``events.jsonl`` (an open file streams). Lines that
+    are no event are skipped; with ``skipped``, each one's (line number, why) is added to it."""
     st = RunState()
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
         try:
             st.apply(ev.decode(line if isinstance(line, bytes) else line.encode()))
-        except ev.Rejected:
-            continue
+        except ev.Rejected as r:
+            if skipped is not None:
+                skipped.append((n, str(r)))
     return st

@@ -3,10 +3,12 @@ the diagnosis' messages."""
 
 from __future__ import annotations
 
+import math
+
 
 def compact(seconds: float | None) -> str:
     """A table cell: 4.2s, 37s, 6m05s, 2h03m; "-" for none."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):  # inf: a difference of two absurd timestamps
         return "-"
     s = int(seconds)
     if s < 60:

@@ -24,6 +24,9 @@ LAUNCH_WAIT_S = 30.0
 
 def _client(run: Path, timeout_s: float = 2.0) -> tuple[ControlClient, dict]:
     endpoints = rundir.read_endpoints(run)
+    if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run):
+        # no need to wait out the timeout for an answer that cannot come
+        raise ControlUnreachable(f"its supervisor (pid {endpoints.get('supervisor_pid', '?')}) is not running")
     return ControlClient.for_run(run, endpoints, timeout_s=timeout_s, by=f"{os.environ.get('USER', 'cli')}/cli"), endpoints
 
 
@@ -32,6 +35,9 @@ def _unreachable(run: Path | None, err: Exception) -> int:
     print(f"gkd-tui: no run reachable{where}: {err}", file=sys.stderr)
     if run is not None and (run / "events.jsonl").exists():
         print(f"gkd-tui: its event log is still there: `gkd-tui replay {run}`", file=sys.stderr)
+        if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run):
+            print(f"gkd-tui: its supervisor (pid {rundir.supervisor_pid(run) or '?'}) is gone: `gkd-tui restart "
+                  f"{run}` takes the run over and resumes it from its latest checkpoint", file=sys.stderr)
     return EXIT_UNREACHABLE
 
 
@@ -89,7 +95,39 @@ def cmd_stop(a: argparse.Namespace) -> int:
 
 
 def cmd_restart(a: argparse.Namespace) -> int:
+    try:
+        run = rundir.resolve_run(a.run)
+    except rundir.RunNotFound as e:
+        return _unreachable(None, e)
+    if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run) and (run / "events.jsonl").exists():
+        return _take_over(run, a)
     return _act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run})
+
+
+def _take_over(run: Path, a: argparse.Namespace) -> int:
+    """The run's supervisor is gone (killed, its node rebooted): a new one, detached, takes the run
+    over. It continues the log and restarts the driver from the latest checkpoint."""
+    if a.smaller or a.dry_run:
+        print(f"gkd-tui: restart: the supervisor of {run} is gone, and --smaller and --dry-run need it (they "
+              "read its diagnosis); restart without them, or with -o KEY=VALUE", file=sys.stderr)
+        return 2
+    old = rundir.supervisor_pid(run)
+    argv = [sys.executable, "-m", "gkd_core", "run", *a.overrides, "--resume", str(run), "--linger", "3600",
+            "--quiet"]
+    out = open(run / "logs" / "supervisor.log", "ab")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    out.close()
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while rundir.supervisor_pid(run) in (old, 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"gkd-tui: restart: a new supervisor for {run} did not start within {LAUNCH_WAIT_S:g} s; its "
+                  f"output is in {run / 'logs' / 'supervisor.log'}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    print(f"gkd-tui: the supervisor of {run.name} (pid {old or '?'}) was gone; supervisor pid {proc.pid} took the "
+          "run over and restarts its driver from the latest checkpoint", file=sys.stderr)
+    return 0
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
@@ -235,6 +273,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
         print(f"gkd-tui: no event log at {path} (give a run directory or its events.jsonl)", file=sys.stderr)
         return 2
     source = ReplaySource(path)
+    if source.warning():  # before the dashboard takes the screen: still there when it quits
+        print(f"gkd-tui: warning: {source.warning()}", file=sys.stderr)
     if a.speed:
         source.speed = a.speed
     GkdApp(source).run()
@@ -250,16 +290,36 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         print(f"gkd-tui: {e}", file=sys.stderr)
         return 2
     status = ""
-    try:  # the live state when the supervisor answers; the files alone when it does not
+    try:  # the live state when the supervisor answers; else the state the event log leads to
         client, _ = _client(run, 2.0)
         with client:
             snap = client.request("snapshot")
         status = status_text(msgspec.convert(snap["state"], RunState), time.time(), run)
-    except (ControlUnreachable, ControlError) as e:
-        status = f"(no live state: {e})"
+    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+        status = f"(no live state: {e})\n" + _status_from_log(run)
     out = write_bundle(run, Path(a.output) if a.output else None, status)
     print(out)
     return 0
+
+
+def _status_from_log(run: Path) -> str:
+    """The status page of the state ``RUN/events.jsonl`` leads to, at its last event; lines that are
+    no event are skipped and said, here and on stderr (a torn last line, after a crash)."""
+    from gkd_core.state import replay
+    from gkd_tui.sources.replay import skipped_note
+
+    path = run / "events.jsonl"
+    if not path.is_file():
+        return f"(no event log at {path})"
+    skipped: list[tuple[int, str]] = []
+    with open(path, "rb") as f:  # streamed: a day's log need not fit in memory twice
+        state = replay(f, skipped)
+    head = f"from the event log ({state.applied} events"
+    if skipped:
+        note = skipped_note(path, skipped)
+        print(f"gkd-tui: warning: {note}", file=sys.stderr)
+        head += f"; {note}"
+    return f"{head}):\n{status_text(state, state.last_ts, run)}"
 
 
 STATUS_MARK = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}

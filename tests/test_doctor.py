@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -63,3 +64,27 @@ def test_the_disk_check_weighs_free_space_against_the_checkpoints_kept(tmp_path,
     assert check.status == "pass" and "3 kept + 1 being written" in check.detail
     huge = load_config(None, ["model.n_embd=65536", "model.n_layer=64"])  # about 32 TB a checkpoint
     assert doc.check_home(huge).status == "fail" and "keep_checkpoints" in doc.check_home(huge).fix
+
+
+def test_it_names_the_address_other_nodes_will_push_events_to(tmp_path):
+    env = dict(os.environ, GKD_HOME=str(tmp_path))
+    env.pop("RAY_ADDRESS", None)
+    code, out, _ = doctor("--json", env=env)
+    check = {c["name"]: c for c in json.loads(out[out.index("["):])}["other nodes"]
+    # this node's Ray address and CurveZMQ (a warning instead on a machine with no network but loopback)
+    assert (check["status"] == "pass" and "tcp://" in check["detail"] and "CurveZMQ" in check["detail"]
+            and "127.0.0.1" not in check["detail"]) or check["status"] == "warn", check
+    # an address of no interface here is refused, with this node's addresses as the fix
+    code, out, _ = doctor("telemetry.bind_host=10.255.254.253", "--json", env=env)
+    check = {c["name"]: c for c in json.loads(out[out.index("["):])}["other nodes"]
+    assert code == 1 and check["status"] == "fail" and "not an address of this node" in check["detail"]
+    assert "telemetry.bind_host=" in check["fix"]
+    # on a worker node: the head it joins must answer (127.0.0.2 is no address of an interface here,
+    # so it stands for another node; a closed port on it refuses at once)
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        closed = s.getsockname()[1]
+    env["RAY_ADDRESS"] = f"127.0.0.2:{closed}"
+    code, out, _ = doctor("--json", env=env)
+    check = {c["name"]: c for c in json.loads(out[out.index("["):])}["other nodes"]
+    assert check["status"] == "fail" and "127.0.0.2" in check["detail"] and "firewall" in check["fix"]

@@ -301,6 +301,62 @@ def test_stop_ends_the_run_and_files_are_private(start_supervisor):
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+def test_a_run_whose_supervisor_was_killed_is_taken_over_by_restart(start_supervisor, gkd_home):
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    driver = sup.wait_driver()
+    wait_until(lambda: any(e["kind"] == "metrics" for e in sup.events()), 20, "a step")
+    cli = [sys.executable, "-m", "gkd_tui.cli"]
+    os.kill(sup.proc.pid, signal.SIGKILL)
+    sup.proc.wait(10)
+    wait_until(lambda: gone(driver), 10, "the driver to end with its supervisor")
+    with open(sup.run / "events.jsonl", "ab") as f:
+        f.write(b'{"v":1,"seq":999999,"kind":"log","mess')  # killed in the middle of a line
+    lines_before = (sup.run / "events.jsonl").read_bytes().split(b"\n")[:-1]
+
+    r = subprocess.run([*cli, "status", str(sup.run)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "is gone: `gkd-tui restart" in r.stderr, r.stderr
+    r = subprocess.run([*cli, "restart", str(sup.run)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "took the run over" in r.stderr, r.stderr
+    new_pid = json_endpoints(sup.run)["supervisor_pid"]
+    try:
+        # the same run goes on: its log continued (the torn line set aside), a driver running
+        wait_until(lambda: any(e["kind"] == "metrics" and e["seq"] > len(lines_before) for e in sup.events()), 30,
+                   "a step of the new driver")
+        raw = (sup.run / "events.jsonl").read_bytes().split(b"\n")
+        assert raw[:len(lines_before)] == lines_before, "what was recorded is kept as it was"
+        assert (sup.run / "events.jsonl.torn").read_bytes().startswith(b'{"v":1,"seq":999999')
+        seqs = [e["seq"] for e in sup.events()]
+        assert seqs == list(range(1, len(seqs) + 1))
+        taken = [e for e in sup.events() if e["kind"] == "run" and e["state"] == "restarting"]
+        assert taken and f"pid {sup.proc.pid}) was gone" in taken[0]["reason"] and taken[0]["restart"] == 1
+        assert (sup.run / "restarts" / "001.yaml").exists()
+        # a second supervisor for a run that has one is refused
+        r = subprocess.run([sys.executable, "-m", "gkd_core", "run", "--resume", str(sup.run)], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 2 and f"its supervisor (pid {new_pid}) is still running" in r.stderr, r.stderr
+        r = subprocess.run([*cli, "stop", str(sup.run)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        wait_until(lambda: gone(new_pid), 30, "the new supervisor to exit")
+        assert [e["state"] for e in sup.events() if e["kind"] == "run"][-1] == "stopped"
+    finally:
+        if not gone(new_pid):
+            os.kill(new_pid, signal.SIGKILL)
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def json_endpoints(run):
+    import json
+
+    return json.loads((run / "endpoints.json").read_text())
+
+
 def test_an_invalid_config_starts_nothing(gkd_home):
     r = subprocess.run([sys.executable, "-m", "gkd_core", "run", "trainer.total_step=5"], capture_output=True,
                        text=True, timeout=30, env=dict(os.environ, GKD_HOME=str(gkd_home)))

@@ -8,6 +8,8 @@ The supervisor runs them for gkd runs, the Ray-state source for jobs it only obs
 
 from __future__ import annotations
 
+import math
+
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
@@ -31,12 +33,20 @@ def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> li
     return out
 
 
+def _elapsed(evidence: dict, missing: float) -> float:
+    """``evidence["elapsed_s"]`` when it is a number: an alert that came from elsewhere (the driver, a
+    stranger's bug) may carry anything there, and the supervisor's loop must not die of it."""
+    v = evidence.get("elapsed_s", missing)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else missing
+
+
 def _changed(cur: AlertState, a: AlertEvent) -> bool:
     if cur.severity != a.severity:
         return True
     if a.code in LIVE:  # the time in the message grows every second: a change only when it has grown
         # by half (a log scale: 6, 9, 14, 20 s ...) or the verdict or the place changed
-        grown = a.evidence.get("elapsed_s", 0) > 1.5 * cur.evidence.get("elapsed_s", float("inf"))
+        # (2x > 3y, not x > 1.5y: exact for an integer of any size, where the float product overflows)
+        grown = 2 * _elapsed(a.evidence, 0.0) > 3 * _elapsed(cur.evidence, math.inf)
         return grown or any(cur.evidence.get(k) != a.evidence.get(k) for k in ("verdict", "where"))
     return cur.message != a.message
 

@@ -61,9 +61,11 @@ def node_labels(nodes: list[dict]) -> dict[str, str]:
 
 
 def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
-                 nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0) -> tuple[dict[str, object], dict[str, str]]:
-    """One agent on every live node. Returns ({node id: handle}, {node id: label}); nodes whose agent
-    did not come up within the deadline are left out (and said so in the log by the caller)."""
+                 nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0,
+                 only: set[str] | None = None) -> tuple[dict[str, object], dict[str, str]]:
+    """One agent on every live node (or on the nodes ``only`` names). Returns ({node id: handle},
+    {node id: label}); nodes whose agent did not come up within the deadline are left out (and said
+    so in the log by the caller)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -73,6 +75,8 @@ def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: st
     handles = {}
     for n in nodes:
         node_id = n["NodeID"]
+        if only is not None and node_id not in only:
+            continue
         handles[node_id] = Agent.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(labels[node_id], route, run_id, str(run_dir), gpu_backend, gpu_interval_s, nvml_deadline_s,

@@ -43,3 +43,18 @@ class EventLog:
         self._last_fsync = 0.0
         self.flush()
         self._f.close()
+
+
+def recover(path: Path) -> list[bytes]:
+    """The lines of the log of a run whose supervisor is gone, for the one that takes it over.
+
+    A supervisor killed while writing may leave a torn last line: it is cut off (and kept in
+    ``events.jsonl.torn``) so that the log stays one JSON object per line and the new lines start
+    on a line of their own."""
+    data = path.read_bytes() if path.exists() else b""
+    cut = data.rfind(b"\n") + 1
+    if cut < len(data):
+        with open(path.with_name(path.name + ".torn"), "ab") as f:
+            f.write(data[cut:] + b"\n")
+        os.truncate(path, cut)
+    return [line for line in data[:cut].split(b"\n") if line.strip()]

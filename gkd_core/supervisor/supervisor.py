@@ -12,7 +12,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
 from gkd_core.diagnosis import plan
 from gkd_core.state import RunState, encode_state
-from gkd_core.supervisor import alerts
+from gkd_core.supervisor import alerts, eventlog
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
 from gkd_core.supervisor.eventlog import EventLog
 from gkd_core.supervisor.heartbeat_log import HeartbeatLog
@@ -51,6 +53,48 @@ class Refused(Exception):
     """A control request that is understood but cannot be carried out; the message says why."""
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# The arguments each op that acts takes, and what each must be. Anything else is refused before
+# anything is done, naming the op and the argument: a typo (`dry-run`) must not be taken for a real
+# restart, nor a string for a number deep in the loop, where it would take the supervisor down.
+# (ping and snapshot only read, and ignore their arguments.)
+_DUMP_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")  # a folder under RUN/stacks, nowhere else
+OP_ARGS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "stop": {"grace_s": (lambda v: _number(v) and 0 <= v <= 86400, "a number of seconds from 0 to 86400")},
+    "restart": {"shrink": (lambda v: isinstance(v, bool), "true or false"),
+                "dry_run": (lambda v: isinstance(v, bool), "true or false"),
+                "overrides": (_strings, "a list of key=value strings")},
+    "cancel": {"target": (lambda v: isinstance(v, str) and 0 < len(v) <= 200, "a worker (rollout/1), 'sync' or 'all'"),
+               "mode": (lambda v: v in ("cooperative", "force"), "'cooperative' or 'force'")},
+    "dump_stacks": {"targets": (_strings, "a list of workers, e.g. [\"rollout/1\"] ([] for all)"),
+                    "dump_id": (lambda v: isinstance(v, str) and _DUMP_ID.fullmatch(v) is not None,
+                                "a name of at most 64 letters, digits, '.', '_' or '-'")},
+    "open_ingest": {"host": (lambda v: isinstance(v, str), "an IP address, as text")},
+}
+
+
+def check_args(op: str, args: dict) -> None:
+    """Refused, naming the op and the argument, unless ``args`` are what ``op`` takes."""
+    wanted = OP_ARGS.get(op)
+    if wanted is None:
+        return
+    for name, value in args.items():
+        if name not in wanted:
+            takes = ", ".join(wanted) if wanted else "none"
+            raise Refused(f"{op}: unknown argument {name[:40]!r}; it takes {takes}")
+        ok, what = wanted[name]
+        if not ok(value):
+            shown = msgspec.json.encode(value)[:60].decode(errors="replace")
+            raise Refused(f"{op}: argument {name!r} must be {what}, got {shown}")
+
+
 def _ipc(path: Path) -> str:
     return f"ipc://{path}"
 
@@ -61,14 +105,17 @@ SOCKETS = ("events.sock", "control.sock", "driver.sock", "ingest.sock")  # in th
 class Supervisor:
     def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
                  home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
-                 linger_s: float = 0.0, grace_s: float = 10.0):
+                 linger_s: float = 0.0, grace_s: float = 10.0, resume: Path | None = None):
+        """``resume``: the directory of a run whose supervisor is gone (``gkd-tui restart``): its log
+        is taken over and its driver started again, which resumes from the latest checkpoint."""
         self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
         self.driver_module = driver_module
         self.linger_s = linger_s
         self.grace_s = grace_s
         os.umask(0o077)  # everything this process creates (sockets, logs, keys) is private
-        self.run_dir = rundir.create_run_dir(home, run_id)
+        self.resuming, self.resumed_from_pid = resume is not None, 0
+        self.run_dir = resume if resume is not None else rundir.create_run_dir(home, run_id)
         self.run_id = self.run_dir.name
         self.state = RunState()
         self.seq = 0
@@ -98,12 +145,29 @@ class Supervisor:
         self.ingest_tcp: zmq.Socket | None = None  # for other nodes, opened by the driver (ingest.py)
         self._ingest_monitor: zmq.Socket | None = None
         self._poller = zmq.Poller()
-        self.log = EventLog(self.run_dir / "events.jsonl")
         self.heartbeats = HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s)
-        (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
-        self.config_path = self.run_dir / "restarts" / "000.yaml"
+        if resume is not None:
+            self._take_over()
+        else:
+            (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
+        self.log = EventLog(self.run_dir / "events.jsonl")
+        self.config_path = self.run_dir / "restarts" / f"{self.restarts:03d}.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
         self._bind()
+
+    def _take_over(self) -> None:
+        """A run whose supervisor is gone: its state and ``seq`` from its log (a torn last line cut
+        off), and the next restart's number."""
+        self.resumed_from_pid = rundir.supervisor_pid(self.run_dir)
+        for line in eventlog.recover(self.run_dir / "events.jsonl"):
+            try:
+                _, typed = ev.decode_dict(line)
+            except ev.Rejected:
+                continue  # a line that is no event: the log keeps it, the state cannot use it
+            self.state.apply(typed)
+            self.seq = max(self.seq, getattr(typed, "seq", 0) or 0)
+        made = [int(f.stem) for f in (self.run_dir / "restarts").glob("*.yaml") if f.stem.isdigit()]
+        self.restarts = max([self.state.restarts, *made]) + 1
 
     # --- sockets -------------------------------------------------------------------------
 
@@ -131,6 +195,8 @@ class Supervisor:
             "ingest": self.ingest.last_endpoint.decode(),
             "driver": self.drivers.last_endpoint.decode(),
             "supervisor_pid": os.getpid(),
+            "host": socket.gethostname(),  # where that pid lives
+            "driver_module": self.driver_module,  # what a supervisor that takes the run over starts
             "ray_address": "",
         }
         self.control_tcp = self.events_tcp = None
@@ -258,18 +324,25 @@ class Supervisor:
                 sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e))])
                 self.emit(ev.ActionEvent(op="invalid", by=via, ok=False, result=str(e)[:300]))
                 continue
-            by = f"{req.by or 'anonymous'} via {via}"
+            by = f"{req.by[:80] or 'anonymous'} via {via}"
             handler = self._ops.get(req.op)
             if handler is None:
-                err = f"unknown op {req.op!r}; this supervisor answers {', '.join(self._ops)}"
+                err = f"unknown op {req.op[:40]!r}; this supervisor answers {', '.join(self._ops)}"
                 sock.send_multipart([ident, *envelope, control.encode_reply(False, error=err, req_id=req.id)])
                 self.emit(ev.ActionEvent(op=req.op[:40], by=by, ok=False, result=err))
                 continue
             try:
+                check_args(req.op, req.args)
                 result = handler(req.args, by)
             except (Refused, config_mod.ConfigError) as e:
                 sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e), req_id=req.id)])
                 self.emit(ev.ActionEvent(op=req.op, by=by, ok=False, result=str(e)[:500]))
+                continue
+            except Exception as e:  # a bug of ours: refused and on the record, never the supervisor's death
+                log.exception("control op %s", req.op)
+                err = f"{req.op}: internal error, {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                sock.send_multipart([ident, *envelope, control.encode_reply(False, error=err, req_id=req.id)])
+                self.emit(ev.ActionEvent(op=req.op, by=by, ok=False, result=err))
                 continue
             if isinstance(result, msgspec.Raw):
                 reply = b'{"ok":true,"error":"","id":%d,"result":%s}' % (req.id, bytes(result))
@@ -293,7 +366,7 @@ class Supervisor:
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
     def _op_stop(self, args: dict, by: str) -> dict:
-        self.request_stop(float(args.get("grace_s", self.grace_s)))
+        self.request_stop(args.get("grace_s", self.grace_s))
         return {"stopping": True, "driver_pid": self.driver.pid if self.driver else None}
 
     def _op_restart(self, args: dict, by: str) -> dict:
@@ -307,9 +380,7 @@ class Supervisor:
             steps = plan.restart_plan(self.state, new)
             new = plan.apply(new, steps)
             because = {c.key: c.because for c in steps}
-        overrides = args.get("overrides") or []
-        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-            raise Refused("restart: 'overrides' must be a list of key=value strings")
+        overrides = args.get("overrides", [])
         if overrides:
             new = config_mod.apply_overrides(new, overrides, source="restart overrides")
             because.update({config_mod.parse_override(o)[0]: "asked for" for o in overrides})
@@ -373,7 +444,7 @@ class Supervisor:
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
-            raise Refused(f"open_ingest: host {host!r} is not an IP address") from None
+            raise Refused(f"open_ingest: host {str(host)[:60]!r} is not an IP address") from None
         if ip.is_unspecified and host != self.cfg.telemetry.bind_host:
             raise Refused(f"open_ingest: {host} would listen on every interface; set telemetry.bind_host "
                           f"to {host} to allow it")
@@ -512,9 +583,16 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         tel = self.cfg.telemetry
-        self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
-                              total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}",
-                              heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
+        if self.resuming:
+            self.emit(ev.RunEvent(state="restarting", restart=self.restarts, config_digest=config_mod.digest(self.cfg),
+                                  total_steps=self.cfg.trainer.total_steps,
+                                  reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; supervisor pid "
+                                         f"{os.getpid()} takes the run over and resumes it from its latest checkpoint",
+                                  heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
+        else:
+            self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
+                                  total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}",
+                                  heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
         self.emit(ev.LogEvent(message=f"supervisor pid {os.getpid()}: run directory {self.run_dir}, control "
                                       f"{self.endpoints['control']}, workers push to {self.endpoints['ingest']}"))
         self._spawn(self.config_path)

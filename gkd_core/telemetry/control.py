@@ -63,6 +63,8 @@ def decode_request(data: bytes) -> Request:
         return _request_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"malformed control request ({e}); expected JSON {{op, args, token}}") from None
+    except RecursionError:  # arrays within arrays past Python's limit: msgspec recurses once a level
+        raise ValueError("malformed control request (nested too deeply); expected JSON {op, args, token}") from None
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -130,7 +132,11 @@ class ControlClient:
                         "(copy RUN/keys from the run's node)"
                     )
                 client_curve(s, self.keys_dir)
-            s.connect(self.address)
+            try:
+                s.connect(self.address)
+            except zmq.ZMQError as e:  # an address no transport takes (a damaged endpoints.json)
+                s.close()
+                raise ControlUnreachable(f"cannot connect to {self.address!r}: {e}") from None
             self._sock = s
         return self._sock
 

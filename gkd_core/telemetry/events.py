@@ -8,19 +8,25 @@ SUB socket can filter by kind. ``seq`` and ``run`` are stamped by the supervisor
 from __future__ import annotations
 
 import collections
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
 PROTOCOL_VERSION = 1
 MAX_EVENT_BYTES = 1 << 20  # 1 MiB: larger frames are dropped and counted as "oversized"
+MAX_DEPTH = 32  # arrays and objects within one another in an event (real ones: 3 at most)
 
 ENVELOPE = ("v", "seq", "ts", "run", "src", "kind")
+# Integers on the wire fit in 64 bits, as every producer's do. JSON allows any size, and one past
+# what a float holds would overflow the reducer's and the dashboard's float arithmetic
+# (OverflowError: the supervisor's loop and the dashboard would die of one event): refused on decode.
+INT64 = (-(2**63), 2**63 - 1)
+Int = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]
 
 
 class Event(msgspec.Struct, kw_only=True, tag_field="kind"):
-    v: int = PROTOCOL_VERSION
-    seq: int = 0
+    v: Int = PROTOCOL_VERSION
+    seq: Int = 0
     ts: float = 0.0
     run: str = ""
     src: str = ""
@@ -33,10 +39,10 @@ class Event(msgspec.Struct, kw_only=True, tag_field="kind"):
 class RunEvent(Event, tag="run"):
     state: str  # starting, running, restarting, finished, failed, stopped
     config_digest: str = ""
-    restart: int = 0
-    exit_code: int | None = None
+    restart: Int = 0
+    exit_code: Int | None = None
     reason: str = ""
-    total_steps: int | None = None
+    total_steps: Int | None = None
     log_tail: list[str] = []
     heartbeat_s: float | None = None  # how often workers send a heartbeat
     heartbeat_log_s: float | None = None  # a quiet worker's heartbeat is logged this often (0: every one)
@@ -44,16 +50,16 @@ class RunEvent(Event, tag="run"):
 
 class WorkerEvent(Event, tag="worker"):
     role: str = ""
-    rank: int | None = None
+    rank: Int | None = None
     node: str = ""
-    pid: int = 0
-    gpus: list[int] = []
+    pid: Int = 0
+    gpus: list[Int] = []
     actor_id: str = ""
 
 
 class PhaseEvent(Event, tag="phase"):
     phase: str
-    step: int | None = None
+    step: Int | None = None
     started: float | None = None
     deadline: float | None = None
     detail: str = ""
@@ -62,13 +68,13 @@ class PhaseEvent(Event, tag="phase"):
 class HeartbeatEvent(Event, tag="heartbeat"):
     phase: str = ""
     elapsed: float = 0.0  # seconds in the current phase
-    rss: int = 0  # bytes
+    rss: Int = 0  # bytes
     cpu: float = 0.0  # percent of one core since the last heartbeat
-    dropped: int = 0  # events this process could not send (queue full or supervisor away)
+    dropped: Int = 0  # events this process could not send (queue full or supervisor away)
 
 
 class SyncEvent(Event, tag="sync"):
-    sync_id: int
+    sync_id: Int
     state: str  # started, progress, done, timed_out, failed, cancelled
     timeout_s: float = 0.0
     elapsed_s: float = 0.0
@@ -76,35 +82,35 @@ class SyncEvent(Event, tag="sync"):
     done: list[str] = []
     fingerprint_ok: bool | None = None
     error: str = ""
-    step: int | None = None
+    step: Int | None = None
 
 
 class TeacherEvent(Event, tag="teacher"):
     side: str = "client"  # client or server
-    sent: int = 0
-    completed: int = 0
-    failed: int = 0
+    sent: Int = 0
+    completed: Int = 0
+    failed: Int = 0
     # left out of the JSON until the first timeout, so that a grep for "timed_out" finds only
     # the events that report one
-    timed_out: int | msgspec.UnsetType = msgspec.UNSET
-    in_flight: int = 0
-    received: int = 0
-    served: int = 0
-    queue_depth: int = 0
-    workers: dict[str, int] = {}  # served per server worker
+    timed_out: Int | msgspec.UnsetType = msgspec.UNSET
+    in_flight: Int = 0
+    received: Int = 0
+    served: Int = 0
+    queue_depth: Int = 0
+    workers: dict[str, Int] = {}  # served per server worker
     latency_ms: dict[str, float] = {}  # p50, p95
 
 
 class GpuEvent(Event, tag="gpu"):
     node: str = ""
-    index: int = 0
+    index: Int = 0
     uuid: str = ""
     util: float | None = None
-    mem_used: int | None = None
-    mem_total: int | None = None
+    mem_used: Int | None = None
+    mem_total: Int | None = None
     temp: float | None = None
     power: float | None = None
-    pids: list[int] = []
+    pids: list[Int] = []
     # a probe whose call has not returned: seconds since it began (growing), and which probe
     nvml_hung_s: float | None = None
     probe: str = "nvml"  # nvml or nvidia-smi
@@ -113,7 +119,7 @@ class GpuEvent(Event, tag="gpu"):
 
 
 class MetricsEvent(Event, tag="metrics"):
-    step: int
+    step: Int
     loss: float | None = None
     kl: float | None = None
     agreement: float | None = None
@@ -121,7 +127,7 @@ class MetricsEvent(Event, tag="metrics"):
     timing: dict[str, float] = {}
     grad_norm: float | None = None  # before clipping; NaN or inf on a bad step
     skipped: bool = False  # the step's loss or gradient was not finite: not applied, synced nor saved
-    bad_steps: int = 0  # skipped steps so far in this incarnation of the driver
+    bad_steps: Int = 0  # skipped steps so far in this incarnation of the driver
     # on the step's own samples: top-1 agreement with the teacher per completion token, mean
     # completion length in tokens (EOS included), the share of completions that reached EOS
     sample_agreement: float | None = None
@@ -131,7 +137,7 @@ class MetricsEvent(Event, tag="metrics"):
     # `evaluated`: this step ran it
     eval_kl: float | None = None
     evaluated: bool = False
-    data_position: int | None = None  # prompts handed out so far, this step's included
+    data_position: Int | None = None  # prompts handed out so far, this step's included
     epoch: float | None = None  # data_position over the number of training prompts
 
 
@@ -243,6 +249,8 @@ def validate_dict(obj: Any) -> Event | UnknownEvent:
     for key in ("ts", "seq"):
         if key in obj and (not isinstance(obj[key], (int, float)) or isinstance(obj[key], bool)):
             raise Rejected("malformed", f"'{key}' must be a number")
+        if isinstance(obj.get(key), int) and not INT64[0] <= obj[key] <= INT64[1]:
+            raise Rejected("malformed", f"'{key}' does not fit in 64 bits")  # (float() of it would raise)
     cls = KINDS.get(kind)
     if cls is None:
         rest = {k: val for k, val in obj.items() if k not in ENVELOPE}
@@ -254,32 +262,50 @@ def validate_dict(obj: Any) -> Event | UnknownEvent:
         raise Rejected("malformed", f"{kind}: {e}") from None
 
 
-def decode(data: bytes) -> Event | UnknownEvent:
-    """Bytes -> event; raises ``Rejected`` (never anything else) for what must be dropped."""
-    if len(data) > MAX_EVENT_BYTES:
-        raise Rejected("oversized", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
-    try:
-        ev = _typed.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        pass  # classify precisely on the slow path below
-    else:
-        if ev.v == PROTOCOL_VERSION:
-            return ev
+def _depth_ok(obj: Any, left: int = MAX_DEPTH) -> bool:
+    if isinstance(obj, dict):
+        return left > 0 and all(_depth_ok(v, left - 1) for v in obj.values())
+    if isinstance(obj, list):
+        return left > 0 and all(_depth_ok(v, left - 1) for v in obj)
+    return True
+
+
+def _parse(data: bytes) -> Any:
+    """Untyped JSON, nested at most MAX_DEPTH levels. msgspec recurses once a level, and so does every
+    later encode of the event (the log, the subscribers, a snapshot): past Python's limit that raises
+    RecursionError, which would end the supervisor's loop, at once or at the next snapshot."""
     try:
         obj = _untyped.decode(data)
     except msgspec.DecodeError as e:
         raise Rejected("garbage", f"not JSON ({e})") from None
-    return validate_dict(obj)
+    except RecursionError:
+        raise Rejected("malformed", f"nested deeper than {MAX_DEPTH} levels") from None
+    # (it cannot nest deeper than it has brackets: two scans in C spare most events the walk)
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and not _depth_ok(obj):
+        raise Rejected("malformed", f"nested deeper than {MAX_DEPTH} levels")
+    return obj
+
+
+def decode(data: bytes) -> Event | UnknownEvent:
+    """Bytes -> event; raises ``Rejected`` (never anything else) for what must be dropped. (A reader's:
+    what it reads was checked by the supervisor's ``decode_dict`` before it was logged or sent.)"""
+    if len(data) > MAX_EVENT_BYTES:
+        raise Rejected("oversized", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
+    try:
+        ev = _typed.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        pass  # classify precisely on the slow path below
+    else:
+        if ev.v == PROTOCOL_VERSION:
+            return ev
+    return validate_dict(_parse(data))
 
 
 def decode_dict(data: bytes) -> tuple[dict, Event | UnknownEvent]:
     """For the supervisor: the raw object (to re-stamp and keep unknown fields) and the typed event."""
     if len(data) > MAX_EVENT_BYTES:
         raise Rejected("oversized", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
-    try:
-        obj = _untyped.decode(data)
-    except msgspec.DecodeError as e:
-        raise Rejected("garbage", f"not JSON ({e})") from None
+    obj = _parse(data)
     try:
         typed = _typed.decode(data)  # the fast path: ~20x cheaper than msgspec.convert of the dict
     except (msgspec.ValidationError, msgspec.DecodeError):

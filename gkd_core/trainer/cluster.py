@@ -38,7 +38,7 @@ QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFO
              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 RAY_INIT_HINT = ("check that the cluster is up (`ray status` on its head), that this node reaches it, and that "
                  "RAY_AUTH_TOKEN is the cluster's; if it is only slow, raise trainer.init_timeout_s")
-TEACHER_PROBE_S = 2.0  # how often the teacher's actors are asked whether they live, while it is waited on
+PROBE_S = 2.0  # how often an actor that may be started again is asked whether it lives (``dead``)
 ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
 
 
@@ -67,7 +67,7 @@ class Cluster:
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
         self.route = ingest.IngestRoute(local=rep.ingest)
         self.multi_node = False
-        self._probes: dict[str, object] = {}  # teacher actor -> its unanswered ``ready`` (dead_teacher)
+        self._probes: dict[str, object] = {}  # actor -> its unanswered ``ready`` (``dead``)
         self._probed: dict[str, float] = {}
         self.groups = 0  # collective groups made so far: each gets its own rendezvous
         self.group_file: Path | None = None  # the current group's FileStore, removed with the group
@@ -223,18 +223,15 @@ class Cluster:
             self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
                                                         self.teacher_backend, t.trust_remote_code)
 
-    def dead_teacher(self) -> list[str]:
-        """The launched teacher's actors that Ray reports dead. Never blocks: each actor is asked
-        ``ready`` at most every ``TEACHER_PROBE_S``, and an actor that has not answered yet (busy,
-        or frozen: the alerts name it) is not dead."""
-        if not self.cfg.teacher.launch or "teacher/proxy" not in self.actors:
-            return []
+    def dead(self, handles: dict[str, object]) -> list[str]:
+        """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked
+        ``ready`` at most every ``PROBE_S``, and one that has not answered yet (busy, or frozen:
+        the alerts name it) is not dead."""
         now = time.monotonic()
-        names = ["teacher/proxy", *self.teacher_workers()]
-        for n in names:
-            if n not in self._probes and now - self._probed.get(n, 0.0) >= TEACHER_PROBE_S:
-                self._probes[n], self._probed[n] = self.actors[n].ready.remote(), now
-        asked = {ref: n for n, ref in self._probes.items() if n in names}
+        for n, h in handles.items():
+            if n not in self._probes and now - self._probed.get(n, 0.0) >= PROBE_S:
+                self._probes[n], self._probed[n] = h.ready.remote(), now
+        asked = {ref: n for n, ref in self._probes.items() if n in handles}
         answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0) if asked else ([], [])
         dead = []
         for ref in answered:
@@ -245,6 +242,36 @@ class Cluster:
             except RayActorError:
                 dead.append(n)
         return dead
+
+    def dead_teacher(self) -> list[str]:
+        """The launched teacher's actors that Ray reports dead (``dead``)."""
+        if not self.cfg.teacher.launch or "teacher/proxy" not in self.actors:
+            return []
+        return self.dead({n: self.actors[n] for n in ["teacher/proxy", *self.teacher_workers()]})
+
+    def revive_agents(self) -> list[str]:
+        """Node agents that Ray reports dead, started again on their nodes; returns their labels.
+        Until then a node has no GPU readings and its stacks come from the workers themselves."""
+        dead = self.dead({f"agent {node}": h for node, h in self.agents.items()})
+        nodes = {n.removeprefix("agent ") for n in dead}
+        if not nodes:
+            return []
+        labels = [self.node_labels.get(n, n[:8]) for n in nodes]
+        for n in nodes:
+            self.agents.pop(n)
+            self._probes.pop(f"agent {n}", None)
+        self.rep.log(f"node agent(s) on {', '.join(labels)} died: starting them again", level="warn")
+        a = self.cfg.agent
+        try:
+            agents, _ = start_agents(self.route, self.rep.run, self.run_dir,
+                                     gpu_backend=self.faults.gpu_backend(a.gpu_backend),
+                                     gpu_interval_s=a.gpu_interval_s, nvml_deadline_s=a.nvml_deadline_s,
+                                     heartbeat_s=self.cfg.telemetry.heartbeat_s, only=nodes)
+        except Exception as e:  # never the reason a run stops
+            self.rep.log(f"node agents did not start again ({type(e).__name__}: {e})", level="warn")
+            return []
+        self.agents.update(agents)
+        return labels
 
     def revive_teacher(self, dead: list[str]) -> list[str]:
         """Start the dead teacher actors again; returns who was started. A dead proxy takes its

@@ -306,6 +306,7 @@ class Driver:
                                        "sync_id": self.sync.sync_id})
             self.emit_metrics(step, m, batch, timing, evaluated)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
+            self.cluster.revive_agents()  # between steps: a node agent that died is started again
 
     def emit_metrics(self, step: int, m: dict, batch: Batch, timing: dict, evaluated: bool) -> None:
         e = self.last_eval

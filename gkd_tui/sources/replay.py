@@ -21,6 +21,7 @@ from gkd_core.supervisor.heartbeat_log import SILENT_BEATS
 from gkd_core.telemetry import events as ev
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 100.0)
+MAX_FILL = 1000  # heartbeats put back per gap at most (a real run's periods give 10 to 50)
 
 
 class ReplaySource:
@@ -36,20 +37,25 @@ class ReplaySource:
         self.run = path.parent if (path.parent / "config.yaml").exists() else None
         self.lock = threading.Lock()
         self.events: list = []
-        self.skipped = 0
-        for line in path.read_bytes().splitlines():
+        self.skipped: list[tuple[int, str]] = []  # (line number, why) of each line that is no event
+        # split at newlines only, as the writer does (splitlines would split at a stray \r too, and
+        # the numbers would not be the ones an editor shows)
+        for n, line in enumerate(path.read_bytes().split(b"\n"), 1):
             if not line.strip():
                 continue
             try:
                 self.events.append(ev.decode(line))
-            except ev.Rejected:
-                self.skipped += 1  # a torn last line of a crashed run, say: skip, never fail
+            except ev.Rejected as r:
+                self.skipped.append((n, str(r)))  # a torn last line of a crashed run, say: skip, never fail
         self.state = RunState()
         self.heartbeat_s, self._fill_until = _left_out_heartbeats(self.events)
         self._beats: list = []  # heap of (ts, n, heartbeat to copy, fill until)
         self._n = itertools.count()
         self.cursor = 0  # events[:cursor] are applied
         self.clock = self.events[0].ts if self.events else 0.0
+        # the end is the latest ts, not the last line's: workers stamp their own ts, and clocks of
+        # several nodes disagree, so the log (in seq order) is not always in ts order
+        self._end = max((e.ts for e in self.events), default=0.0)
         self.playing = True
         self.speed = 1.0
 
@@ -68,7 +74,13 @@ class ReplaySource:
 
     def describe(self) -> str:
         mark = "playing" if self.playing else "paused"
-        return f"replay {mark} {self.speed:g}x · {self.cursor}/{len(self.events)}"
+        bad = f" · {len(self.skipped)} bad line(s) skipped" if self.skipped else ""
+        return f"replay {mark} {self.speed:g}x · {self.cursor}/{len(self.events)}{bad}"
+
+    def warning(self) -> str:
+        """One line on the lines that are no events ("" when none)."""
+        note = skipped_note(self.path, self.skipped)
+        return f"{note}; replaying the other {len(self.events)} events" if note else ""
 
     def _apply_until(self, ts: float) -> None:
         events, beats, hb = self.events, self._beats, self.heartbeat_s
@@ -107,7 +119,7 @@ class ReplaySource:
     def to_end(self) -> None:
         with self.lock:
             if self.events:
-                self.clock = max(self.clock, self.events[-1].ts)
+                self.clock = max(self.clock, self._end)
                 self._apply_until(self.clock)
             self.playing = False
 
@@ -136,6 +148,17 @@ class ReplaySource:
         self.playing = not self.playing
 
 
+def skipped_note(path: Path, skipped: list[tuple[int, str]]) -> str:
+    """One line on the lines of ``path`` that are no events ("" when none): how many, and the first
+    one's number and why, so that `sed -n Np` shows it."""
+    if not skipped:
+        return ""
+    n, why = skipped[0]
+    why = " ".join(why.split())  # a kind or a message of the file's own may hold line breaks
+    more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+    return f"{path}: skipped {len(skipped)} line(s) that are not events: line {n}: {why[:160]}{more}"
+
+
 def _left_out_heartbeats(events: list) -> tuple[float, dict[int, float]]:
     """(the heartbeat period, {index of a logged heartbeat: ts of the same worker's next one})
     for the gaps the log left out; none in a log that kept every heartbeat."""
@@ -144,6 +167,8 @@ def _left_out_heartbeats(events: list) -> tuple[float, dict[int, float]]:
     if periods is None:
         return 1.0, {}
     hb, every = periods
+    if not (hb > 0 and 0 < every <= MAX_FILL * hb):
+        return 1.0, {}  # periods no run has (a hand-made or damaged log): replayed as it is, not filled
     longest = every + (SILENT_BEATS + 1) * hb  # a gap longer than this was a silence
     last: dict[str, int] = {}
     fill: dict[int, float] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 
@@ -40,9 +41,12 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def sparkline(values: list[float], width: int = 24) -> str:
-    vals = [v for v in values if v is not None][-width:]
+    vals = [v for v in values if v is not None and math.isfinite(v)][-width:]
     if not vals:
         return ""
     lo, hi = min(vals), max(vals)
-    span = (hi - lo) or 1.0
-    return "".join(SPARK[min(len(SPARK) - 1, int((v - lo) / span * (len(SPARK) - 1)))] for v in vals)
+    # in halves: the distance between two extreme finite values (a diverged loss of -1e308 and 1e308)
+    # overflows to inf, and inf / inf is NaN, which no bar is; their halves' distance does not
+    span = (hi / 2 - lo / 2) or 1.0
+    top = len(SPARK) - 1
+    return "".join(SPARK[max(0, min(top, int((v / 2 - lo / 2) / span * top)))] for v in vals)
