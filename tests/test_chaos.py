@@ -138,23 +138,31 @@ class Chaos:
         return int(logs[0]["message"].split("(step ")[1].split(",")[0].rstrip(")")) if logs else 0
 
     def processes(self) -> list[str]:
-        """Every live process of this run: the supervisor, and whatever carries its run id in its
-        environment (the driver, Ray's processes it started, every Ray worker)."""
-        found = []
+        """Every live process of this run: its supervisors (``--run-id RUN`` or ``--resume …/RUN``
+        on their command line), and whatever carries its run id in its environment (the driver,
+        Ray's processes it started, every Ray worker)."""
+        found, run_id = [], self.run.name.encode()
         for d in Path("/proc").iterdir():
             if not d.name.isdigit():
                 continue
             try:
                 env = (d / "environ").read_bytes()
                 stat = (d / "stat").read_text()
+                cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ")
             except OSError:
-                continue
+                continue  # gone meanwhile, or not ours to read
             if stat.rsplit(")", 1)[1].split()[0] == "Z":
                 continue  # a zombie holds nothing; its parent's wait reaps it
-            if f"GKD_RUN_ID={self.run.name}".encode() in env.split(b"\0") or \
-                    f"--run-id {self.run.name}".encode() in (d / "cmdline").read_bytes().replace(b"\0", b" "):
-                found.append(f"{d.name} {(d / 'cmdline').read_bytes()[:80].replace(bytes(1), b' ').decode()}")
+            if b"GKD_RUN_ID=" + run_id in env.split(b"\0") or (b"gkd_core" in cmdline and run_id in cmdline):
+                found.append(f"{d.name} {cmdline[:80].decode(errors='replace')}")
         return found
+
+    def kill_all(self) -> None:
+        for line in self.processes():
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 class Dashboard:
@@ -224,6 +232,9 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
         assert lost == 0
         if dash:
             dash.drain()
+    except BaseException:
+        chaos.kill_all()  # a supervisor that took the run over is not the fixture's to clean up
+        raise
     finally:
         if dash:
             dash.close()
