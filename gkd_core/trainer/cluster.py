@@ -241,6 +241,8 @@ class Cluster:
                 ray.get(ref, timeout=1)
             except RayActorError:
                 dead.append(n)
+            except Exception:  # it answered, with an error: alive, and not for this probe to judge
+                pass
         return dead
 
     def dead_teacher(self) -> list[str]:
@@ -278,19 +280,17 @@ class Cluster:
         workers with it: they serve its backend address, which a new proxy does not keep."""
         if not dead:
             return []
-        names = ["teacher/proxy", *self.teacher_workers()]
-        if "teacher/proxy" in dead:
-            dead = names
-        for n in dead:
+        again = ["teacher/proxy", *self.teacher_workers()] if "teacher/proxy" in dead else dead
+        for n in again:
             ray.kill(self.actors.pop(n), no_restart=True)
             self._probes.pop(n, None)
-        with self.rep.phase("init", detail=f"starting {', '.join(dead)} again"):
-            self.rep.log(f"{', '.join(dead)} died: starting {'them' if len(dead) > 1 else 'it'} again", level="warn")
+        with self.rep.phase("init", detail=f"starting {', '.join(again)} again"):
+            self.rep.log(f"{', '.join(dead)} died: starting {', '.join(again)} again", level="warn")
             self.start_teacher()
-            self.info.update(self.wait({n: self.actors[n].ready.remote() for n in dead},
+            self.info.update(self.wait({n: self.actors[n].ready.remote() for n in again},
                                        self.cfg.trainer.init_timeout_s, "init",
                                        hint="check RUN/logs/driver.log for an import or memory error"))
-        return dead
+        return again
 
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
