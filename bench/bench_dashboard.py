@@ -1,13 +1,21 @@
 """The dashboard under a synthetic run: N workers at 1 Hz heartbeats plus bursts of 20 k events/s,
 through a real supervisor, into a headless dashboard process. Prints a table.
 
-    python bench/bench_dashboard.py [--workers 1024 4096] [--seconds 60]
+    python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30]
+
+The workers report the way a run's do: each node's heartbeats reach the supervisor as one
+``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``);
+``--per-node 1`` sends them one by one, as before the relay. Phases and registrations go one event
+each.
 
 Measured in the dashboard process: phase-change-to-screen latency (a probe worker changes phase
 every 0.3-0.7 s with its emit time in the detail; the time is taken when the table renders its row),
 CPU (percent of one core), RSS after 10 s, half-way and at the end (flat = no growth), and the
 backlog: each second, how old the newest event it has applied is (a dashboard that falls behind
-sees that age grow), and how often it had to re-snapshot because its SUB queue overflowed.
+sees that age grow), and how often it had to re-snapshot because its SUB queue overflowed. Beside
+it, the supervisor's CPU over the same time, and a replay of the run's log: how long it takes to
+open at its end, and whether it shows what the live supervisor showed (every worker's phase, step
+and heartbeat, and the alerts).
 """
 
 from __future__ import annotations
@@ -27,7 +35,13 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import msgspec  # noqa: E402
+
+from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
+from gkd_core.telemetry.control import ControlClient  # noqa: E402
+from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
+from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
@@ -68,7 +82,7 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
         on screen, the probe's emit time (in its detail) gives the latency."""
         strip = render_line(self, y)
         index = int(self.scroll_y) + y - 1
-        if y and 0 <= index < len(self.order) and self.order[index] == "probe/0":
+        if y and 0 <= index < len(self.order) and self.order[index] == "probe/0":  # (a worker's row: its src)
             detail = self._state.workers["probe/0"].detail
             if detail.startswith("t=") and detail != seen["last"]:
                 seen["last"] = detail
@@ -80,6 +94,9 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
     app = GkdApp(LiveSource(Path(run)))
 
     def sample() -> None:
+        table = app.query_one(WorkersTable)
+        if table.selected != "probe/0":  # the cursor on the probe: the table keeps its row in sight
+            table.move_to("probe/0")
         rss.append(rss_bytes())
         if newest["ts"]:
             lag.append(time.time() - newest["ts"])
@@ -100,31 +117,44 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
     asyncio.run(run_it())
 
 
-def load(ingest: str, workers: int, seconds: float, burst_rate: int) -> int:
-    """Heartbeats of ``workers`` workers at 1 Hz, a probe phase change every 0.3-0.7 s (after 2 s),
-    and a 1 s burst of ``burst_rate`` phase events every 10 s. Returns how many events were sent."""
+def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: int) -> int:
+    """Heartbeats of ``workers`` workers at 1 Hz, ``per_node`` to a node (one batch per node a second),
+    a probe phase change every 0.3-0.7 s (after 2 s), and a 1 s burst of ``burst_rate`` phase events
+    every 10 s. Returns how many messages were sent."""
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.sndhwm = 1_000_000
     sock.connect(ingest)
     rnd = random.Random(0)
     phases = ["generate", "teacher_wait", "train", "sync_weights", "idle"]
+    nodes = (workers + per_node - 1) // per_node
     for i in range(workers):
-        sock.send(ev.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{i // 8}",
-                                           pid=10_000 + i, gpus=[i % 8], ts=time.time())))
+        n = i // per_node
+        sock.send(ev.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{n}",
+                                           pid=10_000 + i, gpus=[i % 8], ts=time.time(),
+                                           via=f"agent/node-{n}" if per_node > 1 else "")))
+    batchers = [HeartbeatBatcher(f"agent/node-{n}", f"node-{n}") for n in range(nodes)]
     sent, start = workers, time.monotonic()
     # probes start once the dashboard has taken in the registrations, and come at irregular
     # intervals, so they do not keep the same phase against its redraw timer
     next_probe = start + 2.0
-    beat = 0
+    node = 0
     while (elapsed := time.monotonic() - start) < seconds:
-        # heartbeats spread over the second, in 10 ms slices
-        due = int(elapsed * workers)
-        while beat < due:
-            i = beat % workers
-            sock.send(ev.encode(ev.HeartbeatEvent(src=f"rollout/{i}", phase="generate", elapsed=1.0, rss=1 << 30,
-                                                  cpu=50.0, ts=time.time())))
-            beat += 1
-            sent += 1
+        # each node's heartbeats once a second, the nodes spread over the second in 10 ms slices
+        due = int(elapsed * nodes)
+        while node < due:
+            n = node % nodes
+            b, now = batchers[n], time.time()
+            for i in range(n * per_node, min(workers, (n + 1) * per_node)):
+                b.add(ev.Beat(f"rollout/{i}", now, "generate", 1.0, 1 << 30, 50.0, 0))
+            if per_node > 1:
+                sock.send_multipart(b.take())
+                sent += 1
+            else:  # one by one, the way workers sent them before the relay
+                for beat in b.beats:
+                    sock.send(ev.encode(ev.heartbeat_of(beat)))
+                    sent += 1
+                b.beats = []
+            node += 1
         if int(elapsed) % 10 == 5:  # a burst second
             for _ in range(burst_rate // 100):
                 i = rnd.randrange(workers)
@@ -141,7 +171,31 @@ def load(ingest: str, workers: int, seconds: float, burst_rate: int) -> int:
     return sent
 
 
-def measure(workers: int, seconds: float, burst_rate: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def same_state(live: RunState, replayed: RunState, heartbeat_s: float) -> list[str]:
+    """Where a replay at the end differs from the live state: a worker's phase, step or heartbeat (to
+    within a period: the log keeps a quiet worker's every few seconds, the replay fills between), or
+    the alerts."""
+    out = []
+    for src, w in live.workers.items():
+        r = replayed.workers.get(src)
+        if r is None:
+            out.append(f"{src} missing")
+        elif (r.phase, r.step, r.phase_since) != (w.phase, w.step, w.phase_since):
+            out.append(f"{src}: {r.phase}/{r.step} against {w.phase}/{w.step}")
+        elif abs(r.last_heartbeat - w.last_heartbeat) > 1.5 * heartbeat_s:
+            out.append(f"{src}: heartbeat {r.last_heartbeat - w.last_heartbeat:+.1f} s")
+    if sorted(live.alerts) != sorted(replayed.alerts):
+        out.append(f"alerts {sorted(replayed.alerts)} against {sorted(live.alerts)}")
+    return out
+
+
+def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkdd") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")
@@ -157,37 +211,61 @@ def measure(workers: int, seconds: float, burst_rate: int) -> dict:
                                 env=env)
         while not Path(out + ".ready").exists():
             time.sleep(0.05)
-        sent = load(ingest, workers, seconds - 1, burst_rate)
+        sup_cpu0, t0 = cpu_seconds(sup.pid), time.monotonic()
+        sent = load(ingest, workers, per_node, seconds - 1, burst_rate)
+        sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0) / (time.monotonic() - t0) * 100
         dash.wait(seconds + 60)
+        time.sleep(1.0)  # the supervisor takes in the last of it
+        with ControlClient.for_run(run, json.loads((run / "endpoints.json").read_text()), timeout_s=30.0) as c:
+            snapped_at = time.time()
+            live = msgspec.convert(c.request("snapshot")["state"], RunState)
         sup.terminate()
-        sup.wait(30)
+        sup.wait(60)
         res = json.loads(Path(out).read_text())
+        log = run / "events.jsonl"
+        log_mb = log.stat().st_size / 2**20
+        t1 = time.monotonic()
+        ReplaySource(log).to_end()  # opening the whole recording at its end, as `gkd-tui replay` + End
+        replay_s = time.monotonic() - t1
+        # the same state as live: the recording seeked to the moment of the snapshot (after it, the run
+        # was stopped; the log's last heartbeats, restated when it closed, are filled up to that moment)
+        replay = ReplaySource(log)
+        replay.seek(snapped_at)
+        differ = same_state(live, replay.state, 1.0)
+        if differ:
+            print(f"  replay at {workers}: {len(differ)} difference(s), e.g. {differ[:3]}", file=sys.stderr)
     lat, rss, lag = res["lat_ms"], res["rss"], res["lag_s"][3:-2]  # not the seconds after the load has stopped
     return {"workers": workers, "sent": sent, "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat or [0]),
-            "probes": len(lat), "cpu": res["cpu"], "rss0": rss[min(10, len(rss) - 1)] / 2**20,
+            "probes": len(lat), "cpu": res["cpu"], "sup_cpu": sup_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
             "rss_mid": rss[len(rss) // 2] / 2**20, "rss1": rss[-1] / 2**20, "lag_max": max(lag or [0]),
-            "lag_end": max(lag[-10:] or [0]), "resnapshots": res["resnapshots"]}
+            "lag_end": max(lag[-10:] or [0]), "resnapshots": res["resnapshots"], "replay_s": replay_s,
+            "same": not differ, "log_mb": log_mb}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dashboard", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--workers", type=int, nargs="+", default=[1024, 4096])
-    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--workers", type=int, nargs="+", default=[4096, 16384, 65536])
+    p.add_argument("--per-node", type=int, default=8, help="workers per node: one heartbeats batch each a second "
+                                                          "(1: every heartbeat its own message)")
+    p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--burst", type=int, default=20_000, help="events/s during a burst")
     a = p.parse_args()
     if a.dashboard:
         dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]))
         return
-    rows = [measure(n, a.seconds, a.burst) for n in a.workers]
-    print(f"{'workers':>8} {'events sent':>12} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} "
-          f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8}")
+    rows = [measure(n, a.per_node, a.seconds, a.burst) for n in a.workers]
+    print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} "
+          f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} "
+          f"{'replay':>7} {'same':>5}")
     for r in rows:
-        print(f"{r['workers']:8d} {r['sent']:12d} {r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms "
-              f"{r['cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
-              f"{r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d}")
-    print(f"\n{a.seconds:g} s per size, a {a.burst} events/s burst 1 s in every 10; {os.cpu_count()} cores; "
-          "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots")
+        print(f"{r['workers']:8d} {r['sent']:10d} {r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms "
+              f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
+              f"{r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
+              f"{r['replay_s']:6.1f}s {'yes' if r['same'] else 'NO':>5}")
+    print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
+          f"{os.cpu_count()} cores; targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, "
+          "no resnapshots; replay: opening at the end, and the same state as live")
 
 
 if __name__ == "__main__":

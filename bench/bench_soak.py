@@ -89,7 +89,7 @@ class LogTail:
         end = data.rfind(b"\n") + 1
         self.offset += end
         for line in data[:end].splitlines():
-            if b'"kind":"heartbeat"' in line:
+            if b'"kind":"heartbeat' in line:
                 continue
             o = msgspec.json.decode(line)
             kind = o.get("kind")
@@ -163,7 +163,7 @@ def soak(steps: int, loss: str, scheduler: str, dashboard: bool) -> dict:
         log = run / "events.jsonl"
         lines = log.read_bytes().splitlines()
         state = replay(lines)
-        hb_bytes = sum(len(line) + 1 for line in lines if b'"kind":"heartbeat"' in line)
+        hb_bytes = sum(len(line) + 1 for line in lines if b'"kind":"heartbeat' in line)
         last_step = max((m.step for m in state.metrics), default=0)
         return {
             "loss": loss, "scheduler": scheduler, "steps": steps, "last_step": last_step, "exit": sup.returncode,

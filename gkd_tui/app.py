@@ -88,7 +88,7 @@ class GkdApp(App):
         with Horizontal(id="bottom"):
             yield titled(MetricsPane(), "metrics")
             yield titled(LogTail(), "log")
-        yield Input(placeholder="filter workers (src, phase or node); enter to apply, escape to clear", id="filter")
+        yield Input(placeholder="filter workers (name, phase, node or pid); enter to apply, escape to clear", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -159,8 +159,15 @@ class GkdApp(App):
         self.push_screen(screen)
 
     def action_dump_stacks(self, everyone: bool) -> None:
-        target = None if everyone else self.selected_worker()
-        self.dump_stacks([target] if target else [])
+        if everyone:
+            self.dump_stacks([])
+            return
+        table = self.query_one(WorkersTable)
+        targets = table.targets()
+        if not targets:  # a group's line with nothing wrong in it: not every worker of a large run
+            self.notify("a group's line: enter opens it; d on a worker, D for every worker", timeout=4)
+            return
+        self.dump_stacks(targets)
 
     @work(thread=True, exclusive=True, group="control")
     def dump_stacks(self, targets: list[str]) -> None:

@@ -64,7 +64,7 @@ async def test_filter_keeps_matching_rows_and_q_detaches_without_stopping():
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("end", "slash", *"rollout", "enter")
         await pilot.pause()
-        keys = sorted(app.query_one(WorkersTable).order)
+        keys = sorted(app.query_one(WorkersTable).workers_shown)
         assert keys == ["rollout/0", "rollout/1"]
         await pilot.press("q")
     assert app.return_code in (0, None)

@@ -10,6 +10,8 @@ SAMPLES = [
     ev.WorkerEvent(role="rollout", rank=1, node="n0", pid=42, gpus=[0, 1], actor_id="a1"),
     ev.PhaseEvent(phase="sync_weights", step=3, started=1.0, deadline=61.0, detail="x"),
     ev.HeartbeatEvent(phase="train", elapsed=1.5, rss=1 << 20, cpu=12.5, dropped=2),
+    ev.HeartbeatsEvent(node="n0", beats=[ev.Beat("rollout/0", 1.5, "generate", 0.5, 1 << 20, 80.0, 0),
+                                         ev.Beat("rollout/1", 1.6, "train")]),
     ev.SyncEvent(sync_id=7, state="progress", timeout_s=60, elapsed_s=3.0, pending=["rollout/1"], done=["student/0"]),
     ev.TeacherEvent(side="server", received=10, served=9, queue_depth=1, workers={"teacher/0": 9},
                     latency_ms={"p50": 1.0, "p95": 2.0}),
@@ -24,7 +26,7 @@ SAMPLES = [
 
 
 def test_every_kind_of_the_table_is_known():
-    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "sync", "teacher", "gpu", "metrics", "stack",
+    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
                              "alert", "log", "action", "ray", "ray_node"}
 
 

@@ -99,10 +99,19 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
         assert where["student/0"] == NS["head"] and where["driver"] == NS["head"], where
         for src in ("rollout/0", "rollout/1", "teacher/0"):
             assert where[src] == NS["node2"], where
-        # every worker's worker, phase and heartbeat events, from both nodes
-        wait_until(lambda: all({"worker", "phase", "heartbeat"} <= {e["kind"] for e in events() if e["src"] == src}
-                               for src in pids), 15, "worker, phase and heartbeat events of every worker")
+        # every worker's worker, phase and heartbeat events, from both nodes: a worker's heartbeats come
+        # through its node's agent, batched (a `heartbeats` line holds the ones the log keeps)
+        def kinds(src: str, evs: list[dict]) -> set[str]:
+            return {e["kind"] for e in evs if e["src"] == src} | (
+                {"heartbeat"} if any(b[0] == src for e in evs if e["kind"] == "heartbeats" for b in e["beats"]) else set())
+
+        wait_until(lambda: all({"worker", "phase", "heartbeat"} <= kinds(src, events()) for src in pids), 15,
+                   "worker, phase and heartbeat events of every worker")
         assert sum(src.startswith("agent/") for src in pids) == 2, pids  # an agent on each node
+        via = {e["src"]: e.get("via", "") for e in evs if e["kind"] == "worker"}
+        relays = {via[src] for src in ("rollout/0", "rollout/1", "teacher/0")}
+        assert len(relays) == 1 and relays <= set(pids), via  # node 2's agent relays its workers' events
+        assert via["student/0"] not in relays and via["student/0"].startswith("agent/"), via
         logs = [e["message"] for e in evs if e["kind"] == "log"]
         assert any(f"tcp://{IP['head']}:" in m and "CurveZMQ" in m for m in logs), logs
         endpoints = json.loads((run_dir / "endpoints.json").read_text())

@@ -90,7 +90,7 @@ async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, restore_a
         named = [a for a in source.state.alerts.values() if a.code == "straggler"]
         assert [a.targets for a in named] == [stuck], (source.describe(), list(source.state.alerts.values()))
         assert not app.check_action("cancel", ()) and not app.check_action("restart", ())  # nobody to ask
-        table.cursor = table.order.index(stuck[0])
+        table.move_to(stuck[0])
         t0 = time.monotonic()
         await pilot.press("d")
         for _ in range(80):

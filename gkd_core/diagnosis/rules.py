@@ -67,19 +67,36 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     fresh, frozen = frozen_limits(cfg)
     others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
     limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
+    stale = state.stale_workers(now, limit)
+    # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
+    # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
+    # its own go quiet, so a relay that is nearly stale counts too.
+    quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.last_heartbeat
+                    and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in TERMINAL_PHASES}
+    behind: dict[str, int] = {}
+    for w in stale:
+        if w.via in quiet_relays:
+            behind[w.via] = behind.get(w.via, 0) + 1
     out = []
-    for w in state.stale_workers(now, limit):
+    for w in stale:
+        if w.via in quiet_relays:
+            continue
         age = now - w.last_heartbeat
         where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
         v = verdict(state, w, now, frozen)
+        relayed = behind.get(w.src, 0)
+        with_it = (f"; the {relayed} worker(s) whose events it relays are silent with it (they may be working: "
+                   "their events wait in their own queues)") if relayed else ""
         out.append(AlertEvent(
-            severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s else "warn", code="heartbeat_stale",
+            severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s or relayed else "warn",
+            code="heartbeat_stale",
             message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
-                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}",
+                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}{with_it}",
             hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
-                 f"`gkd-tui dump-stacks {w.src}`",
+                 f"`gkd-tui dump-stacks {w.src}`" + ("; the driver starts a dead node agent again between steps"
+                                                     if relayed else ""),
             targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
-                                       "verdict": v.word or "frozen", "where": v.where},
+                                       "verdict": v.word or "frozen", "where": v.where, "relayed_silent": relayed},
         ))
     return out
 

@@ -23,6 +23,7 @@ PEER_FACTOR = 3.0
 OWN_FACTOR = 5.0
 OWN_MIN_SAMPLES = 3
 SAME_CALL_S = 5.0  # phases without a step: started within this of each other is the same call
+EXACT_UP_TO = 256  # more finished peers than this in a stepless call's windows: counted once per window
 NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *TERMINAL_PHASES})
 
 
@@ -76,22 +77,39 @@ def late_workers(state: RunState, now: float) -> list[Late]:
             if w.phase not in NOT_WORK:
                 key = _instance(w.phase, w.phase_step, w.phase_since)
                 in_phase[key] = in_phase.get(key, 0) + 1
+        shared: dict[tuple, tuple[int, float, int]] = {}  # an instance -> (finished, their median, still in it)
         for w in running:
             elapsed = now - w.phase_since
             key = _instance(w.phase, w.phase_step, w.phase_since)
-            done: dict[str, float] = {}
-            still = 0
-            for k in _neighbours(key):
-                for src, (started, dur) in finished.get(k, {}).items():
-                    if src != w.src and (w.phase_step is not None or abs(started - w.phase_since) <= SAME_CALL_S):
-                        done[src] = dur
-                still += in_phase.get(k, 0)
-            peers = len(done) + still - 1
-            if done and len(done) >= max(1, math.ceil(peers / 2)):
-                med = statistics.median(done.values())
+            fin = finished.get(key, {})
+            if key in shared and w.src not in fin:
+                n_done, med, still = shared[key]
+            elif key[1] is not None and w.src not in fin:
+                # the same peers for every member still in it: their median once per instance, not once
+                # per member (65,536 members of one step would make that a square)
+                durs = [dur for _, dur in fin.values()]
+                n_done, med, still = shared[key] = (len(durs), statistics.median(durs) if durs else 0.0,
+                                                    in_phase.get(key, 0))
+            elif key[1] is None and sum(len(finished.get(k, ())) for k in _neighbours(key)) > EXACT_UP_TO:
+                # a stepless call of thousands (every worker's init): the peers that finished a call that
+                # began within the same or a neighbouring window, once per window
+                durs = [dur for k in _neighbours(key) for _, dur in finished.get(k, {}).values()]
+                n_done, med, still = shared[key] = (len(durs), statistics.median(durs),
+                                                    sum(in_phase.get(k, 0) for k in _neighbours(key)))
+            else:
+                done: dict[str, float] = {}
+                still = 0
+                for k in _neighbours(key):
+                    for src, (started, dur) in finished.get(k, {}).items():
+                        if src != w.src and (w.phase_step is not None or abs(started - w.phase_since) <= SAME_CALL_S):
+                            done[src] = dur
+                    still += in_phase.get(k, 0)
+                n_done, med = len(done), statistics.median(done.values()) if done else 0.0
+            peers = n_done + still - 1
+            if n_done and n_done >= max(1, math.ceil(peers / 2)):
                 thr = max(MIN_S, PEER_FACTOR * med)
                 if elapsed > thr:
-                    named.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, len(done), peers, "peers",
+                    named.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, n_done, peers, "peers",
                                       "critical" if elapsed > 2 * thr else "warn"))
                 continue
             hist = [s.ended - s.started for s in w.spans if s.phase == w.phase]

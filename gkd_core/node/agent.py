@@ -18,6 +18,7 @@ import msgspec
 from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.node.stacks import Capture, capture_many
 from gkd_core.telemetry.ingest import IngestRoute
+from gkd_core.telemetry.relay import Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter
 
 READY_TIMEOUT_S = 60.0
@@ -30,10 +31,19 @@ class NodeAgent:
 
         self.label = label
         self.run_dir = Path(run_dir)
-        address, curve = route.pick(ray.get_runtime_context().get_node_id())
+        address, curve = route.direct(ray.get_runtime_context().get_node_id())
         self.rep = Reporter(f"agent/{label}", ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
         self.rep.register("agent", node=label)
         self.rep.set_phase("watching")
+        # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
+        self.relay: Relay | None = Relay(f"agent/{label}", label, address, path=relay_path(run_id, label), run=run_id,
+                                         curve=curve, interval_s=heartbeat_s)
+        try:
+            self.relay.start()
+        except Exception as e:  # the workers of this node then push straight to the supervisor
+            self.rep.log(f"agent/{label}: no relay ({type(e).__name__}: {e}); this node's workers push their "
+                         "events straight to the supervisor", level="warn")
+            self.relay = None
         self.sampler = GpuSampler(label, self.rep.emit, backend=gpu_backend, interval_s=gpu_interval_s,
                                   deadline_s=nvml_deadline_s).start()
 
@@ -41,7 +51,8 @@ class NodeAgent:
         import ray
 
         return {"label": self.label, "pid": os.getpid(), "host": socket.gethostname(),
-                "node_id": ray.get_runtime_context().get_node_id()}
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "relay": self.relay.address if self.relay is not None else ""}
 
     def dump(self, pids: dict[str, int], timeout_s: float) -> dict[str, dict]:
         """Stacks of these local processes ({name: pid}), all at once, within ``timeout_s``."""
@@ -50,6 +61,8 @@ class NodeAgent:
 
     def stop(self) -> None:
         self.sampler.stop()
+        if self.relay is not None:
+            self.relay.stop()
         self.rep.close()
 
 
@@ -62,10 +75,11 @@ def node_labels(nodes: list[dict]) -> dict[str, str]:
 
 def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
                  nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0,
-                 only: set[str] | None = None) -> tuple[dict[str, object], dict[str, str]]:
+                 only: set[str] | None = None, ready: dict[str, dict] | None = None,
+                 ) -> tuple[dict[str, object], dict[str, str]]:
     """One agent on every live node (or on the nodes ``only`` names). Returns ({node id: handle},
     {node id: label}); nodes whose agent did not come up within the deadline are left out (and said
-    so in the log by the caller)."""
+    so in the log by the caller). ``ready`` is filled with each agent's answer (its relay's address)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -82,8 +96,14 @@ def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: st
         ).remote(labels[node_id], route, run_id, str(run_dir), gpu_backend, gpu_interval_s, nvml_deadline_s,
                  heartbeat_s)
     refs = {node_id: h.ready.remote() for node_id, h in handles.items()}
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=READY_TIMEOUT_S)
-    up = {node_id: handles[node_id] for node_id, ref in refs.items() if ref in ready}
+    done, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=READY_TIMEOUT_S)
+    up = {node_id: handles[node_id] for node_id, ref in refs.items() if ref in done}
+    if ready is not None:
+        for node_id in up:
+            try:
+                ready[node_id] = ray.get(refs[node_id], timeout=5.0)
+            except Exception:  # an agent that failed its own start: no relay on that node
+                ready[node_id] = {}
     return up, labels
 
 

@@ -39,7 +39,9 @@ log = logging.getLogger("gkd.supervisor")
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
 ALERT_EVERY_S = 0.5
+ALERT_SHARE_INV = 5  # the alerts' pass takes at most a fifth of the supervisor's time
 INGEST_BATCH = 5000
+BEATS_PER_LINE = 4096  # beats kept from batches are written at least this many to a line
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 DEFAULT_DRIVER = "gkd_core.trainer.driver"
@@ -146,6 +148,8 @@ class Supervisor:
         self._ingest_monitor: zmq.Socket | None = None
         self._poller = zmq.Poller()
         self.heartbeats = HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s)
+        self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batch`)
+        self._beats_seq = 0
         if resume is not None:
             self._take_over()
         else:
@@ -254,7 +258,16 @@ class Supervisor:
             typed.run = self.run_id
         line = ev.encode_dict(obj)
         if logged:
-            self.log.append(line)
+            self._log(line)
+        self._publish(kind, line)
+        self.state.apply(typed)
+
+    def _log(self, line: bytes) -> None:
+        if self._beats_kept:
+            self._write_beats()  # the log stays in seq order
+        self.log.append(line)
+
+    def _publish(self, kind: bytes, line: bytes) -> None:
         try:
             self.pub.send(kind, _NOBLOCK_MORE)
             self.pub.send(line, _NOBLOCK)
@@ -263,7 +276,36 @@ class Supervisor:
                 self.events_tcp.send(line, _NOBLOCK)
         except zmq.Again:
             pass  # PUB drops for slow subscribers by itself; they see the gap and resnapshot
-        self.state.apply(typed)
+
+    def _take_batch(self, e: ev.HeartbeatsEvent) -> None:
+        """A node's heartbeats in one message: stamped, published and applied whole, as one event; the
+        log keeps the beats the single form would keep (``heartbeat_log``), gathered across batches
+        into one ``heartbeats`` line of the supervisor's, written before the next line of any other
+        kind (or at the next flush), under the seq of the newest batch it holds."""
+        self.seq += 1
+        e.seq, e.run = self.seq, self.run_id
+        if not e.ts:
+            e.ts = time.time()
+        self._publish(b"heartbeats", ev.encode(e))
+        admit, kept = self.heartbeats.admit, self._beats_kept
+        for b in e.beats:
+            logged, before = admit(b)
+            if before is not None:
+                kept.append(before)
+            if logged:
+                kept.append(b)
+        if kept:
+            self._beats_seq = self.seq
+            if len(kept) >= BEATS_PER_LINE:
+                self._write_beats()
+        self.state.apply(e)
+
+    def _write_beats(self) -> None:
+        beats = [b if type(b) is ev.Beat else ev.Beat(b.src, b.ts, b.phase, b.elapsed, b.rss, b.cpu, b.dropped)
+                 for b in self._beats_kept]
+        self._beats_kept = []
+        self.log.append(ev.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
+                                                     ts=max(b.ts for b in beats), beats=beats)))
 
     def emit(self, event: ev.Event) -> None:
         """An event of the supervisor's own (src defaults to ``supervisor``)."""
@@ -283,10 +325,15 @@ class Supervisor:
                 data = recv(_NOBLOCK)
             except zmq.Again:
                 return
-            n = 1
+            n, first = 1, data
             while more(_RCVMORE):
                 data = recv(_NOBLOCK)
                 n += 1
+            if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
+                batch = ev.decode_batch(data)
+                if batch is not None:
+                    self._take_batch(batch)
+                    continue
             try:
                 if n > 2:
                     raise ev.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
@@ -294,10 +341,12 @@ class Supervisor:
             except ev.Rejected as r:
                 self.rejects.add(r, "ingest ")
                 continue
-            if type(typed) is ev.HeartbeatEvent:
+            if type(typed) is ev.HeartbeatsEvent:
+                self._take_batch(typed)
+            elif type(typed) is ev.HeartbeatEvent:
                 logged, before = self.heartbeats.admit(typed)
                 if before is not None:
-                    self.emit(before)
+                    self.emit(before if type(before) is ev.HeartbeatEvent else ev.heartbeat_of(before))
                 self._commit(obj, typed, b"heartbeat", logged)
             else:
                 self._commit(obj, typed, obj["kind"].encode())
@@ -305,7 +354,7 @@ class Supervisor:
     def _restate_silent(self, everyone: bool = False) -> None:
         """Log the newest heartbeat of each worker that fell silent since (see heartbeat_log)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
-            self.emit(e)
+            self.emit(e if type(e) is ev.HeartbeatEvent else ev.heartbeat_of(e))  # (a batch's beat)
 
     # --- control -------------------------------------------------------------------------
 
@@ -631,7 +680,12 @@ class Supervisor:
                 if now >= self._next_alerts:
                     self._restate_silent()  # at the alerts' pace: a walk over every worker
                     self._evaluate_alerts()
-                    self._next_alerts = now + ALERT_EVERY_S
+                    # every ALERT_EVERY_S, or less often when a pass costs more than a fifth of that
+                    # (65,536 workers): the diagnosis never crowds out the events it reads
+                    took = time.monotonic() - now
+                    self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
+                if self._beats_kept:
+                    self._write_beats()
                 self.log.flush()
                 if self._ended_at is not None and self.driver is None:
                     if self._stopping or now - self._ended_at >= self.linger_s:
@@ -647,6 +701,8 @@ class Supervisor:
     def close(self) -> None:
         if self.driver is not None and self.driver.poll() is None:
             self.driver.kill_now()
+        if self._beats_kept:
+            self._write_beats()
         self.log.close()
         for mon in self._monitors:
             mon.close(linger=0)

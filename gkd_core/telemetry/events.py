@@ -55,6 +55,7 @@ class WorkerEvent(Event, tag="worker"):
     pid: Int = 0
     gpus: list[Int] = []
     actor_id: str = ""
+    via: str = ""  # the relay its events go through (``agent/<node>``); "" when they go straight
 
 
 class PhaseEvent(Event, tag="phase"):
@@ -71,6 +72,29 @@ class HeartbeatEvent(Event, tag="heartbeat"):
     rss: Int = 0  # bytes
     cpu: float = 0.0  # percent of one core since the last heartbeat
     dropped: Int = 0  # events this process could not send (queue full or supervisor away)
+
+
+class Beat(msgspec.Struct, array_like=True):
+    """One worker's heartbeat inside a ``heartbeats`` batch, as an array:
+    ``[src, ts, phase, elapsed, rss, cpu, dropped]`` (the fields of a ``heartbeat`` event)."""
+
+    src: str
+    ts: float
+    phase: str = ""
+    elapsed: float = 0.0
+    rss: Int = 0
+    cpu: float = 0.0
+    dropped: Int = 0
+
+
+class HeartbeatsEvent(Event, tag="heartbeats"):
+    """The heartbeats of one node's workers over one interval, as one message: what its relay (the
+    node agent) received since it last sent one, the newest of each worker. At 65,536 workers, 8 to
+    a node, that is 8,192 messages a second instead of 65,536. ``src`` is the relay; in
+    ``events.jsonl``, the supervisor's (``node`` empty): the heartbeats it keeps, of any node."""
+
+    node: str = ""
+    beats: list[Beat] = []
 
 
 class SyncEvent(Event, tag="sync"):
@@ -193,7 +217,7 @@ class ActionEvent(Event, tag="action"):
 
 
 KNOWN = (
-    RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, SyncEvent, TeacherEvent,
+    RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, HeartbeatsEvent, SyncEvent, TeacherEvent,
     GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent, RayNodeEvent,
 )
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
@@ -222,6 +246,8 @@ class Rejected(Exception):
 _encoder = msgspec.json.Encoder()
 _typed = msgspec.json.Decoder(AnyEvent)
 _untyped = msgspec.json.Decoder()
+_batch = msgspec.json.Decoder(HeartbeatsEvent)
+_heartbeat = msgspec.json.Decoder(HeartbeatEvent)
 
 
 def encode(event: Event) -> bytes:
@@ -314,6 +340,34 @@ def decode_dict(data: bytes) -> tuple[dict, Event | UnknownEvent]:
         return obj, validate_dict(obj)
     obj.setdefault("v", PROTOCOL_VERSION)
     return obj, typed
+
+
+def decode_batch(data: bytes) -> HeartbeatsEvent | None:
+    """A ``heartbeats`` batch, on the fast path (typed, no untyped parse: its shape bounds its depth,
+    and fields it does not know are left out when it is encoded again); None when it is not a
+    well-formed one, for ``decode_dict`` to say why."""
+    if len(data) > MAX_EVENT_BYTES:
+        return None
+    try:
+        e = _batch.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    return e if e.v == PROTOCOL_VERSION else None
+
+
+def beat_of(data: bytes) -> Beat | None:
+    """A worker's encoded ``heartbeat`` event as a Beat (a relay's); None when it is not one."""
+    try:
+        e = _heartbeat.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return None
+    return Beat(e.src, e.ts, e.phase, e.elapsed, e.rss, e.cpu, e.dropped) if e.v == PROTOCOL_VERSION else None
+
+
+def heartbeat_of(b: Beat) -> HeartbeatEvent:
+    """A Beat as a single ``heartbeat`` event (the supervisor restates a silent worker's this way)."""
+    return HeartbeatEvent(src=b.src, ts=b.ts, phase=b.phase, elapsed=b.elapsed, rss=b.rss, cpu=b.cpu,
+                          dropped=b.dropped)
 
 
 def encode_dict(obj: dict) -> bytes:

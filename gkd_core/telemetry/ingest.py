@@ -37,9 +37,17 @@ class IngestRoute(msgspec.Struct):
     head_node: str = ""  # the Ray node id of the supervisor's node
     remote: str = ""  # tcp:// for the other nodes, CurveZMQ
     curve: Curve | None = None
+    relays: dict[str, str] = {}  # Ray node id -> its node agent's relay (ipc on that node)
+    relay_names: dict[str, str] = {}  # Ray node id -> the relay's src (``agent/<node>``)
 
     def pick(self, node_id: str) -> tuple[str, Curve | None]:
-        """(address, keys or None) for a process on ``node_id``."""
+        """(address, keys or None) for a worker on ``node_id``: its node's relay, when there is one."""
+        if node_id in self.relays:
+            return self.relays[node_id], None
+        return self.direct(node_id)
+
+    def direct(self, node_id: str) -> tuple[str, Curve | None]:
+        """(address, keys or None) of the supervisor itself, for a process on ``node_id``."""
         if not self.remote or not node_id or node_id == self.head_node:
             return self.local, None
         return self.remote, self.curve

@@ -88,9 +88,9 @@ class Reporter:
             self._wake.set()
 
     def register(self, role: str, rank: int | None = None, *, node: str = "", gpus: list[int] | None = None,
-                 actor_id: str = "") -> None:
+                 actor_id: str = "", via: str = "") -> None:
         self.emit(ev.WorkerEvent(role=role, rank=rank, node=node or os.uname().nodename, pid=os.getpid(),
-                                 gpus=gpus or [], actor_id=actor_id))
+                                 gpus=gpus or [], actor_id=actor_id, via=via))
 
     def set_phase(self, phase: str, *, step: int | None = None, deadline: float | None = None,
                   detail: str = "") -> None:

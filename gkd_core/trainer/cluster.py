@@ -113,6 +113,8 @@ class Cluster:
                 self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
         if self.multi_node:
             self.open_remote_ingest()
+        if cfg.agent.enabled:
+            self.start_agents()  # first: the workers push their events through their node's agent
         cfg_dict = msgspec.to_builtins(cfg)
         gpu = self.gpus_per_actor
         with self.rep.phase("init", detail="actors"):
@@ -126,8 +128,6 @@ class Cluster:
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
                                        cfg.trainer.init_timeout_s, "init",
                                        hint="check RUN/logs/driver.log for an import or memory error"))
-        if cfg.agent.enabled:
-            self.start_agents()
         if cfg.agent.ray_poll_s > 0:
             # Ray's own view of every worker's actor: alive or dead, which method since when
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
@@ -191,16 +191,23 @@ class Cluster:
         """One node agent per Ray node. A run without agents still runs: stacks then come from the
         workers themselves, and the GPU pane says there are no readings."""
         a = self.cfg.agent
+        ready: dict[str, dict] = {}
         with self.rep.phase("init", detail="node agents"):
             try:
                 self.agents, self.node_labels = start_agents(
                     self.route, self.rep.run, self.run_dir, gpu_backend=self.faults.gpu_backend(a.gpu_backend),
                     gpu_interval_s=a.gpu_interval_s, nvml_deadline_s=a.nvml_deadline_s,
-                    heartbeat_s=self.cfg.telemetry.heartbeat_s)
+                    heartbeat_s=self.cfg.telemetry.heartbeat_s, ready=ready)
             except Exception as e:  # never the reason a run does not start
                 self.rep.log(f"node agents did not start ({type(e).__name__}: {e}); stacks come from the workers "
                              "alone", level="warn")
                 return
+        # a relay is the same path on its node for every agent of the run: one started again binds it
+        # again, and the workers' sockets find it by themselves
+        for node_id, answer in ready.items():
+            if answer.get("relay"):
+                self.route.relays[node_id] = answer["relay"]
+                self.route.relay_names[node_id] = f"agent/{self.node_labels[node_id]}"
         missing = [label for node, label in self.node_labels.items() if node not in self.agents]
         if missing:
             self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
@@ -340,6 +347,11 @@ class Cluster:
 
     def shutdown(self) -> None:
         self.forget_group_file()
+        if self.agents:  # their relays send what they hold and remove their sockets
+            try:
+                ray.wait([a.stop.remote() for a in self.agents.values()], num_returns=len(self.agents), timeout=3.0)
+            except Exception:
+                pass
 
         def stop() -> None:
             try:

@@ -103,7 +103,8 @@ class WorkerBase:
             actor_id = ray.get_runtime_context().get_actor_id() or ""
         except Exception:  # outside Ray (unit tests): no GPUs assigned, no actor id
             actor_id = ""
-        self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id)
+        via = ctx.route.relay_names.get(node_id(), "") if ctx.route else ""
+        self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id, via=via)
         self.rep.set_phase("init")
         if ctx.stacks_dir:  # the agent's way in when py-spy cannot attach
             install_faulthandler(Path(ctx.stacks_dir))

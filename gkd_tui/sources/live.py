@@ -12,6 +12,9 @@ from gkd_core.telemetry.subscriber import RunSubscriber
 from gkd_tui.sources.log_follower import LogFollower
 
 
+PUMP_EVENTS = 500
+
+
 class LiveSource:
     """A ``Source`` with control and logs; no playback, and stacks come through the driver."""
 
@@ -54,13 +57,17 @@ class LiveSource:
     def _pump(self) -> None:
         while not self._stop.is_set():
             try:
+                # a few hundred events at a time under the lock (a batch of a node's heartbeats is
+                # one): the redraw waits for the lock at most a few milliseconds
                 with self.lock:
-                    self.sub.pump(0.0, max_events=5000)
+                    more = len(self.sub.pump(0.0, max_events=PUMP_EVENTS)) == PUMP_EVENTS
                 self.error = ""
             except (ControlUnreachable, ControlError) as e:
                 self.error = f"supervisor unreachable: {e}"[:120]
                 time.sleep(1.0)
-            self.sub.sub.poll(100)  # wait for more outside the lock
+                more = False
+            if not more:
+                self.sub.sub.poll(100)  # wait for more outside the lock
 
     def stop(self) -> None:
         self._stop.set()

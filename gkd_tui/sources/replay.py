@@ -88,6 +88,11 @@ class ReplaySource:
             due = events[self.cursor].ts if self.cursor < len(events) else math.inf
             if beats and beats[0][0] <= ts and beats[0][0] < due:
                 t, _, e, until = heapq.heappop(beats)
+                # straight to the last copy due by ``ts``: the ones before it are overwritten by it (a copy
+                # changes its worker's heartbeat alone, and its next real one comes at ``until``), so a
+                # jump to the end of a 65,536-worker recording applies one copy per gap, not one per beat
+                last = t + int((min(ts, until) - t) / hb) * hb
+                t = max(t, last - hb if last >= until else last)
                 self.state.apply(msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts)))
                 if t + hb < until:
                     heapq.heappush(beats, (t + hb, next(self._n), e, until))
@@ -96,9 +101,8 @@ class ReplaySource:
                 return
             e = events[self.cursor]
             self.state.apply(e)
-            until = self._fill_until.get(self.cursor)
-            if until is not None:
-                heapq.heappush(beats, (e.ts + hb, next(self._n), e, until))
+            for beat, until in self._fill_until.get(self.cursor, ()):
+                heapq.heappush(beats, (beat.ts + hb, next(self._n), beat, until))
             self.cursor += 1
 
     def tick(self, wall_dt: float) -> None:
@@ -159,9 +163,10 @@ def skipped_note(path: Path, skipped: list[tuple[int, str]]) -> str:
     return f"{path}: skipped {len(skipped)} line(s) that are not events: line {n}: {why[:160]}{more}"
 
 
-def _left_out_heartbeats(events: list) -> tuple[float, dict[int, float]]:
-    """(the heartbeat period, {index of a logged heartbeat: ts of the same worker's next one})
-    for the gaps the log left out; none in a log that kept every heartbeat."""
+def _left_out_heartbeats(events: list) -> tuple[float, dict[int, list[tuple[ev.HeartbeatEvent, float]]]]:
+    """(the heartbeat period, {index of a line: [(a heartbeat it logged, ts of the same worker's next
+    one)]}) for the gaps the log left out; none in a log that kept every heartbeat. A line is a
+    ``heartbeat`` or a ``heartbeats`` batch."""
     periods = next(((e.heartbeat_s, e.heartbeat_log_s) for e in events
                     if type(e) is ev.RunEvent and e.heartbeat_s and e.heartbeat_log_s), None)
     if periods is None:
@@ -170,14 +175,21 @@ def _left_out_heartbeats(events: list) -> tuple[float, dict[int, float]]:
     if not (hb > 0 and 0 < every <= MAX_FILL * hb):
         return 1.0, {}  # periods no run has (a hand-made or damaged log): replayed as it is, not filled
     longest = every + (SILENT_BEATS + 1) * hb  # a gap longer than this was a silence
-    last: dict[str, int] = {}
-    fill: dict[int, float] = {}
+    last: dict[str, tuple[int, ev.HeartbeatEvent]] = {}
+    fill: dict[int, list[tuple[ev.HeartbeatEvent, float]]] = {}
+
+    def seen(i: int, e: ev.HeartbeatEvent) -> None:
+        before = last.get(e.src)
+        if before is not None and 1.5 * hb < e.ts - before[1].ts <= longest:
+            fill.setdefault(before[0], []).append((before[1], e.ts))
+        last[e.src] = (i, e)
+
     for i, e in enumerate(events):
         if type(e) is ev.HeartbeatEvent:
-            j = last.get(e.src)
-            if j is not None and 1.5 * hb < e.ts - events[j].ts <= longest:
-                fill[j] = e.ts
-            last[e.src] = i
+            seen(i, e)
+        elif type(e) is ev.HeartbeatsEvent:
+            for b in e.beats:
+                seen(i, ev.heartbeat_of(b))
         elif type(e) is ev.RunEvent and e.state in ("starting", "running", "restarting"):
             last.clear()  # a new driver's workers: no gap to fill across it
     return hb, fill

@@ -1,0 +1,172 @@
+"""A node's relay: its workers' events reach the supervisor through one connection, and their
+heartbeats as one message per interval.
+
+One event per worker per second through one Python supervisor is the wall at the largest jobs
+(65,536 workers: 65,536 messages a second). The node agent runs a relay: the workers of its node
+push to it over ipc (a private folder of this node), it forwards every other event as it came,
+and gathers the heartbeats into one ``heartbeats`` event per ``interval_s`` (DESIGN §3): 8,192
+messages a second at 8 workers to a node. A worker's heartbeat waits up to one interval more;
+its own ``ts`` is kept, so ages are measured from when it was sent.
+
+A relay that freezes takes its node's events with it; the diagnosis names the relay, not its
+workers (``diagnosis.rules.heartbeat_stale``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.ingest import Curve, client_socket
+
+# how a Reporter's heartbeat begins (msgspec writes the tag first): the rest is forwarded unread
+HEARTBEAT_PREFIX = b'{"kind":"heartbeat",'
+MAX_BEATS = 4096  # a batch is sent early when it holds this many (a node of 8 workers sends 8)
+MAX_IPC_PATH = 100  # sun_path holds 108 bytes
+
+
+class HeartbeatBatcher:
+    """Beats in, one encoded ``heartbeats`` event out per ``take``. The relay's, and the benchmark's
+    synthetic nodes' (``bench/bench_dashboard.py``): the same message either way."""
+
+    def __init__(self, src: str, node: str, run: str = ""):
+        self.src, self.node, self.run = src, node, run
+        self.beats: list[ev.Beat] = []
+
+    def add(self, beat: ev.Beat) -> None:
+        self.beats.append(beat)
+
+    def take(self) -> list[bytes] | None:
+        """The frames ``[b"heartbeats", json]`` of what was added since the last take; None if nothing."""
+        if not self.beats:
+            return None
+        e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=self.beats)
+        self.beats = []
+        return [b"heartbeats", ev.encode(e)]
+
+
+def relay_path(run_id: str, label: str) -> Path:
+    """The relay's ipc socket on its node: in this user's private folder of the run (never the run
+    directory, which another node may not have), one per node label (several Ray nodes can share a
+    machine, as in tests)."""
+    base = Path(tempfile.gettempdir()) / f"gkd-{os.getuid()}"
+    digest = hashlib.blake2b(label.encode(), digest_size=4).hexdigest()
+    return base / run_id / f"relay-{digest}.sock"
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` (and its parent) folders of this user only; refuse one that is someone else's."""
+    for d in (path.parent, path):
+        d.mkdir(mode=0o700, exist_ok=True)
+        st = d.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise PermissionError(f"{d} is not a private folder of this user; remove it or set TMPDIR")
+
+
+class Relay:
+    """The relay thread: PULL on ``path`` (0600 in a 0700 folder), PUSH to ``upstream``."""
+
+    def __init__(self, src: str, node: str, upstream: str, *, path: Path, run: str = "", curve: Curve | None = None,
+                 interval_s: float = 1.0, hwm: int = 100_000, ctx: zmq.Context | None = None):
+        self.src, self.upstream, self.path, self.curve = src, upstream, path, curve
+        self.interval_s = interval_s
+        self.hwm = hwm
+        self.batcher = HeartbeatBatcher(src, node, run)
+        self.ctx = ctx or zmq.Context.instance()
+        self.forwarded = 0
+        self.batches = 0
+        self.dropped = 0  # messages the supervisor could not take (away, or its queue full)
+        self._stop = threading.Event()
+        self._bound = threading.Event()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(target=self._run, name=f"gkd-relay[{node}]", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"ipc://{self.path}"
+
+    def start(self, timeout_s: float = 5.0) -> str:
+        """Bind and run; returns the address the node's workers push to. Raises when it cannot bind
+        (the workers then push straight to the supervisor)."""
+        if len(str(self.path)) > MAX_IPC_PATH:
+            raise OSError(f"the relay's socket path {self.path} is too long for ipc; set TMPDIR to a shorter folder")
+        private_dir(self.path.parent)
+        self._thread.start()
+        if not self._bound.wait(timeout_s):
+            raise TimeoutError(f"the relay did not bind {self.path} within {timeout_s:g} s")
+        if self._error is not None:
+            raise self._error
+        return self.address
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        pull = self.ctx.socket(zmq.PULL)
+        pull.rcvhwm = self.hwm
+        pull.linger = 0
+        push = self.ctx.socket(zmq.PUSH)
+        push.sndhwm = self.hwm
+        push.linger = 0
+        try:
+            if self.curve is not None:
+                client_socket(push, self.curve)
+            push.connect(self.upstream)
+            pull.bind(self.address)
+            os.chmod(self.path, 0o600)
+        except Exception as e:
+            self._error = e
+            pull.close(0)
+            push.close(0)
+            self._bound.set()
+            return
+        self._bound.set()
+        batcher, recv, send = self.batcher, pull.recv_multipart, push.send_multipart
+        next_flush = time.monotonic() + self.interval_s
+        try:
+            while not self._stop.is_set():
+                if pull.poll(max(0, int((next_flush - time.monotonic()) * 1000)) + 1):
+                    for _ in range(10_000):
+                        try:
+                            frames = recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if len(frames) == 1 and frames[0].startswith(HEARTBEAT_PREFIX):
+                            beat = ev.beat_of(frames[0])
+                            if beat is not None:
+                                batcher.add(beat)
+                                if len(batcher.beats) >= MAX_BEATS:
+                                    self._send(send, batcher.take())
+                                continue
+                        self._send(send, frames)  # anything else as it came: the supervisor checks it
+                        self.forwarded += 1
+                now = time.monotonic()
+                if now >= next_flush:
+                    self._send(send, batcher.take())
+                    next_flush = next_flush + self.interval_s if next_flush + self.interval_s > now else now + self.interval_s
+            self._send(send, batcher.take())
+        finally:
+            push.close(linger=1000)
+            pull.close(linger=0)
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _send(self, send, frames: list[bytes] | None) -> None:
+        if not frames:
+            return
+        try:
+            send(frames, zmq.NOBLOCK)
+            if frames[0] == b"heartbeats":
+                self.batches += 1
+        except zmq.Again:
+            self.dropped += 1

@@ -1,0 +1,106 @@
+"""The workers table at the largest size: 65,536 workers on one screen, what is wrong first."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gkd_core.diagnosis import diagnose
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+from gkd_tui.app import GkdApp
+from gkd_tui.sources.replay import ReplaySource
+from gkd_tui.widgets.workers_table import WorkersTable
+
+WORKERS, PER_NODE = 65_536, 8
+STRAGGLERS = ("rollout/17", "rollout/40211")
+T0 = 1_790_000_000.0  # a fixed clock: the capture is the same on every run
+NOW = T0 + 30.0
+
+
+def recording(path: Path) -> Path:
+    """A 65,536-worker step: every rollout enters the weight sync of step 5, all but two leave it
+    within 20 ms, and the two are still in it 30 s later. The alerts are the diagnosis's own."""
+    lines: list[ev.Event] = [ev.RunEvent(src="supervisor", run="scale", state="running", total_steps=100, ts=T0 - 60,
+                                         heartbeat_s=1.0, heartbeat_log_s=10.0)]
+    for i in range(WORKERS):
+        node = f"node-{i // PER_NODE}"
+        lines.append(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=node, pid=10_000 + i,
+                                    gpus=[i % PER_NODE], via=f"agent/{node}", ts=T0 - 50))
+    for i in range(WORKERS):
+        lines.append(ev.PhaseEvent(src=f"rollout/{i}", phase="sync_weights", step=5, ts=T0))
+    for i in range(WORKERS):
+        if f"rollout/{i}" not in STRAGGLERS:
+            lines.append(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=5, ts=T0 + 0.02))
+    for n in range(WORKERS // PER_NODE):
+        beats = [ev.Beat(f"rollout/{i}", NOW - 0.5, "generate", 29.0, 2 << 30, 95.0, 0)
+                 for i in range(n * PER_NODE, (n + 1) * PER_NODE)]
+        lines.append(ev.HeartbeatsEvent(src="supervisor", beats=beats, ts=NOW - 0.5))
+    st = RunState()
+    for e in lines:
+        st.apply(e)
+    alerts = diagnose(st, NOW)
+    for a in alerts:
+        a.src, a.ts = "supervisor", NOW
+    lines += alerts
+    for seq, e in enumerate(lines, 1):
+        e.seq = seq
+    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory) -> Path:
+    return recording(tmp_path_factory.mktemp("scale") / "events.jsonl")
+
+
+def at_now():
+    async def run_before(pilot):
+        pilot.app.source.seek(NOW)
+        await pilot.pause()
+        pilot.app.redraw()
+        await pilot.pause()
+    return run_before
+
+
+def test_two_stragglers_among_65536_are_on_the_first_screen(snap_compare, big_run):
+    t0 = time.monotonic()
+    source = ReplaySource(big_run)
+    source.seek(NOW)
+    opened = time.monotonic() - t0
+    named = sorted(t for a in source.state.alerts.values() if a.code == "straggler" for t in a.targets)
+    assert named == sorted(STRAGGLERS)
+    assert opened < 5.0, f"the replay took {opened:.1f} s to open"
+    assert snap_compare(GkdApp(ReplaySource(big_run)), terminal_size=(80, 24), run_before=at_now())
+
+
+async def test_enter_opens_the_group_and_the_filter_reaches_any_worker(big_run):
+    app = GkdApp(ReplaySource(big_run))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await at_now()(pilot)
+        table = app.query_one(WorkersTable)
+        # the group's line, then its two stragglers; the other 65,534 are behind the line
+        assert table.order[:3] == ["group:rollout", *sorted(STRAGGLERS, key=lambda s: int(s.split("/")[1]))]
+        assert table.row_count == 3
+        table.cursor = 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert table.row_count == 1 + WORKERS
+        await pilot.press("enter")
+        await pilot.pause()
+        assert table.row_count == 3
+        # by name, node or pid, any worker, in its group
+        for text, want in (("rollout/31337", "rollout/31337"), ("node-4000 ", None), ("pid-less", None)):
+            await pilot.press("slash", *text.strip(), "enter")
+            await pilot.pause()
+            shown = table.workers_shown
+            if want:
+                assert want in shown
+            elif text.startswith("node-4000"):
+                assert set(shown) >= {f"rollout/{i}" for i in range(32000, 32008)}
+            await pilot.press("escape")
+        await pilot.press("slash", *"42767", "enter")  # rollout/42767, and pid 10,000 + 32,767
+        await pilot.pause()
+        assert sorted(table.workers_shown) == ["rollout/32767", "rollout/42767"]
