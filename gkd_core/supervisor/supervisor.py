@@ -288,14 +288,15 @@ class Supervisor:
             e.ts = time.time()
         self._publish(b"heartbeats", ev.encode(e))
         admit, kept = self.heartbeats.admit, self._beats_kept
+        n = len(kept)
         for b in e.beats:
             logged, before = admit(b)
             if before is not None:
                 kept.append(before)
             if logged:
                 kept.append(b)
-        if kept:
-            self._beats_seq = self.seq
+        if len(kept) > n:
+            self._beats_seq = self.seq  # the line's seq: the newest batch it holds beats of
             if len(kept) >= BEATS_PER_LINE:
                 self._write_beats()
         self.state.apply(e)

@@ -151,7 +151,9 @@ class Relay:
                 now = time.monotonic()
                 if now >= next_flush:
                     self._send(send, batcher.take())
-                    next_flush = next_flush + self.interval_s if next_flush + self.interval_s > now else now + self.interval_s
+                    next_flush += self.interval_s
+                    if next_flush <= now:  # late (a frozen relay): no burst of flushes to catch up
+                        next_flush = now + self.interval_s
             self._send(send, batcher.take())
         finally:
             push.close(linger=1000)
