@@ -62,15 +62,22 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
     from gkd_tui.widgets.workers_table import WorkersTable
 
     lat: list[float] = []
+    lat_t: list[float] = []  # when each was taken, in seconds of the load (whether it met a burst)
+    t_ready = {"t": 0.0}
     rss: list[int] = []
     lag: list[float] = []
     newest = {"ts": 0.0}
+    arrived: dict[str, int] = {}  # a probe's detail -> when the dashboard applied it
+    lat_in: list[float] = []  # of each latency, the part before the dashboard applied the event
     pump = RunSubscriber.pump
 
     def noted_pump(self, *args, **kwargs):
         applied = pump(self, *args, **kwargs)
         if applied:
             newest["ts"] = max(newest["ts"], applied[-1].ts)
+            for e in applied:
+                if e.src == "probe/0" and getattr(e, "detail", "").startswith("t="):
+                    arrived[e.detail] = time.monotonic_ns()
         return applied
 
     RunSubscriber.pump = noted_pump
@@ -87,6 +94,8 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
             if detail.startswith("t=") and detail != seen["last"]:
                 seen["last"] = detail
                 lat.append((time.monotonic_ns() - int(detail[2:])) / 1e6)
+                lat_t.append(time.monotonic() - t_ready["t"])
+                lat_in.append((arrived.pop(detail, 0) - int(detail[2:])) / 1e6)
         return strip
 
     WorkersTable.render_line = timed_render_line
@@ -105,11 +114,18 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
         async with app.run_test(size=(160, 48), headless=True) as pilot:
             app.set_interval(1.0, sample)
             Path(out + ".ready").write_text("1")
+            deadline = time.monotonic() + seconds + 300
+            while not Path(out + ".go").exists() and time.monotonic() < deadline:  # the registrations, first
+                await pilot.pause(0.1)
+            for kept in (lat, lat_t, lat_in, rss, lag):
+                kept.clear()
+            snapshots0 = app.source.sub.snapshots
             cpu0, t0 = sum(os.times()[:2]), time.monotonic()
+            t_ready["t"] = t0
             await pilot.pause(seconds)
             cpu = (sum(os.times()[:2]) - cpu0) / (time.monotonic() - t0) * 100
-            Path(out).write_text(json.dumps({"lat_ms": lat, "rss": rss, "cpu": cpu, "lag_s": lag,
-                                             "resnapshots": app.source.sub.snapshots - 1}))
+            Path(out).write_text(json.dumps({"lat_ms": lat, "lat_t": lat_t, "lat_in": lat_in, "rss": rss, "cpu": cpu,
+                                             "lag_s": lag, "resnapshots": app.source.sub.snapshots - snapshots0}))
             app.source.stop()
 
     import asyncio
@@ -117,27 +133,43 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
     asyncio.run(run_it())
 
 
-def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: int) -> int:
+CYCLE = ("generate", "teacher_wait", "train", "sync_weights")
+
+
+def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: int,
+         taken_in=lambda n: None) -> tuple[int, float]:
     """Heartbeats of ``workers`` workers at 1 Hz, ``per_node`` to a node (one batch per node a second),
-    a probe phase change every 0.3-0.7 s (after 2 s), and a 1 s burst of ``burst_rate`` phase events
-    every 10 s. Returns how many messages were sent."""
+    a probe phase change every 0.3-0.7 s (after 2 s), and a 1 s burst of ``burst_rate`` events every
+    10 s, the way a run's steps make them: whole lanes of workers (``burst_rate`` at most, so one lane of
+    4,096 and four of 16,384 at 65,536) move to their next phase together, one lane a burst, and the
+    rest of the burst is progress within a phase (a new detail). A lane not moved waits in its phase or,
+    before its first step, idle: no worker is late, so the diagnosis has nobody to name, as in a healthy
+    run. Returns how many messages were sent, and the CPU the load itself took (percent of a core: on a
+    small machine it competes with what is measured). ``taken_in(n)`` waits until the supervisor has
+    taken in the first ``n`` messages (the registrations: what a run's start costs is not measured)."""
+    cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.sndhwm = 1_000_000
     sock.connect(ingest)
     rnd = random.Random(0)
-    phases = ["generate", "teacher_wait", "train", "sync_weights", "idle"]
     nodes = (workers + per_node - 1) // per_node
     for i in range(workers):
         n = i // per_node
         sock.send(ev.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{n}",
                                            pid=10_000 + i, gpus=[i % 8], ts=time.time(),
                                            via=f"agent/node-{n}" if per_node > 1 else "")))
+        sock.send(ev.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", ts=time.time())))
+    taken_in(2 * workers)
+    lane_size = min(workers, burst_rate)
+    lanes = (workers + lane_size - 1) // lane_size
+    moves = [0] * lanes  # how many phases each lane has gone through
     batchers = [HeartbeatBatcher(f"agent/node-{n}", f"node-{n}") for n in range(nodes)]
-    sent, start = workers, time.monotonic()
+    sent, start = 2 * workers, time.monotonic()
     # probes start once the dashboard has taken in the registrations, and come at irregular
     # intervals, so they do not keep the same phase against its redraw timer
     next_probe = start + 2.0
     node = 0
+    burst_at, burst_sent, lane_sent = -1, 0, 0
     while (elapsed := time.monotonic() - start) < seconds:
         # each node's heartbeats once a second, the nodes spread over the second in 10 ms slices
         due = int(elapsed * nodes)
@@ -155,20 +187,35 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                     sent += 1
                 b.beats = []
             node += 1
-        if int(elapsed) % 10 == 5:  # a burst second
-            for _ in range(burst_rate // 100):
-                i = rnd.randrange(workers)
-                sock.send(ev.encode(ev.PhaseEvent(src=f"rollout/{i}", phase=rnd.choice(phases), step=int(elapsed),
+        if int(elapsed) % 10 == 5:  # a burst second: the lane moves, spread over it, then progress
+            if burst_at != int(elapsed):
+                burst_at, burst_sent, lane_sent = int(elapsed), 0, 0
+                lane = (int(elapsed) // 10) % lanes
+                phase = CYCLE[moves[lane] % len(CYCLE)]
+                moves[lane] += 1
+                members = range(lane * lane_size, min(workers, (lane + 1) * lane_size))
+            share = min(burst_rate, int((elapsed - burst_at + 0.01) * burst_rate)) - burst_sent
+            for _ in range(max(0, share)):
+                if lane_sent < len(members):
+                    i, e_phase, detail = members[lane_sent], phase, ""
+                    lane_sent += 1
+                else:  # progress: a worker's phase again, with a new detail
+                    i = rnd.randrange(min(workers, sum(1 for m in moves if m) * lane_size))  # lanes move in order
+                    e_phase, detail = CYCLE[(moves[i // lane_size] - 1) % len(CYCLE)], f"progress {burst_sent}"
+                sock.send(ev.encode(ev.PhaseEvent(src=f"rollout/{i}", phase=e_phase, detail=detail,
+                                                  step=(moves[i // lane_size] - 1) // len(CYCLE) + 1,
                                                   ts=time.time())))
                 sent += 1
+            burst_sent += max(0, share)
         if time.monotonic() >= next_probe:
-            sock.send(ev.encode(ev.PhaseEvent(src="probe/0", phase=rnd.choice(phases),
+            sock.send(ev.encode(ev.PhaseEvent(src="probe/0", phase=rnd.choice(CYCLE),
                                               detail=f"t={time.monotonic_ns()}", ts=time.time())))
             sent += 1
             next_probe += rnd.uniform(0.3, 0.7)
         time.sleep(0.01)
+    load_cpu = (time.process_time() - cpu0) / (time.monotonic() - start) * 100
     sock.close(linger=2000)
-    return sent
+    return sent, load_cpu
 
 
 def cpu_seconds(pid: int) -> float:
@@ -211,9 +258,25 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
                                 env=env)
         while not Path(out + ".ready").exists():
             time.sleep(0.05)
-        sup_cpu0, t0 = cpu_seconds(sup.pid), time.monotonic()
-        sent = load(ingest, workers, per_node, seconds - 1, burst_rate)
-        sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0) / (time.monotonic() - t0) * 100
+        endpoints = json.loads((run / "endpoints.json").read_text())
+
+        with ControlClient.for_run(run, endpoints, timeout_s=30.0) as c:
+            seq0 = c.request("ping")["seq"]
+
+        def taken_in(n: int) -> None:
+            """Until the supervisor has the registrations and the dashboard has had 2 s for them: then the
+            dashboard's measurement begins."""
+            with ControlClient.for_run(run, endpoints, timeout_s=30.0) as c:
+                deadline = time.monotonic() + 120
+                while c.request("ping")["seq"] < seq0 + n and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            time.sleep(2.0)
+            Path(out + ".go").write_text("1")
+            sup_cpu0[:] = cpu_seconds(sup.pid), time.monotonic()
+
+        sup_cpu0: list[float] = []
+        sent, load_cpu = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in)
+        sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0[0]) / (time.monotonic() - sup_cpu0[1]) * 100
         dash.wait(seconds + 60)
         time.sleep(1.0)  # the supervisor takes in the last of it
         with ControlClient.for_run(run, json.loads((run / "endpoints.json").read_text()), timeout_s=30.0) as c:
@@ -227,16 +290,21 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
         t1 = time.monotonic()
         ReplaySource(log).to_end()  # opening the whole recording at its end, as `gkd-tui replay` + End
         replay_s = time.monotonic() - t1
-        # the same state as live: the recording seeked to the moment of the snapshot (after it, the run
+        # the same state as live: the recording seeked to the snapshot's newest event (after it, the run
         # was stopped; the log's last heartbeats, restated when it closed, are filled up to that moment)
         replay = ReplaySource(log)
-        replay.seek(snapped_at)
+        replay.seek(next((e.ts for e in replay.events if e.seq == live.last_seq), snapped_at))
         differ = same_state(live, replay.state, 1.0)
+        worst = sorted(zip(res["lat_ms"], res["lat_in"], res["lat_t"]), reverse=True)[:5]
+        print(f"  {workers}: {len(live.alerts)} alert(s) at the end; the slowest probes (ms, of which before the "
+              "dashboard had it, @ s): " + ", ".join(f"{ms:.0f} ({i:.0f}) @ {t:.1f}" for ms, i, t in worst),
+              file=sys.stderr)
         if differ:
-            print(f"  replay at {workers}: {len(differ)} difference(s), e.g. {differ[:3]}", file=sys.stderr)
+            print(f"  replay at {workers}: {len(differ)} difference(s), e.g. "
+                  + "; ".join(d[:200] for d in differ[:3]), file=sys.stderr)
     lat, rss, lag = res["lat_ms"], res["rss"], res["lag_s"][3:-2]  # not the seconds after the load has stopped
     return {"workers": workers, "sent": sent, "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat or [0]),
-            "probes": len(lat), "cpu": res["cpu"], "sup_cpu": sup_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
+            "probes": len(lat), "cpu": res["cpu"], "sup_cpu": sup_cpu, "load_cpu": load_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
             "rss_mid": rss[len(rss) // 2] / 2**20, "rss1": rss[-1] / 2**20, "lag_max": max(lag or [0]),
             "lag_end": max(lag[-10:] or [0]), "resnapshots": res["resnapshots"], "replay_s": replay_s,
             "same": not differ, "log_mb": log_mb}
@@ -255,12 +323,12 @@ def main() -> None:
         dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]))
         return
     rows = [measure(n, a.per_node, a.seconds, a.burst) for n in a.workers]
-    print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} "
+    print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} "
           f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} "
           f"{'replay':>7} {'same':>5}")
     for r in rows:
         print(f"{r['workers']:8d} {r['sent']:10d} {r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms "
-              f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
+              f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
               f"{r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
               f"{r['replay_s']:6.1f}s {'yes' if r['same'] else 'NO':>5}")
     print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "

@@ -67,6 +67,9 @@ class WorkerState(msgspec.Struct, kw_only=True):
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
     via: str = ""  # the relay its events go through (its node's agent), "" when they go straight
+    # RunState.moves when its role, phase or spans last changed: what changed since a pass of the diagnosis
+    # is found by comparing one number per worker (the straggler index at 65,536 workers)
+    moved: int = 0
 
 
 class SyncState(msgspec.Struct, kw_only=True):
@@ -204,7 +207,7 @@ class MetricsPoint(msgspec.Struct, kw_only=True):
     epoch: float | None = None
 
 
-class RunState(msgspec.Struct, kw_only=True):
+class RunState(msgspec.Struct, kw_only=True, weakref=True):
     run: str = ""
     state: str = ""
     config_digest: str = ""
@@ -219,6 +222,7 @@ class RunState(msgspec.Struct, kw_only=True):
     step: int | None = None
     last_seq: int = 0
     applied: int = 0
+    moves: int = 0  # changes to a worker's role, phase or spans, counted (WorkerState.moved)
     unknown: dict[str, int] = {}  # kinds this reader does not know, counted
     workers: dict[str, WorkerState] = {}
     sync: SyncState | None = None
@@ -260,9 +264,14 @@ class RunState(msgspec.Struct, kw_only=True):
             role, _, rank = src.partition("/")
             w = WorkerState(src=src, role=role, rank=_rank(rank), phase_since=ts)
             self.workers[src] = w
+            self._moved(w)
         if ts > w.last_seen:
             w.last_seen = ts
         return w
+
+    def _moved(self, w: WorkerState) -> None:
+        self.moves += 1
+        w.moved = self.moves
 
     def _on_run(self, e: ev.RunEvent) -> None:
         if e.run:
@@ -289,16 +298,20 @@ class RunState(msgspec.Struct, kw_only=True):
             for w in self.workers.values():
                 if w.phase not in TERMINAL_PHASES:
                     w.phase, w.phase_since, w.detail = "exited", e.ts, f"run {e.state}"
+                    self._moved(w)
             if self.sync is not None and self.sync.state in ("started", "progress"):
                 self.sync.state = "cancelled"
 
     def _on_worker(self, e: ev.WorkerEvent) -> None:
         w = self._worker(e.src, e.ts)
-        w.role = e.role or w.role
+        if e.role and e.role != w.role:
+            w.role = e.role
+            self._moved(w)
         w.rank = e.rank if e.rank is not None else w.rank
         w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
         if not w.phase or w.phase in TERMINAL_PHASES:
             w.phase, w.phase_since, w.detail = "init", e.ts, ""
+            self._moved(w)
 
     def _on_phase(self, e: ev.PhaseEvent) -> None:
         w = self._worker(e.src, e.ts)
@@ -312,6 +325,7 @@ class RunState(msgspec.Struct, kw_only=True):
             w.phase = e.phase
             w.phase_since = e.started if e.started is not None else e.ts
             w.phase_step = e.step
+            self._moved(w)
         w.deadline, w.detail = e.deadline, e.detail
         if e.step is not None:
             w.step = e.step

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from typing import NamedTuple
 
-from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
+from gkd_core.state import TERMINAL_PHASES, PhaseSpan, RunState, WorkerState
 
 MIN_S = 5.0
 PEER_FACTOR = 3.0
@@ -50,78 +51,248 @@ def _neighbours(key: tuple) -> list[tuple]:
     return [key, (key[0], None, key[2] - 1), (key[0], None, key[2] + 1)]
 
 
-def _finished_by_instance(members: list[WorkerState]) -> dict[tuple, dict[str, tuple[float, float]]]:
-    """instance -> {worker: (started, duration)} of the finished spans of one role (newest wins)."""
-    out: dict[tuple, dict[str, tuple[float, float]]] = {}
-    for w in members:
-        for s in w.spans:
-            if s.phase in NOT_WORK:
-                continue
-            out.setdefault(_instance(s.phase, s.step, s.started), {})[w.src] = (s.started, s.ended - s.started)
-    return out
+class SpanIndex:
+    """What the straggler rule needs of a RunState, kept from one pass to the next: the finished spans
+    of each role by instance of a phase, the workers at work by the instance they are in, each one's
+    own-history threshold, and the medians of the peers.
+
+    Built afresh each pass it read every span of every worker: at 65,536 workers with SPANS_KEEP spans
+    each, a million spans, 0.6 s of the supervisor's every pass. Kept, a pass finds the workers that
+    moved since the last (``WorkerState.moved``, one number each, set by the reducer) and reads only
+    theirs. The reducer only appends spans and drops the oldest, so a worker's new spans are those
+    after the newest one seen; anything else (a new state, a worker's spans replaced) is read afresh.
+    """
+
+    def __init__(self) -> None:
+        self._state: weakref.ref | None = None
+        self._mark = -1  # RunState.moves at the last update
+        self._pos: dict[str, int] = {}  # worker -> its place in the state (the findings' order)
+        # role -> instance -> {worker: (started, duration)} of the finished spans (a worker's newest wins)
+        self.finished: dict[str, dict[tuple, dict[str, tuple[float, float]]]] = {}
+        # role -> instance -> {worker: its state} of the workers in a work phase now
+        self.at_work: dict[str, dict[tuple, dict[str, WorkerState]]] = {}
+        self.members: dict[str, int] = {}  # role -> its workers, at work or not
+        # worker -> (its role, its newest span seen, the instance of each of its spans: None for not work)
+        self._seen: dict[str, tuple[str, PhaseSpan | None, list[tuple | None]]] = {}
+        self._where: dict[str, tuple[str, tuple | None]] = {}  # worker -> (role, the instance it is in)
+        # worker -> (past this time in its phase it is slower than usual, how many spans, their median)
+        self.own: dict[str, tuple[float, int, float]] = {}
+        # (role, instance) -> [no member began it before this, no member is slower than usual before this]:
+        # lower bounds, so that a pass skips an instance in which nobody can be late yet
+        self.bounds: dict[tuple[str, tuple], list[float]] = {}
+        self._version: dict[tuple[str, tuple], int] = {}  # (role, instance) -> changes to its finished spans
+        self._medians: dict[tuple, tuple[tuple, int, float]] = {}  # (role, instances) -> (versions, n, median)
+
+    def update(self, state: RunState) -> None:
+        if self._state is None or self._state() is not state:
+            self.__init__()
+            self._state = weakref.ref(state)
+        if state.moves == self._mark and len(self._where) == len(state.workers):
+            return
+        mark = self._mark
+        for w in [w for w in state.workers.values() if w.moved > mark]:
+            self._move(w)
+        self._mark = state.moves
+        if len(self._where) > len(state.workers):  # a worker gone from the state
+            for src in [src for src in self._where if src not in state.workers]:
+                self._forget(src)
+
+    def _move(self, w: WorkerState) -> None:
+        src, role = w.src, w.role or w.src
+        self._pos.setdefault(src, len(self._pos))
+        spans = w.spans
+        s = self._seen.get(src)
+        if s is None or s[1] is not (spans[-1] if spans else None) or s[0] != role:
+            self._take(src, role, spans, s)
+        key = None if w.phase in NOT_WORK else _instance(w.phase, w.phase_step, w.phase_since)
+        where = self._where.get(src)
+        if where != (role, key):
+            if where is not None:
+                self._leave(src, where)
+            self._where[src] = (role, key)
+            self.members[role] = self.members.get(role, 0) + 1
+            if key is not None:
+                self.at_work.setdefault(role, {}).setdefault(key, {})[src] = w
+        hist = [s.ended - s.started for s in spans if s.phase == w.phase]
+        med = statistics.median(hist) if hist else 0.0
+        thr = max(MIN_S, OWN_FACTOR * med) if len(hist) >= OWN_MIN_SAMPLES else math.inf
+        self.own[src] = (thr, len(hist), med)
+        if key is not None:
+            b = self.bounds.setdefault((role, key), [math.inf, math.inf])
+            b[0], b[1] = min(b[0], w.phase_since), min(b[1], w.phase_since + thr)
+
+    def _leave(self, src: str, where: tuple[str, tuple | None]) -> None:
+        role, key = where
+        self.members[role] -= 1
+        if key is not None:
+            groups = self.at_work[role]
+            del groups[key][src]
+            if not groups[key]:
+                del groups[key]
+                del self.bounds[(role, key)]
+
+    def _forget(self, src: str) -> None:
+        self._leave(src, self._where.pop(src))
+        s = self._seen.pop(src, None)
+        if s is not None:
+            self._drop(src, s)
+        self.own.pop(src, None)
+
+    def _take(self, src: str, role: str, spans: list[PhaseSpan], s: tuple | None) -> None:
+        new_from = 0
+        if s is not None and s[0] == role and s[1] is not None:
+            new_from = next((j + 1 for j in range(len(spans) - 1, -1, -1) if spans[j] is s[1]), -1)
+        if s is not None and (new_from <= 0 or s[0] != role):  # not the same spans grown: read afresh
+            self._drop(src, s)
+            s, new_from = None, 0
+        kept = s[2][len(s[2]) - new_from:] if s is not None else []
+        evicted = s[2][:len(s[2]) - new_from] if s is not None else []
+        by_instance = self.finished.setdefault(role, {})
+        for span in spans[new_from:]:
+            key = None if span.phase in NOT_WORK else _instance(span.phase, span.step, span.started)
+            kept.append(key)
+            if key is not None:
+                by_instance.setdefault(key, {})[src] = (span.started, span.ended - span.started)
+                self._touch(role, key)
+        for key in evicted:
+            if key is not None and key not in kept:
+                self._remove(role, key, src)
+        self._seen[src] = (role, spans[-1] if spans else None, kept)
+
+    def _drop(self, src: str, s: tuple) -> None:
+        for key in set(s[2]):
+            if key is not None:
+                self._remove(s[0], key, src)
+
+    def _remove(self, role: str, key: tuple, src: str) -> None:
+        by_instance = self.finished.get(role, {})
+        fin = by_instance.get(key)
+        if fin is not None and fin.pop(src, None) is not None:
+            self._touch(role, key)
+            if not fin:
+                del by_instance[key]
+
+    def _touch(self, role: str, key: tuple) -> None:
+        self._version[(role, key)] = self._version.get((role, key), 0) + 1
+
+    def median(self, role: str, keys: tuple[tuple, ...]) -> tuple[int, float]:
+        """(how many finished, their median time) over the instances ``keys`` of ``role``."""
+        versions = tuple(self._version.get((role, k), 0) for k in keys)
+        cached = self._medians.get((role, keys))
+        if cached is None or cached[0] != versions:
+            by_instance = self.finished.get(role, {})
+            durs = [dur for k in keys for _, dur in by_instance.get(k, {}).values()]
+            cached = self._medians[(role, keys)] = (versions, len(durs), statistics.median(durs) if durs else 0.0)
+        return cached[1], cached[2]
+
+    def in_order(self, found: list[Late]) -> list[Late]:
+        """The findings in the order of the state's workers."""
+        return sorted(found, key=lambda late: self._pos.get(late.src, 0)) if len(found) > 1 else found
 
 
-def late_workers(state: RunState, now: float) -> list[Late]:
-    by_role: dict[str, list[WorkerState]] = {}
-    for w in state.workers.values():
-        by_role.setdefault(w.role or w.src, []).append(w)
+# the process's: a supervisor diagnoses its one RunState again and again
+_INDEX = SpanIndex()
+
+
+def keep_up(state: RunState) -> None:
+    """Read what moved into the process's index now, between the passes: after a burst of phase changes
+    (65,536 workers at a step's end) the pass then finds little left to read, and the supervisor's
+    ingest never waits for all of it at once."""
+    _INDEX.update(state)
+
+
+def late_workers(state: RunState, now: float, index: SpanIndex | None = None) -> list[Late]:
+    index = _INDEX if index is None else index
+    index.update(state)
     named: list[Late] = []
     own: list[Late] = []
-    for members in by_role.values():
-        running = [w for w in members if w.phase not in NOT_WORK and now - w.phase_since > MIN_S]
-        if not running:
-            continue
-        finished = _finished_by_instance(members) if len(members) > 1 else {}
-        in_phase: dict[tuple, int] = {}
-        for w in members:
-            if w.phase not in NOT_WORK:
-                key = _instance(w.phase, w.phase_step, w.phase_since)
-                in_phase[key] = in_phase.get(key, 0) + 1
-        shared: dict[tuple, tuple[int, float, int]] = {}  # an instance -> (finished, their median, still in it)
-        for w in running:
-            elapsed = now - w.phase_since
-            key = _instance(w.phase, w.phase_step, w.phase_since)
+    for role, by_key in index.at_work.items():
+        finished = index.finished.get(role, {}) if index.members.get(role, 0) > 1 else {}
+        for key, members in by_key.items():
+            bounds = index.bounds[(role, key)]
+            if now - bounds[0] <= MIN_S:
+                continue  # nobody has been in it long enough to be late
             fin = finished.get(key, {})
-            if key in shared and w.src not in fin:
-                n_done, med, still = shared[key]
-            elif key[1] is not None and w.src not in fin:
+            shared: tuple[int, float, int] | None = None  # (finished, their median, still in it)
+            if key[1] is not None:
                 # the same peers for every member still in it: their median once per instance, not once
                 # per member (65,536 members of one step would make that a square)
-                durs = [dur for _, dur in fin.values()]
-                n_done, med, still = shared[key] = (len(durs), statistics.median(durs) if durs else 0.0,
-                                                    in_phase.get(key, 0))
-            elif key[1] is None and sum(len(finished.get(k, ())) for k in _neighbours(key)) > EXACT_UP_TO:
-                # a stepless call of thousands (every worker's init): the peers that finished a call that
-                # began within the same or a neighbouring window, once per window
-                durs = [dur for k in _neighbours(key) for _, dur in finished.get(k, {}).values()]
-                n_done, med, still = shared[key] = (len(durs), statistics.median(durs),
-                                                    sum(in_phase.get(k, 0) for k in _neighbours(key)))
+                shared = (*(index.median(role, (key,)) if fin else (0, 0.0)), len(members))
             else:
-                done: dict[str, float] = {}
-                still = 0
-                for k in _neighbours(key):
-                    for src, (started, dur) in finished.get(k, {}).items():
-                        if src != w.src and (w.phase_step is not None or abs(started - w.phase_since) <= SAME_CALL_S):
-                            done[src] = dur
-                    still += in_phase.get(k, 0)
-                n_done, med = len(done), statistics.median(done.values()) if done else 0.0
-            peers = n_done + still - 1
-            if n_done and n_done >= max(1, math.ceil(peers / 2)):
-                thr = max(MIN_S, PEER_FACTOR * med)
-                if elapsed > thr:
-                    named.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, n_done, peers, "peers",
-                                      "critical" if elapsed > 2 * thr else "warn"))
-                continue
-            hist = [s.ended - s.started for s in w.spans if s.phase == w.phase]
-            if len(hist) >= OWN_MIN_SAMPLES:
-                med = statistics.median(hist)
-                thr = max(MIN_S, OWN_FACTOR * med)
-                if elapsed > thr:
-                    own.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, len(hist), len(hist), "own",
-                                    "warn"))
+                n_fin = sum(len(finished.get(k, ())) for k in _neighbours(key))
+                still = sum(len(by_key.get(k, ())) for k in _neighbours(key))
+                if n_fin > EXACT_UP_TO:
+                    # a stepless call of thousands (every worker's init): the peers that finished a call that
+                    # began within the same or a neighbouring window, once per window
+                    shared = (*index.median(role, tuple(_neighbours(key))), still)
+                elif n_fin < still - 1:
+                    # fewer finished than half of anyone's peers: nobody is judged by them (n >= ceil((n + s - 1)
+                    # / 2) needs n >= s - 1), each by its own history
+                    shared = (0, 0.0, still)
+            if shared is None:  # a small stepless call: each member's own peers
+                exact = [w for w in members.values() if now - w.phase_since > MIN_S]
+            elif key[1] is not None and fin:  # a member among the finished too (a phase again): not its own peer
+                exact = [members[src] for src in members.keys() & fin.keys() if now - members[src].phase_since > MIN_S]
+            else:
+                exact = []
+            for w in exact:
+                _judge([w], *_exact_peers(w, key, finished, by_key), now, index, named, own)
+            if shared is not None:
+                _judge_all(members, {w.src for w in exact}, bounds, *shared, now, index, named, own)
     if named:  # the rest are waiting for them
-        return named
-    return _not_the_waiting(state, own)
+        return index.in_order(named)
+    return _not_the_waiting(state, index.in_order(own))
+
+
+def _judge(ws: list[WorkerState], n_done: int, med: float, still: int, now: float, index: SpanIndex,
+           named: list[Late], own: list[Late]) -> None:
+    """Late or not, the members ``ws`` of one instance who share its peers: by the peers once at least half
+    of them finished, else each by its own history."""
+    peers = n_done + still - 1
+    if n_done and n_done >= max(1, math.ceil(peers / 2)):
+        thr = max(MIN_S, PEER_FACTOR * med)
+        for w in ws:
+            elapsed = now - w.phase_since
+            if elapsed > thr:
+                named.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, n_done, peers, "peers",
+                                  "critical" if elapsed > 2 * thr else "warn"))
+        return
+    own_of = index.own
+    for w in ws:
+        thr, n_own, med = own_of[w.src]
+        elapsed = now - w.phase_since
+        if elapsed > thr:
+            own.append(Late(w.src, w.phase, w.phase_step, elapsed, thr, med, n_own, n_own, "own", "warn"))
+
+
+def _judge_all(members: dict[str, WorkerState], apart: set[str], bounds: list[float], n_done: int, med: float,
+               still: int, now: float, index: SpanIndex, named: list[Late], own: list[Late]) -> None:
+    """``_judge`` for the members of an instance that share its peers (all but ``apart``), reading them
+    only when the instance's bounds say one of them may be late; the bounds are made exact on the way."""
+    peers = n_done + still - 1
+    if n_done and n_done >= max(1, math.ceil(peers / 2)):
+        if now - bounds[0] <= max(MIN_S, PEER_FACTOR * med):
+            return
+    elif now <= bounds[1]:
+        return
+    ws = [w for src, w in members.items() if src not in apart and now - w.phase_since > MIN_S]
+    _judge(ws, n_done, med, still, now, index, named, own)
+    own_of = index.own
+    bounds[0] = min(w.phase_since for w in members.values())
+    bounds[1] = min(w.phase_since + own_of[src][0] for src, w in members.items())
+
+
+def _exact_peers(w: WorkerState, key: tuple, finished: dict, by_key: dict) -> tuple[int, float, int]:
+    """(finished, their median, still in it) of ``w``'s own peers: every other worker that finished its
+    instance (a stepless call: one that began within SAME_CALL_S of it)."""
+    done: dict[str, float] = {}
+    still = 0
+    for k in _neighbours(key):
+        for src, (started, dur) in finished.get(k, {}).items():
+            if src != w.src and (w.phase_step is not None or abs(started - w.phase_since) <= SAME_CALL_S):
+                done[src] = dur
+        still += len(by_key.get(k, ()))
+    return len(done), statistics.median(done.values()) if done else 0.0, still
 
 
 def _not_the_waiting(state: RunState, own: list[Late]) -> list[Late]:

@@ -26,7 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
-from gkd_core.diagnosis import plan
+from gkd_core.diagnosis import plan, stragglers
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts, eventlog
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
@@ -678,6 +678,7 @@ class Supervisor:
                     self._signalled = False
                     self.request_stop()
                 self._watch_driver()
+                stragglers.keep_up(self.state)
                 if now >= self._next_alerts:
                     self._restate_silent()  # at the alerts' pace: a walk over every worker
                     self._evaluate_alerts()

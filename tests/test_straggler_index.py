@@ -1,0 +1,72 @@
+"""The straggler rule's kept index (``SpanIndex``) finds what a fresh one finds, at every moment.
+
+The supervisor keeps one index for its RunState and updates it from the workers that moved since the
+last pass; a fresh index reads every span. Random event streams (phases with and without steps, a
+phase entered again at the same step, re-registrations that change a role, runs that end and start
+again, spans older than SPANS_KEEP dropped) are applied, and at random moments both must name the same
+late workers, the same way.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gkd_core.diagnosis.stragglers import SpanIndex, late_workers
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+PHASES = ["generate", "train", "sync_weights", "teacher_wait", "idle", "init", "call_x", "ready"]
+
+
+def run_stream(seed: int, workers: int, events: int) -> int:
+    """Applies a random stream and compares at random moments; returns how many comparisons found someone."""
+    rnd = random.Random(seed)
+    srcs = [f"rollout/{i}" for i in range(workers)] + ["teacher/0", "teacher/1", "driver"]
+    state, kept = RunState(state="running"), SpanIndex()
+    t, step, found = 1000.0, 0, 0
+    for _ in range(events):
+        t += rnd.choice([0.0, rnd.uniform(0, 0.5), rnd.uniform(0, 4), rnd.uniform(0, 20)])
+        r, src = rnd.random(), rnd.choice(srcs)
+        if r < 0.03:
+            state.apply(ev.WorkerEvent(src=src, role=rnd.choice(["rollout", "teacher", "odd", ""]), ts=t))
+        elif r < 0.04:
+            state.apply(ev.RunEvent(state=rnd.choice(["running", "failed", "stopped"]), ts=t))
+        else:
+            step += rnd.random() < 0.1
+            state.apply(ev.PhaseEvent(src=src, phase=rnd.choice(PHASES), ts=t,
+                                      step=rnd.choice([step, step, None]),
+                                      started=t - rnd.uniform(0, 3) if rnd.random() < 0.1 else None))
+        if rnd.random() < 0.2:
+            now = t + rnd.choice([0, 1, 5.5, 12, 30, 80])
+            got = sorted(late_workers(state, now, kept))
+            assert got == sorted(late_workers(state, now, SpanIndex())), (seed, now)
+            found += bool(got)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_kept_index_names_what_a_fresh_one_names(seed):
+    assert run_stream(seed, workers=2 + seed % 12, events=600) > 0  # the streams do make late workers
+
+
+def test_the_same_with_hundreds_of_workers_a_call():
+    """Hundreds of workers in one stepless call: the shared medians of a window, and the shortcut for
+    a call that fewer than half of anyone's peers finished."""
+    assert run_stream(7, workers=400, events=4000) > 0
+
+
+def test_a_worker_whose_spans_are_replaced_is_read_afresh():
+    state = RunState(state="running")
+    for i in range(4):
+        state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=1, ts=100.0))
+        if i < 3:
+            state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="train", step=1, ts=101.0))
+    kept = SpanIndex()
+    before = late_workers(state, 140.0, kept)
+    w = state.workers["rollout/0"]
+    w.spans = []  # not by the reducer: other objects, so the index reads them again
+    w.moved = state.moves = state.moves + 1
+    assert sorted(late_workers(state, 140.0, kept)) == sorted(late_workers(state, 140.0, SpanIndex()))
+    assert [late.src for late in before] == ["rollout/3"]  # 40 s where its peers took 1 s
