@@ -280,7 +280,6 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
         dash.wait(seconds + 60)
         time.sleep(1.0)  # the supervisor takes in the last of it
         with ControlClient.for_run(run, json.loads((run / "endpoints.json").read_text()), timeout_s=30.0) as c:
-            snapped_at = time.time()
             live = msgspec.convert(c.request("snapshot")["state"], RunState)
         sup.terminate()
         sup.wait(60)
@@ -290,10 +289,10 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
         t1 = time.monotonic()
         ReplaySource(log).to_end()  # opening the whole recording at its end, as `gkd-tui replay` + End
         replay_s = time.monotonic() - t1
-        # the same state as live: the recording seeked to the snapshot's newest event (after it, the run
-        # was stopped; the log's last heartbeats, restated when it closed, are filled up to that moment)
+        # the same state as live: the recording seeked to the snapshot's newest event (after it, the run was
+        # stopped; the log's last heartbeats, restated when it closed, are filled up to that moment)
         replay = ReplaySource(log)
-        replay.seek(next((e.ts for e in replay.events if e.seq == live.last_seq), snapped_at))
+        replay.seek(live.last_ts)
         differ = same_state(live, replay.state, 1.0)
         worst = sorted(zip(res["lat_ms"], res["lat_in"], res["lat_t"]), reverse=True)[:5]
         print(f"  {workers}: {len(live.alerts)} alert(s) at the end; the slowest probes (ms, of which before the "

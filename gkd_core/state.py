@@ -223,6 +223,7 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     last_seq: int = 0
     applied: int = 0
     moves: int = 0  # changes to a worker's role, phase or spans, counted (WorkerState.moved)
+    spans_keep: int = SPANS_KEEP  # finished phases kept per worker (the diagnosis reads them; a dashboard keeps none)
     unknown: dict[str, int] = {}  # kinds this reader does not know, counted
     workers: dict[str, WorkerState] = {}
     sync: SyncState | None = None
@@ -268,6 +269,14 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
         if ts > w.last_seen:
             w.last_seen = ts
         return w
+
+    def keep_spans(self, n: int) -> None:
+        """From now on keep ``n`` finished phases per worker (and no more of those kept so far)."""
+        self.spans_keep = n
+        for w in self.workers.values():
+            if len(w.spans) > n:
+                w.spans = w.spans[len(w.spans) - n:] if n else []
+                self._moved(w)
 
     def _moved(self, w: WorkerState) -> None:
         self.moves += 1
@@ -318,9 +327,9 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
         if e.phase != w.phase:
             # a late sighting (older than the phase it would end) makes no span; a call that began and
             # ended within the same millisecond (Ray's task times) makes one of no length
-            if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since:
+            if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since and self.spans_keep:
                 w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts))
-                if len(w.spans) > SPANS_KEEP:
+                if len(w.spans) > self.spans_keep:
                     del w.spans[0]
             w.phase = e.phase
             w.phase_since = e.started if e.started is not None else e.ts

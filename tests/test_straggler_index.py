@@ -70,3 +70,27 @@ def test_a_worker_whose_spans_are_replaced_is_read_afresh():
     w.moved = state.moves = state.moves + 1
     assert sorted(late_workers(state, 140.0, kept)) == sorted(late_workers(state, 140.0, SpanIndex()))
     assert [late.src for late in before] == ["rollout/3"]  # 40 s where its peers took 1 s
+
+
+def test_a_reader_that_keeps_fewer_spans():
+    """The dashboard keeps none (``spans_keep=0``); trimming a state's spans is read by the kept index."""
+    state, bare = RunState(state="running"), RunState(state="running", spans_keep=0)
+    for t in range(40):
+        for s in (state, bare):
+            s.apply(ev.PhaseEvent(src=f"rollout/{t % 3}", phase=PHASES[t % 4], step=t // 4, ts=100.0 + t))
+    assert all(len(w.spans) >= 12 for w in state.workers.values())
+    assert all(not w.spans for w in bare.workers.values())
+    assert [(w.phase, w.step, w.phase_since) for w in bare.workers.values()] == \
+        [(w.phase, w.step, w.phase_since) for w in state.workers.values()]
+    kept = SpanIndex()
+    late_workers(state, 200.0, kept)
+    state.keep_spans(2)
+    assert all(len(w.spans) == 2 for w in state.workers.values())
+    assert sorted(late_workers(state, 300.0, kept)) == sorted(late_workers(state, 300.0, SpanIndex()))
+    assert kept.finished == _fresh(state).finished
+
+
+def _fresh(state: RunState) -> SpanIndex:
+    index = SpanIndex()
+    index.update(state)
+    return index

