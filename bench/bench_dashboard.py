@@ -95,7 +95,8 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
                 seen["last"] = detail
                 lat.append((time.monotonic_ns() - int(detail[2:])) / 1e6)
                 lat_t.append(time.monotonic() - t_ready["t"])
-                lat_in.append((arrived.pop(detail, 0) - int(detail[2:])) / 1e6)
+                got = arrived.pop(detail, None)  # (None: it came inside a snapshot)
+                lat_in.append((got - int(detail[2:])) / 1e6 if got is not None else lat[-1])
         return strip
 
     WorkersTable.render_line = timed_render_line
