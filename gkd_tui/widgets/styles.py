@@ -3,21 +3,9 @@ and a worker named by an alert (its row takes the alert's colour)."""
 
 from __future__ import annotations
 
-from gkd_core.state import SEVERITY_ORDER, RunState
-
 SEVERITY_STYLE = {"critical": "bold white on red", "warn": "bold black on yellow", "info": "bold"}
 # a row of the workers table named by an active alert of this severity
 NAMED_ROW_STYLE = {"critical": "bold red", "warn": "bold yellow"}
 STATE_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow",
                "restarting": "bold yellow", "starting": "yellow"}
 LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "warning": "yellow"}
-
-
-def named_workers(st: RunState) -> dict[str, str]:
-    """worker -> the most severe severity of the active alerts that name it."""
-    out: dict[str, str] = {}
-    for a in st.alerts.values():
-        for t in a.targets:
-            if t not in out or SEVERITY_ORDER.get(a.severity, 3) < SEVERITY_ORDER.get(out[t], 3):
-                out[t] = a.severity
-    return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gkd_core.state import SEVERITY_ORDER, TERMINAL_PHASES, AlertState, RunState, WorkerState
+from gkd_tui.widgets.styles import NAMED_ROW_STYLE
 
 OPEN_UP_TO = 16  # a group this small is open by itself
 ROLE_ORDER = {"driver": 0, "student": 1, "rollout": 2, "teacher": 3, "agent": 4}
@@ -68,18 +69,20 @@ def worst_alerts(st: RunState) -> dict[str, AlertState]:
     return out
 
 
-def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float) -> tuple[int, str] | None:
-    """(how bad: 0 worst, the word for it) of a worker something is wrong with; None if nothing is."""
+def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float) -> tuple[int, str, str] | None:
+    """(how bad: 0 worst, the word for it, the colour of its row) of a worker something is wrong with;
+    None if nothing is. The one place that says so, for the group's counts and order and for the row."""
     if w.phase in TERMINAL_PHASES:
-        return (0, "failed") if w.phase == "failed" else None
-    if w.ray_state == "DEAD":
-        return 0, "dead"
-    if alert is not None and alert.severity in ("critical", "warn"):
-        return (0 if alert.severity == "critical" else 1), CODE_WORD.get(alert.code, alert.code)
+        return (0, "failed", "red") if w.phase == "failed" else None
+    if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
+        return 0, "dead", "bold red"
+    if alert is not None and alert.severity in NAMED_ROW_STYLE:  # a straggler, a frozen or an out-of-memory worker
+        return (0 if alert.severity == "critical" else 1), CODE_WORD.get(alert.code, alert.code), \
+            NAMED_ROW_STYLE[alert.severity]
     if w.last_heartbeat and w.last_heartbeat < stale_before:
-        return 1, "stale"
+        return 1, "stale", "bold red"
     if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
-        return 2, "near deadline"
+        return 2, "near deadline", "yellow"
     return None
 
 

@@ -22,10 +22,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gkd_core.state import TERMINAL_PHASES, RunState, WorkerState
+from gkd_core.state import TERMINAL_PHASES, AlertState, RunState, WorkerState
 from gkd_tui.widgets import worker_groups
 from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
-from gkd_tui.widgets.styles import NAMED_ROW_STYLE, named_workers
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
 COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node", "ray")
@@ -80,7 +79,7 @@ class WorkersTable(ScrollView, can_focus=True):
         self._state: RunState | None = None
         self._now = 0.0
         self._stall_s = 10.0
-        self._named: dict[str, str] = {}  # worker -> the severity of the worst alert naming it
+        self._named: dict[str, AlertState] = {}  # worker -> the most severe alert naming it
         self._toggled: set[str] = set()  # groups opened (or closed) with enter
         self._filter = ""
         self._built_for: tuple = ()
@@ -94,7 +93,7 @@ class WorkersTable(ScrollView, can_focus=True):
     def show(self, st: RunState, now: float, stall_s: float = 10.0, filter_text: str = "") -> None:
         """Point the table at ``st``; only the visible rows are rendered, at the next refresh."""
         self._state, self._now, self._stall_s, self._filter = st, now, stall_s, filter_text
-        self._named = named_workers(st)
+        self._named = worker_groups.worst_alerts(st)
         self._base = None
         signature = (id(st), len(st.workers), filter_text, frozenset(self._toggled))
         mono = time.monotonic()
@@ -156,20 +155,10 @@ class WorkersTable(ScrollView, can_focus=True):
             self.cursor = self.order.index(src)
 
     def row_style(self, w: WorkerState) -> str:
-        st, now = self._state, self._now
-        age = st.heartbeat_age(w, now)
-        if w.phase in TERMINAL_PHASES:
-            return "red" if w.phase == "failed" else "dim"
-        if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
-            return "bold red"
-        named = self._named.get(w.src)
-        if named in NAMED_ROW_STYLE:  # a straggler, a frozen or an out-of-memory worker: the eye goes there
-            return NAMED_ROW_STYLE[named]
-        if age is not None and age > self._stall_s:
-            return "bold red"
-        if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
-            return "yellow"
-        return ""
+        if w.phase in TERMINAL_PHASES and w.phase != "failed":
+            return "dim"
+        why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s)
+        return why[2] if why is not None else ""
 
     def row_cells(self, w: WorkerState) -> tuple:
         st, now = self._state, self._now
