@@ -1,7 +1,8 @@
 """Diagnosis: rules that turn a RunState into findings, in seconds rather than at a deadline.
 
-``diagnose(state, now)`` runs every rule in ``rules.RULES``; each is a pure function of the
-RunState and ``now`` returning alerts with their evidence and hint. ``changes`` turns the findings
+``diagnose(state, now)`` runs every rule in ``rules.RULES``; each is a function of the RunState
+and ``now`` alone (the straggler rule keeps an index of the state between calls, which saves work and
+changes no finding) returning alerts with their evidence and hint. ``changes`` turns the findings
 into the alert events that move the state to them, and ``AutoStacks`` says whose stacks to take.
 The supervisor runs them for gkd runs, the Ray-state source for jobs it only observes (DESIGN §4).
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import weakref
 from typing import NamedTuple
 
@@ -62,7 +63,7 @@ class SpanIndex:
     own-history threshold, and the medians of the peers.
 
     Built afresh each pass it read every span of every worker: at 65,536 workers with SPANS_KEEP spans
-    each, a million spans, 0.6 s of the supervisor's every pass. Kept, a pass finds the workers that
+    each, a million spans, 0.76 s of the supervisor's every pass. Kept, a pass finds the workers that
     moved since the last (``WorkerState.moved``, one number each, set by the reducer) and reads only
     theirs. The reducer only appends spans and drops the oldest, so a worker's new spans are those
     after the newest one seen; anything else (a new state, a worker's spans replaced) is read afresh.
@@ -70,13 +71,14 @@ class SpanIndex:
 
     def __init__(self) -> None:
         self._state: weakref.ref | None = None
-        self._mark = -1  # RunState.moves at the last update
+        self._mark = -1  # RunState.moves when the workers that moved were last listed
+        self._pending: list[WorkerState] = []  # listed, not read yet (keep_up reads a slice at a time)
         self._pos: dict[str, int] = {}  # worker -> its place in the state (the findings' order)
         # role -> instance -> {worker: (started, duration)} of the finished spans (a worker's newest wins)
         self.finished: dict[str, dict[tuple, dict[str, tuple[float, float]]]] = {}
         # role -> instance -> {worker: its state} of the workers in a work phase now
         self.at_work: dict[str, dict[tuple, dict[str, WorkerState]]] = {}
-        self.members: dict[str, int] = {}  # role -> its workers, at work or not
+        self.role_size: dict[str, int] = {}  # role -> its workers, at work or not
         # worker -> (its role, its newest span seen, the instance of each of its spans: None for not work)
         self._seen: dict[str, tuple[str, PhaseSpan | None, list[tuple | None]]] = {}
         self._where: dict[str, tuple[str, tuple | None]] = {}  # worker -> (role, the instance it is in)
@@ -85,19 +87,26 @@ class SpanIndex:
         # (role, instance) -> [no member began it before this, no member is slower than usual before this]:
         # lower bounds, so that a pass skips an instance in which nobody can be late yet
         self.bounds: dict[tuple[str, tuple], list[float]] = {}
-        self._version: dict[tuple[str, tuple], int] = {}  # (role, instance) -> changes to its finished spans
+        # (role, instance) -> when its finished spans last changed (one clock for all: an instance gone and
+        # back never meets a median of its earlier self)
+        self._version: dict[tuple[str, tuple], int] = {}
+        self._tick = 0
         self._medians: dict[tuple, tuple[tuple, int, float]] = {}  # (role, instances) -> (versions, n, median)
 
-    def update(self, state: RunState) -> None:
+    def update(self, state: RunState, budget: int | None = None) -> None:
+        """Read the workers that moved; at most ``budget`` of them now (the rest at the next call)."""
         if self._state is None or self._state() is not state:
             self.__init__()
             self._state = weakref.ref(state)
-        if state.moves == self._mark and len(self._where) == len(state.workers):
-            return
-        mark = self._mark
-        for w in [w for w in state.workers.values() if w.moved > mark]:
-            self._move(w)
-        self._mark = state.moves
+        if state.moves != self._mark:
+            mark = self._mark
+            self._pending += [w for w in state.workers.values() if w.moved > mark]  # (one moved twice: read twice)
+            self._mark = state.moves
+        if self._pending:
+            n = len(self._pending) if budget is None else budget
+            for w in self._pending[:n]:
+                self._move(w)
+            del self._pending[:n]
         if len(self._where) > len(state.workers):  # a worker gone from the state
             for src in [src for src in self._where if src not in state.workers]:
                 self._forget(src)
@@ -115,7 +124,7 @@ class SpanIndex:
             if where is not None:
                 self._leave(src, where)
             self._where[src] = (role, key)
-            self.members[role] = self.members.get(role, 0) + 1
+            self.role_size[role] = self.role_size.get(role, 0) + 1
             if key is not None:
                 self.at_work.setdefault(role, {}).setdefault(key, {})[src] = w
         hist = [s.ended - s.started for s in spans if s.phase == w.phase]
@@ -128,7 +137,7 @@ class SpanIndex:
 
     def _leave(self, src: str, where: tuple[str, tuple | None]) -> None:
         role, key = where
-        self.members[role] -= 1
+        self.role_size[role] -= 1
         if key is not None:
             groups = self.at_work[role]
             del groups[key][src]
@@ -176,9 +185,11 @@ class SpanIndex:
             self._touch(role, key)
             if not fin:
                 del by_instance[key]
+                del self._version[(role, key)]
 
     def _touch(self, role: str, key: tuple) -> None:
-        self._version[(role, key)] = self._version.get((role, key), 0) + 1
+        self._tick += 1
+        self._version[(role, key)] = self._tick
 
     def median(self, role: str, keys: tuple[tuple, ...]) -> tuple[int, float]:
         """(how many finished, their median time) over the instances ``keys`` of ``role``."""
@@ -188,31 +199,75 @@ class SpanIndex:
             by_instance = self.finished.get(role, {})
             durs = [dur for k in keys for _, dur in by_instance.get(k, {}).values()]
             cached = self._medians[(role, keys)] = (versions, len(durs), statistics.median(durs) if durs else 0.0)
+            if len(self._medians) > 4 * max(64, len(self._version)):  # the medians of instances gone, forgotten
+                self._medians = {k: v for k, v in self._medians.items() if all((k[0], i) in self._version for i in k[1])}
         return cached[1], cached[2]
 
-    def in_order(self, found: list[Late]) -> list[Late]:
-        """The findings in the order of the state's workers."""
-        return sorted(found, key=lambda late: self._pos.get(late.src, 0)) if len(found) > 1 else found
+    def in_order(self, found: list[Late], state: RunState) -> list[Late]:
+        """The findings role by role (in the order of each role's first worker), then in the order of the
+        state's workers: the order a pass over the state gives."""
+        if len(found) < 2:
+            return found
+        roles = {state.workers[late.src].role or late.src for late in found}
+        first: dict[str, int] = {}
+        if len(roles) > 1:  # (rare: a walk over the workers to the last role's first)
+            for src, w in state.workers.items():
+                first.setdefault(w.role or src, len(first))
+                if roles.issubset(first):
+                    break
+        return sorted(found, key=lambda late: (first.get(state.workers[late.src].role or late.src, 0),
+                                               self._pos.get(late.src, 0)))
 
 
-# the process's: a supervisor diagnoses its one RunState again and again
-_INDEX = SpanIndex()
+# each RunState's own index, for as long as the state lives (a supervisor's one state, a dashboard's
+# Ray-state source's); the lock keeps two threads diagnosing one state from reading a half-made index
+# (a RunState is no dict key: by id, with a weak reference to tell a new state from one gone)
+_INDEXES: dict[int, tuple[weakref.ref, SpanIndex, threading.Lock]] = {}
+_INDEXES_LOCK = threading.Lock()
+KEEP_UP_BUDGET = 4096  # workers read per keep_up: about 20 ms, so that a step's burst is read in slices
+
+
+def _index_of(state: RunState) -> tuple[SpanIndex, threading.Lock]:
+    with _INDEXES_LOCK:
+        got = _INDEXES.get(id(state))
+        if got is None or got[0]() is not state:
+            got = _INDEXES[id(state)] = (weakref.ref(state), SpanIndex(), threading.Lock())
+            weakref.finalize(state, _forget_index, id(state), got[0])
+        return got[1], got[2]
+
+
+def _forget_index(key: int, ref: weakref.ref) -> None:
+    with _INDEXES_LOCK:
+        if key in _INDEXES and _INDEXES[key][0] is ref:
+            del _INDEXES[key]
 
 
 def keep_up(state: RunState) -> None:
-    """Read what moved into the process's index now, between the passes: after a burst of phase changes
-    (65,536 workers at a step's end) the pass then finds little left to read, and the supervisor's
-    ingest never waits for all of it at once."""
-    _INDEX.update(state)
+    """Read some of what moved into ``state``'s index now, between the passes: after a burst of phase
+    changes (65,536 workers at a step's end) the supervisor reads them a slice per 50 ms tick, its
+    ingest never waits for all of them at once, and the pass finds little left to read."""
+    index, lock = _index_of(state)
+    with lock:
+        index.update(state, KEEP_UP_BUDGET)
 
 
 def late_workers(state: RunState, now: float, index: SpanIndex | None = None) -> list[Late]:
-    index = _INDEX if index is None else index
+    """The late workers of ``state`` at ``now``, named by their peers, or else by their own history.
+    ``index``: the one to keep (by default ``state``'s own, kept between calls; a fresh ``SpanIndex()``
+    reads everything, as the tests' reference)."""
+    if index is None:
+        index, lock = _index_of(state)
+        with lock:
+            return _late_workers(state, now, index)
+    return _late_workers(state, now, index)
+
+
+def _late_workers(state: RunState, now: float, index: SpanIndex) -> list[Late]:
     index.update(state)
     named: list[Late] = []
     own: list[Late] = []
     for role, by_key in index.at_work.items():
-        finished = index.finished.get(role, {}) if index.members.get(role, 0) > 1 else {}
+        finished = index.finished.get(role, {}) if index.role_size.get(role, 0) > 1 else {}
         for key, members in by_key.items():
             bounds = index.bounds[(role, key)]
             if now - bounds[0] <= MIN_S:
@@ -245,8 +300,8 @@ def late_workers(state: RunState, now: float, index: SpanIndex | None = None) ->
             if shared is not None:
                 _judge_all(members, {w.src for w in exact}, bounds, *shared, now, index, named, own)
     if named:  # the rest are waiting for them
-        return index.in_order(named)
-    return _not_the_waiting(state, index.in_order(own))
+        return index.in_order(named, state)
+    return _not_the_waiting(state, index.in_order(own, state))
 
 
 def _judge(ws: list[WorkerState], n_done: int, med: float, still: int, now: float, index: SpanIndex,
@@ -278,7 +333,7 @@ def _judge_all(members: dict[str, WorkerState], apart: set[str], bounds: list[fl
     if n_done and n_done >= max(1, math.ceil(peers / 2)):
         if now - bounds[0] <= max(MIN_S, PEER_FACTOR * med):
             return
-    elif now <= bounds[1]:
+    elif now < bounds[1]:  # (strict: at now == phase_since + thr exactly, now - phase_since may exceed thr)
         return
     ws = [w for src, w in members.items() if src not in apart and now - w.phase_since > MIN_S]
     _judge(ws, n_done, med, still, now, index, named, own)

@@ -28,7 +28,8 @@ _snap = msgspec.json.Decoder(Snapshot)
 
 
 class RunSubscriber:
-    """Keeps ``self.state`` equal to the supervisor's, through snapshots and events."""
+    """Keeps ``self.state`` equal to the supervisor's, through snapshots and events (but for the finished
+    phases, with ``spans_keep``)."""
 
     def __init__(self, run: Path | None = None, *, endpoints: dict | None = None, rcvhwm: int = 100_000,
                  ctx: zmq.Context | None = None, timeout_s: float = 2.0, client: ControlClient | None = None,
