@@ -67,7 +67,11 @@ class LiveSource:
                 self.error = f"supervisor unreachable: {e}"[:120]
                 time.sleep(1.0)
                 more = False
-            if not more:
+            if more:
+                # a Lock is not fair: released and taken again at once, a redraw waiting for it would
+                # wait out a whole burst (20,000 events, 0.15 s); a millisecond lets it in
+                time.sleep(0.001)
+            else:
                 self.sub.sub.poll(100)  # wait for more outside the lock
 
     def stop(self) -> None:
