@@ -127,7 +127,7 @@ class SpanIndex:
             self.role_size[role] = self.role_size.get(role, 0) + 1
             if key is not None:
                 self.at_work.setdefault(role, {}).setdefault(key, {})[src] = w
-        hist = [s.ended - s.started for s in spans if s.phase == w.phase]
+        hist = [span.ended - span.started for span in spans if span.phase == w.phase]
         med = statistics.median(hist) if hist else 0.0
         thr = max(MIN_S, OWN_FACTOR * med) if len(hist) >= OWN_MIN_SAMPLES else math.inf
         self.own[src] = (thr, len(hist), med)
