@@ -219,6 +219,17 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     return sent, load_cpu
 
 
+def wait_for(path: Path, what: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until ``path`` exists; a clear error if ``proc`` died first or it took over ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"bench_dashboard: {what} exited ({proc.returncode}) before writing {path.name}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_dashboard: no {path.name} from {what} after {timeout_s:g} s")
+        time.sleep(0.05)
+
+
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -251,14 +262,12 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
                                 "--run-id", "bench", "--driver", "gkd_core.demo_driver", "--quiet"],
                                env=env, cwd=ROOT, start_new_session=True)
         run = home / "runs" / "bench"
-        while not (run / "endpoints.json").exists():
-            time.sleep(0.05)
+        wait_for(run / "endpoints.json", "the supervisor's endpoints", sup)
         ingest = json.loads((run / "endpoints.json").read_text())["ingest"]
         out = str(home / "dash.json")
         dash = subprocess.Popen([sys.executable, __file__, "--dashboard", str(run), out, str(seconds)], cwd=ROOT,
                                 env=env)
-        while not Path(out + ".ready").exists():
-            time.sleep(0.05)
+        wait_for(Path(out + ".ready"), "the headless dashboard", dash)
         endpoints = json.loads((run / "endpoints.json").read_text())
 
         with ControlClient.for_run(run, endpoints, timeout_s=30.0) as c:
