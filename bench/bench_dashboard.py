@@ -13,9 +13,10 @@ every 0.3-0.7 s with its emit time in the detail; the time is taken when the tab
 CPU (percent of one core), RSS after 10 s, half-way and at the end (flat = no growth), and the
 backlog: each second, how old the newest event it has applied is (a dashboard that falls behind
 sees that age grow), and how often it had to re-snapshot because its SUB queue overflowed. Beside
-it, the supervisor's CPU over the same time, and a replay of the run's log: how long it takes to
-open at its end, and whether it shows what the live supervisor showed (every worker's phase, step
-and heartbeat, and the alerts).
+it, the supervisor's CPU over the same time and its RSS at the end, and a replay of the run's log:
+how long it takes to open at its end from the supervisor's keyframes and reading the whole log, and
+whether it shows what the live supervisor showed (every worker's phase, step and heartbeat, and the
+alerts).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 from gkd_core.state import RunState  # noqa: E402
+from gkd_core.supervisor import keyframes  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
@@ -49,8 +51,8 @@ def pct(values: list[float], q: float) -> float:
     return v[min(len(v) - 1, int(q / 100 * len(v)))] if v else float("nan")
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -295,14 +297,19 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
         time.sleep(1.0)  # the supervisor takes in the last of it
         with ControlClient.for_run(run, json.loads((run / "endpoints.json").read_text()), timeout_s=30.0) as c:
             live = msgspec.convert(c.request("snapshot")["state"], RunState)
+        sup_rss = rss_bytes(sup.pid) / 2**20
         sup.terminate()
         sup.wait(60)
         res = json.loads(Path(out).read_text())
         log = run / "events.jsonl"
         log_mb = log.stat().st_size / 2**20
         t1 = time.monotonic()
-        ReplaySource(log).to_end()  # opening the whole recording at its end, as `gkd-tui replay` + End
+        ReplaySource(log).to_end()  # opening the recording at its end, as `gkd-tui replay` + End
         replay_s = time.monotonic() - t1
+        t1 = time.monotonic()
+        ReplaySource(log, keyframes=False).to_end()  # the same, reading the whole log
+        whole_s = time.monotonic() - t1
+        frames = len(keyframes.frames(run / "keyframes"))
         # the same state as live: the recording seeked to the snapshot's newest event (after it, the run was
         # stopped; the log's last heartbeats, restated when it closed, are filled up to that moment)
         replay = ReplaySource(log)
@@ -320,6 +327,7 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
             "probes": len(lat), "cpu": res["cpu"], "sup_cpu": sup_cpu, "load_cpu": load_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
             "rss_mid": rss[len(rss) // 2] / 2**20, "rss1": rss[-1] / 2**20, "lag_max": max(lag or [0]),
             "lag_end": max(lag[-10:] or [0]), "resnapshots": res["resnapshots"], "replay_s": replay_s,
+            "whole_s": whole_s, "frames": frames, "sup_rss": sup_rss,
             "same": not differ, "log_mb": log_mb}
 
 
@@ -338,15 +346,17 @@ def main() -> None:
     rows = [measure(n, a.per_node, a.seconds, a.burst) for n in a.workers]
     print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} "
           f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} "
-          f"{'replay':>7} {'same':>5}")
+          f"{'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
     for r in rows:
         print(f"{r['workers']:8d} {r['sent']:10d} {r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms "
               f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
               f"{r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
-              f"{r['replay_s']:6.1f}s {'yes' if r['same'] else 'NO':>5}")
+              f"{r['sup_rss']:6.0f}MB {r['frames']:6d} {r['replay_s']:6.1f}s {r['whole_s']:5.1f}s "
+              f"{'yes' if r['same'] else 'NO':>5}")
     print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
           f"{os.cpu_count()} cores; targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, "
-          "no resnapshots; replay: opening at the end, and the same state as live")
+          "no resnapshots; replay: opening at the end from the keyframes (frames: how many the supervisor kept), "
+          "beside reading the whole log, and the same state as live")
 
 
 if __name__ == "__main__":

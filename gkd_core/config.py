@@ -101,6 +101,9 @@ class TelemetryConfig(_Section):
     # events.jsonl keeps a quiet worker's heartbeat this often, and every one that changes something
     # a rule reads (idle CPU, dropped events, RSS); 0 keeps every heartbeat
     heartbeat_log_s: float = 10.0
+    # the supervisor writes a keyframe of its state (RUN/keyframes/) each time events.jsonl has grown by this
+    # much, so that a replay of a long recording starts near where it is asked to be; 0: none
+    keyframe_mb: float = 32.0
     stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
     bind_host: str = "127.0.0.1"  # where the teacher server (and, across nodes, the tcp ingest) listen; a loopback
     # address is replaced by Ray's address for the node when the cluster has several; never 0.0.0.0 unless set
@@ -359,6 +362,7 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("teacher.request_timeout_s", cfg.teacher.request_timeout_s > 0, "must be positive"),
         ("telemetry.heartbeat_s", cfg.telemetry.heartbeat_s > 0, "must be positive"),
         ("telemetry.heartbeat_log_s", cfg.telemetry.heartbeat_log_s >= 0, "must be 0 (every heartbeat) or more"),
+        ("telemetry.keyframe_mb", cfg.telemetry.keyframe_mb >= 0, "must be 0 (none) or more"),
         ("telemetry.pub_hwm", cfg.telemetry.pub_hwm >= 1, "must be at least 1"),
         ("rollout.gpu_memory_utilization", 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0, "must lie in (0, 1]"),
     ]

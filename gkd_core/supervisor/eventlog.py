@@ -3,6 +3,9 @@
 Lines are written through a buffer that is flushed to the OS at least every 100 ms (every
 50 ms under load), and fsynced at most once a second. So a killed supervisor loses at most the
 last 100 ms of events; a crash of the machine, at most the last second or so.
+
+It knows where it stands (the byte, the line, the newest ``ts`` so far, the last line): a keyframe
+of the state (``keyframes``) names the place in the log it is the state at.
 """
 
 from __future__ import annotations
@@ -13,20 +16,31 @@ from pathlib import Path
 
 
 class EventLog:
-    def __init__(self, path: Path, fsync_every_s: float = 1.0):
+    def __init__(self, path: Path, fsync_every_s: float = 1.0, max_ts: float = 0.0):
+        """``max_ts``: the newest ``ts`` among the lines already there (a run taken over)."""
         self.path = path
         self._f = open(path, "ab", buffering=1 << 16)
         os.chmod(path, 0o600)
         self._dirty = False
         self._fsync_every = fsync_every_s
         self._last_fsync = time.monotonic()
-        self.lines = 0
+        self.lines = 0  # appended by this writer
+        there = path.read_bytes() if self._f.tell() else b""  # a log taken over (recovered: whole lines)
+        self.offset = len(there)  # bytes in the file, with what is still in the buffer
+        self.line_no = there.count(b"\n")  # lines in the file
+        self.last_line = there[there.rfind(b"\n", 0, len(there) - 1) + 1:-1]
+        self.max_ts = max_ts
 
-    def append(self, line: bytes) -> None:
+    def append(self, line: bytes, ts: float) -> None:
         self._f.write(line)
         self._f.write(b"\n")
         self._dirty = True
         self.lines += 1
+        self.line_no += 1
+        self.offset += len(line) + 1
+        self.last_line = line
+        if ts > self.max_ts:
+            self.max_ts = ts
 
     def flush(self) -> None:
         if not self._dirty:

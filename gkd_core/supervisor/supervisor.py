@@ -32,6 +32,7 @@ from gkd_core.supervisor import alerts, eventlog
 from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
 from gkd_core.supervisor.eventlog import EventLog
 from gkd_core.supervisor.heartbeat_log import HeartbeatLog
+from gkd_core.supervisor.keyframes import KeyframeWriter
 from gkd_core.telemetry import control, events as ev, ingest
 
 log = logging.getLogger("gkd.supervisor")
@@ -154,7 +155,8 @@ class Supervisor:
             self._take_over()
         else:
             (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
-        self.log = EventLog(self.run_dir / "events.jsonl")
+        self.log = EventLog(self.run_dir / "events.jsonl", max_ts=self.state.last_ts)
+        self.keyframes = KeyframeWriter(self.run_dir / "keyframes", cfg.telemetry.keyframe_mb)
         self.config_path = self.run_dir / "restarts" / f"{self.restarts:03d}.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
         self._bind()
@@ -258,14 +260,14 @@ class Supervisor:
             typed.run = self.run_id
         line = ev.encode_dict(obj)
         if logged:
-            self._log(line)
+            self._log(line, ts)
         self._publish(kind, line)
         self.state.apply(typed)
 
-    def _log(self, line: bytes) -> None:
+    def _log(self, line: bytes, ts: float) -> None:
         if self._beats_kept:
             self._write_beats()  # the log stays in seq order
-        self.log.append(line)
+        self.log.append(line, ts)
 
     def _publish(self, kind: bytes, line: bytes) -> None:
         try:
@@ -305,8 +307,9 @@ class Supervisor:
         beats = [b if type(b) is ev.Beat else ev.Beat(b.src, b.ts, b.phase, b.elapsed, b.rss, b.cpu, b.dropped)
                  for b in self._beats_kept]
         self._beats_kept = []
+        ts = max(b.ts for b in beats)
         self.log.append(ev.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
-                                                     ts=max(b.ts for b in beats), beats=beats)))
+                                                     ts=ts, beats=beats)), ts)
 
     def emit(self, event: ev.Event) -> None:
         """An event of the supervisor's own (src defaults to ``supervisor``)."""
@@ -689,6 +692,7 @@ class Supervisor:
                 if self._beats_kept:
                     self._write_beats()
                 self.log.flush()
+                self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
                 if self._ended_at is not None and self.driver is None:
                     if self._stopping or now - self._ended_at >= self.linger_s:
                         break
@@ -697,8 +701,13 @@ class Supervisor:
             if self.ingest_tcp is not None:
                 self._drain_ingest(self.ingest_tcp)
             self._restate_silent(everyone=True)
+            self._keyframe(self.keyframes.close())
             self.close()
         return self._exit_status
+
+    def _keyframe(self, trouble: str) -> None:
+        if trouble:
+            self.emit(ev.LogEvent(level="warn", message=trouble))
 
     def close(self) -> None:
         if self.driver is not None and self.driver.poll() is None:

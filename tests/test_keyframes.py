@@ -1,0 +1,220 @@
+"""Keyframes: the supervisor writes its state from a forked child now and then, and a replay starts
+from the newest one before where it is asked to be, to the same state as a replay of the whole log."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from gkd_core.state import RunState
+from gkd_core.supervisor import keyframes as kf
+from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.relay import HeartbeatBatcher
+from gkd_tui.sources.replay import ReplaySource
+
+from conftest import wait_until
+
+PHASES = ("generate", "teacher_wait", "train", "sync_weights")
+HB = 0.2
+
+
+def comparable(w):
+    """A worker as a replay rebuilds it: ``moved`` counts the reducer's own changes, ``last_seen`` is
+    moved by the copies of left-out heartbeats a replay puts back."""
+    return msgspec.structs.replace(w, moved=0, last_seen=0.0)
+
+
+def assert_same(a: RunState, b: RunState, heartbeat_within: float) -> None:
+    assert sorted(a.workers) == sorted(b.workers)
+    for src, w in a.workers.items():
+        x = b.workers[src]
+        assert (w.phase, w.step, w.phase_since, w.spans) == (x.phase, x.step, x.phase_since, x.spans), src
+        assert abs(w.last_heartbeat - x.last_heartbeat) <= heartbeat_within, (src, w.last_heartbeat, x.last_heartbeat)
+    assert sorted(a.alerts) == sorted(b.alerts)
+    assert (a.state, a.step, a.sync, a.metrics) == (b.state, b.step, b.sync, b.metrics)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A run of 32 workers on 4 nodes through a real supervisor, with a keyframe every 10 KB of log,
+    and its live state at the end."""
+    from conftest import RunningSupervisor  # one supervisor for the module's tests
+
+    home = tmp_path_factory.mktemp("kf")
+    env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="0.05")
+    sup = RunningSupervisor(home, ["trainer.total_steps=100000", f"telemetry.heartbeat_s={HB}",
+                                   "telemetry.heartbeat_log_s=1.0", "telemetry.keyframe_mb=0.01",
+                                   "--driver", "gkd_core.demo_driver"], env)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(sup.endpoints["ingest"])
+    try:
+        nodes, per_node = 4, 8
+        srcs = [f"rollout/{i}" for i in range(nodes * per_node)]
+        for i, src in enumerate(srcs):
+            push.send(ev.encode(ev.WorkerEvent(src=src, role="rollout", rank=i, node=f"n{i // per_node}",
+                                               via=f"agent/n{i // per_node}", ts=time.time())))
+        batchers = [HeartbeatBatcher(f"agent/n{n}", f"n{n}") for n in range(nodes)]
+        t0 = time.time()
+        step = 0
+        while time.time() - t0 < 5.0:  # a step every 0.4 s: four phases, all workers together
+            for p in PHASES:
+                for src in srcs:
+                    push.send(ev.encode(ev.PhaseEvent(src=src, phase=p, step=step, ts=time.time())))
+                for n, b in enumerate(batchers):
+                    for i in range(n * per_node, (n + 1) * per_node):
+                        idle = i == 5 and time.time() - t0 > 2.5  # a change the log keeps
+                        b.add(ev.Beat(srcs[i], time.time(), p, 0.0, 1 << 30, 1.0 if idle else 90.0, 0))
+                    push.send_multipart(b.take())
+                time.sleep(0.1)
+            step += 1
+        time.sleep(0.5)
+        with sup.client() as c:
+            live = msgspec.convert(c.request("snapshot")["state"], RunState)
+            c.request("stop")
+        assert sup.wait_exit() == 143
+    finally:
+        push.close(linger=0)
+        ctx.term()
+        sup.kill()
+    return sup.run, live
+
+
+def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorded):
+    run, _ = recorded
+    files = kf.frames(run / "keyframes")
+    log = run / "events.jsonl"
+    assert 2 <= len(files) <= kf.KEEP, [f.name for f in files]
+    assert not list((run / "keyframes").glob(".*"))  # no writer left a temporary file
+    headers = [kf.read_header(f) for f in files]
+    for f, h in zip(files, headers):
+        assert (f.stat().st_mode & 0o777) == 0o600
+        assert kf.mismatch(h, log, log.stat().st_size) == "", f.name
+        data = log.read_bytes()[:h.offset]
+        assert data.count(b"\n") == h.lines and data.endswith(b"\n")
+        assert h.max_ts == max(ev.decode(line).ts for line in data.splitlines())
+        with gzip.open(f) as z:  # what `zcat` shows: the header, then the state as a snapshot has it
+            assert z.readline().startswith(b'{"format":1,')
+    assert [h.seq for h in headers] == sorted(h.seq for h in headers)
+    # about one per 10 KB of log; more were written than kept
+    assert headers[-1].offset >= log.stat().st_size - 3 * 10240
+    assert headers[0].seq > 1
+
+
+def test_a_replay_from_keyframes_is_the_replay_of_the_whole_log(recorded):
+    run, live = recorded
+    log = run / "events.jsonl"
+    framed, whole = ReplaySource(log), ReplaySource(log, keyframes=False)
+    assert framed.frames and not whole.frames and framed.warning() == ""
+    framed.to_end()
+    whole.to_end()
+    newest = framed.frames[-1][0]
+    assert framed.base is framed.frames[-1]  # the end is the newest keyframe and the lines after it
+    assert len(framed.events) < len(whole.events) == newest.lines + len(framed.events)
+    assert f"{len(whole.events)}/{len(whole.events)}" in framed.describe()
+    for src, w in whole.state.workers.items():
+        assert comparable(framed.state.workers[src]) == comparable(w), src
+    framed.seek(live.last_ts)  # the live state's newest event: after it, the run was stopped
+    assert_same(framed.state, live, 1.5 * HB)
+    # anywhere in between: from the keyframe before, forward and back, and from the start
+    first, last = whole.events[0].ts, whole.events[-1].ts
+    started_from = set()
+    for at in (first + 0.3, *(h.max_ts + d for h, _ in framed.frames for d in (-0.01, 0.0, 0.05)), last - 1.0,
+               first + 2.0):
+        framed.seek(at)
+        started_from.add(framed.base[0].seq if framed.base else 0)
+        again = ReplaySource(log, keyframes=False)
+        again.seek(at)
+        assert_same(framed.state, again.state, 1.5 * HB)
+        assert framed.now() == again.now() == at
+    assert len(started_from) >= len(framed.frames)  # from each keyframe (and from the start)
+    framed.to_start()
+    assert framed.base is None and framed.state == RunState()
+    framed.to_end()
+    assert comparable(framed.state.workers["rollout/5"]) == comparable(whole.state.workers["rollout/5"])
+
+
+def test_a_damaged_or_foreign_keyframe_is_passed_over_and_named(recorded, tmp_path):
+    run, _ = recorded
+    log = tmp_path / "events.jsonl"
+    log.write_bytes((run / "events.jsonl").read_bytes())
+    (tmp_path / "keyframes").mkdir()
+    files = kf.frames(run / "keyframes")
+    for f in files:
+        (tmp_path / "keyframes" / f.name).write_bytes(f.read_bytes())
+    newest, before = tmp_path / "keyframes" / files[-1].name, tmp_path / "keyframes" / files[-2].name
+    whole = ReplaySource(log, keyframes=False)
+    whole.to_end()
+
+    newest.write_bytes(newest.read_bytes()[:-100])  # cut short: the header reads, the state does not
+    r = ReplaySource(log)
+    r.to_end()
+    assert r.base[1] == before and newest.name in r.warning() and "unreadable state" in r.warning()
+    assert_same(r.state, whole.state, 1e-9)
+
+    # a keyframe of another log: its line is not this log's
+    h = kf.read_header(before)
+    forged = msgspec.structs.replace(h, last_line_sha256="0" * 64)
+    body = gzip.decompress(before.read_bytes()).split(b"\n", 1)[1]
+    before.write_bytes(gzip.compress(msgspec.json.encode(forged) + b"\n" + body))
+    newest.unlink()
+    r = ReplaySource(log)
+    assert before.name in r.warning() and "not the one it was written at" in r.warning()
+    r.to_end()
+    assert r.base in (None, *r.frames) and before not in [p for _, p in r.frames]
+    assert_same(r.state, whole.state, 1e-9)
+
+    (tmp_path / "keyframes" / "seq-000000000099.json.gz").write_bytes(b"not gzip")
+    assert "unreadable header" in ReplaySource(log).warning()
+
+
+def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_path, monkeypatch):
+    log = EventLog(tmp_path / "events.jsonl")
+    st = RunState()
+    for i in range(3):
+        e = ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, ts=100.0 + i, seq=i + 1)
+        log.append(ev.encode(e), e.ts)
+        st.apply(e)
+    log.flush()
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6, keep=2)
+    for seq in (3, 4, 5):  # one at a time: started, then reaped before the next
+        assert w.tick(st, log, seq) == "" and w.pid
+        pid = w.pid
+        wait_until(lambda: w.tick(st, log, seq) == "" and not w.pid, 10, "the writer done")
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+        log.append(ev.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)
+        log.flush()
+    assert w.written == 3
+    assert [p.name for p in kf.frames(tmp_path / "keyframes")] == ["seq-000000000004.json.gz", "seq-000000000005.json.gz"]
+    h = kf.read_header(kf.frames(tmp_path / "keyframes")[-1])
+    assert (h.seq, h.lines, h.max_ts) == (5, 5, 114.0)
+    assert kf.load(kf.frames(tmp_path / "keyframes")[-1]) == st
+
+    def fails(state):
+        raise ValueError("the disk said no")
+    monkeypatch.setattr(kf, "encode_state", fails)  # the child is a fork: it has this patch too
+    assert w.tick(st, log, 6) == ""
+    said = wait_until(lambda: w.tick(st, log, 6), 10, "the writer's failure")
+    assert "seq 6 not written (exit 1): ValueError: the disk said no" in said and not w.pid
+
+    monkeypatch.setattr(kf, "encode_state", lambda state: time.sleep(60))
+    log.append(b'{"v":1}', 120.0)
+    w.deadline_s = 0.3
+    assert w.tick(st, log, 7) == ""
+    said = wait_until(lambda: w.tick(st, log, 7), 10, "the overrun named")
+    assert "not written within 0.3 s" in said and "killed" in said
+    wait_until(lambda: not w.tick(st, log, 7) and not w.pid, 10, "the killed writer reaped")
+    assert not list((tmp_path / "keyframes").glob(".*.tmp"))
+    assert len(kf.frames(tmp_path / "keyframes")) == 2  # the good ones stay
+
+    log.append(b'{"v":1}', 130.0)
+    assert w.tick(st, log, 8) == "" and w.pid
+    assert "abandoned" in w.close(wait_s=0.2) and not w.pid
+    log.close()
