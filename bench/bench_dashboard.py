@@ -256,11 +256,12 @@ def same_state(live: RunState, replayed: RunState, heartbeat_s: float) -> list[s
     return out
 
 
-def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dict:
+def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkdd") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")
-        sup = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
+        every = [] if keyframe_mb is None else [f"telemetry.keyframe_mb={keyframe_mb:g}"]
+        sup = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000", *every,
                                 "--run-id", "bench", "--driver", "gkd_core.demo_driver", "--quiet"],
                                env=env, cwd=ROOT, start_new_session=True)
         run = home / "runs" / "bench"
@@ -289,7 +290,9 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
             time.sleep(2.0)
             Path(out + ".go").write_text("1")
             sup_cpu0[:] = cpu_seconds(sup.pid), time.monotonic()
+            go_wall[:] = [time.time()]
 
+        go_wall: list[float] = []
         sup_cpu0: list[float] = []
         sent, load_cpu = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in)
         sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0[0]) / (time.monotonic() - sup_cpu0[1]) * 100
@@ -317,7 +320,9 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int) -> dic
         differ = same_state(live, replay.state, 1.0)
         worst = sorted(zip(res["lat_ms"], res["lat_in"], res["lat_t"]), reverse=True)[:5]
         print(f"  {workers}: {len(live.alerts)} alert(s) at the end; the slowest probes (ms, of which before the "
-              "dashboard had it, @ s): " + ", ".join(f"{ms:.0f} ({i:.0f}) @ {t:.1f}" for ms, i, t in worst),
+              "dashboard had it, @ s): " + ", ".join(f"{ms:.0f} ({i:.0f}) @ {t:.1f}" for ms, i, t in worst)
+              + "; the keyframes kept were written @ s: " + ", ".join(
+                  f"{keyframes.read_header(f).written - go_wall[0]:.1f}" for f in keyframes.frames(run / "keyframes")),
               file=sys.stderr)
         if differ:
             print(f"  replay at {workers}: {len(differ)} difference(s), e.g. "
@@ -339,11 +344,13 @@ def main() -> None:
                                                           "(1: every heartbeat its own message)")
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--burst", type=int, default=20_000, help="events/s during a burst")
+    p.add_argument("--keyframe-mb", type=float, help="the supervisor's telemetry.keyframe_mb (default: the config's; "
+                                                     "0: no keyframes)")
     a = p.parse_args()
     if a.dashboard:
         dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]))
         return
-    rows = [measure(n, a.per_node, a.seconds, a.burst) for n in a.workers]
+    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb) for n in a.workers]
     print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} "
           f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} "
           f"{'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")

@@ -3,7 +3,6 @@ from the newest one before where it is asked to be, to the same state as a repla
 
 from __future__ import annotations
 
-import gzip
 import os
 import time
 
@@ -99,8 +98,8 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
         data = log.read_bytes()[:h.offset]
         assert data.count(b"\n") == h.lines and data.endswith(b"\n")
         assert h.max_ts == max(ev.decode(line).ts for line in data.splitlines())
-        with gzip.open(f) as z:  # what `zcat` shows: the header, then the state as a snapshot has it
-            assert z.readline().startswith(b'{"format":1,')
+        head, state, end = f.read_bytes().split(b"\n")  # the header, then the state as a snapshot has it
+        assert head.startswith(b'{"format":1,') and state.startswith(b'{"run":') and end == b""
     assert [h.seq for h in headers] == sorted(h.seq for h in headers)
     # about one per 10 KB of log; more were written than kept
     assert headers[-1].offset >= log.stat().st_size - 3 * 10240
@@ -161,8 +160,8 @@ def test_a_damaged_or_foreign_keyframe_is_passed_over_and_named(recorded, tmp_pa
     # a keyframe of another log: its line is not this log's
     h = kf.read_header(before)
     forged = msgspec.structs.replace(h, last_line_sha256="0" * 64)
-    body = gzip.decompress(before.read_bytes()).split(b"\n", 1)[1]
-    before.write_bytes(gzip.compress(msgspec.json.encode(forged) + b"\n" + body))
+    body = before.read_bytes().split(b"\n", 1)[1]
+    before.write_bytes(msgspec.json.encode(forged) + b"\n" + body)
     newest.unlink()
     r = ReplaySource(log)
     assert before.name in r.warning() and "not the one it was written at" in r.warning()
@@ -170,7 +169,7 @@ def test_a_damaged_or_foreign_keyframe_is_passed_over_and_named(recorded, tmp_pa
     assert r.base in (None, *r.frames) and before not in [p for _, p in r.frames]
     assert_same(r.state, whole.state, 1e-9)
 
-    (tmp_path / "keyframes" / "seq-000000000099.json.gz").write_bytes(b"not gzip")
+    (tmp_path / "keyframes" / "seq-000000000099.jsonl").write_bytes(b"not json")
     assert "unreadable header" in ReplaySource(log).warning()
 
 
@@ -192,7 +191,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
         log.append(ev.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)
         log.flush()
     assert w.written == 3
-    assert [p.name for p in kf.frames(tmp_path / "keyframes")] == ["seq-000000000004.json.gz", "seq-000000000005.json.gz"]
+    assert [p.name for p in kf.frames(tmp_path / "keyframes")] == ["seq-000000000004.jsonl", "seq-000000000005.jsonl"]
     h = kf.read_header(kf.frames(tmp_path / "keyframes")[-1])
     assert (h.seq, h.lines, h.max_ts) == (5, 5, 114.0)
     assert kf.load(kf.frames(tmp_path / "keyframes")[-1]) == st
@@ -218,3 +217,27 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     assert w.tick(st, log, 8) == "" and w.pid
     assert "abandoned" in w.close(wait_s=0.2) and not w.pid
     log.close()
+
+
+def test_a_log_taken_over_knows_where_it_stands_and_so_does_its_writer(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    st = RunState()
+    for i in range(5):
+        e = ev.LogEvent(src="driver", message="x" * (i * 100), ts=100.0 + i, seq=i + 1)
+        log.append(ev.encode(e), e.ts)
+        st.apply(e)
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6)
+    log.flush()
+    assert w.tick(st, log, 5) == ""
+    wait_until(lambda: not w.tick(st, log, 5) and not w.pid, 10, "the writer done")
+    log.close()
+    # as a supervisor taking the run over opens it
+    again = EventLog(path, max_ts=st.last_ts)
+    data = path.read_bytes()
+    assert (again.offset, again.line_no, again.last_line) == (len(data), 5, data.splitlines()[-1])
+    assert kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6).last_offset == len(data)
+    again.append(b'{"v":1}', 200.0)
+    again.close()
+    assert (again.offset, again.line_no, again.max_ts) == (len(data) + 8, 6, 200.0) == \
+        (path.stat().st_size, path.read_bytes().count(b"\n"), 200.0)

@@ -25,10 +25,8 @@ class EventLog:
         self._fsync_every = fsync_every_s
         self._last_fsync = time.monotonic()
         self.lines = 0  # appended by this writer
-        there = path.read_bytes() if self._f.tell() else b""  # a log taken over (recovered: whole lines)
-        self.offset = len(there)  # bytes in the file, with what is still in the buffer
-        self.line_no = there.count(b"\n")  # lines in the file
-        self.last_line = there[there.rfind(b"\n", 0, len(there) - 1) + 1:-1]
+        # where a log taken over (recovered: whole lines) stands, read in pieces: it may be GBs
+        self.offset, self.line_no, self.last_line = _where(path) if self._f.tell() else (0, 0, b"")
         self.max_ts = max_ts
 
     def append(self, line: bytes, ts: float) -> None:
@@ -57,6 +55,18 @@ class EventLog:
         self._last_fsync = 0.0
         self.flush()
         self._f.close()
+
+
+def _where(path: Path) -> tuple[int, int, bytes]:
+    """(bytes, lines, the last line without its newline) of a log that ends with a newline."""
+    size = lines = 0
+    tail = b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+            tail = (tail + chunk)[-(4 << 20):]  # a line is at most 1 MiB (the heartbeats lines less)
+    return size, lines, tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1:-1]
 
 
 def recover(path: Path) -> list[bytes]:
