@@ -6,8 +6,8 @@ that can start from the newest keyframe before the moment it is asked for reads 
 after it (``gkd_tui.sources.replay``), as a video player starts from a keyframe.
 
 - **When**: each time the log has grown by ``telemetry.keyframe_mb`` (32 MB; 0: never) since the
-  last one, one at a time; the newest ``KEEP`` are kept. A small run's log grows a few MB a day
-  and has none, nor needs any.
+  last one, one at a time; the newest ``KEEP`` are kept. A run of 8 workers logs 20 to 200 MB a
+  day: a keyframe of a few KB every few hours.
 - **How**: from a forked child, the way Redis writes its snapshots (BGSAVE). The supervisor forks
   between two events with the log's buffer flushed, so the child's copy of the state is the state
   at that line, and the child encodes and writes it (0.4 s and 84 MB of JSON at 65,536 workers)
@@ -35,6 +35,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
@@ -49,13 +50,15 @@ LINE_MAX = 4 << 20  # the longest line of a log (an event is at most 1 MiB)
 GLOB = "seq-*.jsonl"
 
 
-class Header(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
-    format: int = FORMAT
+class Header(msgspec.Struct, kw_only=True):
+    format: int
     seq: int  # the supervisor's seq at the fork
-    offset: int  # bytes of events.jsonl the state is of: a replay from here reads the lines after it
-    lines: int  # lines of the log before ``offset`` (the next one's number is lines + 1)
-    max_ts: float  # the newest ts among them: a replay to a moment at or after it may start here
-    last_line_len: int  # the line before ``offset``, without its newline: which log this is of
+    offset: Annotated[int, msgspec.Meta(ge=1)]  # bytes of events.jsonl the state is of: a replay reads on from here
+    lines: Annotated[int, msgspec.Meta(ge=0)]  # lines of the log before ``offset`` (the next one is lines + 1)
+    # the newest ts in the state (its lines, and the heartbeats the log left out): a replay to a moment at
+    # or after it may start here
+    max_ts: float
+    last_line_len: Annotated[int, msgspec.Meta(ge=0)]  # the line before ``offset``, without its newline: which log
     last_line_sha256: str
     written: float  # wall clock at the fork
 
@@ -123,6 +126,8 @@ class KeyframeWriter:
         self._errors = -1  # the read end of the child's pipe for its error
         self._started = 0.0
         self._killed = False
+        for tmp in folder.glob(".seq-*.jsonl.tmp") if folder.is_dir() else ():
+            tmp.unlink(missing_ok=True)  # of a supervisor killed while its child wrote (this one writes none yet)
         done = frames(folder)  # a run taken over: count from its newest
         self.last_offset = 0
         if done:
@@ -141,11 +146,12 @@ class KeyframeWriter:
         return ""
 
     def _start(self, state: RunState, log, seq: int) -> str:
-        h = Header(seq=seq, offset=log.offset, lines=log.line_no, max_ts=log.max_ts, last_line_len=len(log.last_line),
+        h = Header(format=FORMAT, seq=seq, offset=log.offset, lines=log.line_no, max_ts=log.max_ts, last_line_len=len(log.last_line),
                    last_line_sha256="", written=time.time())
         self.last_offset = log.offset  # a failed one is not retried at once: at the next keyframe_mb
         self.folder.mkdir(mode=0o700, exist_ok=True)
         r, w = os.pipe()
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
@@ -153,8 +159,7 @@ class KeyframeWriter:
             os.close(w)
             return f"keyframe at seq {seq} not written: fork failed ({e}); replays read more of the log"
         if pid == 0:  # the child: never returns
-            os.close(r)
-            _write_and_exit(self.folder, h, log.last_line, state, self.keep, w)
+            _write_and_exit(self.folder, h, log.last_line, state, self.keep, w, parent)
         os.close(w)
         self.pid, self._header, self._errors, self._started, self._killed = pid, h, r, time.monotonic(), False
         return ""
@@ -163,8 +168,8 @@ class KeyframeWriter:
         h = self._header
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = self.pid, 0
+        except ChildProcessError:  # reaped by someone else: whether it was written, the folder says
+            pid, status = self.pid, -1
         if pid == 0:
             if not self._killed and time.monotonic() - self._started > self.deadline_s:
                 os.kill(self.pid, signal.SIGKILL)
@@ -175,7 +180,9 @@ class KeyframeWriter:
         err = os.read(self._errors, 4096).decode(errors="replace").strip()
         os.close(self._errors)
         self.pid = 0
-        code = os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status) if status >= 0 else None
+        if code is None:
+            return ""
         if code == 0:
             self.written += 1
             return ""
@@ -188,19 +195,23 @@ class KeyframeWriter:
     def close(self, wait_s: float = 5.0) -> str:
         """At the end of the run: wait a little for a child at work, else kill it."""
         end = time.monotonic() + wait_s
+        said = ""
         while self.pid and time.monotonic() < end:
-            said = self._reap()
-            if said or not self.pid:
+            said = self._reap() or said
+            if not self.pid:
                 return said
             time.sleep(0.02)
         if not self.pid:
-            return ""
+            return said
         os.kill(self.pid, signal.SIGKILL)
         self._killed = True
         end = time.monotonic() + 2.0  # gone at once, unless stuck in the kernel (then init reaps it)
         while self.pid and time.monotonic() < end:
             self._reap()
             time.sleep(0.01)
+        if self.pid:
+            os.close(self._errors)
+            self.pid = 0
         _remove_temporary(self.folder, self._header.seq)
         return f"keyframe at seq {self._header.seq} abandoned: the run ended while it was being written"
 
@@ -216,15 +227,24 @@ def _remove_temporary(folder: Path, seq: int) -> None:
         pass
 
 
-def _write_and_exit(folder: Path, h: Header, last_line: bytes, state: RunState, keep: int, err_fd: int) -> None:
+def _write_and_exit(folder: Path, h: Header, last_line: bytes, state: RunState, keep: int, err_fd: int,
+                    parent: int) -> None:
     """In the forked child: write the keyframe, keep the newest ``keep``, and exit without running
-    anything of the parent's (atexit handlers, the ZeroMQ context's teardown)."""
+    anything of the parent's (atexit handlers, the ZeroMQ context's teardown); never returns."""
     code = 1
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)  # the parent's handlers only set a flag its loop reads
-        die_with_parent(signal.SIGKILL, os.getppid())
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handlers only set a flag its loop reads
+        for sig in (signal.SIGINT, signal.SIGHUP):  # a Ctrl-C or a closed terminal is the supervisor's to act on
+            signal.signal(sig, signal.SIG_IGN)
+        die_with_parent(signal.SIGKILL, parent)
         os.nice(19)  # the supervisor, its dashboards and the run come first: this is a convenience for replays
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")  # short of memory, the kernel takes this child, not the supervisor
+        except OSError:
+            pass
+        # the heartbeats the log left out are in the state, and may be newer than its lines
+        h.max_ts = max(h.max_ts, state.last_ts, max((w.last_heartbeat for w in state.workers.values()), default=0.0))
         h.last_line_sha256 = hashlib.sha256(last_line).hexdigest()
         tmp, final = folder / f".{_name(h.seq)}.tmp", folder / _name(h.seq)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

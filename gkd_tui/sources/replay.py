@@ -14,6 +14,7 @@ A log without keyframes (a short run, a file on its own) is read whole when open
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -49,6 +50,7 @@ class ReplaySource:
         self.lock = threading.Lock()
         self.size = path.stat().st_size  # what is read: a log still growing is replayed as it was when opened
         self.skipped: list[tuple[int, str]] = []  # (line number, why) of each line that is no event
+        self._skipped_lines: set[int] = set()
         self.passed_over: list[str] = []  # keyframes not used, and why
         self.frames = self._usable_frames() if keyframes else []
         self.heartbeat_s, self._every = _periods(path)
@@ -147,7 +149,9 @@ class ReplaySource:
             try:
                 e = ev.decode(line)
             except ev.Rejected as r:
-                self.skipped.append((n, str(r)))  # a torn last line of a crashed run, say: skip, never fail
+                if n not in self._skipped_lines:  # read again after a jump: said once, in line order
+                    self._skipped_lines.add(n)
+                    bisect.insort(self.skipped, (n, str(r)))  # a torn last line of a crashed run, say: skip
                 continue
             events.append(e)
             line_of.append(n)
