@@ -41,6 +41,7 @@ import msgspec
 
 from gkd_core.lifeline import die_with_parent
 from gkd_core.state import RunState, decode_state, encode_state
+from gkd_core.supervisor.eventlog import EventLog
 
 FORMAT = 1
 KEEP = 8  # keyframes kept: a seek before the oldest reads the log from its start
@@ -137,7 +138,7 @@ class KeyframeWriter:
                 pass
         self.written = 0
 
-    def tick(self, state: RunState, log, seq: int) -> str:
+    def tick(self, state: RunState, log: EventLog, seq: int) -> str:
         """Call with the log flushed. "" or a line that says what went wrong with a keyframe."""
         if self.pid:
             return self._reap()
@@ -145,9 +146,9 @@ class KeyframeWriter:
             return self._start(state, log, seq)
         return ""
 
-    def _start(self, state: RunState, log, seq: int) -> str:
-        h = Header(format=FORMAT, seq=seq, offset=log.offset, lines=log.line_no, max_ts=log.max_ts, last_line_len=len(log.last_line),
-                   last_line_sha256="", written=time.time())
+    def _start(self, state: RunState, log: EventLog, seq: int) -> str:
+        h = Header(format=FORMAT, seq=seq, offset=log.offset, lines=log.line_no, max_ts=log.max_ts,
+                   last_line_len=len(log.last_line), last_line_sha256="", written=time.time())
         self.last_offset = log.offset  # a failed one is not retried at once: at the next keyframe_mb
         self.folder.mkdir(mode=0o700, exist_ok=True)
         r, w = os.pipe()
@@ -186,10 +187,9 @@ class KeyframeWriter:
         if code == 0:
             self.written += 1
             return ""
-        if self._killed:
-            _remove_temporary(self.folder, h.seq)
-            return ""  # said when it was killed
         _remove_temporary(self.folder, h.seq)
+        if self._killed:
+            return ""  # said when it was killed
         return f"keyframe at seq {h.seq} not written (exit {code}): {err or 'no error given'}"
 
     def close(self, wait_s: float = 5.0) -> str:

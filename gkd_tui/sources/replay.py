@@ -116,10 +116,9 @@ class ReplaySource:
             try:
                 self._rebase(frame)
                 break
-            except kf.KeyframeError as e:
+            except kf.KeyframeError as e:  # the state is still the one before: choose again without it
                 self.passed_over.append(str(e))
                 self.frames.remove(frame)
-                self._rebase(None)
         self.clock = ts
         self._apply_until(ts)
 
