@@ -125,3 +125,30 @@ def test_a_reporter_in_a_process_killed_mid_emit_leaves_the_receiver_intact():
         p.wait()
     assert any(e.kind == "heartbeat" for e in got) and any(e.kind == "log" for e in got)
     sock.close()
+
+
+def test_what_was_queued_before_close_arrives_even_when_the_process_then_exits_at_once():
+    """``close`` then ``os._exit`` (the driver's ``give_up``, an injected worker death): a socket's
+    close returns before ZeroMQ's I/O thread has sent what it holds, so the reporter waits for it
+    (up to the close deadline) — the last words of a dying process are the ones that matter."""
+    sock, addr = pull_socket()
+    code = textwrap.dedent(f"""
+        import os
+        from gkd_core.telemetry.reporter import Reporter
+        from gkd_core.telemetry import events as ev
+        rep = Reporter("driver", ingest={addr!r}, heartbeat_s=10, queue_max=20000, sndhwm=20000)
+        for i in range(10000):
+            rep.emit(ev.LogEvent(message="%d " % i + "x" * 2000))
+        rep.log("last words", level="error")
+        rep.close(10.0)
+        os._exit(3)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(2.0)  # more than the kernel's socket buffers hold waits in ZeroMQ's queue meanwhile
+        got = [e for e in collect(sock, 8.0) if e.kind == "log"]
+    finally:
+        p.kill()
+        p.wait()
+    assert len(got) == 10001 and got[-1].message == "last words", len(got)
+    sock.close()

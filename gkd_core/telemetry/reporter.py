@@ -60,7 +60,10 @@ class Reporter:
         self._phase_since = time.time()
         self._step: int | None = None
         self._stack: list[str] = []  # phases entered through `with phase(...)`, innermost last
-        self._ctx = ctx or zmq.Context.instance()
+        # its own context unless given one: terminating it is the only way ZeroMQ waits until what a
+        # socket holds has left (a socket's close returns at once, and ``os._exit`` after it loses it)
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
         self._sndhwm = sndhwm
         self._thread = threading.Thread(target=self._run, name=f"gkd-reporter[{src}]", daemon=True)
         self._sock_ready = threading.Event()
@@ -192,3 +195,5 @@ class Reporter:
             # give queued frames up to the close deadline to leave the socket
             left = max(0.0, getattr(self, "_close_deadline", 0) - time.monotonic())
             sock.close(linger=int(left * 1000))
+            if self._own_ctx:
+                self._ctx.term()  # blocks until the queue is sent or the linger above has passed
