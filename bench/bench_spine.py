@@ -207,7 +207,10 @@ def bench_latency_and_cpu(rates: list[int], seconds: float) -> list[tuple[str, s
                 out = str(home / f"lat{rate}.json")
                 sub = subprocess.Popen([sys.executable, __file__, "--subscriber", str(run), out,
                                         str(seconds + 4)], cwd=ROOT)
+                ready_by = time.monotonic() + 60
                 while not Path(out + ".ready").exists():
+                    if sub.poll() is not None or time.monotonic() > ready_by:
+                        raise RuntimeError(f"the latency subscriber is not ready (exit {sub.poll()}, 60 s at most)")
                     time.sleep(0.05)
                 rep = Reporter("bench/0", ingest=ingest, heartbeat_s=1.0, queue_max=1_000_000,
                                sndhwm=1_000_000)
