@@ -126,6 +126,36 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
         await pilot.pause(0.5)
         assert not isinstance(app.screen, ConfirmScreen)
         assert len([e for e in sup.events() if e["kind"] == "action" and e["op"] == "cancel"]) == 0
+        # c on a worker's row offers its task too ("rollout/0" is no Textual id: the dialog maps it)
+        from gkd_core.telemetry.reporter import Reporter
+        with Reporter("rollout/1", ingest=sup.endpoints["ingest"], heartbeat_s=1.0) as rollout:
+            rollout.register("rollout", 1)
+            rollout.set_phase("generate", step=1)
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if "rollout/1" in app.source.state.workers:
+                    break
+        app.redraw()
+        await pilot.pause()
+        app.query_one(WorkersTable).move_to("rollout/1")
+        await pilot.pause()
+        worker = app.selected_worker()
+        assert worker == "rollout/1", worker
+        sent, send = [], app.send
+        app.send = lambda op, args: (sent.append((op, args)), send(op, args))[1]
+        await pilot.press("c")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        [task] = [b for b in app.screen.query(Button) if str(b.label) == f"{worker}'s task"]
+        task.press()
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if any(e["kind"] == "action" and e["op"] == "cancel" for e in sup.events()):
+                break
+        cancel = [e for e in sup.events() if e["kind"] == "action" and e["op"] == "cancel"]
+        # forwarded to the driver, which says what it did with rollout/1's task (the demo has none)
+        assert cancel and cancel[0]["ok"] and cancel[0]["result"]["forwarded"], cancel
+        assert sent == [("cancel", {"target": "rollout/1", "mode": "cooperative"})]
         # r: the diff first, then the restart on the record
         await pilot.press("r")
         for _ in range(50):
@@ -133,7 +163,7 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
             if isinstance(app.screen, ConfirmScreen):
                 break
         assert "rollout.n_workers: 4 -> 2" in str(app.screen.body)
-        app.screen.query_one("#restart", Button).press()
+        [b for b in app.screen.query(Button) if str(b.label) == "Restart smaller"][0].press()
         for _ in range(50):
             await pilot.pause(0.1)
             if any(e["kind"] == "action" and e["op"] == "restart" for e in sup.events()):

@@ -10,7 +10,7 @@ from textual.widgets import Button, Static
 
 
 class ConfirmScreen(ModalScreen[str | None]):
-    """Returns the id of the chosen action button, or None for Cancel / escape / n."""
+    """Returns the value of the chosen action, or None for Cancel / escape / n."""
 
     BINDINGS = [Binding("escape,n", "dismiss_none", "Cancel")]
 
@@ -18,7 +18,9 @@ class ConfirmScreen(ModalScreen[str | None]):
         super().__init__()
         self.title_text = title
         self.body = body
-        self.choices = choices  # (button id, label)
+        # (value, label): a value may be any text ("worker:rollout/0"), which a Textual id may not be,
+        # so the buttons are "choice-<i>" and the values are looked up by it
+        self.choices = choices
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
@@ -26,14 +28,15 @@ class ConfirmScreen(ModalScreen[str | None]):
             yield Static(self.body, id="dialog-body")
             with Horizontal(id="dialog-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
-                for bid, label in self.choices:
-                    yield Button(label, id=bid, variant="error")
+                for i, (_, label) in enumerate(self.choices):
+                    yield Button(label, id=f"choice-{i}", variant="error")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(None if event.button.id == "cancel" else event.button.id)
+        bid = event.button.id or ""
+        self.dismiss(self.choices[int(bid.removeprefix("choice-"))][0] if bid.startswith("choice-") else None)
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)
