@@ -264,7 +264,7 @@ def cmd_attach(a: argparse.Namespace) -> int:
 
 def cmd_replay(a: argparse.Namespace) -> int:
     from gkd_tui.app import GkdApp
-    from gkd_tui.sources.replay import ReplaySource
+    from gkd_tui.sources.replay import ReplaySource, skipped_note
 
     path = Path(a.target).expanduser()
     if path.is_dir():
@@ -273,6 +273,11 @@ def cmd_replay(a: argparse.Namespace) -> int:
         print(f"gkd-tui: no event log at {path} (give a run directory or its events.jsonl)", file=sys.stderr)
         return 2
     source = ReplaySource(path)
+    if source.skipped and not source.events and not source.state.workers:
+        # not one line of what was read is an event: another file, not a run's log
+        print(f"gkd-tui: no events in {skipped_note(path, source.skipped)}; give a run directory or its "
+              "events.jsonl", file=sys.stderr)
+        return 2
     if source.warning():  # before the dashboard takes the screen: still there when it quits
         print(f"gkd-tui: warning: {source.warning()}", file=sys.stderr)
     if a.speed:

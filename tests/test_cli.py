@@ -27,6 +27,14 @@ def test_status_without_a_run_says_where_it_looked(gkd_home):
     assert r.stdout == ""
 
 
+def test_replay_of_a_file_that_holds_no_events_says_so_and_opens_nothing(gkd_home, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("# my notes\n\nnot a run's log\n")
+    r = gkd_tui("replay", str(notes), home=gkd_home)
+    assert r.returncode == 2 and r.stdout == ""  # no dashboard drawn
+    assert f"no events in {notes}" in r.stderr and "line 1" in r.stderr and "events.jsonl" in r.stderr
+
+
 @pytest.mark.slow
 def test_status_of_a_live_run_and_of_a_dead_one(start_supervisor, gkd_home):
     sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
