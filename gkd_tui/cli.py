@@ -87,6 +87,10 @@ def _describe(op: str, result) -> str:
         if not result.get("changes"):
             lines.append("  (same config)")
         return "\n".join(lines)
+    if op == "stop" and isinstance(result, dict):
+        pid = result.get("driver_pid")
+        who = f"the driver (pid {pid}) gets SIGTERM, then SIGKILL if it lingers" if pid else "no driver is running"
+        return f"stopping: {who}; the supervisor ends after it (`gkd-tui replay` shows the run afterwards)"
     return f"{op}: {json.dumps(result)}"
 
 

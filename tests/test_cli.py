@@ -61,7 +61,7 @@ def test_launch_detaches_and_restart_dry_run_shows_the_diff(gkd_home):
         assert d.returncode == 0 and "rollout.n_workers: 2 -> 1" in d.stdout
     finally:
         s = gkd_tui("stop", home=gkd_home)
-    assert s.returncode == 0
+    assert s.returncode == 0 and s.stdout.startswith("stopping: the driver (pid "), s.stdout
     pid = json.loads((run / "endpoints.json").read_text())["supervisor_pid"]
     import time
 
