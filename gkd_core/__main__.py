@@ -1,4 +1,8 @@
-"""``python -m gkd_core run CONFIG.yaml [key=value …]``: the supervisor in the foreground.
+"""``python -m gkd_core run CONFIG.yaml [key=value …] [-- COMMAND …]``: the supervisor in the foreground.
+
+With ``-- COMMAND``, that command is the run's driver (verl, OpenRLHF, a plain Ray script): its
+processes report through the run's environment (gkd_core/integrations); the config's telemetry and
+agent settings apply.
 
 For batch schedulers: it exits when the run ends, with the run's exit status (0 finished; the
 driver's code, or 128+signal, when it failed; 143 when it was stopped on request).
@@ -27,13 +31,25 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_DIR",
                      help="take over a run whose supervisor is gone: its latest config, its log, and its driver "
                           "started again from the latest checkpoint (what `gkd-tui restart` does then)")
+    run.add_argument("--adopt", type=int, metavar="PID", default=None,
+                     help="watch a job its user started (pid PID) instead of starting a driver: what a job that "
+                          "asked for a run of its own (GKD_WATCH=1) starts")
     run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
 
 
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(our arguments, the command after ``--``); None when there is no ``--``."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ours, command = split_command(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(ours)
     cfg_path, overrides = args.config, list(args.overrides)
     resume = None
     if args.resume:
@@ -51,11 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         try:  # the driver the run had (a test's demo driver, say), unless told otherwise
             old = json.loads((resume / "endpoints.json").read_bytes())
             args.driver = args.driver or (old.get("driver_module") if isinstance(old, dict) else None)
+            command = command or (list(old.get("command") or []) if isinstance(old, dict) else []) or None
         except (OSError, ValueError):
             pass
     if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
         overrides.insert(0, cfg_path)  # `run trainer.total_steps=5`: overrides on the embedded default
         cfg_path = None
+    if command == []:
+        print("gkd: nothing after `--`: give the command to run, e.g. `-- python train.py`", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(cfg_path, overrides)
     except ConfigError as e:
@@ -66,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     from gkd_core.trainer import checkpoints
 
     sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
-                     driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger, resume=resume)
+                     driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger, resume=resume,
+                     command=command or None, adopt=args.adopt)
     if not args.quiet:
         print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
         print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)

@@ -14,11 +14,12 @@ import re
 from typing import NamedTuple
 
 # frames from these are plumbing: Ray's loops, torch and its kin (py-spy writes their files as
-# ray/..., torch/..., relative to site-packages), thread pools, our own reporter thread. An RL
+# ray/..., torch/..., relative to site-packages), thread pools, our own reporter thread and the wrappers
+# around a watched job's methods (integrations). An RL
 # framework's own code (verl, OpenRLHF) is what a person looks for, so it is not listed.
 LIBRARY = re.compile(r"site-packages|(?:^|[\s/(\"])(?:ray|torch|transformers|numpy|safetensors|tokenizers|zmq)/|"
                      r"_raylet|threading\.py|concurrent/futures|selectors\.py|queue\.py|socket\.py|asyncio/|"
-                     r"gkd_core/telemetry|gkd_core/node|\(libc|\(libpython")
+                     r"gkd_core/telemetry|gkd_core/node|gkd_core/integrations|\(libc|\(libpython")
 THREAD_START = re.compile(r"^(Thread \S+|Current thread \S+)")
 FRAME = re.compile(r"\.py[:\"]|\.py, line")
 PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)\s*$")

@@ -9,6 +9,7 @@ take ``now`` as an argument and are never stored.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -37,6 +38,7 @@ class PhaseSpan(msgspec.Struct, array_like=True):
     step: int | None
     started: float
     ended: float
+    call: int | None = None  # the call number, for a method (PhaseEvent.call)
 
 
 class WorkerState(msgspec.Struct, kw_only=True):
@@ -64,6 +66,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     ray_death_cause: str = ""
     ray_required: dict[str, float] = {}  # its resource request, while Ray has not placed it
     phase_step: int | None = None  # the step the current phase began at (its instance, with the phase)
+    phase_call: int | None = None  # the current phase's call number, for a method (PhaseEvent.call)
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
     via: str = ""  # the relay its events go through (its node's agent), "" when they go straight
@@ -170,6 +173,16 @@ class RayNode(msgspec.Struct, kw_only=True):
     ts: float = 0.0
 
 
+class RayPlacementGroup(msgspec.Struct, kw_only=True):
+    name: str = ""
+    state: str = ""
+    strategy: str = ""
+    bundles: list[dict[str, float]] = []
+    scheduling: str = ""
+    since: float = 0.0  # first seen in this state
+    ts: float = 0.0
+
+
 class AlertState(msgspec.Struct, kw_only=True):
     code: str
     severity: str
@@ -233,6 +246,7 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
     gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
     ray_nodes: dict[str, RayNode] = {}  # node IP -> its state and resources (Ray's view)
+    ray_pgs: dict[str, RayPlacementGroup] = {}  # placement group id -> what it asks for, while not REMOVED
     alerts: dict[str, AlertState] = {}
     metrics: list[MetricsPoint] = []  # the newest METRICS_KEEP
     first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
@@ -324,16 +338,17 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
 
     def _on_phase(self, e: ev.PhaseEvent) -> None:
         w = self._worker(e.src, e.ts)
-        if e.phase != w.phase:
+        if e.phase != w.phase or (e.call is not None and e.call != w.phase_call):  # (the same method called anew)
             # a late sighting (older than the phase it would end) makes no span; a call that began and
             # ended within the same millisecond (Ray's task times) makes one of no length
             if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since and self.spans_keep:
-                w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts))
+                w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call))
                 if len(w.spans) > self.spans_keep:
                     del w.spans[0]
             w.phase = e.phase
             w.phase_since = e.started if e.started is not None else e.ts
             w.phase_step = e.step
+            w.phase_call = e.call
             self._moved(w)
         w.deadline, w.detail = e.deadline, e.detail
         if e.step is not None:
@@ -486,6 +501,16 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     def _on_ray_node(self, e: ev.RayNodeEvent) -> None:
         self.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
 
+    def _on_ray_pg(self, e: ev.RayPlacementGroupEvent) -> None:
+        if e.state == "REMOVED":
+            self.ray_pgs.pop(e.pg_id, None)
+            return
+        old = self.ray_pgs.get(e.pg_id)
+        since = old.since if old is not None and old.state == e.state else (e.created or e.ts)
+        self.ray_pgs[e.pg_id] = RayPlacementGroup(name=e.name, state=e.state, strategy=e.strategy,
+                                                  bundles=[dict(b) for b in e.bundles], scheduling=e.scheduling,
+                                                  since=since, ts=e.ts)
+
     def _on_alert(self, e: ev.AlertEvent) -> None:
         key = alert_key(e.code, e.targets)
         if e.cleared:
@@ -543,7 +568,9 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
             return None
         running = s.state in ("started", "progress")
         elapsed = s.elapsed_s + max(0.0, now - s.last_ts) if running else s.elapsed_s
-        frac = elapsed / s.timeout_s if s.timeout_s else 0.0
+        # a timeout of no length (or a corrupt one) is no fraction: past its end at once, never infinity
+        frac = min(elapsed / s.timeout_s, 1e6) if s.timeout_s > 0 else 0.0
+        frac = frac if math.isfinite(frac) else 0.0
         return SyncView(s.sync_id, s.state, elapsed, s.timeout_s, frac, list(s.pending), running)
 
     def teacher_totals(self) -> TeacherTotals:
@@ -620,6 +647,7 @@ _HANDLERS = {
     ev.ActionEvent: RunState._on_action,
     ev.RayEvent: RunState._on_ray,
     ev.RayNodeEvent: RunState._on_ray_node,
+    ev.RayPlacementGroupEvent: RunState._on_ray_pg,
 }
 
 _state_decoder = msgspec.json.Decoder(RunState)

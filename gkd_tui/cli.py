@@ -144,7 +144,8 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     from gkd_core.stack_text import group, grouped_report
 
     run = None
-    dump_id = f"cli-{os.getpid()}-{int(time.time() * 1000)}"
+    asked_at = time.time()
+    dump_id = f"cli-{os.getpid()}-{int(asked_at * 1000)}"
     try:
         run = rundir.resolve_run(a.run)
         client, _ = _client(run, 5.0)
@@ -156,7 +157,12 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
         return 1
     except (rundir.RunNotFound, ControlUnreachable) as e:
         return _unreachable(run, e)
-    records = {t: r for t, r in state.stacks.items() if r.dump_id == dump_id}
+    # the state keeps a worker's newest stack: one the diagnosis took after we asked (its automatic
+    # dump can land between ours and our read) is as good an answer
+    records = {t: r for t, r in state.stacks_prev.items() if r.dump_id == dump_id}
+    records.update({t: r for t, r in state.stacks.items()
+                    if r.dump_id == dump_id or (r.ts >= asked_at and r.text and t in (answered.get("targets") or [])
+                                                and t not in records)})
     wanted = answered.get("targets") or a.targets or sorted(records)
     taken = {t: r.text for t, r in records.items() if r.text}
     missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
@@ -208,8 +214,9 @@ def cmd_launch(a: argparse.Namespace) -> int:
     run_id = rundir.new_run_id()
     home = rundir.gkd_home()
     home.mkdir(parents=True, exist_ok=True)
+    command = getattr(a, "command", [])
     argv = [sys.executable, "-m", "gkd_core", "run", *([cfg_path] if cfg_path else []), *overrides,
-            "--run-id", run_id, "--linger", str(a.linger), "--quiet"]
+            "--run-id", run_id, "--linger", str(a.linger), "--quiet", *(["--", *command] if command else [])]
     out = open(home / f"supervisor-{run_id}.log", "ab")
     # its own session, like tmux: closing the dashboard or the SSH session does not stop training
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -358,7 +365,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gkd-tui", description="Watch and steer GKD distillation runs.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("launch", help="start a run detached (no config: the tiny CPU demo) and attach")
+    s = sub.add_parser("launch", help="start a run detached (no config: the tiny CPU demo) and attach; "
+                                      "`launch -- COMMAND ...`: any trainer (verl, a Ray script) as the run's driver",
+                       usage="%(prog)s [CONFIG] [KEY=VALUE ...] [--detach] [-- COMMAND ...]")
     s.add_argument("config", nargs="?", help="a YAML config; omit for the embedded tiny CPU demo")
     s.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     s.add_argument("--detach", action="store_true", help="start it and return, without attaching")
@@ -427,7 +436,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if argv[:1] == ["launch"] and "--" in argv:  # what follows `--` is the command, untouched by argparse
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+        if not command:
+            print("gkd-tui: launch: nothing after `--`: give the command to run, e.g. "
+                  "`gkd-tui launch -- python train.py`", file=sys.stderr)
+            return 2
     a = _parser().parse_args(argv)
+    a.command = command
     try:
         return a.func(a)
     except KeyboardInterrupt:

@@ -5,10 +5,13 @@ examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
   peer within seconds, its stack taken twice without a key press ("stuck: ... the same stack
   twice"), then D (every stack, grouped) and the run stopped;
 - ``hang_demo.events.jsonl``, with a 20 s timeout: the sync runs to its timeout and the driver
-  fails, naming the straggler (the tests replay this one too).
+  fails, naming the straggler (the tests replay this one too);
+- ``verl_job.events.jsonl``: a verl job that is not ours (tests/jobs/verl_gkd_job.py, verl's own
+  worker group on CPU) under ``launch --``, rank 1 never finishing ``sync_rollout_weights`` at step 3.
 
     python screenshots/make_screenshots.py            # from the recordings
-    python screenshots/make_screenshots.py --record   # record both runs again first (needs Ray)
+    python screenshots/make_screenshots.py --record   # record the two demo runs again first (needs Ray)
+    python screenshots/make_screenshots.py --record-verl .venv-verl/bin/python   # the verl job again
 
 The recordings are real runs' event logs with this machine's paths replaced, so they can live in
 the repository. PNGs need cairosvg (`pip install -e ".[screenshots]"`); without it only SVGs.
@@ -40,6 +43,7 @@ from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
 HANG = HERE / "hang_demo.events.jsonl"
 STRAGGLER = HERE / "straggler_demo.events.jsonl"
+VERL = HERE / "verl_job.events.jsonl"
 SIZE = (120, 36)
 
 
@@ -86,6 +90,32 @@ def record(out: Path, timeout_s: int) -> None:
     out.write_text(sanitize(text, home))
 
 
+def record_verl(out: Path, python: str) -> None:
+    """The verl-shaped job under a run, with ``python`` (an interpreter with verl and gkd-tui): once the
+    diagnosis has taken the stuck rank's stack twice, the run is stopped."""
+    with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
+        home = Path(tmp)
+        env = dict(os.environ, GKD_HOME=str(home), GLOO_SOCKET_IFNAME="lo", JOB_HANG_RANK="1", JOB_HANG_STEP="3")
+        proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "--run-id", "verl-job", "--quiet", "--",
+                                 python, "tests/jobs/verl_gkd_job.py"], env=env, cwd=ROOT)
+        run = home / "runs" / "verl-job"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            if not (run / "events.jsonl").exists():
+                continue
+            auto = [e for e in _events(run / "events.jsonl") if e["kind"] == "stack"
+                    and e["target"] == "ActorRolloutWorker/1" and e["dump_id"].startswith("auto-")]
+            if len(auto) >= 2:
+                time.sleep(2)
+                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
+                    c.request("stop")
+                break
+        proc.wait(120)
+        text = (run / "events.jsonl").read_text()
+    out.write_text(sanitize(text, home))
+
+
 def sanitize(text: str, home: Path | None = None) -> str:
     """No paths of the recording machine in the repository."""
     if home is not None:
@@ -96,13 +126,14 @@ def sanitize(text: str, home: Path | None = None) -> str:
 
 def moments() -> list[tuple[str, Path, float, str]]:
     """(name, recording, when, overlay) of each picture."""
-    hang, strag = _events(HANG), _events(STRAGGLER)
+    hang, strag, verl = _events(HANG), _events(STRAGGLER), _events(VERL)
     metrics = [e for e in hang if e["kind"] == "metrics"]
     timed_out = next(e for e in hang if e["kind"] == "sync" and e["state"] == "timed_out")
     started = next(e for e in hang if e["kind"] == "sync" and e["state"] == "started"
                    and e["sync_id"] == timed_out["sync_id"])
     named = [e for e in strag if e["kind"] == "alert" and e["code"] == "straggler" and not e.get("cleared")]
     grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
+    verl_stacks = [e for e in verl if e["kind"] == "stack" and e["target"] == "ActorRolloutWorker/1"]
     return [
         ("healthy-step", HANG, metrics[min(1, len(metrics) - 1)]["ts"] + 0.05, ""),
         ("straggler-stuck", STRAGGLER, named[-1]["ts"] + 0.5, ""),
@@ -110,6 +141,7 @@ def moments() -> list[tuple[str, Path, float, str]]:
         ("restart-diff", STRAGGLER, grouped + 0.1, "restart"),
         ("sync-near-timeout", HANG, started["ts"] + 0.85 * timed_out["timeout_s"], ""),
         ("sync-timed-out", HANG, hang[-1]["ts"], ""),
+        ("verl-job-stuck", VERL, verl_stacks[min(1, len(verl_stacks) - 1)]["ts"] + 0.5, ""),
     ]
 
 
@@ -156,7 +188,10 @@ def to_png(svg: Path) -> Path | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--record", action="store_true", help="record both runs again first")
+    p.add_argument("--record-verl", metavar="PYTHON", help="record the verl job again, run by PYTHON (with verl)")
     a = p.parse_args()
+    if a.record_verl:
+        record_verl(VERL, a.record_verl)
     if a.record or not STRAGGLER.exists():
         record(STRAGGLER, 600)
     if a.record or not HANG.exists():

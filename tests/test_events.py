@@ -22,12 +22,15 @@ SAMPLES = [
     ev.AlertEvent(severity="critical", code="sync_timed_out", message="m", hint="h", targets=["rollout/1"]),
     ev.LogEvent(level="warn", message="hello"),
     ev.ActionEvent(op="stop", by="me", ok=True, result={"stopping": True}),
+    ev.PhaseEvent(phase="train", call=9, started=1.5),
+    ev.RayPlacementGroupEvent(pg_id="ab" * 18, name="global_pool", state="PENDING", strategy="PACK",
+                              bundles=[{"CPU": 10.0}] * 2, scheduling="INFEASIBLE", created=1.25),
 ]
 
 
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
-                             "alert", "log", "action", "ray", "ray_node"}
+                             "alert", "log", "action", "ray", "ray_node", "ray_pg"}
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)

@@ -91,6 +91,12 @@ def _typed(t, hostile: bool = True) -> st.SearchStrategy:
     if origin is typing.Union or type(t).__name__ == "UnionType":
         return st.one_of(*[st.none() if a is type(None) else _typed(a, hostile) for a in args
                            if a is not msgspec.UnsetType])
+    if isinstance(t, type) and issubclass(t, msgspec.Struct):  # (a batch's beats: arrays on the wire)
+        hints = typing.get_type_hints(t)
+        parts = [_typed(hints[f.name], hostile) for f in msgspec.structs.fields(t)]
+        if t.__struct_config__.array_like:
+            return st.tuples(*parts).map(list)
+        return st.fixed_dictionaries({f.name: p for f, p in zip(msgspec.structs.fields(t), parts)})
     return JSON_VALUES
 
 

@@ -1,7 +1,8 @@
 """Who is late, named by its peers rather than by a deadline.
 
 Workers of one role (one actor class) that run the same instance of a phase (the same phase at
-the same step, or in Ray-only mode the same method called within a few seconds) form a group.
+the same step; for a method, the same call number; in Ray-only mode the same method called within a
+few seconds) form a group.
 Once at least half of a member's peers have finished that instance, the member still in it is
 late when its time exceeds max(5 s, 3x the median of its peers' times); critical at twice that.
 A worker with no such peers is compared with its own history: max(5 s, 5x its median for that
@@ -47,8 +48,12 @@ class Late(NamedTuple):
     severity: str
 
 
-def _instance(phase: str, step: int | None, started: float) -> tuple:
-    return (phase, step) if step is not None else (phase, None, math.floor(started / SAME_CALL_S))
+def _instance(phase: str, step: int | None, started: float, call: int | None = None) -> tuple:
+    if step is not None:
+        return (phase, step)
+    if call is not None:  # the n-th call of a method: the n-th call of its peers, however far apart they began
+        return (phase, ("call", call))
+    return (phase, None, math.floor(started / SAME_CALL_S))
 
 
 def _neighbours(key: tuple) -> list[tuple]:
@@ -118,7 +123,7 @@ class SpanIndex:
         s = self._seen.get(src)
         if s is None or s[1] is not (spans[-1] if spans else None) or s[0] != role or len(s[2]) != len(spans):
             self._take(src, role, spans, s)
-        key = None if w.phase in NOT_WORK else _instance(w.phase, w.phase_step, w.phase_since)
+        key = None if w.phase in NOT_WORK else _instance(w.phase, w.phase_step, w.phase_since, w.phase_call)
         where = self._where.get(src)
         if where != (role, key):
             if where is not None:
@@ -163,7 +168,7 @@ class SpanIndex:
         evicted = s[2][:len(s[2]) - new_from] if s is not None else []
         by_instance = self.finished.setdefault(role, {})
         for span in spans[new_from:]:
-            key = None if span.phase in NOT_WORK else _instance(span.phase, span.step, span.started)
+            key = None if span.phase in NOT_WORK else _instance(span.phase, span.step, span.started, span.call)
             kept.append(key)
             if key is not None:
                 by_instance.setdefault(key, {})[src] = (span.started, span.ended - span.started)
@@ -204,8 +209,8 @@ class SpanIndex:
         return cached[1], cached[2]
 
     def in_order(self, found: list[Late], state: RunState) -> list[Late]:
-        """The findings role by role (in the order of each role's first worker), then in the order of the
-        state's workers: the order a pass over the state gives."""
+        """The findings role by role (in the order of each role's first worker), then by rank (Learner/2
+        before Learner/10, whichever registered first), then in the order of the state's workers."""
         if len(found) < 2:
             return found
         roles = {state.workers[late.src].role or late.src for late in found}
@@ -215,8 +220,10 @@ class SpanIndex:
                 first.setdefault(w.role or src, len(first))
                 if roles.issubset(first):
                     break
-        return sorted(found, key=lambda late: (first.get(state.workers[late.src].role or late.src, 0),
-                                               self._pos.get(late.src, 0)))
+        def key(late: Late) -> tuple:
+            w = state.workers[late.src]
+            return first.get(w.role or late.src, 0), w.rank if w.rank is not None else -1, self._pos.get(late.src, 0)
+        return sorted(found, key=key)
 
 
 # each RunState's own index, for as long as the state lives (a supervisor's one state, a dashboard's
@@ -349,7 +356,7 @@ def _exact_peers(w: WorkerState, key: tuple, finished: dict, by_key: dict) -> tu
     still = 0
     for k in _neighbours(key):
         for src, (started, dur) in finished.get(k, {}).items():
-            if src != w.src and (w.phase_step is not None or abs(started - w.phase_since) <= SAME_CALL_S):
+            if src != w.src and (key[1] is not None or abs(started - w.phase_since) <= SAME_CALL_S):
                 done[src] = dur
         still += len(by_key.get(k, ()))
     return len(done), statistics.median(done.values()) if done else 0.0, still

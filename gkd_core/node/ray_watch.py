@@ -42,6 +42,28 @@ def poll(address: str | None = None, timeout_s: float = TIMEOUT_S, finished: boo
     return nodes, actors, tasks
 
 
+def poll_placement_groups(address: str | None = None, timeout_s: float = TIMEOUT_S) -> list:
+    """The placement groups from the state API (their bundles and Ray's scheduling state)."""
+    from ray.util import state as ray_state
+
+    return ray_state.list_placement_groups(address=address, timeout=timeout_s, limit=LIMIT, detail=True,
+                                           raise_on_missing_output=False)
+
+
+def placement_group_event(pg_id: str, name: str, state: str, strategy: str, bundles: list[dict],
+                          stats: dict | None = None, ts: float = 0.0) -> ev.RayPlacementGroupEvent:
+    """One placement group as an event, from either of Ray's views of it (the state API's, the GCS's)."""
+    stats = stats or {}
+    try:  # the state API's stats say when Ray took the request (ns, as a string)
+        created = int(stats["creation_request_received_ns"]) / 1e9 or None
+    except (KeyError, TypeError, ValueError):
+        created = None
+    return ev.RayPlacementGroupEvent(
+        pg_id=pg_id, name=name, state=state, strategy=strategy,
+        scheduling=str(stats.get("scheduling_state", "")) if state == "PENDING" else "", created=created,
+        bundles=[{k: float(v) for k, v in b.items()} for b in bundles], ts=ts)
+
+
 def actor_view(actor, task) -> tuple[str, str, float | None, str]:
     """(state, running method or "", since when, why it died) of one actor."""
     method = (task.name.rpartition(".")[2] or task.name) if task is not None else ""
@@ -65,6 +87,7 @@ class RayView:
         self._nodes: dict[str, tuple] = {}  # node id -> (state, resources) last sent
         self._shown: dict[str, tuple] = {}  # worker -> what was last sent of it
         self._done: dict[str, float] = {}  # finished task id -> its end, taken in already
+        self._pgs: dict[str, tuple] = {}  # placement group id -> what was last sent of it
         self._since = time.time() - HISTORY_S
 
     def events(self, nodes, actors, tasks) -> list[ev.Event]:
@@ -82,6 +105,24 @@ class RayView:
             out += self._run_workers(self.known(), actors, running, now)
         else:
             out += self._every_actor(actors, running, tasks, now)
+        return out
+
+    def placement_groups(self, pgs) -> list[ev.Event]:
+        """The state API's placement groups as events: each change, and the removal of those gone."""
+        now, out, seen = time.time(), [], set()
+        for pg in pgs:
+            seen.add(pg.placement_group_id)
+            bundles = [dict(b.get("unit_resources") or {}) for b in (pg.bundles or [])]
+            strategy = getattr(pg, "strategy", "") or ""  # (the state API of Ray 2.60 does not say)
+            e = placement_group_event(pg.placement_group_id, pg.name or "", pg.state, strategy, bundles,
+                                      pg.stats, now)
+            view = (e.state, e.strategy, e.scheduling, repr(e.bundles))
+            if self._pgs.get(pg.placement_group_id) != view:
+                self._pgs[pg.placement_group_id] = view
+                out.append(e)
+        for gone in [p for p in self._pgs if p not in seen]:
+            del self._pgs[gone]
+            out.append(ev.RayPlacementGroupEvent(pg_id=gone, state="REMOVED", ts=now))
         return out
 
     def _run_workers(self, names: dict[str, str], actors, running: dict, now: float) -> list[ev.Event]:

@@ -92,3 +92,71 @@ def headline(tail: list[str]) -> str:
             if any(m in line for m in marks):
                 return line.strip()
     return tail[-1].strip() if tail else ""
+
+
+class AdoptedProcess:
+    """A driver the supervisor did not start (a job run as its user runs it, that asked for a run of its
+    own: gkd_core/integrations/opt_in.py). The same interface as ``DriverProcess``; its exit code is not
+    ours to read, so its end is "exited" (0), and what it said before is in the run's events."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.started = time.time()
+        self._birth = _start_ticks(pid)
+        if self._birth is None:
+            raise ProcessLookupError(f"no process {pid} to watch")
+        self.argv = _cmdline(pid)
+        self._kill_at: float | None = None
+
+    def poll(self) -> int | None:
+        birth = _start_ticks(self.pid)
+        return None if birth == self._birth and _state(self.pid) not in ("Z", "X", None) else 0
+
+    def terminate(self, grace_s: float) -> None:
+        if self.poll() is not None or self._kill_at is not None:
+            return
+        self._signal(signal.SIGTERM)
+        self._kill_at = time.monotonic() + grace_s
+
+    def tick(self) -> None:
+        if self._kill_at is not None and time.monotonic() >= self._kill_at:
+            self._signal(signal.SIGKILL)
+            self._kill_at = float("inf")
+
+    def kill_now(self) -> None:
+        pass  # not ours: a supervisor that goes away leaves the job it watched alone
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:  # never a new process that took the pid over
+            try:
+                os.kill(self.pid, sig)
+            except OSError:
+                pass
+
+    def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
+        return []  # its output went to its own terminal
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When the process began (clock ticks since boot): a pid taken over by another process differs."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []

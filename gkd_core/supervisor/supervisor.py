@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import os
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -27,12 +28,14 @@ from zmq.utils.monitor import recv_monitor_message
 from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
 from gkd_core.diagnosis import plan, stragglers
+from gkd_core.integrations import job_env
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts, eventlog
-from gkd_core.supervisor.driver_process import DriverProcess, describe_exit
+from gkd_core.supervisor.driver_process import AdoptedProcess, DriverProcess, describe_exit
 from gkd_core.supervisor.eventlog import EventLog
 from gkd_core.supervisor.heartbeat_log import HeartbeatLog
 from gkd_core.supervisor.keyframes import KeyframeWriter
+from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.telemetry import control, events as ev, ingest
 
 log = logging.getLogger("gkd.supervisor")
@@ -108,18 +111,26 @@ SOCKETS = ("events.sock", "control.sock", "driver.sock", "ingest.sock")  # in th
 class Supervisor:
     def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
                  home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
-                 linger_s: float = 0.0, grace_s: float = 10.0, resume: Path | None = None):
+                 linger_s: float = 0.0, grace_s: float = 10.0, resume: Path | None = None,
+                 command: list[str] | None = None, adopt: int | None = None):
         """``resume``: the directory of a run whose supervisor is gone (``gkd-tui restart``): its log
-        is taken over and its driver started again, which resumes from the latest checkpoint."""
+        is taken over and its driver started again, which resumes from the latest checkpoint.
+        ``command``: any command as the run's driver (``launch -- COMMAND``), its processes watched
+        through the run's environment (gkd_core/integrations). ``adopt``: the pid of a job its user started,
+        which asked for a run of its own (``GKD_WATCH=1``, gkd_core/integrations/opt_in.py)."""
         self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
         self.driver_module = driver_module
+        self.command = list(command) if command else None
+        self.adopt = adopt
+        self.foreign = bool(self.command or adopt)  # a job that is not our trainer: its stacks are taken here
         self.linger_s = linger_s
         self.grace_s = grace_s
         os.umask(0o077)  # everything this process creates (sockets, logs, keys) is private
         self.resuming, self.resumed_from_pid = resume is not None, 0
         self.run_dir = resume if resume is not None else rundir.create_run_dir(home, run_id)
         self.run_id = self.run_dir.name
+        self.local_stacks = LocalStacks(self.run_dir) if self.foreign else None
         self.state = RunState()
         self.seq = 0
         self.rejects = ev.RejectCounter()
@@ -143,7 +154,8 @@ class Supervisor:
         self._ops: dict[str, Callable[[dict, str], Any]] = {
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
             "restart": self._op_restart, "cancel": self._forward("cancel"),
-            "dump_stacks": self._forward("dump_stacks"), "open_ingest": self._op_open_ingest,
+            "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
+            "open_ingest": self._op_open_ingest,
         }
         self.ingest_tcp: zmq.Socket | None = None  # for other nodes, opened by the driver (ingest.py)
         self._ingest_monitor: zmq.Socket | None = None
@@ -203,6 +215,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "host": socket.gethostname(),  # where that pid lives
             "driver_module": self.driver_module,  # what a supervisor that takes the run over starts
+            "command": self.command or [],  # ... or this command (launch -- COMMAND)
             "ray_address": "",
         }
         self.control_tcp = self.events_tcp = None
@@ -427,6 +440,11 @@ class Supervisor:
             raise Refused("the run is stopping; a restart would be undone at once")
         if self._pending_config is not None:
             raise Refused("a restart is already under way")
+        if self.adopt:
+            raise Refused(f"this run watches a job it did not start (pid {self.adopt}): restart it as you started it")
+        if self.command and (args.get("shrink") or args.get("overrides")):
+            raise Refused("this run's driver is a command of its own (launch -- COMMAND): a restart runs it again "
+                          "as it is; to change its settings, stop it and launch it with them")
         new = self.cfg
         because: dict[str, str] = {}
         if args.get("shrink"):  # the plan follows the active findings; nothing diagnosed: the shrink rules
@@ -466,6 +484,15 @@ class Supervisor:
             self.drivers.send_multipart([self.driver_identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
             return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}
         return forward
+
+    def _op_dump_local(self, args: dict, by: str) -> dict:
+        dump_id = args.get("dump_id") or f"dump-{self.seq}"
+        return self.local_stacks.dump(self.state, args.get("targets") or [], dump_id, by)
+
+    def _take_local_stacks(self) -> None:
+        results = self.local_stacks.results
+        while not results.empty():
+            self.emit(results.get_nowait())
 
     def _serve_drivers(self) -> None:
         for _ in range(100):
@@ -523,6 +550,10 @@ class Supervisor:
     # --- the driver ----------------------------------------------------------------------
 
     def _spawn(self, config_path: Path) -> None:
+        if self.adopt:
+            return self._adopt()
+        if self.command:
+            return self._spawn_command()
         env = dict(os.environ)
         env.update({
             "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
@@ -536,6 +567,35 @@ class Supervisor:
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(self.cfg),
                               total_steps=self.cfg.trainer.total_steps,
                               reason=f"driver pid {self.driver.pid}"))
+
+    def _adopt(self) -> None:
+        try:
+            self.driver = AdoptedProcess(self.adopt)
+        except ProcessLookupError as e:
+            self.emit(ev.RunEvent(state="failed", exit_code=0, reason=f"{e}: it ended before its run began"))
+            self._ended_at = time.monotonic()
+            return
+        self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(self.cfg),
+                              reason=f"watching pid {self.adopt}, started by its user: "
+                                     f"{shlex.join(self.driver.argv)}"[:500]))
+
+    def _spawn_command(self) -> None:
+        env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
+                                  ingest=self.endpoints["ingest"], heartbeat=self.cfg.telemetry.heartbeat_s)
+        env.update({"GKD_CONTROL": self.endpoints["control"], "GKD_RESTART": str(self.restarts),
+                    "GKD_SUPERVISOR_PID": str(os.getpid())})
+        self.driver_identity = None
+        try:
+            self.driver = DriverProcess(self.command, env, self.run_dir / "logs" / "driver.log")
+        except OSError as e:  # no such program, not executable: the run fails, said, the supervisor stays
+            self.driver = None
+            self._exit_status = 127 if isinstance(e, FileNotFoundError) else 126
+            self.emit(ev.RunEvent(state="failed", restart=self.restarts, exit_code=self._exit_status,
+                                  reason=f"cannot start {shlex.join(self.command)}: {e}"))
+            self._ended_at = time.monotonic()
+            return
+        self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(self.cfg),
+                              reason=f"driver pid {self.driver.pid}: {shlex.join(self.command)}"[:500]))
 
     def _watch_driver(self) -> None:
         d = self.driver
@@ -562,7 +622,10 @@ class Supervisor:
             state, status = "failed", code if code > 0 else 128 - code
         self._exit_status = status
         self._restate_silent(everyone=True)  # the workers' last words before the run's
-        self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=describe_exit(code),
+        reason = describe_exit(code)
+        if isinstance(d, AdoptedProcess):  # not our child: its exit code went to the shell that started it
+            reason, code = f"pid {d.pid} exited (its exit code went to the shell that started it)", None
+        self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=reason,
                               log_tail=tail if state != "finished" else tail[-3:]))
         self._ended_at = time.monotonic()
         self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
@@ -618,7 +681,13 @@ class Supervisor:
         self._auto_dump_stacks(time.monotonic())
 
     def _auto_dump_stacks(self, mono: float) -> None:
-        """Two stacks of every worker named late, a few seconds apart, through the driver."""
+        """Two stacks of every worker named late, a few seconds apart, through the driver (or taken here,
+        for a command run)."""
+        if self.local_stacks is not None:
+            due = self.auto_stacks.due(self.state, mono)
+            if due:
+                self.local_stacks.dump(self.state, due, f"auto-{self.seq}", "diagnosis")
+            return
         if self.driver is None or self.driver_identity is None:
             return  # nobody to ask yet: the alert stands without a stack, and they are taken once it can
         due = self.auto_stacks.due(self.state, mono)
@@ -644,7 +713,9 @@ class Supervisor:
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
         else:
             self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
-                                  total_steps=self.cfg.trainer.total_steps, reason=f"config from {self.config_source}",
+                                  total_steps=None if self.foreign else self.cfg.trainer.total_steps,
+                                  reason=f"a job of its own, telemetry config from {self.config_source}"
+                                  if self.foreign else f"config from {self.config_source}",
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
         self.emit(ev.LogEvent(message=f"supervisor pid {os.getpid()}: run directory {self.run_dir}, control "
                                       f"{self.endpoints['control']}, workers push to {self.endpoints['ingest']}"))
@@ -689,6 +760,8 @@ class Supervisor:
                     # (65,536 workers): the diagnosis never crowds out the events it reads
                     took = time.monotonic() - now
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
+                if self.local_stacks is not None:
+                    self._take_local_stacks()
                 if self._beats_kept:
                     self._write_beats()
                 self.log.flush()

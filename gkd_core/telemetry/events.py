@@ -64,6 +64,9 @@ class PhaseEvent(Event, tag="phase"):
     started: float | None = None
     deadline: float | None = None
     detail: str = ""
+    # the how-manieth call of this method on this worker (an actor's method, a verl worker's); with
+    # no step, the same call number on peers is the same instance of the phase (the straggler rule)
+    call: Int | None = None
 
 
 class HeartbeatEvent(Event, tag="heartbeat"):
@@ -209,6 +212,18 @@ class RayNodeEvent(Event, tag="ray_node"):
     resources: dict[str, float] = {}  # resources_total
 
 
+class RayPlacementGroupEvent(Event, tag="ray_pg"):
+    """A Ray placement group and what it asks for: whether a pool that never starts can ever be placed."""
+
+    pg_id: str = ""
+    name: str = ""
+    state: str = ""  # PENDING, CREATED, RESCHEDULING, REMOVED
+    strategy: str = ""  # PACK, SPREAD, STRICT_PACK, STRICT_SPREAD
+    bundles: list[dict[str, float]] = []
+    scheduling: str = ""  # Ray's word for a pending one, where it says: INFEASIBLE, NO_RESOURCES, ...
+    created: float | None = None  # when Ray took the request, where it says
+
+
 class ActionEvent(Event, tag="action"):
     op: str = ""
     by: str = ""
@@ -219,6 +234,7 @@ class ActionEvent(Event, tag="action"):
 KNOWN = (
     RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, HeartbeatsEvent, SyncEvent, TeacherEvent,
     GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent, RayNodeEvent,
+    RayPlacementGroupEvent,
 )
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
 KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}

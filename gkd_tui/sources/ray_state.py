@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from gkd_core import diagnosis
-from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, RayView, poll
+from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, RayView, poll, poll_placement_groups
 from gkd_core.node.stacks import capture_many, cpu_seconds
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
@@ -137,6 +137,7 @@ class RayStateSource:
     def poll_once(self) -> None:
         try:
             nodes, actors, tasks = poll(self.address, TIMEOUT_S, finished=True)
+            pgs = poll_placement_groups(self.address, TIMEOUT_S)
         except Exception as e:
             what, hint = explain(e, self.address)
             self.error = what
@@ -149,6 +150,7 @@ class RayStateSource:
         running = [t for t in tasks if getattr(t, "state", "RUNNING") == "RUNNING"]
         self.truncated = len(actors) >= LIMIT or len(running) >= LIMIT or len(tasks) - len(running) >= LIMIT
         self._apply(self.view.events(nodes, actors, tasks))
+        self._apply(self.view.placement_groups(pgs))
         self._apply(self.cpu_samples())
         self.diagnose()
 

@@ -27,7 +27,7 @@ class SyncGauge(Pane):
             t.append("no weight sync yet", style="dim")
             self.put(t)
             return
-        frac = min(1.0, v.fraction)
+        frac = max(0.0, min(1.0, v.fraction))
         style = fraction_style(v.fraction, v.state)
         filled = int(frac * BAR)
         t.append(f"sync {v.sync_id} ")

@@ -1,0 +1,183 @@
+"""What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
+
+The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
+start and end, a few hundred nanoseconds each. A watcher thread, every ``TICK_S``, shows the newest
+call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
+return to ``idle`` with its real end. So a job of a thousand tiny calls a second costs no events, and
+a call that hangs is on the dashboard 20 ms after it began, with the time it began.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import sys
+import threading
+import time
+from typing import Callable
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.reporter import Reporter
+
+TICK_S = 0.02
+SHOW_AFTER_S = 0.02
+PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answers so far) is asked
+# a call that ended before it could be shown is still sent, after the fact, while the process shows
+# nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against,
+# and a job of a thousand tiny calls a second costs at most 50 of them a second
+BRIEF_PER_TICK = 1
+
+
+class Call:
+    __slots__ = ("name", "number", "started", "ended", "detail", "deadline", "progress", "step", "wait", "shown")
+
+    def __init__(self, name: str, number: int, detail: str = "", deadline: float | None = None,
+                 progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False):
+        self.name, self.number, self.detail, self.deadline, self.step = name, number, detail, deadline, step
+        self.started = time.time()
+        self.ended: float | None = None
+        self.progress = progress  # asked from the watcher's thread: what the call has left to do
+        self.wait = wait  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
+        self.shown = False
+
+
+class Activity:
+    """The calls a process is in. ``enter``/``leave`` from any thread; a thread of its own shows them.
+
+    ``identify`` (called on the watcher's thread until it answers) gives the Reporter once the process
+    knows who it is: an actor learns its name from its creator a moment after its ``__init__`` began.
+    """
+
+    def __init__(self, identify: Callable[[], Reporter | None]):
+        self._identify = identify
+        self._active: dict[int, Call] = {}
+        self._counts: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._brief: collections.deque[Call] = collections.deque(maxlen=256)  # ended, perhaps never shown
+        self.reporter: Reporter | None = None
+
+    def enter(self, name: str, detail: str = "", deadline: float | None = None,
+              progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False) -> int:
+        """A call begins; ``step``: the training step it belongs to, where the job says (verl's timers);
+        ``wait``: it waits for others (``ray.get``): inside a phase it is that phase's detail."""
+        number = self._counts.get(name, 0) + 1
+        self._counts[name] = number
+        token = next(self._ids)
+        self._active[token] = Call(name, number, detail, deadline, progress, step, wait)
+        if self._thread is None:
+            self.start()
+        return token
+
+    def leave(self, token: int) -> None:
+        call = self._active.pop(token, None)
+        if call is not None:
+            call.ended = time.time()
+            if not call.wait:
+                self._brief.append(call)
+
+    def close(self) -> None:
+        """Stop watching (the watcher lives as long as the process otherwise)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="gkd-activity", daemon=True)
+                self._thread.start()
+
+    # --- the watcher's thread -------------------------------------------------------------
+
+    def _view(self, now: float) -> tuple[Call | None, Call | None]:
+        """(the call shown as the phase, the call whose detail is shown): the newest call that has lasted
+        SHOW_AFTER_S; a wait inside a phase shows as that phase with the wait's detail."""
+        calls = sorted((c for c in list(self._active.values()) if now - c.started >= SHOW_AFTER_S),
+                       key=lambda c: c.started)
+        if not calls:
+            return None, None
+        newest = calls[-1]
+        if newest.wait:
+            outer = [c for c in calls[:-1] if not c.wait]
+            if outer:
+                return outer[-1], newest
+        return newest, newest
+
+    def _watch(self) -> None:
+        shown: tuple[Call | None, Call | None] = (None, None)
+        last_ended: float | None = None  # when the newest call shown (or sent after the fact) ended
+        shown_detail = ""
+        next_progress = 0.0
+        while not self._closed.wait(TICK_S):
+            if self.reporter is None:
+                try:
+                    self.reporter = self._identify()
+                except Exception as e:  # never the job's problem: said once, and this process goes unseen
+                    print(f"gkd: this process cannot report to the run ({type(e).__name__}: {e})", file=sys.stderr)
+                    return
+                if self.reporter is None:
+                    continue
+            now = time.time()
+            view = self._view(now)
+            phase, about = view
+            if view[0] is not shown[0] or view[1] is not shown[1]:
+                gone = [c for c in shown if c is not None and c.ended]
+                last_ended = max((c.ended for c in gone), default=last_ended)
+                if phase is None:
+                    if shown[0] is not None:
+                        ended = last_ended or now
+                        self.reporter.emit(ev.PhaseEvent(phase="idle", started=ended, ts=ended))
+                    last_ended = self._send_brief(last_ended, now)
+                else:
+                    if shown[0] is None or gone:  # what began and ended between the last phase and this one
+                        last_ended = self._send_brief(last_ended, phase.started)
+                    shown_detail = about.detail
+                    next_progress = now  # the first answer to "who has answered" at the next tick
+                    # a phase shown again once what it called has returned: from then, not from its start
+                    back = last_ended if phase is not shown[0] and gone and last_ended > phase.started else None
+                    self._show(phase, about, shown_detail, now, back)
+                shown = view
+            elif phase is None:
+                last_ended = self._send_brief(last_ended, now)
+            else:
+                self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
+                if about.progress is not None and now >= next_progress:
+                    next_progress = now + PROGRESS_EVERY_S
+                    try:
+                        detail = about.progress()
+                    except Exception as e:
+                        detail = f"{about.detail} (progress unknown: {type(e).__name__})"
+                    if detail != shown_detail:
+                        shown_detail = detail
+                        self._show(phase, about, detail, now)
+
+    def _send_brief(self, since: float | None, until: float) -> float | None:
+        """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
+        phases after the fact (their start, then idle at their end), the newest BRIEF_PER_TICK. Returns the
+        end of the last one sent (else ``since``)."""
+        if not self._brief:
+            return since
+        active = list(self._active.values())
+        brief = [c for c in self._brief if not c.shown and (since is None or c.started >= since)
+                 and c.ended <= until and not any(a.started < c.started for a in active)]
+        self._brief.clear()
+        for call in brief[-BRIEF_PER_TICK:]:
+            call.shown = True
+            self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,
+                                             call=None if call.step is not None else call.number,
+                                             detail=call.detail[:300], ts=call.started))
+            self.reporter.emit(ev.PhaseEvent(phase="idle", started=call.ended, ts=call.ended))
+            since = call.ended
+        return since
+
+    def _show(self, phase: Call, about: Call, detail: str, now: float, since: float | None = None) -> None:
+        # a step's phases are instances by step; a method's, by call number
+        phase.shown = about.shown = True
+        self.reporter.emit(ev.PhaseEvent(phase=phase.name, started=since or phase.started,
+                                         deadline=about.deadline or phase.deadline, step=phase.step,
+                                         call=None if phase.step is not None else phase.number,
+                                         detail=(f"{about.name}: {detail}" if about is not phase else detail)[:300],
+                                         ts=now))

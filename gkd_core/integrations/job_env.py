@@ -1,0 +1,52 @@
+"""What a command run by the supervisor finds in its environment, and what its Ray workers are given.
+
+The supervisor sets these for ``launch -- COMMAND`` (``command_env``); every process of the job reads
+them (``asked``, ``run_vars``). Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+REPORT = "GKD_REPORT"  # "1": the processes of this job report to the run the variables below name
+RUN_ID, RUN_DIR, INGEST = "GKD_RUN_ID", "GKD_RUN_DIR", "GKD_INGEST"
+HEARTBEAT_S = "GKD_HEARTBEAT_S"
+RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S)
+
+# Ray reads RAY_RUNTIME_ENV_HOOK in ray.init and passes the job's runtime_env through that function:
+# ours adds the run's variables and a worker setup hook. One the user had set is kept and called first.
+RAY_HOOK = "RAY_RUNTIME_ENV_HOOK"
+USER_RAY_HOOK = "GKD_USER_RUNTIME_ENV_HOOK"
+OUR_RAY_HOOK = "gkd_core.integrations.ray_hook.runtime_env_hook"
+WORKER_SETUP_HOOK = "gkd_core.integrations.ray_hook.setup_worker"
+
+
+def asked(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process belongs to a job that a run watches."""
+    return environ.get(REPORT) == "1" and bool(environ.get(INGEST)) and bool(environ.get(RUN_ID))
+
+
+def run_vars(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The variables every process of the job needs to report (what a Ray worker is given)."""
+    return {k: environ[k] for k in RUN_VARS if environ.get(k)}
+
+
+def heartbeat_s(environ: Mapping[str, str] = os.environ) -> float:
+    try:
+        return min(60.0, max(0.1, float(environ.get(HEARTBEAT_S, "1"))))
+    except ValueError:
+        return 1.0
+
+
+def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: str,
+                heartbeat: float) -> dict[str, str]:
+    """The environment of a command the supervisor starts as the run's driver."""
+    env = dict(base)
+    env.update({REPORT: "1", RUN_ID: run_id, RUN_DIR: run_dir, INGEST: ingest, HEARTBEAT_S: f"{heartbeat:g}",
+                "PYTHONUNBUFFERED": "1"})
+    theirs = env.get(RAY_HOOK, "")
+    if theirs and theirs != OUR_RAY_HOOK:
+        env[USER_RAY_HOOK] = theirs
+    env[RAY_HOOK] = OUR_RAY_HOOK
+    return env

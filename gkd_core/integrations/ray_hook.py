@@ -1,0 +1,320 @@
+"""Any Ray job's processes reporting to a run, through Ray's own hooks, with no edit to the job.
+
+- ``runtime_env_hook`` (Ray calls it in ``ray.init`` when ``RAY_RUNTIME_ENV_HOOK`` names it, which
+  ``launch -- COMMAND`` does): adds the run's variables and ``setup_worker`` as the job's worker setup
+  hook to the job's runtime_env, so every worker of the job reports, whether the command started Ray
+  or joined a running cluster. The driver reports its waits, and the cluster's nodes and placement
+  groups (cluster_watch). With ``GKD_WATCH=1`` and no run yet, it starts one first (opt_in).
+- ``setup_worker`` (in every worker, before any task): each actor's method calls become its phases,
+  with their call numbers, and its waits on other actors their detail (waits).
+
+An actor is named by its class and the order its creator made it in (``Learner/3``, the fourth
+``Learner``): the creator writes the name to Ray's key-value store, where the actor reads it. A hook
+the user had set is called first (the runtime-env hook) or kept (the setup hook). Nothing here raises
+into the job: a failure is said once on stderr, and the job runs on unwatched.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gkd_core.integrations import job_env, opt_in
+from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.cluster_watch import ClusterWatch
+from gkd_core.integrations.waits import RefBook, Wait
+from gkd_core.node.stacks import install_faulthandler
+from gkd_core.telemetry.reporter import Reporter
+
+USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
+KV_NAMESPACE = "gkd"
+NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
+_said: set[str] = set()
+
+
+def _say_once(what: str, err: BaseException) -> None:
+    if what not in _said:
+        _said.add(what)
+        print(f"gkd: {what} failed, this process is not watched by the run ({type(err).__name__}: {err})",
+              file=sys.stderr, flush=True)
+
+
+def _load(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+# --- the driver -----------------------------------------------------------------------------
+
+def runtime_env_hook(runtime_env: dict | None) -> dict | None:
+    """Ray's ``RAY_RUNTIME_ENV_HOOK``: the job's runtime_env with the run's reporting added."""
+    theirs = os.environ.get(job_env.USER_RAY_HOOK)
+    if theirs:
+        runtime_env = _load(theirs)(runtime_env)  # theirs first, and its errors are the job's, as without us
+    if opt_in.wanted():
+        try:
+            opt_in.start_run()
+        except Exception as e:
+            _say_once("starting a run for this job (GKD_WATCH=1)", e)
+            return runtime_env
+    if not job_env.asked():
+        return runtime_env
+    try:
+        out = dict(runtime_env or {})
+        env_vars = dict(out.get("env_vars") or {})
+        for k, v in job_env.run_vars().items():
+            env_vars.setdefault(k, v)
+        setup = out.get("worker_process_setup_hook")
+        if setup is None:
+            out["worker_process_setup_hook"] = job_env.WORKER_SETUP_HOOK
+        elif isinstance(setup, str):
+            env_vars[USER_SETUP_HOOK] = setup
+            out["worker_process_setup_hook"] = job_env.WORKER_SETUP_HOOK
+        else:  # a function: Ray pickles it for the workers; ours runs after it
+            out["worker_process_setup_hook"] = functools.partial(_after, setup)
+        out["env_vars"] = env_vars
+    except Exception as e:
+        _say_once("adding the run's reporting to the Ray job", e)
+        return runtime_env
+    try:
+        _install("driver")
+    except Exception as e:
+        _say_once("watching the driver", e)
+    return out
+
+
+def _after(their_setup) -> None:
+    their_setup()
+    setup_worker()
+
+
+# --- every worker -----------------------------------------------------------------------------
+
+def setup_worker() -> None:
+    """Ray's ``worker_process_setup_hook``: this worker's actor reports its calls."""
+    theirs = os.environ.get(USER_SETUP_HOOK)
+    if theirs:
+        _load(theirs)()  # their hook's failure is theirs to have, as it was without us
+    if not job_env.asked():
+        return
+    try:
+        _install("worker")
+    except Exception as e:
+        _say_once("watching this Ray worker", e)
+
+
+class _Process:
+    """This process's part: its Activity, and (in a worker) the actor it hosts."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.run = os.environ.get(job_env.RUN_ID, "")
+        self.actor_id = ""
+        self.class_name = ""
+        self.asked_since = 0.0
+        self.activity = Activity(self._identify)
+        self.created: dict[str, int] = {}  # class -> actors this process made of it (the next index to try)
+        self.names: dict[str, str] = {}  # actor id -> its name, for the actors this process knows
+        self.book = RefBook()  # the calls this process made, by ref
+        self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
+        self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
+
+    def _reporter(self, src: str) -> Reporter:
+        return Reporter(src, heartbeat_s=job_env.heartbeat_s())
+
+    def _identify(self) -> Reporter | None:
+        if self.kind == "driver":
+            r = self._reporter("driver")
+            r.register("driver")
+            return r
+        if not self.actor_id:
+            return None  # a task worker until an actor's __init__ runs here
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        name = _internal_kv_get(f"{self.run}/actor/{self.actor_id}", namespace=KV_NAMESPACE)
+        if name is None and time.monotonic() - self.asked_since < NAME_WAIT_S:
+            return None  # its creator writes it a moment after creating it
+        src = name.decode() if name else f"{self.class_name}/{self.actor_id[:8]}"
+        role, _, rank = src.rpartition("/")
+        r = self._reporter(src)
+        r.register(role, int(rank) if rank.isdigit() else None, actor_id=self.actor_id)
+        return r
+
+    def entering_actor(self, actor: Any) -> None:
+        if self.actor_id:
+            return
+        import ray
+
+        self.class_name = type(actor).__name__
+        self.asked_since = time.monotonic()
+        self.actor_id = ray.get_runtime_context().get_actor_id() or ""
+
+    def name_created(self, class_name: str, actor_id: str) -> None:
+        """The name of an actor this process just made: the first free ``class_name/N`` of the run."""
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        n = self.created.get(class_name, 0)
+        # another process may make actors of the same class: a slot is claimed, never taken twice
+        while _internal_kv_put(f"{self.run}/slot/{class_name}/{n}", actor_id, overwrite=False,
+                               namespace=KV_NAMESPACE):
+            n += 1
+        self.created[class_name] = n + 1
+        self.names[actor_id] = f"{class_name}/{n}"
+        _internal_kv_put(f"{self.run}/actor/{actor_id}", self.names[actor_id], namespace=KV_NAMESPACE)
+
+    def name_of(self, handle: Any) -> str:
+        """The name of the actor behind ``handle``: known here, else from its creator's note (once)."""
+        actor_id = handle._ray_actor_id.hex()
+        name = self.names.get(actor_id)
+        if name is None:
+            from ray.experimental.internal_kv import _internal_kv_get
+
+            got = _internal_kv_get(f"{self.run}/actor/{actor_id}", namespace=KV_NAMESPACE)
+            name = self.names[actor_id] = got.decode() if got else f"actor {actor_id[:8]}"
+        return name
+
+    def emit(self, event) -> None:
+        if self.activity.reporter is not None:
+            self.activity.reporter.emit(event)
+
+
+_process: _Process | None = None
+_install_lock = threading.Lock()
+
+
+def installed() -> _Process | None:
+    """This process's part, once a hook (or a framework plugin) installed it."""
+    return _process
+
+
+def in_ray_worker() -> bool:
+    import ray
+
+    return ray.is_initialized() and ray._private.worker.global_worker.mode == ray.WORKER_MODE
+
+
+def ensure_installed() -> _Process:
+    """For a framework plugin, which may be imported before Ray's hooks ran (verl's driver imports verl
+    before ``ray.init``): a Ray worker's part, or else the driver's."""
+    if _process is None:
+        _install("worker" if in_ray_worker() else "driver")
+    return _process
+
+
+def _install(kind: str) -> None:
+    global _process
+    with _install_lock:
+        if _process is not None:
+            return
+        _process = _Process(kind)
+        run_dir = Path(os.environ.get(job_env.RUN_DIR, ""))
+        if run_dir.name and run_dir.is_dir():  # this node holds the run: stacks without py-spy, on SIGUSR1
+            install_faulthandler(run_dir / "stacks")
+        _patch_actor_creation()
+        _patch_waits()  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
+        if kind == "worker":
+            _patch_actor_methods()
+        else:
+            _process.activity.start()
+            ClusterWatch(_process.emit).start()  # a worker group that never starts has nobody else to say so
+
+
+def _patch_actor_creation() -> None:
+    from ray.actor import ActorClass, ActorMethod
+
+    make = ActorClass._remote
+
+    @functools.wraps(make)
+    def _remote(self, *args, **kwargs):
+        handle = make(self, *args, **kwargs)
+        try:
+            _process.name_created(self.__ray_metadata__.class_name, handle._ray_actor_id.hex())
+        except Exception as e:
+            _say_once("naming a new actor", e)
+        return handle
+
+    ActorClass._remote = _remote
+
+    call = ActorMethod._remote
+
+    @functools.wraps(call)
+    def _call(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        try:
+            _process.book.sent(_process.name_of(self._actor), self._method_name, out)
+        except Exception as e:
+            _say_once("noting an actor call", e)
+        return out
+
+    ActorMethod._remote = _call
+
+
+def _patch_actor_methods() -> None:
+    from ray._private.function_manager import FunctionActorManager
+
+    make = FunctionActorManager._make_actor_method_executor
+
+    @functools.wraps(make)
+    def make_executor(self, method_name: str, method):
+        executor = make(self, method_name, method)
+        if method_name.startswith("__ray"):
+            return executor  # Ray's own (ready checks, terminate)
+        activity = _process.activity
+        if inspect.iscoroutinefunction(method):
+            async def run(__ray_actor, *args, **kwargs):
+                _process.entering_actor(__ray_actor)
+                token = activity.enter(method_name)
+                try:
+                    return await executor(__ray_actor, *args, **kwargs)
+                finally:
+                    activity.leave(token)
+        else:
+            def run(__ray_actor, *args, **kwargs):
+                _process.entering_actor(__ray_actor)
+                token = activity.enter(method_name)
+                try:
+                    return executor(__ray_actor, *args, **kwargs)
+                finally:
+                    activity.leave(token)
+        run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
+        return run
+
+    FunctionActorManager._make_actor_method_executor = make_executor
+
+
+def _patch_waits() -> None:
+    """``ray.get`` and ``ray.wait`` on the main thread: what they wait for, as a phase or as the detail of
+    the phase they are in; a wait on a weight sync, a ``sync``."""
+    import ray
+
+    for name in ("get", "wait"):
+        original = getattr(ray, name)
+
+        def waiting(refs, *args, _original=original, _name=f"ray.{name}", **kwargs):
+            p = _process
+            if threading.current_thread() is not threading.main_thread() or (p.kind == "worker" and not p.actor_id):
+                return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
+            timeout = kwargs.get("timeout")
+            wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
+                        p.step)
+            token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
+                                     deadline=time.time() + timeout if isinstance(timeout, (int, float)) else None)
+            error = None
+            try:
+                return _original(refs, *args, **kwargs)
+            except BaseException as e:
+                error = e
+                raise
+            finally:
+                p.activity.leave(token)
+                wait.ended(error)
+
+        functools.update_wrapper(waiting, original)
+        setattr(ray, name, waiting)

@@ -1,0 +1,129 @@
+"""A watched process's waits on Ray: who it waits for, who has answered, and weight syncs as syncs.
+
+Every actor call this process makes is noted (``RefBook.sent``: the ref, the actor's name, the
+method), so a ``ray.get`` on a list of refs is shown as what it is: "1 of 2 answered; waiting for
+rollout/1.sync_rollout_weights". A wait whose calls are all a weight-sync method (verl's
+``sync_rollout_weights``, ``update_weights``) is also a ``sync`` event, started, progressing and
+done or failed, against the sync timeout (verl's ``nccl_timeout`` where the verl plugin read it):
+the dashboard's sync gauge, with the pending workers, for a job that is not ours.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import re
+import threading
+import time
+from typing import Any, Callable
+
+from gkd_core.telemetry import events as ev
+
+BOOK_MAX = 65_536  # calls remembered; a wait on an older one says "an object" instead of its worker
+SYNC_METHOD = re.compile(r"sync.*weight|weight.*sync|update_weights|broadcast_weights")
+SYNC_TIMEOUT_ENV = "GKD_SYNC_TIMEOUT_S"  # where nothing better is known (verl's nccl_timeout is)
+DEFAULT_SYNC_TIMEOUT_S = 600.0  # NCCL's and verl's default
+
+
+class RefBook:
+    """ref -> (worker, method) of the calls this process made, the newest ``BOOK_MAX``."""
+
+    def __init__(self):
+        self._calls: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
+
+    def sent(self, worker: str, method: str, out: Any) -> None:
+        refs = out if isinstance(out, list) else [out]
+        for ref in refs:
+            binary = getattr(ref, "binary", None)
+            if binary is not None:
+                self._calls[binary()] = (worker, method)
+        while len(self._calls) > BOOK_MAX:
+            self._calls.popitem(last=False)
+
+    def who(self, ref: Any) -> tuple[str, str] | None:
+        binary = getattr(ref, "binary", None)
+        return self._calls.get(binary()) if binary is not None else None
+
+
+def _names(calls: list[tuple[str, str] | None], unknown: int = 0) -> str:
+    """`rollout/1.sync_rollout_weights` for one; `Learner/3, Learner/9 .train` for several of one method."""
+    known = [c for c in calls if c is not None]
+    unknown += len(calls) - len(known)
+    methods = {m for _, m in known}
+    if len(methods) == 1:
+        workers = [w for w, _ in known]
+        shown = ", ".join(workers[:6]) + (f" … (+{len(workers) - 6})" if len(workers) > 6 else "")
+        out = f"{shown}.{methods.pop()}" if len(workers) == 1 else f"{shown} .{methods.pop()}" if workers else ""
+    else:
+        out = ", ".join(f"{w}.{m}" for w, m in known[:6]) + (f" … (+{len(known) - 6})" if len(known) > 6 else "")
+    if unknown:
+        out += (", " if out else "") + f"{unknown} other object(s)"
+    return out
+
+
+class Wait:
+    """One wait of the main thread on ``refs``: its phase detail and, for a weight sync, its sync events."""
+
+    _sync_ids = itertools.count(1)
+
+    def __init__(self, book: RefBook, refs: list, emit: Callable[[ev.Event], None], sync_timeout_s: float | None,
+                 step: int | None):
+        self.refs, self.emit, self.step = refs, emit, step
+        self.calls = [book.who(r) for r in refs]
+        methods = {c[1] for c in self.calls if c is not None}
+        self.is_sync = bool(methods) and all(SYNC_METHOD.search(m) for m in methods) and None not in self.calls
+        self.timeout_s = sync_timeout_s or _env_timeout()
+        self.started = time.time()
+        self.sync_id = next(self._sync_ids) if self.is_sync else 0
+        self.pending = [c[0] for c in self.calls if c is not None]
+        self.said_sync = False
+        self._over = False
+        self._lock = threading.Lock()  # progress (the watcher's thread) never says a sync after its end
+
+    def detail(self) -> str:
+        return f"waiting for {_names(self.calls)}" if self.calls else "waiting"
+
+    def progress(self) -> str:
+        """Asked from the watcher's thread: who has answered, without fetching anything."""
+        import ray
+
+        ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        still = {r.binary() for r in pending}
+        waiting = [c for r, c in zip(self.refs, self.calls) if r.binary() in still]
+        if self.is_sync:
+            with self._lock:
+                if not self._over:
+                    self.pending = [c[0] for c in waiting if c is not None]
+                    self._sync("started" if not self.said_sync else "progress")
+        if not waiting:
+            return f"all {len(self.refs)} answered"
+        return f"{len(ready)} of {len(self.refs)} answered; waiting for {_names(waiting)}"
+
+    def _sync(self, state: str, error: str = "") -> None:
+        self.said_sync = True
+        everyone = [c[0] for c in self.calls if c is not None]
+        self.emit(ev.SyncEvent(sync_id=self.sync_id, state=state, timeout_s=self.timeout_s,
+                               elapsed_s=time.time() - self.started, pending=self.pending,
+                               done=[w for w in everyone if w not in self.pending], error=error[:300], step=self.step))
+
+    def ended(self, error: BaseException | None) -> None:
+        """On the main thread, as the wait returns or raises. A sync is said only once it has lasted long
+        enough to be shown (its progress was asked): a fast sync costs no events."""
+        with self._lock:
+            self._over = True
+            if not self.said_sync:
+                return
+            if error is None:
+                self.pending = []
+                self._sync("done")
+            else:
+                kind = "timed_out" if type(error).__name__ == "GetTimeoutError" else "failed"
+                self._sync(kind, f"{type(error).__name__}: {error}")
+
+
+def _env_timeout() -> float:
+    try:
+        return float(os.environ.get(SYNC_TIMEOUT_ENV, DEFAULT_SYNC_TIMEOUT_S))
+    except ValueError:
+        return DEFAULT_SYNC_TIMEOUT_S

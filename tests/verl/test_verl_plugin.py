@@ -1,0 +1,144 @@
+"""verl 0.9 under the dashboard with no edit to its code: the `verl.plugins` entry point and Ray's hooks
+(gkd_core/integrations), on a verl-shaped GKD job made of verl's own pieces (tests/jobs/verl_gkd_job.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gkd_core import rundir
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "tests" / "jobs" / "verl_gkd_job.py"
+pytestmark = pytest.mark.slow
+
+
+def gkd_tui(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def status(run: Path) -> dict | None:
+    got = gkd_tui("status", str(run), "--json", timeout=10)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def wait_until(what: str, check, timeout_s: float, every_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {str(last)[:2000]})")
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def job_env(gkd_home):
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", JOB_HANG_RANK="1", JOB_HANG_STEP="3", JOB_STEPS="6")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_verl_plugin_is_registered_and_does_nothing_when_not_asked():
+    from importlib.metadata import entry_points
+
+    [ep] = [e for e in entry_points(group="verl.plugins") if e.name == "gkd"]
+    assert ep.value == "gkd_core.integrations.verl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GKD_")}
+    probe = ("import threading, verl, sys\n"
+             "from gkd_core.integrations import ray_hook\n"
+             "assert 'gkd_core.integrations.verl' in sys.modules, 'the plugin was not loaded by verl'\n"
+             "print(ray_hook.installed(), sorted(t.name for t in threading.enumerate()))\n")
+    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "None ['MainThread']"
+    assert "gkd" not in got.stderr
+
+
+def test_a_verl_job_run_without_gkd_runs_as_before(job_env):
+    env = {k: v for k, v in job_env.items() if not k.startswith("GKD_") and k != "JOB_HANG_RANK"}
+    env["JOB_STEPS"] = "2"
+    got = subprocess.run([sys.executable, str(JOB)], capture_output=True, text=True, env=env, timeout=240)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "VERL JOB DONE" in got.stdout
+    assert "gkd" not in got.stderr.lower()
+
+
+def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sync(job_env):
+    stuck_line = next(i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "the line its stack" in line)
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=job_env)
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        # step 3's sync: rank 0 returned, rank 1 never will
+        def in_sync():
+            snap = status(run)
+            view = snap and snap["sync_view"]
+            return snap if view and view["running"] and view["pending"] == ["ActorRolloutWorker/1"] else None
+
+        snap = wait_until("the driver's wait on sync_rollout_weights, rank 1 pending", in_sync, 180)
+        st = snap["state"]
+        assert snap["sync_view"]["timeout_s"] == 600.0
+        assert st["step"] == 3
+        driver = st["workers"]["driver"]
+        assert driver["phase"] == "update_weights" and driver["phase_step"] == 3, driver  # verl's timer
+        assert "waiting for ActorRolloutWorker/1.sync_rollout_weights" in driver["detail"], driver
+        ranks = {w["rank"]: w for s, w in st["workers"].items() if w["role"] == "ActorRolloutWorker"}
+        assert sorted(ranks) == [0, 1]
+        assert ranks[1]["phase"] == "sync_rollout_weights" and ranks[1]["phase_call"] == 3
+        # verl's timers as the driver's phases, by step; its metrics per step
+        ev = events(run)
+        timers = {(e["phase"], e.get("step")) for e in ev if e.get("kind") == "phase" and e["src"] == "driver"}
+        # (a sync of a few ms is never shown: calls under 20 ms send nothing)
+        assert {("step", 1), ("gen", 1), ("update_actor", 1), ("gen", 2), ("update_weights", 3)} <= timers
+        metrics = [e for e in ev if e.get("kind") == "metrics"]
+        assert [m["step"] for m in metrics][:2] == [1, 2]
+        assert metrics[1]["loss"] == pytest.approx(0.5) and "gen" in metrics[1]["timing"]
+        started = min(e["ts"] for e in ev if e.get("kind") == "sync" and e["state"] == "started"
+                      and e["pending"] == ["ActorRolloutWorker/1"])
+
+        def named():
+            snap = status(run)
+            alerts = snap["state"]["alerts"].values() if snap else []
+            return [a for a in alerts if a["code"] == "straggler" and a["targets"] == ["ActorRolloutWorker/1"]
+                    and not a.get("cleared")]
+
+        [alert] = wait_until("rank 1 named by its peer", named, 30)
+        assert alert["since"] - started < 10, alert
+        assert "sync_rollout_weights" in alert["message"]
+
+        got = gkd_tui("dump-stacks", "--run", str(run), "--json", "ActorRolloutWorker/1", timeout=30)
+        dump = json.loads(got.stdout)
+        assert got.returncode == 0, (dump.get("missing"), [e for e in events(run) if e.get("op") == "dump_stacks"
+                                                           or e.get("kind") == "stack"][-6:])
+        assert f"verl_gkd_job.py:{stuck_line}" in dump["groups"][0]["stack"]
+    finally:
+        gkd_tui("stop", str(run))
+
+
+def test_verls_own_single_controller_tests_pass_with_the_plugin_active(tmp_path):
+    """The plugin loaded and asked (a run's variables set): verl's CPU tests of its worker groups and
+    decorators, as verl ships them."""
+    import verl
+
+    tests = Path(verl.__file__).resolve().parent.parent / "tests" / "single_controller"
+    chosen = [tests / "test_decorator_on_cpu.py", tests / "test_get_set_dispatch_collect_cpu.py"]
+    chosen = [str(t) for t in chosen if t.exists()]
+    assert chosen, f"verl's tests are not installed beside it ({tests})"
+    env = dict(os.environ, GKD_REPORT="1", GKD_RUN_ID="verl-own-tests", GKD_INGEST=f"ipc://{tmp_path}/nobody.sock")
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *chosen],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert got.returncode == 0, got.stdout[-4000:]
+    assert " passed" in got.stdout and " failed" not in got.stdout
