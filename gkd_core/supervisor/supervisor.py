@@ -153,7 +153,7 @@ class Supervisor:
         self._monitors: list[zmq.Socket] = []
         self._ops: dict[str, Callable[[dict, str], Any]] = {
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
-            "restart": self._op_restart, "cancel": self._forward("cancel"),
+            "restart": self._op_restart, "cancel": self._op_cancel_foreign if self.foreign else self._forward("cancel"),
             "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
             "open_ingest": self._op_open_ingest,
         }
@@ -484,6 +484,10 @@ class Supervisor:
             self.drivers.send_multipart([self.driver_identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
             return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}
         return forward
+
+    def _op_cancel_foreign(self, args: dict, by: str) -> dict:
+        raise Refused("cancel: this run's driver is a job of its own, and cancelling its tasks is not done yet; "
+                      "`gkd-tui dump-stacks` shows where it is, `gkd-tui stop` stops the job")
 
     def _op_dump_local(self, args: dict, by: str) -> dict:
         dump_id = args.get("dump_id") or f"dump-{self.seq}"

@@ -5,7 +5,9 @@ verl's ``RayResourcePool(use_gpu=False)`` and ``RayWorkerGroup``; worker methods
 ``@register(Dispatch.ONE_TO_ALL, blocking=False)``; a trainer loop of ``marked_timer`` phases with
 ``Tracking`` metrics; ``sync_rollout_weights`` a real gloo broadcast from rank 0. With
 ``JOB_HANG_RANK=1`` that rank never finishes its sync at step ``JOB_HANG_STEP`` (it sleeps after the
-broadcast, loading the weights into its engine), while rank 0 returns: seed 001's hang.
+broadcast, loading the weights into its engine), while rank 0 returns: seed 001's hang. With
+``JOB_MAX_COLOCATE=10`` (verl's default) each worker asks 10 CPUs of a 4-CPU node: seed 003's
+"workers never start".
 """
 
 import os
@@ -62,8 +64,9 @@ class ActorRolloutWorker(Worker):
 
 
 def main() -> int:
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(num_cpus=4, include_dashboard=os.environ.get("JOB_DASHBOARD") == "1")
     pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=COLOCATE)
+    print("asking for the pool", flush=True)
     wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorRolloutWorker))
     store = tempfile.mktemp(prefix="verl-gkd-store-")
     ray.get(wg.init_model(store))
