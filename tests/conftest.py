@@ -105,9 +105,32 @@ def start_supervisor(gkd_home):
 
 def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
+    value = None
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
         time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {str(value)[:2000]})")
+
+
+def gkd_tui(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    """The command line, as a user runs it, from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def status_json(run: Path) -> dict | None:
+    """`gkd-tui status --json` of ``run``, or None when it does not answer."""
+    import json
+
+    got = gkd_tui("status", str(run), "--json", timeout=10)
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def read_until(proc: subprocess.Popen, text: str, max_lines: int = 500) -> None:
+    """Read a process's output until a line holds ``text`` (its output says what it got to instead)."""
+    seen: list[str] = []
+    while not any(text in line for line in seen) and proc.poll() is None and len(seen) < max_lines:
+        seen.append(proc.stdout.readline())
+    assert any(text in line for line in seen), "".join(seen)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import gkd_tui, read_until, status_json, wait_until
 
 from gkd_core import rundir
 from gkd_core.integrations import job_env, ray_hook
@@ -20,31 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent
 JOBS = ROOT / "tests" / "jobs"
 
 
-def gkd_tui(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def status(run: Path) -> dict | None:
-    got = gkd_tui("status", str(run), "--json", timeout=10)
-    return json.loads(got.stdout)["state"] if got.returncode == 0 else None
-
-
-def wait_until(what: str, check, timeout_s: float, every_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {last!r})")
-
-
 def launch(command: list[str]) -> Path:
     got = gkd_tui("launch", "--detach", "--linger", "0", "--", *command)
     assert got.returncode == 0, got.stderr
     return rundir.resolve_run(None)
+
+
+def state_of(run: Path) -> dict | None:
+    got = status_json(run)
+    return got["state"] if got else None
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 def wait_ended(run: Path, timeout_s: float) -> str:
@@ -52,7 +41,7 @@ def wait_ended(run: Path, timeout_s: float) -> str:
         ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
         states = [e["state"] for e in ev if e.get("kind") == "run"]
         return states[-1] if states and states[-1] in ("finished", "failed", "stopped") else None
-    return wait_until("the run's end", ended, timeout_s)
+    return wait_until(ended, timeout_s, "the run's end", every_s=0.5)
 
 
 # --- the environment, and nothing when not asked -------------------------------------------------
@@ -116,14 +105,15 @@ def test_sixteen_actors_two_stuck_in_init_one_in_a_call_its_peers_finished(gkd_h
     run = launch([sys.executable, str(job)])
     try:
         def named():
-            st = status(run)
+            st = state_of(run)
             if st is None:
                 return None
             late = {t: a for a in st["alerts"].values() if a["code"] == "straggler" and not a.get("cleared")
                     for t in a["targets"]}
             return st if set(late) == {"Learner/3", "Learner/9", "Learner/11"} else None
 
-        st = wait_until("Learner/3, Learner/11 (in __init__) and Learner/9 (in train) named", named, 120)
+        st = wait_until(named, 120, "Learner/3, Learner/11 (in __init__) and Learner/9 (in train) named",
+                        every_s=0.5)
         ws = st["workers"]
         assert len([w for w in ws if w.startswith("Learner/")]) == 16
         assert ws["Learner/3"]["phase"] == ws["Learner/11"]["phase"] == "__init__"
@@ -140,9 +130,26 @@ def test_sixteen_actors_two_stuck_in_init_one_in_a_call_its_peers_finished(gkd_h
         assert group["targets"] == ["Learner/9"]
         assert f"ray_sixteen_actors.py:{stuck_line}" in group["stack"]
         assert "Learner.train" in group["where"] and "integrations" not in group["where"]
+
+        # c on it: its pending call cancelled by the job's driver; with force, killed, and the job fails
+        def cancelled(mode: str):
+            acts = [e for e in events(run) if e.get("kind") == "action" and e["op"] == "cancel"
+                    and isinstance(e.get("result"), dict) and e["result"].get("mode") == mode]
+            return acts[-1] if acts else None
+
+        got = gkd_tui("cancel", "Learner/9", "--run", str(run))
+        assert got.returncode == 0, got.stderr
+        act = wait_until(lambda: cancelled("cooperative"), 15, "the driver's cancel", every_s=0.2)
+        assert act["ok"] and act["result"]["outcome"]["Learner/9"].startswith("1 pending call(s) cancelled (train)")
+        got = gkd_tui("cancel", "Learner/9", "--force", "--run", str(run))
+        assert got.returncode == 0, got.stderr
+        act = wait_until(lambda: cancelled("force"), 15, "the driver's kill", every_s=0.2)
+        assert act["ok"] and act["result"]["outcome"] == {"Learner/9": "killed"}
+        assert wait_ended(run, 60) == "failed"  # its ray.get raised: the job's own choice, on the record
+        assert "ActorDiedError" in (run / "logs" / "driver.log").read_text() or "TaskCancelledError" in (
+            run / "logs" / "driver.log").read_text()
     finally:
         gkd_tui("stop", str(run))
-    assert wait_ended(run, 60) == "stopped"
 
 
 @pytest.mark.slow
@@ -211,11 +218,11 @@ def test_pools_that_never_start_under_launch(gkd_home):
     run = launch([sys.executable, str(JOBS / "ray_placement_groups.py")])
     try:
         def said():
-            st = status(run)
+            st = state_of(run)
             got = _pool_alerts(st["alerts"].values()) if st else {}
             return got if {"pg/global_pool", "pg/busy_pool"} <= set(got) else None
 
-        got = wait_until("both pools said", said, 60)
+        got = wait_until(said, 60, "both pools said", every_s=0.5)
         assert got["pg/global_pool"]["severity"] == "critical"
         assert "no node has CPU 10 (the largest of 1 node has CPU 4)" in got["pg/global_pool"]["message"]
         assert got["pg/busy_pool"]["severity"] == "warn" and "others hold it" in got["pg/busy_pool"]["message"]
@@ -231,10 +238,7 @@ def test_pools_that_never_start_through_the_ray_state_api_alone():
     job = subprocess.Popen([sys.executable, str(JOBS / "ray_placement_groups.py"), "--dashboard"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        seen = []
-        while not any("pools asked" in line for line in seen) and job.poll() is None and len(seen) < 200:
-            seen.append(job.stdout.readline())
-        assert any("pools asked" in line for line in seen), "".join(seen)
+        read_until(job, "pools asked")
         t0 = time.monotonic()
 
         def said():
@@ -243,7 +247,7 @@ def test_pools_that_never_start_through_the_ray_state_api_alone():
             out = got.stdout
             return out if "can never be placed" in out and "others hold it" in out else None
 
-        out = wait_until("attach --plain names both pools", said, 60, every_s=2)
+        out = wait_until(said, 60, "attach --plain names both pools", every_s=2)
         assert time.monotonic() - t0 < 30 + 15, "said, but not within 30 s of the pools' request (+ one attach)"
         assert "placement group global_pool can never be placed: it asks for {CPU 10} × 2;" in out
         assert "placement group busy_pool pending" in out
@@ -268,16 +272,16 @@ def test_a_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(gkd_home, tm
     proc = subprocess.Popen([sys.executable, str(job)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        run = wait_until("the job's own run", lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest")
-                         .exists() else None, 60)
+        run = wait_until(lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest").exists() else None,
+                         60, "the job's own run", every_s=0.2)
 
         def training():
-            st = status(run)
+            st = state_of(run)
             ws = st["workers"] if st else {}
             return st if {f"Learner/{i}" for i in range(3)} <= set(ws) and ws["Learner/2"]["phase"] == "train" \
                 else None
 
-        st = wait_until("three Learners in train", training, 60, every_s=0.2)
+        st = wait_until(training, 60, "three Learners in train", every_s=0.2)
         assert f"watching pid {proc.pid}" in st["reason"]
         out, err = proc.communicate(timeout=120)
     finally:

@@ -23,11 +23,13 @@ import os
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 from gkd_core.integrations import job_env, opt_in
 from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.cancels import DriverCommands
 from gkd_core.integrations.cluster_watch import ClusterWatch
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.node.stacks import install_faulthandler
@@ -122,6 +124,9 @@ class _Process:
         self.activity = Activity(self._identify)
         self.created: dict[str, int] = {}  # class -> actors this process made of it (the next index to try)
         self.names: dict[str, str] = {}  # actor id -> its name, for the actors this process knows
+        self.handles: dict[str, weakref.ref] = {}  # name -> the handle this process made (for cancel's kill)
+        self.ray_names: dict[str, tuple[str, str | None]] = {}  # name -> (Ray's name, namespace), if named
+        self.current_wait: Wait | None = None  # what the main thread waits on now (cancel reads it)
         self.book = RefBook()  # the calls this process made, by ref
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
@@ -156,17 +161,21 @@ class _Process:
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
 
-    def name_created(self, class_name: str, actor_id: str) -> None:
+    def name_created(self, class_name: str, handle: Any, options: dict) -> None:
         """The name of an actor this process just made: the first free ``class_name/N`` of the run."""
         from ray.experimental.internal_kv import _internal_kv_put
 
+        actor_id = handle._ray_actor_id.hex()
         n = self.created.get(class_name, 0)
         # another process may make actors of the same class: a slot is claimed, never taken twice
         while _internal_kv_put(f"{self.run}/slot/{class_name}/{n}", actor_id, overwrite=False,
                                namespace=KV_NAMESPACE):
             n += 1
         self.created[class_name] = n + 1
-        self.names[actor_id] = f"{class_name}/{n}"
+        name = self.names[actor_id] = f"{class_name}/{n}"
+        self.handles[name] = weakref.ref(handle)
+        if options.get("name"):
+            self.ray_names[name] = (options["name"], options.get("namespace"))
         _internal_kv_put(f"{self.run}/actor/{actor_id}", self.names[actor_id], namespace=KV_NAMESPACE)
 
     def name_of(self, handle: Any) -> str:
@@ -179,6 +188,17 @@ class _Process:
             got = _internal_kv_get(f"{self.run}/actor/{actor_id}", namespace=KV_NAMESPACE)
             name = self.names[actor_id] = got.decode() if got else f"actor {actor_id[:8]}"
         return name
+
+    def handle_of(self, name: str) -> Any:
+        """A handle to the actor ``name``: the one this process made, else by its Ray name."""
+        ref = self.handles.get(name)
+        handle = ref() if ref is not None else None
+        if handle is None and name in self.ray_names:
+            import ray
+
+            ray_name, namespace = self.ray_names[name]
+            handle = ray.get_actor(ray_name, namespace=namespace)
+        return handle
 
     def emit(self, event) -> None:
         if self.activity.reporter is not None:
@@ -224,6 +244,8 @@ def _install(kind: str) -> None:
         else:
             _process.activity.start()
             ClusterWatch(_process.emit).start()  # a worker group that never starts has nobody else to say so
+            if os.environ.get(job_env.COMMANDS):
+                DriverCommands(_process, _process.emit, os.environ[job_env.COMMANDS]).start()
 
 
 def _patch_actor_creation() -> None:
@@ -235,7 +257,7 @@ def _patch_actor_creation() -> None:
     def _remote(self, *args, **kwargs):
         handle = make(self, *args, **kwargs)
         try:
-            _process.name_created(self.__ray_metadata__.class_name, handle._ray_actor_id.hex())
+            _process.name_created(self.__ray_metadata__.class_name, handle, kwargs)
         except Exception as e:
             _say_once("naming a new actor", e)
         return handle
@@ -307,6 +329,7 @@ def _patch_waits() -> None:
             token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
                                      deadline=time.time() + timeout if isinstance(timeout, (int, float)) else None)
             error = None
+            outer, p.current_wait = p.current_wait, wait
             try:
                 return _original(refs, *args, **kwargs)
             except BaseException as e:
@@ -315,6 +338,7 @@ def _patch_waits() -> None:
             finally:
                 p.activity.leave(token)
                 wait.ended(error)
+                p.current_wait = outer
 
         functools.update_wrapper(waiting, original)
         setattr(ray, name, waiting)

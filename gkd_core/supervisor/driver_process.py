@@ -46,7 +46,7 @@ class DriverProcess:
 
     def terminate(self, grace_s: float) -> None:
         """SIGTERM to the whole group now, SIGKILL after ``grace_s`` (through ``tick``)."""
-        if self.proc.poll() is not None or self._kill_at is not None:
+        if self.poll() is not None or self._kill_at is not None:
             return
         self._signal(signal.SIGTERM)
         self._kill_at = time.monotonic() + grace_s
@@ -94,10 +94,11 @@ def headline(tail: list[str]) -> str:
     return tail[-1].strip() if tail else ""
 
 
-class AdoptedProcess:
+class AdoptedProcess(DriverProcess):
     """A driver the supervisor did not start (a job run as its user runs it, that asked for a run of its
-    own: gkd_core/integrations/opt_in.py). The same interface as ``DriverProcess``; its exit code is not
-    ours to read, so its end is "exited" (0), and what it said before is in the run's events."""
+    own: gkd_core/integrations/opt_in.py). Its exit code is not ours to read, so its end is "exited"
+    (0), and what it said before is in the run's events. Only it is signalled, never its group (its
+    shell's), and never a process that took its pid over."""
 
     def __init__(self, pid: int):
         self.pid = pid
@@ -106,28 +107,17 @@ class AdoptedProcess:
         if self._birth is None:
             raise ProcessLookupError(f"no process {pid} to watch")
         self.argv = _cmdline(pid)
+        self.log_path = None
         self._kill_at: float | None = None
 
     def poll(self) -> int | None:
-        birth = _start_ticks(self.pid)
-        return None if birth == self._birth and _state(self.pid) not in ("Z", "X", None) else 0
-
-    def terminate(self, grace_s: float) -> None:
-        if self.poll() is not None or self._kill_at is not None:
-            return
-        self._signal(signal.SIGTERM)
-        self._kill_at = time.monotonic() + grace_s
-
-    def tick(self) -> None:
-        if self._kill_at is not None and time.monotonic() >= self._kill_at:
-            self._signal(signal.SIGKILL)
-            self._kill_at = float("inf")
+        return None if _start_ticks(self.pid) == self._birth and _state(self.pid) not in ("Z", "X", None) else 0
 
     def kill_now(self) -> None:
         pass  # not ours: a supervisor that goes away leaves the job it watched alone
 
     def _signal(self, sig: int) -> None:
-        if self.poll() is None:  # never a new process that took the pid over
+        if self.poll() is None:
             try:
                 os.kill(self.pid, sig)
             except OSError:

@@ -486,8 +486,11 @@ class Supervisor:
         return forward
 
     def _op_cancel_foreign(self, args: dict, by: str) -> dict:
-        raise Refused("cancel: this run's driver is a job of its own, and cancelling its tasks is not done yet; "
-                      "`gkd-tui dump-stacks` shows where it is, `gkd-tui stop` stops the job")
+        """A job of its own: its driver cancels (gkd_core/integrations/cancels.py) once it has called ray.init."""
+        if self.driver is not None and self.driver.poll() is None and self.driver_identity is None:
+            raise Refused("cancel: the job's driver has not called ray.init yet (there is nothing of Ray to cancel); "
+                          "`gkd-tui dump-stacks driver` shows where it is")
+        return self._forward("cancel")(args, by)
 
     def _op_dump_local(self, args: dict, by: str) -> dict:
         dump_id = args.get("dump_id") or f"dump-{self.seq}"
@@ -585,7 +588,8 @@ class Supervisor:
 
     def _spawn_command(self) -> None:
         env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
-                                  ingest=self.endpoints["ingest"], heartbeat=self.cfg.telemetry.heartbeat_s)
+                                  ingest=self.endpoints["ingest"], heartbeat=self.cfg.telemetry.heartbeat_s,
+                                  commands=self.endpoints["driver"])
         env.update({"GKD_CONTROL": self.endpoints["control"], "GKD_RESTART": str(self.restarts),
                     "GKD_SUPERVISOR_PID": str(os.getpid())})
         self.driver_identity = None

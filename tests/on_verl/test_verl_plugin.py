@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import gkd_tui, read_until, status_json, wait_until
 
 from gkd_core import rundir
 
@@ -26,27 +27,6 @@ except ImportError as e:
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "jobs" / "verl_gkd_job.py"
 pytestmark = pytest.mark.slow
-
-
-def gkd_tui(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def status(run: Path) -> dict | None:
-    got = gkd_tui("status", str(run), "--json", timeout=10)
-    return json.loads(got.stdout) if got.returncode == 0 else None
-
-
-def wait_until(what: str, check, timeout_s: float, every_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s (last: {str(last)[:2000]})")
 
 
 def events(run: Path) -> list[dict]:
@@ -93,11 +73,11 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
     try:
         # step 3's sync: rank 0 returned, rank 1 never will
         def in_sync():
-            snap = status(run)
+            snap = status_json(run)
             view = snap and snap["sync_view"]
             return snap if view and view["running"] and view["pending"] == ["ActorRolloutWorker/1"] else None
 
-        snap = wait_until("the driver's wait on sync_rollout_weights, rank 1 pending", in_sync, 180)
+        snap = wait_until(in_sync, 180, "the driver's wait on sync_rollout_weights, rank 1 pending", every_s=0.25)
         st = snap["state"]
         assert snap["sync_view"]["timeout_s"] == 600.0
         assert st["step"] == 3
@@ -119,12 +99,12 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
                       and e["pending"] == ["ActorRolloutWorker/1"])
 
         def named():
-            snap = status(run)
+            snap = status_json(run)
             alerts = snap["state"]["alerts"].values() if snap else []
             return [a for a in alerts if a["code"] == "straggler" and a["targets"] == ["ActorRolloutWorker/1"]
                     and not a.get("cleared")]
 
-        [alert] = wait_until("rank 1 named by its peer", named, 30)
+        [alert] = wait_until(named, 30, "rank 1 named by its peer", every_s=0.25)
         assert alert["since"] - started < 10, alert
         assert "sync_rollout_weights" in alert["message"]
 
@@ -161,10 +141,7 @@ def test_verls_pool_that_can_never_be_placed_through_the_ray_state_api_alone(job
     job = subprocess.Popen([sys.executable, str(JOB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)
     try:
-        seen: list[str] = []
-        while not any("asking for the pool" in line for line in seen) and job.poll() is None and len(seen) < 500:
-            seen.append(job.stdout.readline())
-        assert any("asking for the pool" in line for line in seen), "".join(seen)
+        read_until(job, "asking for the pool")
         t0 = time.monotonic()
 
         def said():
@@ -172,7 +149,7 @@ def test_verls_pool_that_can_never_be_placed_through_the_ray_state_api_alone(job
                                  capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
             return got.stdout if "can never be placed" in got.stdout else None
 
-        out = wait_until("attach --plain says the pool can never be placed", said, 60, every_s=2)
+        out = wait_until(said, 60, "attach --plain says the pool can never be placed", every_s=2)
         assert time.monotonic() - t0 < 30
         assert "it asks for {CPU 10} × 2" in out and "no node has CPU 10 (the largest of 1 node has CPU 4)" in out
         assert "max_colocate_count" in out  # the hint names verl's knob
@@ -188,22 +165,22 @@ def test_a_verl_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(job_env
     job = subprocess.Popen([sys.executable, str(JOB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, start_new_session=True)
     try:
-        run = wait_until("the job's own run", lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest")
-                         .exists() else None, 60)
+        run = wait_until(lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest").exists() else None,
+                         60, "the job's own run", every_s=0.2)
 
         def named():
-            snap = status(run)
+            snap = status_json(run)
             alerts = snap["state"]["alerts"].values() if snap else []
             return snap if [a for a in alerts if a["code"] == "straggler"
                             and a["targets"] == ["ActorRolloutWorker/1"] and not a.get("cleared")] else None
 
-        snap = wait_until("rank 1 named by its peer in the job's own run", named, 180)
+        snap = wait_until(named, 180, "rank 1 named by its peer in the job's own run", every_s=0.25)
         assert f"watching pid {job.pid}" in snap["state"]["reason"]
         assert snap["state"]["workers"]["driver"]["phase"] == "update_weights"
         assert snap["sync_view"]["pending"] == ["ActorRolloutWorker/1"]
     finally:
         os.killpg(job.pid, 9)
         job.wait(30)
-    assert wait_until("the run's end once the job is gone", lambda: status(run) and status(run)["state"]["state"]
-                      in ("finished", "failed"), 30)
+    assert wait_until(lambda: (status_json(run) or {}).get("state", {}).get("state") in ("finished", "failed"), 30,
+                      "the run's end once the job is gone", every_s=0.5)
     gkd_tui("stop", str(run))

@@ -1,0 +1,84 @@
+"""``cancel`` for a job that is not ours, carried out in its driver (the supervisor cannot call Ray).
+
+The supervisor forwards ``cancel`` to the driver's command inbox (``GKD_COMMANDS``), as it does to
+our trainer's driver. Here the calls to a worker that the driver is waiting on are cancelled with
+``ray.cancel``: a queued call never runs, an async actor's running call is cancelled, and a
+regular actor's running call gets Ray's cancellation flag (it goes on unless it checks
+``ray.get_runtime_context().is_canceled()``); the driver's ``ray.get`` on it raises
+``TaskCancelledError``. ``force`` kills the actor (``ray.kill``): its callers get ``ActorDiedError``.
+The outcome is an ``action`` event, on the record like every action.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.commands import Command, CommandInbox
+
+POLL_S = 0.2
+
+
+class DriverCommands:
+    def __init__(self, process: Any, emit: Callable[[ev.Event], None], address: str):
+        self.process, self.emit = process, emit
+        self.inbox = CommandInbox(address)
+        self._thread = threading.Thread(target=self._run, name="gkd-commands", daemon=True)
+
+    def start(self) -> "DriverCommands":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            for cmd in self.inbox.poll(POLL_S):
+                try:
+                    self.carry_out(cmd)
+                except Exception as e:  # a command must never take the job down
+                    self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"{type(e).__name__}: {e}"[:300]))
+
+    def carry_out(self, cmd: Command) -> None:
+        if cmd.op != "cancel":
+            self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"a watched job's driver does not "
+                                                                           f"know '{cmd.op}'"))
+            return
+        target, force = str(cmd.args.get("target") or "sync"), cmd.args.get("mode") == "force"
+        p = self.process
+        if target == "sync":
+            wait = p.current_wait
+            names = list(wait.pending) if wait is not None and wait.is_sync else []
+            if not names:
+                self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, result="the driver waits on no weight sync"))
+                return
+        elif target == "all":
+            names = sorted(set(p.names.values()))
+        else:
+            names = [target]
+        outcome = {n: self._cancel(n, force) for n in names}
+        self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=all(not o.startswith("no ") for o in outcome.values()),
+                                 result={"target": target, "mode": "force" if force else "cooperative",
+                                         "outcome": outcome}))
+
+    def _cancel(self, name: str, force: bool) -> str:
+        import ray
+
+        if force:
+            handle = self.process.handle_of(name)
+            if handle is None:
+                return "no handle to it here (not made by this driver, and not a named actor)"
+            ray.kill(handle, no_restart=True)
+            return "killed"
+        # the calls the driver waits on now: their refs are alive in its ray.get (a ref is not ours to keep
+        # alive longer: it would pin its result in the object store)
+        wait = self.process.current_wait
+        book = self.process.book
+        refs = [r for r in (wait.refs if wait is not None else []) if (book.who(r) or ("",))[0] == name]
+        if not refs:
+            return f"no call to {name} is being waited on by the driver"
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        for ref in pending:
+            ray.cancel(ref, recursive=False)
+        methods = sorted({book.who(r)[1] for r in pending})
+        return (f"{len(pending)} pending call(s) cancelled ({', '.join(methods)}); a regular actor's running call "
+                "only gets Ray's cancellation flag" if pending else "no call of it was pending")
