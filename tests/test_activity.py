@@ -77,3 +77,13 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
     train = [p for p in phases if p["phase"] == "train"]
     assert train and train[0]["call"] == 1 and train[0]["started"] >= t1
     assert names[-1] == "idle"  # after the last call, with its end
+
+
+def test_a_wait_says_whom_it_waits_for():
+    from gkd_core.integrations.waits import _names
+
+    assert _names([("rollout/1", "sync_rollout_weights")]) == "rollout/1.sync_rollout_weights"
+    assert _names([("Learner/3", "train"), ("Learner/9", "train"), None]) == \
+        "train of Learner/3, Learner/9, 1 other object(s)"
+    many = [(f"Learner/{i}", "train") for i in range(9)]
+    assert _names(many).endswith("Learner/5 … (+3)")

@@ -3,8 +3,9 @@
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
 start and end, a few hundred nanoseconds each. A watcher thread, every ``TICK_S``, shows the newest
 call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
-return to ``idle`` with its real end. So a job of a thousand tiny calls a second costs no events, and
-a call that hangs is on the dashboard 20 ms after it began, with the time it began.
+return to ``idle`` with its real end; a call too brief for that is sent after the fact, at most
+``BRIEF_PER_TICK`` a tick. So a job of a thousand tiny calls a second costs at most a hundred events a
+second, and a call that hangs is on the dashboard 20 ms after it began, with the time it began.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ TICK_S = 0.02
 SHOW_AFTER_S = 0.02
 PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answers so far) is asked
 # a call that ended before it could be shown is still sent, after the fact, while the process shows
-# nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against,
-# and a job of a thousand tiny calls a second costs at most 50 of them a second
+# nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against
 BRIEF_PER_TICK = 1
 
 

@@ -46,17 +46,21 @@ class RefBook:
         return self._calls.get(binary()) if binary is not None else None
 
 
-def _names(calls: list[tuple[str, str] | None], unknown: int = 0) -> str:
-    """`rollout/1.sync_rollout_weights` for one; `Learner/3, Learner/9 .train` for several of one method."""
+def _names(calls: list[tuple[str, str] | None]) -> str:
+    """`rollout/1.sync_rollout_weights` for one; `train of Learner/3, Learner/9` for several of one method."""
     known = [c for c in calls if c is not None]
-    unknown += len(calls) - len(known)
+    unknown = len(calls) - len(known)
     methods = {m for _, m in known}
-    if len(methods) == 1:
-        workers = [w for w, _ in known]
-        shown = ", ".join(workers[:6]) + (f" … (+{len(workers) - 6})" if len(workers) > 6 else "")
-        out = f"{shown}.{methods.pop()}" if len(workers) == 1 else f"{shown} .{methods.pop()}" if workers else ""
+
+    def some(items: list[str]) -> str:
+        return ", ".join(items[:6]) + (f" … (+{len(items) - 6})" if len(items) > 6 else "")
+
+    if len(known) == 1:
+        out = f"{known[0][0]}.{known[0][1]}"
+    elif len(methods) == 1:
+        out = f"{methods.pop()} of {some([w for w, _ in known])}"
     else:
-        out = ", ".join(f"{w}.{m}" for w, m in known[:6]) + (f" … (+{len(known) - 6})" if len(known) > 6 else "")
+        out = some([f"{w}.{m}" for w, m in known])
     if unknown:
         out += (", " if out else "") + f"{unknown} other object(s)"
     return out
