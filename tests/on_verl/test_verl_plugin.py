@@ -118,15 +118,15 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
 
 
 def test_verls_own_single_controller_tests_pass_with_the_plugin_active(tmp_path):
-    """The plugin loaded and asked (a run's variables set): verl's CPU tests of its worker groups and
-    decorators, as verl ships them."""
+    """The plugin loaded and asked (a run's variables and Ray's hook set): every CPU test of verl's worker
+    groups and decorators (tests/single_controller/*cpu*.py, as verl ships them)."""
     import verl
 
     tests = Path(verl.__file__).resolve().parent.parent / "tests" / "single_controller"
-    chosen = [tests / "test_decorator_on_cpu.py", tests / "test_get_set_dispatch_collect_cpu.py"]
-    chosen = [str(t) for t in chosen if t.exists()]
-    assert chosen, f"verl's tests are not installed beside it ({tests})"
-    env = dict(os.environ, GKD_REPORT="1", GKD_RUN_ID="verl-own-tests", GKD_INGEST=f"ipc://{tmp_path}/nobody.sock")
+    chosen = sorted(str(t) for t in tests.glob("*cpu*.py"))
+    assert len(chosen) >= 6, f"verl's CPU tests are not installed beside it ({tests}): {chosen}"
+    env = dict(os.environ, GKD_REPORT="1", GKD_RUN_ID="verl-own-tests", GKD_INGEST=f"ipc://{tmp_path}/nobody.sock",
+               RAY_RUNTIME_ENV_HOOK="gkd_core.integrations.ray_hook.runtime_env_hook")
     got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *chosen],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert got.returncode == 0, got.stdout[-4000:]
