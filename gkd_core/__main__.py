@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gkd_core.config import ConfigError, load_config
+from gkd_core.integrations.job_env import split_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,14 +38,6 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return p
-
-
-def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """(our arguments, the command after ``--``); None when there is no ``--``."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import msgspec
 
 from gkd_core import rundir
 from gkd_core.config import ConfigError, load_config
+from gkd_core.integrations.job_env import split_command
 from gkd_core.state import RunState
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.render_text import status_text
@@ -437,16 +438,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command: list[str] = []
-    if argv[:1] == ["launch"] and "--" in argv:  # what follows `--` is the command, untouched by argparse
-        i = argv.index("--")
-        argv, command = argv[:i], argv[i + 1:]
-        if not command:
+    command: list[str] | None = None
+    if argv[:1] == ["launch"]:
+        argv, command = split_command(argv)
+        if command == []:
             print("gkd-tui: launch: nothing after `--`: give the command to run, e.g. "
                   "`gkd-tui launch -- python train.py`", file=sys.stderr)
             return 2
     a = _parser().parse_args(argv)
-    a.command = command
+    a.command = command or []
     try:
         return a.func(a)
     except KeyboardInterrupt:

@@ -72,22 +72,27 @@ def test_not_asked_the_hooks_change_nothing_and_start_nothing(monkeypatch):
 def test_a_users_own_hooks_run_first_and_ours_is_added(monkeypatch, tmp_path):
     (tmp_path / "their_hooks.py").write_text(
         "calls = []\n"
-        "def env_hook(rt):\n    calls.append('env'); return {**(rt or {}), 'env_vars': {'THEIRS': '1'}}\n")
+        "def env_hook(rt):\n"
+        "    calls.append('env'); return {**(rt or {}), 'env_vars': {'THEIRS': '1'}}\n"
+        "def setup():\n    calls.append('setup')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv(job_env.USER_RAY_HOOK, "their_hooks.env_hook")
     monkeypatch.setenv(job_env.REPORT, "1")
     monkeypatch.setenv(job_env.RUN_ID, "r1")
     monkeypatch.setenv(job_env.INGEST, "ipc://nowhere")
-    monkeypatch.setattr(ray_hook, "_install", lambda kind: None)  # the driver's patches: the e2e tests' part
+    installed = []
+    monkeypatch.setattr(ray_hook, "_install", installed.append)  # the patches themselves: the e2e tests' part
     out = ray_hook.runtime_env_hook({"worker_process_setup_hook": "their_hooks.setup"})
     import their_hooks
 
-    assert their_hooks.calls == ["env"]
+    assert their_hooks.calls == ["env"] and installed == ["driver"]
     assert out["env_vars"]["THEIRS"] == "1" and out["env_vars"]["GKD_RUN_ID"] == "r1"
-    # their setup hook was replaced by their env hook's answer (it returned no setup hook): ours alone
+    # their setup hook is kept, to be run by ours first, in every worker
     assert out["worker_process_setup_hook"] == job_env.WORKER_SETUP_HOOK
-    out = ray_hook.runtime_env_hook({"worker_process_setup_hook": "x.y"})
-    assert out["worker_process_setup_hook"] == job_env.WORKER_SETUP_HOOK
+    assert out["env_vars"][ray_hook.USER_SETUP_HOOK] == "their_hooks.setup"
+    monkeypatch.setenv(ray_hook.USER_SETUP_HOOK, "their_hooks.setup")
+    ray_hook.setup_worker()
+    assert their_hooks.calls == ["env", "setup"] and installed == ["driver", "worker"]
 
 
 def test_launch_with_nothing_after_the_separator_says_so(gkd_home):

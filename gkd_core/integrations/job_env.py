@@ -53,3 +53,11 @@ def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: s
         env[USER_RAY_HOOK] = theirs
     env[RAY_HOOK] = OUR_RAY_HOOK
     return env
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """(our arguments, the command after ``--``, untouched by argparse); None when there is no ``--``."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
