@@ -157,6 +157,14 @@ class Chaos:
                 found.append(f"{d.name} {cmdline[:80].decode(errors='replace')}")
         return found
 
+    def wait_ended(self, timeout_s: float, what: str) -> None:
+        """Until no process of the run is left; else fail, naming those that are."""
+        deadline = time.monotonic() + timeout_s
+        while left := self.processes():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; still running: {left}")
+            time.sleep(0.5)
+
     def kill_all(self) -> None:
         for line in self.processes():
             try:
@@ -241,9 +249,7 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
     # -- the end: `gkd-tui stop` leaves nothing behind --------------------------------------
     out = chaos.gkd("stop", str(sup.run))
     assert out.returncode == 0, out.stderr
-    left = wait_until(lambda: not chaos.processes() or None, 60, "every process of the run to end",
-                      every_s=0.5) if chaos.processes() else None
-    assert not chaos.processes(), left
+    chaos.wait_ended(60, "every process of the run to end")
     assert chaos.intact()
 
 
@@ -292,7 +298,9 @@ def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: i
         if how == "moving":
             return "recovered by itself", 0
     else:
-        wait_until(lambda: not chaos.processes() or None, 60, "the driver to end with its supervisor", every_s=0.5)
+        # Ray's agents (dashboard, runtime env) whose raylet died without a SIGTERM try for 60 s to tell the
+        # control store, gone with it, before they exit (ray/_private/process_watcher.py: publish_error, 60)
+        chaos.wait_ended(90, "the driver and its Ray to end with the supervisor")
     seq1 = chaos.events()[-1]["seq"]
     out = chaos.gkd("restart", str(chaos.run))
     assert out.returncode == 0, out.stderr + out.stdout
