@@ -2,16 +2,20 @@
 joined by a veth pair, no other route): a gkd run with its student on the head and its rollouts
 and teacher on the second node. Every worker's events must reach the supervisor, stacks must come
 from both nodes, a frozen worker on the second node is named as on the head, and a process without
-the run's key cannot add an event from either namespace.
+the run's key cannot add an event from either namespace. And a plain Ray job under ``launch --`` on the
+same two nodes, the second made a machine of its own (it cannot see the run's folder or sockets): its
+actor there reports over the tcp ingest, is named, and its stack is taken on its node.
 
 Needs root (namespaces, veth); skipped with the reason where they cannot be made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -42,9 +46,11 @@ def namespace_of(pid: int) -> str:
     return sh("ip", "netns", "identify", str(pid), check=False).stdout.strip()
 
 
-@pytest.fixture
-def two_nodes(gkd_home, monkeypatch):
-    """A Ray head (resource ``head``) in one namespace and a Ray worker node (``node2``) in another."""
+@contextlib.contextmanager
+def cluster_of_two(monkeypatch, hidden: tuple[str, ...] = ()):
+    """A Ray head (resource ``head``) in one namespace and a Ray worker node (``node2``) in another.
+    ``hidden``: folders the second node cannot see (an empty tmpfs over each, in a mount namespace of its
+    own, with a host name of its own: ``gkd-node2``), as on a machine of its own."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         pytest.skip("network namespaces need root and iproute2 (`ip`); the multi-node test bed was not made")
     made = []
@@ -70,15 +76,27 @@ def two_nodes(gkd_home, monkeypatch):
                   IP["head"], "--port", str(GCS_PORT), "--include-dashboard=false", "--resources", '{"head": 1}',
                   *common,
                   "--temp-dir", f"/tmp/gkd-ns-{SUFFIX}"), timeout=120, env=env)
-        sh(*in_ns("node2", sys.executable, "-m", "ray.scripts.scripts", "start", "--address",
-                  f"{IP['head']}:{GCS_PORT}", "--node-ip-address", IP["node2"], "--resources", '{"node2": 1}',
-                  *common), timeout=120, env=env)
+        start = [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", f"{IP['head']}:{GCS_PORT}",
+                 "--node-ip-address", IP["node2"], "--resources", '{"node2": 1}', *common]
+        if hidden:
+            for folder in hidden:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            mounts = " && ".join(f"mount -t tmpfs -o mode=0700 gkd-hidden {shlex.quote(f)}" for f in hidden)
+            start = ["unshare", "--mount", "--propagation", "private", "--uts", "sh", "-c",
+                     f"{mounts} && hostname gkd-node2 && exec {shlex.join(start)}"]
+        sh(*in_ns("node2", *start), timeout=120, env=env)
         yield env
     finally:
         sh(sys.executable, "-m", "ray.scripts.scripts", "stop", "--force", timeout=60, check=False)
         for ns in made:
             sh("ip", "netns", "del", ns, check=False)
         shutil.rmtree(f"/tmp/gkd-ns-{SUFFIX}", ignore_errors=True)
+
+
+@pytest.fixture
+def two_nodes(gkd_home, monkeypatch):
+    with cluster_of_two(monkeypatch) as env:
+        yield env
 
 
 def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, gkd_home):
@@ -163,3 +181,69 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def alert_dump(evs: list[dict]) -> str:
+    """The dump the diagnosis took of its own when it named the straggler."""
+    return next(e["dump_id"] for e in evs if e["kind"] == "stack" and e["dump_id"].startswith("auto-"))
+
+
+def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(gkd_home, monkeypatch):
+    """``launch -- COMMAND`` of a job that joins a running cluster of two nodes, the second a machine of
+    its own as far as gkd can tell (it cannot see the run's folder nor its sockets, another host name):
+    its actor there reports over the run's CurveZMQ tcp ingest, is named when it lags its peer on the
+    head, and its stack, taken on its node, is one dump away."""
+    job = ROOT / "tests" / "jobs" / "ray_two_nodes.py"
+    stuck_line = next(i for i, line in enumerate(job.read_text().splitlines(), 1) if "the line its stack" in line)
+    hidden = (str(gkd_home), f"/tmp/gkd-{os.getuid()}")
+    with cluster_of_two(monkeypatch, hidden):
+        run_dir = gkd_home / "runs" / "two-nodes-job"
+        log = open(gkd_home / "run.log", "w")
+        proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "--run-id", "two-nodes-job",
+                                      "--", sys.executable, str(job)), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        events = lambda: [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]  # noqa: E731
+        try:
+            def registered():
+                ws = {e["src"]: e for e in events() if e["kind"] == "worker"} if (run_dir / "events.jsonl").exists() else {}
+                return ws if {"Worker/0", "Worker/1", "driver"} <= set(ws) else None
+
+            ws = wait_until(registered, 120, f"both actors registered ({(gkd_home / 'run.log').read_text()[-600:]})",
+                            every_s=0.5)
+            assert ws["Worker/1"]["node"] == "gkd-node2" and ws["Worker/0"]["node"] == ws["driver"]["node"], ws
+            remote = json.loads((run_dir / "endpoints.json").read_text())["ingest_tcp"]
+            assert remote.startswith(f"tcp://{IP['head']}:"), remote
+
+            def named():
+                late = [a for a in events() if a["kind"] == "alert" and a.get("code") == "straggler"
+                        and not a.get("cleared")]
+                return late[-1] if late and late[-1]["targets"] == ["Worker/1"] else None
+
+            alert = wait_until(named, 60, "Worker/1 named as the straggler", every_s=0.5)
+            assert "work" in alert["message"], alert
+
+            t0 = time.monotonic()
+            out = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "dump-stacks", "--run", str(run_dir), "--json",
+                                  "Worker/1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+            took = time.monotonic() - t0
+            dump = json.loads(out.stdout)
+            assert out.returncode == 0, (out.stderr, dump, f"{took:.1f} s")
+            print(f"the stack of Worker/1 on node 2 in {took:.1f} s")
+            [group] = dump["groups"]
+            assert f"ray_two_nodes.py:{stuck_line}" in group["stack"], group
+            # the alert's own dump and ours: each taken by the driver's task on node 2, not by the supervisor
+            def both():
+                taken = [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"]
+                return taken if len(taken) == 2 else None
+
+            taken = wait_until(both, 15, "the stacks of both dumps on record", every_s=0.5)
+            assert {e["src"] for e in taken} == {"driver"}, taken
+            assert {e["dump_id"] for e in taken} == {dump["dump_id"], alert_dump(events())}, taken
+            assert all(f"ray_two_nodes.py:{stuck_line}" in e["text"] for e in taken), taken
+        finally:
+            subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,
+                           cwd=ROOT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()

@@ -26,6 +26,7 @@ PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answer
 # a call that ended before it could be shown is still sent, after the fact, while the process shows
 # nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against
 BRIEF_PER_TICK = 1
+IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 
 
 class Call:
@@ -110,9 +111,12 @@ class Activity:
         shown: tuple[Call | None, Call | None] = (None, None)
         last_ended: float | None = None  # when the newest call shown (or sent after the fact) ended
         shown_detail = ""
-        next_progress = 0.0
+        next_progress = next_identify = 0.0
         while not self._closed.wait(TICK_S):
             if self.reporter is None:
+                if time.monotonic() < next_identify:
+                    continue
+                next_identify = time.monotonic() + IDENTIFY_EVERY_S
                 try:
                     self.reporter = self._identify()
                 except Exception as e:  # never the job's problem: said once, and this process goes unseen

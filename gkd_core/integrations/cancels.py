@@ -1,4 +1,5 @@
-"""``cancel`` for a job that is not ours, carried out in its driver (the supervisor cannot call Ray).
+"""``cancel`` for a job that is not ours, carried out in its driver (the supervisor cannot call Ray); and
+the stacks of its workers on other nodes (remote_stacks).
 
 The supervisor forwards ``cancel`` to the driver's command inbox (``GKD_COMMANDS``), as it does to
 our trainer's driver. Here the calls to a worker that the driver is waiting on are cancelled with
@@ -11,9 +12,11 @@ The outcome is an ``action`` event, on the record like every action.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable
 
+from gkd_core.integrations import job_env, remote_stacks
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.commands import Command, CommandInbox
 
@@ -39,6 +42,12 @@ class DriverCommands:
                     self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"{type(e).__name__}: {e}"[:300]))
 
     def carry_out(self, cmd: Command) -> None:
+        if cmd.op == "dump_stacks" and isinstance(cmd.args.get("targets"), dict):
+            # a task on each node, awaited in a thread of its own: a cancel meanwhile is not held up
+            threading.Thread(target=remote_stacks.take, name="gkd-remote-stacks", daemon=True, args=(
+                cmd.args["targets"], str(cmd.args.get("dump_id", "")), self.process.run,
+                os.environ.get(job_env.RUN_DIR, ""), self.emit)).start()
+            return
         if cmd.op != "cancel":
             self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"a watched job's driver does not "
                                                                            f"know '{cmd.op}'"))

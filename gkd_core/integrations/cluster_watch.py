@@ -4,7 +4,8 @@ A worker group that never starts (verl's ``RayResourcePool`` asking 10 CPUs a wo
 seed 003) has no process to report anything: its driver sits in ``ray.get(pg.ready())``. The driver's
 part polls Ray's control store (GCS: no dashboard needed) every ``POLL_S`` for the nodes' resources
 and the placement groups, and sends each change, so the diagnosis can say "can never be placed"
-with the numbers, or "waits for resources others hold".
+with the numbers, or "waits for resources others hold". The nodes also go to ``on_nodes`` (routes:
+the ingest for workers on other nodes). The first poll is as soon as the job has called ``ray.init``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ POLL_S = 2.0
 
 
 class ClusterWatch:
-    def __init__(self, emit: Callable[[ev.Event], None], poll_s: float = POLL_S):
-        self.emit, self.poll_s = emit, poll_s
+    def __init__(self, emit: Callable[[ev.Event], None], poll_s: float = POLL_S,
+                 on_nodes: Callable[[list[dict]], None] | None = None):
+        self.emit, self.poll_s, self.on_nodes = emit, poll_s, on_nodes
         self._nodes: dict[str, tuple] = {}
         self._pgs: dict[str, tuple] = {}
         self.error = ""
@@ -35,17 +37,21 @@ class ClusterWatch:
         import ray
 
         while True:
-            time.sleep(self.poll_s)
             if not ray.is_initialized():
+                time.sleep(0.2)
                 continue
             try:
-                self.poll_once(ray.nodes(), ray.util.placement_group_table())
+                nodes = ray.nodes()
+                if self.on_nodes is not None:
+                    self.on_nodes(nodes)
+                self.poll_once(nodes, ray.util.placement_group_table())
                 self.error = ""
             except Exception as e:  # the cluster going away with the job: said once, tried again
                 error = f"{type(e).__name__}: {e}"[:200]
                 if error != self.error:
                     self.error = error
                     self.emit(ev.LogEvent(level="warn", message=f"gkd: Ray's control store did not answer: {error}"))
+            time.sleep(self.poll_s)
 
     def poll_once(self, nodes: list[dict], pgs: dict[str, dict]) -> None:
         now = time.time()

@@ -12,7 +12,8 @@ from typing import Mapping
 REPORT = "GKD_REPORT"  # "1": the processes of this job report to the run the variables below name
 RUN_ID, RUN_DIR, INGEST = "GKD_RUN_ID", "GKD_RUN_DIR", "GKD_INGEST"
 HEARTBEAT_S = "GKD_HEARTBEAT_S"
-COMMANDS = "GKD_COMMANDS"  # the supervisor's command socket, for the driver alone (cancel)
+COMMANDS = "GKD_COMMANDS"  # the supervisor's command socket, for the driver alone (cancel, stacks)
+CONTROL = "GKD_CONTROL"  # the supervisor's control socket, for the driver alone (open_ingest)
 RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S)
 
 # Ray reads RAY_RUNTIME_ENV_HOOK in ray.init and passes the job's runtime_env through that function:
@@ -41,13 +42,15 @@ def heartbeat_s(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: str, heartbeat: float,
-                commands: str = "") -> dict[str, str]:
+                commands: str = "", control: str = "") -> dict[str, str]:
     """The environment of a command the supervisor starts as the run's driver."""
     env = dict(base)
     env.update({REPORT: "1", RUN_ID: run_id, RUN_DIR: run_dir, INGEST: ingest, HEARTBEAT_S: f"{heartbeat:g}",
                 "PYTHONUNBUFFERED": "1"})
     if commands:
         env[COMMANDS] = commands
+    if control:
+        env[CONTROL] = control
     theirs = env.get(RAY_HOOK, "")
     if theirs and theirs != OUR_RAY_HOOK:
         env[USER_RAY_HOOK] = theirs

@@ -51,7 +51,8 @@ def start_run() -> Path:
     endpoints = json.loads((run / "endpoints.json").read_text())
     # what `launch --` gives its command, Ray's runtime-env hook included: read by ray.init when it comes
     os.environ.update(job_env.command_env(os.environ, run_id=run_id, run_dir=str(run), ingest=endpoints["ingest"],
-                                          heartbeat=job_env.heartbeat_s(), commands=endpoints["driver"]))
+                                          heartbeat=job_env.heartbeat_s(), commands=endpoints["driver"],
+                                          control=endpoints["control"]))
     os.environ.pop(WATCH, None)
     print(f"gkd: this job is watched as run {run_id} (`gkd-tui attach`; `gkd-tui stop` stops it)", file=sys.stderr,
           flush=True)

@@ -24,10 +24,9 @@ import sys
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any
 
-from gkd_core.integrations import job_env, opt_in
+from gkd_core.integrations import job_env, opt_in, remote_stacks, routes
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.cancels import DriverCommands
 from gkd_core.integrations.cluster_watch import ClusterWatch
@@ -38,6 +37,7 @@ from gkd_core.telemetry.reporter import Reporter
 USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
 KV_NAMESPACE = "gkd"
 NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
+ROUTE_WAIT_S = 30.0  # a worker whose node the driver has not routed by then tries the supervisor's ipc
 _said: set[str] = set()
 
 
@@ -131,26 +131,41 @@ class _Process:
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
 
-    def _reporter(self, src: str) -> Reporter:
-        return Reporter(src, heartbeat_s=job_env.heartbeat_s())
-
     def _identify(self) -> Reporter | None:
         if self.kind == "driver":
-            r = self._reporter("driver")
+            r = Reporter("driver", heartbeat_s=job_env.heartbeat_s())
             r.register("driver")
             return r
         if not self.actor_id:
             return None  # a task worker until an actor's __init__ runs here
-        from ray.experimental.internal_kv import _internal_kv_get
+        import ray
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
         name = _internal_kv_get(f"{self.run}/actor/{self.actor_id}", namespace=KV_NAMESPACE)
         if name is None and time.monotonic() - self.asked_since < NAME_WAIT_S:
             return None  # its creator writes it a moment after creating it
+        where = self._route()
+        if where is None:
+            return None
+        # where the driver finds this worker to take its stacks, when its node is not the supervisor's
+        _internal_kv_put(remote_stacks.node_key(self.run, self.actor_id), ray.get_runtime_context().get_node_id(),
+                         namespace=KV_NAMESPACE)
         src = name.decode() if name else f"{self.class_name}/{self.actor_id[:8]}"
         role, _, rank = src.rpartition("/")
-        r = self._reporter(src)
+        r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1])
         r.register(role, int(rank) if rank.isdigit() else None, actor_id=self.actor_id)
         return r
+
+    def _route(self) -> tuple[str, Any] | None:
+        """Where this worker's events go: the driver's route for its node (routes), once written."""
+        import ray
+
+        where = routes.lookup(self.run, ray.get_runtime_context().get_node_id())
+        if where is None and time.monotonic() - self.asked_since > ROUTE_WAIT_S:
+            _say_once("finding the run's ingest for this node", TimeoutError(
+                f"the job's driver wrote no route within {ROUTE_WAIT_S:.0f} s; trying {os.environ[job_env.INGEST]}"))
+            where = (os.environ[job_env.INGEST], None)
+        return where
 
     def entering_actor(self, actor: Any) -> None:
         if self.actor_id:
@@ -234,16 +249,19 @@ def _install(kind: str) -> None:
         if _process is not None:
             return
         _process = _Process(kind)
-        run_dir = Path(os.environ.get(job_env.RUN_DIR, ""))
-        if run_dir.name and run_dir.is_dir():  # this node holds the run: stacks without py-spy, on SIGUSR1
-            install_faulthandler(run_dir / "stacks")
+        # stacks without py-spy, on SIGUSR1: in the run's folder on its node, in a private one elsewhere
+        install_faulthandler(routes.stacks_dir(_process.run, os.environ.get(job_env.RUN_DIR, "")))
         _patch_actor_creation()
         _patch_waits()  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
         if kind == "worker":
             _patch_actor_methods()
         else:
             _process.activity.start()
-            ClusterWatch(_process.emit).start()  # a worker group that never starts has nobody else to say so
+            route = routes.RoutePublisher(_process.run, os.environ.get(job_env.RUN_DIR, ""),
+                                          os.environ.get(job_env.INGEST, ""), os.environ.get(job_env.CONTROL, ""),
+                                          _process.emit)
+            # a worker group that never starts has nobody else to say so; and the route to other nodes
+            ClusterWatch(_process.emit, on_nodes=route.update).start()
             if os.environ.get(job_env.COMMANDS):
                 DriverCommands(_process, _process.emit, os.environ[job_env.COMMANDS]).start()
 

@@ -2,9 +2,12 @@
 
 Our trainer's driver answers ``dump_stacks`` through its node agents; a foreign job has no such
 driver, so the supervisor reads the stacks of the job's processes on this node (py-spy, else the
-faulthandler file each watched process registered in RUN/stacks). In a thread, so the loop never
-waits on a capture; what it took comes back as events through ``results``, in the order the driver's
-answer has (the stacks, then the ``dump_stacks`` action that says the dump is complete).
+faulthandler file each watched process registered in RUN/stacks). A worker on another node is the
+job's driver's to capture (``ask_driver``: integrations/remote_stacks.py runs a task on that node);
+its stacks come back as events, and the dump waits for them up to ``REMOTE_WAIT_S``. In a thread, so
+the loop never waits on a capture; what it took comes back as events through ``results``, in the
+order the driver's answer has (the stacks, then the ``dump_stacks`` action that says the dump is
+complete).
 """
 
 from __future__ import annotations
@@ -12,18 +15,24 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 from gkd_core.node.stacks import capture_many
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
 TIMEOUT_S = 4.0
+REMOTE_WAIT_S = 8.0  # a task started on another node, then its capture (TIMEOUT_S); the CLI waits 10 s
 
 
 class LocalStacks:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], None] | None = None):
+        """``ask_driver(args)``: forward a ``dump_stacks`` of workers on other nodes to the job's driver;
+        raises (with the reason) when it cannot."""
         self.run_dir = run_dir
+        self.ask_driver = ask_driver
         self.host = socket.gethostname()
         self.results: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self.busy = 0  # dumps under way
@@ -34,16 +43,27 @@ class LocalStacks:
                    if (s in targets if targets else w.phase != "exited")}
         unknown = [t for t in targets if t not in workers]
         here = {s: w.pid for s, w in workers.items() if w.pid and w.node in (self.host, "")}
-        elsewhere = {s: f"{s} runs on {w.node}, pid {w.pid}: `py-spy dump --native --pid {w.pid}` there"
-                     for s, w in workers.items() if s not in here}
-        elsewhere.update({t: f"no worker named {t}" for t in unknown})
+        remote = {s: w for s, w in workers.items() if s not in here}
+        elsewhere = {t: f"no worker named {t}" for t in unknown}
+        asked: list[str] = []
+        if remote:
+            try:
+                if self.ask_driver is None:
+                    raise RuntimeError("this run has no driver of a Ray job to ask")
+                self.ask_driver({"dump_id": dump_id, "targets": {s: [w.pid, w.actor_id] for s, w in remote.items()}})
+                asked = sorted(remote)
+            except Exception as e:
+                elsewhere.update({s: f"{s} runs on {w.node}, pid {w.pid}: `py-spy dump --native --pid {w.pid}` there "
+                                     f"(the job's driver could not be asked: {e})" for s, w in remote.items()})
         self.busy += 1
-        threading.Thread(target=self._take, args=(here, elsewhere, dump_id, by), name=f"gkd-stacks[{dump_id}]",
-                         daemon=True).start()
+        threading.Thread(target=self._take, args=(state, here, asked, elsewhere, dump_id, by),
+                         name=f"gkd-stacks[{dump_id}]", daemon=True).start()
         # not the answer (that is the action `_take` records once the stacks are in): what is under way
-        return {"taking": sorted([*here, *elsewhere]), "by": "the supervisor, on this node"}
+        return {"taking": sorted([*here, *asked, *elsewhere]),
+                "by": "the supervisor, on this node" + (", and the job's driver on the others" if asked else "")}
 
-    def _take(self, pids: dict[str, int], notes: dict[str, str], dump_id: str, by: str) -> None:
+    def _take(self, state: RunState, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str,
+              by: str) -> None:
         folder = self.run_dir / "stacks" / dump_id
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -53,12 +73,25 @@ class LocalStacks:
                     cap.text + (f"\n# note: {cap.error}\n" if cap.error else ""))
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, method=cap.method, text=cap.text,
                                                error=cap.error))
+            # the other nodes' stacks come as events from the driver's task (on the supervisor's thread)
+            deadline = time.monotonic() + REMOTE_WAIT_S
+            while asked and time.monotonic() < deadline:
+                if all((r := state.stacks.get(t)) is not None and r.dump_id == dump_id for t in asked):
+                    break
+                time.sleep(0.05)
+            for t in asked:
+                r = state.stacks.get(t)
+                if r is None or r.dump_id != dump_id:
+                    notes[t] = f"no stack from {t}'s node within {REMOTE_WAIT_S:g} s (the job's driver takes it there)"
+                    continue
+                (folder / (t.replace("/", "_") + ".txt")).write_text(
+                    r.text + (f"\n# note: {r.error}\n" if r.error else ""))
             for target, note in notes.items():
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, error=note))
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=True, result={
-                "dump_id": dump_id, "targets": sorted([*pids, *notes]), "folder": f"stacks/{dump_id}"}))
+                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "folder": f"stacks/{dump_id}"}))
         except Exception as e:  # a full disk, say: the dump fails, on the record; the run goes on
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=False, result={
-                "dump_id": dump_id, "targets": sorted([*pids, *notes]), "error": f"{type(e).__name__}: {e}"[:300]}))
+                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "error": f"{type(e).__name__}: {e}"[:300]}))
         finally:
             self.busy -= 1

@@ -130,7 +130,7 @@ class Supervisor:
         self.resuming, self.resumed_from_pid = resume is not None, 0
         self.run_dir = resume if resume is not None else rundir.create_run_dir(home, run_id)
         self.run_id = self.run_dir.name
-        self.local_stacks = LocalStacks(self.run_dir) if self.foreign else None
+        self.local_stacks = LocalStacks(self.run_dir, self._forward_stacks) if self.foreign else None
         self.state = RunState()
         self.seq = 0
         self.rejects = ev.RejectCounter()
@@ -496,6 +496,10 @@ class Supervisor:
         dump_id = args.get("dump_id") or f"dump-{self.seq}"
         return self.local_stacks.dump(self.state, args.get("targets") or [], dump_id, by)
 
+    def _forward_stacks(self, args: dict) -> None:
+        """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
+        self._forward("dump_stacks")(args, "supervisor")
+
     def _take_local_stacks(self) -> None:
         results = self.local_stacks.results
         while not results.empty():
@@ -589,8 +593,8 @@ class Supervisor:
     def _spawn_command(self) -> None:
         env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
                                   ingest=self.endpoints["ingest"], heartbeat=self.cfg.telemetry.heartbeat_s,
-                                  commands=self.endpoints["driver"])
-        env.update({"GKD_CONTROL": self.endpoints["control"], "GKD_RESTART": str(self.restarts),
+                                  commands=self.endpoints["driver"], control=self.endpoints["control"])
+        env.update({"GKD_RESTART": str(self.restarts),
                     "GKD_SUPERVISOR_PID": str(os.getpid())})
         self.driver_identity = None
         try:
