@@ -20,7 +20,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,13 +176,18 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
             os.kill(victim, signal.SIGCONT)
         assert named
     finally:
-        subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,
-                       cwd=ROOT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(run_dir, proc, log)
+
+
+def stop(run_dir, proc: subprocess.Popen, log) -> None:
+    """`gkd-tui stop` the run, and its supervisor's end waited for."""
+    subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,
+                   cwd=ROOT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
 
 
 def alert_dump(evs: list[dict]) -> str:
@@ -195,16 +202,20 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
     head, and its stack, taken on its node, is one dump away."""
     job = ROOT / "tests" / "jobs" / "ray_two_nodes.py"
     stuck_line = next(i for i, line in enumerate(job.read_text().splitlines(), 1) if "the line its stack" in line)
-    hidden = (str(gkd_home), f"/tmp/gkd-{os.getuid()}")
+    hidden = (str(gkd_home), str(Path(tempfile.gettempdir()) / f"gkd-{os.getuid()}"))  # the run; short sockets
     with cluster_of_two(monkeypatch, hidden):
         run_dir = gkd_home / "runs" / "two-nodes-job"
         log = open(gkd_home / "run.log", "w")
         proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "--run-id", "two-nodes-job",
                                       "--", sys.executable, str(job)), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        events = lambda: [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]  # noqa: E731
+        def events() -> list[dict]:
+            return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
         try:
             def registered():
-                ws = {e["src"]: e for e in events() if e["kind"] == "worker"} if (run_dir / "events.jsonl").exists() else {}
+                if not (run_dir / "events.jsonl").exists():
+                    return None
+                ws = {e["src"]: e for e in events() if e["kind"] == "worker"}
                 return ws if {"Worker/0", "Worker/1", "driver"} <= set(ws) else None
 
             ws = wait_until(registered, 120, f"both actors registered ({(gkd_home / 'run.log').read_text()[-600:]})",
@@ -240,10 +251,4 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
             assert {e["dump_id"] for e in taken} == {dump["dump_id"], alert_dump(events())}, taken
             assert all(f"ray_two_nodes.py:{stuck_line}" in e["text"] for e in taken), taken
         finally:
-            subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,
-                           cwd=ROOT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
+            stop(run_dir, proc, log)

@@ -30,12 +30,12 @@ from gkd_core.integrations import job_env, opt_in, remote_stacks, routes
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.cancels import DriverCommands
 from gkd_core.integrations.cluster_watch import ClusterWatch
+from gkd_core.integrations.routes import KV_NAMESPACE
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.node.stacks import install_faulthandler
 from gkd_core.telemetry.reporter import Reporter
 
 USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
-KV_NAMESPACE = "gkd"
 NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
 ROUTE_WAIT_S = 30.0  # a worker whose node the driver has not routed by then tries the supervisor's ipc
 _said: set[str] = set()

@@ -44,8 +44,8 @@ class RoutePublisher:
         self.route.head_node = here
         alive = [n for n in nodes if n.get("Alive")]
         if len(alive) > 1 and not self.route.remote and not self.refused:
-            here = next((n for n in alive if n.get("NodeID") == self.route.head_node), None)
-            changed |= self._open(here.get("NodeManagerAddress", "") if here else "")
+            node = next((n for n in alive if n.get("NodeID") == here), None)
+            changed |= self._open(node.get("NodeManagerAddress", "") if node else "")
         if changed:
             from ray.experimental.internal_kv import _internal_kv_put
 

@@ -92,6 +92,7 @@ class LocalStacks:
                 "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "folder": f"stacks/{dump_id}"}))
         except Exception as e:  # a full disk, say: the dump fails, on the record; the run goes on
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=False, result={
-                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "error": f"{type(e).__name__}: {e}"[:300]}))
+                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]),
+                "error": f"{type(e).__name__}: {e}"[:300]}))
         finally:
             self.busy -= 1
