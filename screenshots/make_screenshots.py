@@ -57,6 +57,20 @@ def _press_d(run: Path) -> None:
         c.request("dump_stacks", {"targets": [], "dump_id": "all"})
 
 
+def _stop(run: Path) -> None:
+    with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
+        c.request("stop")
+
+
+def _auto_dumps(run: Path, target: str) -> int:
+    """How many stacks of ``target`` the diagnosis has taken by itself so far."""
+    log = run / "events.jsonl"
+    if not log.exists():
+        return 0
+    return sum(e["kind"] == "stack" and e["target"] == target and e["dump_id"].startswith("auto-")
+               for e in _events(log))
+
+
 def record(out: Path, timeout_s: int) -> None:
     """Run examples/hang_demo.yaml with this sync timeout. Once the diagnosis has taken rollout/1's
     stack twice, press D; with a long timeout, stop the run a few seconds later, else let it fail."""
@@ -74,16 +88,11 @@ def record(out: Path, timeout_s: int) -> None:
         pressed = None
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            if not (run / "events.jsonl").exists():
-                continue
-            auto = [e for e in _events(run / "events.jsonl") if e["kind"] == "stack" and e["target"] == "rollout/1"
-                    and e["dump_id"].startswith("auto-")]
-            if pressed is None and len(auto) >= 2:
+            if pressed is None and _auto_dumps(run, "rollout/1") >= 2:
                 _press_d(run)
                 pressed = time.monotonic()
             if pressed is not None and timeout_s > 60 and time.monotonic() > pressed + 8:
-                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
-                    c.request("stop")
+                _stop(run)
                 break
         proc.wait(600)
         text = (run / "events.jsonl").read_text()
@@ -102,14 +111,9 @@ def record_verl(out: Path, python: str) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
-            if not (run / "events.jsonl").exists():
-                continue
-            auto = [e for e in _events(run / "events.jsonl") if e["kind"] == "stack"
-                    and e["target"] == "ActorRolloutWorker/1" and e["dump_id"].startswith("auto-")]
-            if len(auto) >= 2:
+            if _auto_dumps(run, "ActorRolloutWorker/1") >= 2:
                 time.sleep(2)
-                with ControlClient.for_run(run, rundir.read_endpoints(run), by="screenshots") as c:
-                    c.request("stop")
+                _stop(run)
                 break
         proc.wait(120)
         text = (run / "events.jsonl").read_text()

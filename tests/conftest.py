@@ -134,3 +134,28 @@ def read_until(proc: subprocess.Popen, text: str, max_lines: int = 500) -> None:
     while not any(text in line for line in seen) and proc.poll() is None and len(seen) < max_lines:
         seen.append(proc.stdout.readline())
     assert any(text in line for line in seen), "".join(seen)
+
+
+def opted_in(argv: list[str], environ: dict[str, str], **extra: str) -> tuple[subprocess.Popen, Path]:
+    """A job its user started with ``GKD_WATCH=1`` (none of a run's variables), and the run it started for
+    itself once its supervisor made it; the job in a session of its own, its output piped."""
+    env = {k: v for k, v in environ.items() if not k.startswith("GKD_") or k == "GKD_HOME"}
+    env.update(GKD_WATCH="1", **extra)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    home = rundir.gkd_home()
+    try:
+        run = wait_until(lambda: rundir.resolve_run(None) if (home / "runs" / "latest").exists() else None, 60,
+                         "the job's own run", every_s=0.2)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        raise
+    return proc, run
+
+
+def attach_plain(env: dict[str, str]) -> str:
+    """What ``gkd-tui attach --ray-address auto --plain`` prints of the Ray cluster, with no run."""
+    got = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "attach", "--ray-address", "auto", "--plain"],
+                         capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    return got.stdout

@@ -5,6 +5,7 @@ phase's detail; a call too brief to be shown, after the fact; a flood of them, b
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import zmq
@@ -87,3 +88,43 @@ def test_a_wait_says_whom_it_waits_for():
         "train of Learner/3, Learner/9, 1 other object(s)"
     many = [(f"Learner/{i}", "train") for i in range(9)]
     assert _names(many).endswith("Learner/5 … (+3)")
+
+
+def test_threads_making_brief_calls_all_the_while_do_not_stop_the_watcher(tmp_path, capfd):
+    """An actor's threads end calls while the watcher takes the brief ones: it must go on showing calls
+    (a deque iterated while another thread appends raises, and a watcher that died showed nothing more)."""
+    import threading
+
+    rx = Received(tmp_path)
+    reporter = Reporter("Learner/0", ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+    stop = threading.Event()
+
+    def churn():
+        for _ in range(200_000):  # bounded; about 2 s of calls on each thread
+            if stop.is_set():
+                return
+            activity.leave(activity.enter("tiny"))
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads taking turns every few bytecodes: the race comes within the test
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        t = activity.enter("train")  # shown by a watcher still alive
+        time.sleep(SHOW_AFTER_S + 4 * TICK_S)
+        activity.leave(t)
+        phases = rx.phases(0.5)
+        assert any(p["phase"] == "train" for p in phases), phases[-5:]
+        assert "failed" not in capfd.readouterr().err
+    finally:
+        sys.setswitchinterval(switch)
+        stop.set()
+        activity.close()
+        reporter.close()
+        rx.close()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gkd_tui, read_until, status_json, wait_until
+from conftest import attach_plain, gkd_tui, opted_in, read_until, status_json, wait_until
 
 from gkd_core import rundir
 from gkd_core.integrations import job_env, ray_hook
@@ -247,9 +247,7 @@ def test_pools_that_never_start_through_the_ray_state_api_alone():
         t0 = time.monotonic()
 
         def said():
-            got = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "attach", "--ray-address", "auto", "--plain"],
-                                 capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
-            out = got.stdout
+            out = attach_plain(env)
             return out if "can never be placed" in out and "others hold it" in out else None
 
         out = wait_until(said, 60, "attach --plain names both pools", every_s=2)
@@ -272,14 +270,8 @@ def test_a_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(gkd_home, tm
                    "ls = [Learner.remote() for _ in range(3)]\n"
                    "for step in range(12): ray.get([l.train.remote(step) for l in ls])\n"
                    "print('USER JOB DONE', flush=True)\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GKD_") or k == "GKD_HOME"}
-    env.update({"GKD_WATCH": "1", job_env.RAY_HOOK: job_env.OUR_RAY_HOOK})
-    proc = subprocess.Popen([sys.executable, str(job)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc, run = opted_in([sys.executable, str(job)], dict(os.environ), **{job_env.RAY_HOOK: job_env.OUR_RAY_HOOK})
     try:
-        run = wait_until(lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest").exists() else None,
-                         60, "the job's own run", every_s=0.2)
-
         def training():
             st = state_of(run)
             ws = st["workers"] if st else {}

@@ -5,7 +5,8 @@ start and end, a few hundred nanoseconds each. A watcher thread, every ``TICK_S`
 call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
 return to ``idle`` with its real end; a call too brief for that is sent after the fact, at most
 ``BRIEF_PER_TICK`` a tick. So a job of a thousand tiny calls a second costs at most a hundred events a
-second, and a call that hangs is on the dashboard 20 ms after it began, with the time it began.
+second, and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
+has lasted 20 ms), with the time it began.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ class Activity:
         return token
 
     def leave(self, token: int) -> None:
-        call = self._active.pop(token, None)
+        call = self._active.get(token)
         if call is not None:
-            call.ended = time.time()
+            call.ended = time.time()  # before it leaves ``_active``: the watcher never sees it gone and unended
+            del self._active[token]
             if not call.wait:
                 self._brief.append(call)
 
@@ -112,6 +114,7 @@ class Activity:
         last_ended: float | None = None  # when the newest call shown (or sent after the fact) ended
         shown_detail = ""
         next_progress = next_identify = 0.0
+        failed = False
         while not self._closed.wait(TICK_S):
             if self.reporter is None:
                 if time.monotonic() < next_identify:
@@ -124,50 +127,57 @@ class Activity:
                     return
                 if self.reporter is None:
                     continue
-            now = time.time()
-            view = self._view(now)
-            phase, about = view
-            if view[0] is not shown[0] or view[1] is not shown[1]:
-                gone = [c for c in shown if c is not None and c.ended]
-                last_ended = max((c.ended for c in gone), default=last_ended)
-                if phase is None:
-                    if shown[0] is not None:
-                        ended = last_ended or now
-                        self.reporter.emit(ev.PhaseEvent(phase="idle", started=ended, ts=ended))
+            try:
+                now = time.time()
+                view = self._view(now)
+                phase, about = view
+                if view[0] is not shown[0] or view[1] is not shown[1]:
+                    gone = [c for c in shown if c is not None and c.ended]
+                    last_ended = max((c.ended for c in gone), default=last_ended)
+                    if phase is None:
+                        if shown[0] is not None:
+                            ended = last_ended or now
+                            self.reporter.emit(ev.PhaseEvent(phase="idle", started=ended, ts=ended))
+                        last_ended = self._send_brief(last_ended, now)
+                    else:
+                        if shown[0] is None or gone:  # what began and ended between the last phase and this one
+                            last_ended = self._send_brief(last_ended, phase.started)
+                        shown_detail = about.detail
+                        next_progress = now  # the first answer to "who has answered" at the next tick
+                        # a phase shown again once what it called has returned: from then, not from its start
+                        back = last_ended if phase is not shown[0] and gone and last_ended > phase.started else None
+                        self._show(phase, about, shown_detail, now, back)
+                    shown = view
+                elif phase is None:
                     last_ended = self._send_brief(last_ended, now)
                 else:
-                    if shown[0] is None or gone:  # what began and ended between the last phase and this one
-                        last_ended = self._send_brief(last_ended, phase.started)
-                    shown_detail = about.detail
-                    next_progress = now  # the first answer to "who has answered" at the next tick
-                    # a phase shown again once what it called has returned: from then, not from its start
-                    back = last_ended if phase is not shown[0] and gone and last_ended > phase.started else None
-                    self._show(phase, about, shown_detail, now, back)
-                shown = view
-            elif phase is None:
-                last_ended = self._send_brief(last_ended, now)
-            else:
-                self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
-                if about.progress is not None and now >= next_progress:
-                    next_progress = now + PROGRESS_EVERY_S
-                    try:
-                        detail = about.progress()
-                    except Exception as e:
-                        detail = f"{about.detail} (progress unknown: {type(e).__name__})"
-                    if detail != shown_detail:
-                        shown_detail = detail
-                        self._show(phase, about, detail, now)
+                    self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
+                    if about.progress is not None and now >= next_progress:
+                        next_progress = now + PROGRESS_EVERY_S
+                        try:
+                            detail = about.progress()
+                        except Exception as e:
+                            detail = f"{about.detail} (progress unknown: {type(e).__name__})"
+                        if detail != shown_detail:
+                            shown_detail = detail
+                            self._show(phase, about, detail, now)
+            except Exception as e:  # a bug of ours: said once; the watcher goes on with the next tick
+                if not failed:
+                    failed = True
+                    print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
 
     def _send_brief(self, since: float | None, until: float) -> float | None:
         """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
         phases after the fact (their start, then idle at their end), the newest BRIEF_PER_TICK. Returns the
         end of the last one sent (else ``since``)."""
-        if not self._brief:
+        ended: list[Call] = []
+        while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
+            ended.append(self._brief.popleft())  # iterated while another thread appends to it)
+        if not ended:
             return since
         active = list(self._active.values())
-        brief = [c for c in self._brief if not c.shown and (since is None or c.started >= since)
+        brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
                  and c.ended <= until and not any(a.started < c.started for a in active)]
-        self._brief.clear()
         for call in brief[-BRIEF_PER_TICK:]:
             call.shown = True
             self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import gkd_tui, read_until, status_json, wait_until
+from conftest import attach_plain, gkd_tui, opted_in, read_until, status_json, wait_until
 
 from gkd_core import rundir
 
@@ -145,9 +145,8 @@ def test_verls_pool_that_can_never_be_placed_through_the_ray_state_api_alone(job
         t0 = time.monotonic()
 
         def said():
-            got = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "attach", "--ray-address", "auto", "--plain"],
-                                 capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
-            return got.stdout if "can never be placed" in got.stdout else None
+            out = attach_plain(env)
+            return out if "can never be placed" in out else None
 
         out = wait_until(said, 60, "attach --plain says the pool can never be placed", every_s=2)
         assert time.monotonic() - t0 < 30
@@ -160,14 +159,8 @@ def test_verls_pool_that_can_never_be_placed_through_the_ray_state_api_alone(job
 
 def test_a_verl_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(job_env, gkd_home):
     """`GKD_WATCH=1 python job.py`: verl's plugin starts the run at `import verl` (no Ray hook to set)."""
-    env = {k: v for k, v in job_env.items() if not k.startswith("GKD_") or k == "GKD_HOME"}
-    env.update(GKD_WATCH="1")
-    job = subprocess.Popen([sys.executable, str(JOB)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+    job, run = opted_in([sys.executable, str(JOB)], job_env)
     try:
-        run = wait_until(lambda: rundir.resolve_run(None) if (gkd_home / "runs" / "latest").exists() else None,
-                         60, "the job's own run", every_s=0.2)
-
         def named():
             snap = status_json(run)
             alerts = snap["state"]["alerts"].values() if snap else []
