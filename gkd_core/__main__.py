@@ -61,8 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             old = json.loads((resume / "endpoints.json").read_bytes())
             args.driver = args.driver or (old.get("driver_module") if isinstance(old, dict) else None)
             command = command or (list(old.get("command") or []) if isinstance(old, dict) else []) or None
+            adopted = old.get("adopted") if isinstance(old, dict) else None
         except (OSError, ValueError):
-            pass
+            adopted = None
+        if adopted and not command:
+            print(f"gkd: cannot take over {resume}: it watched a job its user started (pid {adopted}), which gkd "
+                  "cannot start again; start the job again as you did (with GKD_WATCH=1 it is a new run)",
+                  file=sys.stderr)
+            return 2
     if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
         overrides.insert(0, cfg_path)  # `run trainer.total_steps=5`: overrides on the embedded default
         cfg_path = None

@@ -54,7 +54,9 @@ def test_the_command_gets_the_run_and_keeps_a_runtime_env_hook_of_its_own():
     assert job_env.asked(env) and env[job_env.HEARTBEAT_S] == "0.5" and env["PATH"] == "/bin"
     assert job_env.run_vars(env) == {"GKD_REPORT": "1", "GKD_RUN_ID": "r1", "GKD_RUN_DIR": "RUN",
                                      "GKD_INGEST": "ipc://RUN/ingest.sock", "GKD_HEARTBEAT_S": "0.5"}
-    again = job_env.command_env(env, run_id="r2", run_dir="RUN", ingest="ipc://x", heartbeat=1)
+    again = job_env.command_env({**env, job_env.DRIVER_PID: "4242"}, run_id="r2", run_dir="RUN",
+                                ingest="ipc://x", heartbeat=1)
+    assert job_env.DRIVER_PID not in again  # a run started from inside a watched job has its own driver
     assert again[job_env.USER_RAY_HOOK] == "theirs.mod.hook"  # ours is never chained to itself
 
 
@@ -80,6 +82,7 @@ def test_a_users_own_hooks_run_first_and_ours_is_added(monkeypatch, tmp_path):
     monkeypatch.setenv(job_env.REPORT, "1")
     monkeypatch.setenv(job_env.RUN_ID, "r1")
     monkeypatch.setenv(job_env.INGEST, "ipc://nowhere")
+    monkeypatch.setenv(job_env.DRIVER_PID, "")  # the hook marks this process as the driver: undone after
     installed = []
     monkeypatch.setattr(ray_hook, "_install", installed.append)  # the patches themselves: the e2e tests' part
     out = ray_hook.runtime_env_hook({"worker_process_setup_hook": "their_hooks.setup"})
@@ -87,12 +90,31 @@ def test_a_users_own_hooks_run_first_and_ours_is_added(monkeypatch, tmp_path):
 
     assert their_hooks.calls == ["env"] and installed == ["driver"]
     assert out["env_vars"]["THEIRS"] == "1" and out["env_vars"]["GKD_RUN_ID"] == "r1"
+    assert out["env_vars"][job_env.DRIVER_PID] == str(os.getpid())
     # their setup hook is kept, to be run by ours first, in every worker
     assert out["worker_process_setup_hook"] == job_env.WORKER_SETUP_HOOK
     assert out["env_vars"][ray_hook.USER_SETUP_HOOK] == "their_hooks.setup"
     monkeypatch.setenv(ray_hook.USER_SETUP_HOOK, "their_hooks.setup")
     ray_hook.setup_worker()
     assert their_hooks.calls == ["env", "setup"] and installed == ["driver", "worker"]
+
+
+def test_a_child_of_the_driver_that_imports_a_plugin_is_not_a_second_driver(tmp_path):
+    """A DataLoader's worker or vLLM's child inherits the run's variables and imports verl: it must not
+    report as ``driver`` (its hello would take the driver's command channel); the driver itself does."""
+    probe = ("import os, sys\n"
+             "from gkd_core.integrations import ray_hook, job_env\n"
+             "p = ray_hook.ensure_installed()\n"
+             "print(p.kind if p else None, os.environ.get(job_env.DRIVER_PID) == str(os.getpid()))\n")
+    env = {**os.environ, job_env.REPORT: "1", job_env.RUN_ID: "r1", job_env.INGEST: f"ipc://{tmp_path}/in.sock",
+           job_env.RUN_DIR: str(tmp_path)}
+    env.pop(job_env.COMMANDS, None)
+    env.pop(job_env.DRIVER_PID, None)
+    first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert first.stdout.split() == ["driver", "True"], first.stderr
+    child = subprocess.run([sys.executable, "-c", probe], env={**env, job_env.DRIVER_PID: str(os.getpid())},
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.split() == ["None", "False"], child.stderr
 
 
 def test_launch_with_nothing_after_the_separator_says_so(gkd_home):
@@ -287,4 +309,11 @@ def test_a_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(gkd_home, tm
     assert proc.returncode == 0 and "USER JOB DONE" in out, err[-2000:]
     assert f"this job is watched as run {run.name}" in err
     assert wait_ended(run, 30) == "finished"
+    supervisor = json.loads((run / "endpoints.json").read_text())["supervisor_pid"]
     gkd_tui("stop", str(run))  # its supervisor lingers for an attach after the end; not in a test
+    wait_until(lambda: not Path(f"/proc/{supervisor}").exists(), 30, "its supervisor to exit", every_s=0.2)
+    # taken over later (`gkd-tui restart` once the supervisor is gone): refused, not our trainer started
+    got = subprocess.run([sys.executable, "-m", "gkd_core", "run", "--resume", str(run)], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 2 and f"it watched a job its user started (pid {proc.pid})" in got.stderr, got.stderr
+    assert [e["state"] for e in events(run) if e.get("kind") == "run"][-1] == "finished"  # and nothing started

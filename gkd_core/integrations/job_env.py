@@ -14,7 +14,10 @@ RUN_ID, RUN_DIR, INGEST = "GKD_RUN_ID", "GKD_RUN_DIR", "GKD_INGEST"
 HEARTBEAT_S = "GKD_HEARTBEAT_S"
 COMMANDS = "GKD_COMMANDS"  # the supervisor's command socket, for the driver alone (cancel, stacks)
 CONTROL = "GKD_CONTROL"  # the supervisor's control socket, for the driver alone (open_ingest)
-RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S)
+# the job's driver, once its part is installed: a process that is neither it nor a Ray worker (a child of
+# either: a DataLoader's worker, vLLM's) inherits the run's variables but is not the driver
+DRIVER_PID = "GKD_DRIVER_PID"
+RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S, DRIVER_PID)
 
 # Ray reads RAY_RUNTIME_ENV_HOOK in ray.init and passes the job's runtime_env through that function:
 # ours adds the run's variables and a worker setup hook. One the user had set is kept and called first.
@@ -45,6 +48,7 @@ def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: s
                 commands: str = "", control: str = "") -> dict[str, str]:
     """The environment of a command the supervisor starts as the run's driver."""
     env = dict(base)
+    env.pop(DRIVER_PID, None)  # a new run's command: its driver is whichever process of it claims first
     env.update({REPORT: "1", RUN_ID: run_id, RUN_DIR: run_dir, INGEST: ingest, HEARTBEAT_S: f"{heartbeat:g}",
                 "PYTHONUNBUFFERED": "1"})
     if commands:

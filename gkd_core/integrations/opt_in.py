@@ -5,7 +5,7 @@
 this process, detached (``python -m gkd_core run --adopt PID``), waits for its endpoints, and puts the
 run's variables into this process's environment: from then on the job reports exactly as under
 ``gkd-tui launch --``, and ``gkd-tui attach`` finds it as the latest run. Stopping the run sends the job
-SIGTERM; the supervisor going away leaves the job alone.
+SIGTERM, then SIGKILL after the grace period; the supervisor going away leaves the job alone.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ def start_run() -> Path:
     deadline = time.monotonic() + START_WAIT_S
     while not (run / "endpoints.json").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:  # the job goes on unwatched: no supervisor may adopt it later
+                proc.kill()
+                proc.wait(5)
             raise RuntimeError(f"its supervisor did not start within {START_WAIT_S:g} s; its output is in "
                                f"{home / f'supervisor-{run_id}.log'}")
         time.sleep(0.05)

@@ -10,8 +10,10 @@
 
 An actor is named by its class and the order its creator made it in (``Learner/3``, the fourth
 ``Learner``): the creator writes the name to Ray's key-value store, where the actor reads it. A hook
-the user had set is called first (the runtime-env hook) or kept (the setup hook). Nothing here raises
-into the job: a failure is said once on stderr, and the job runs on unwatched.
+the user had set is called first (the runtime-env hook) or kept (the setup hook). A failure of ours is
+said once on stderr, and the job runs on unwatched; but the setup hook is a name Ray imports in each
+worker: where gkd-tui is not installed (another node, a runtime_env's own environment), Ray ends the
+worker. README says to install it wherever the job's workers run.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
         except Exception as e:
             _say_once("starting a run for this job (GKD_WATCH=1)", e)
             return runtime_env
-    if not job_env.asked():
+    if not job_env.asked() or not _claim_driver():
         return runtime_env
     try:
         out = dict(runtime_env or {})
@@ -235,18 +237,27 @@ def in_ray_worker() -> bool:
     return ray.is_initialized() and ray._private.worker.global_worker.mode == ray.WORKER_MODE
 
 
-def ensure_installed() -> _Process:
+def ensure_installed() -> _Process | None:
     """For a framework plugin, which may be imported before Ray's hooks ran (verl's driver imports verl
-    before ``ray.init``): a Ray worker's part, or else the driver's."""
+    before ``ray.init``): a Ray worker's part, or else the driver's (None in a child of either)."""
     if _process is None:
         _install("worker" if in_ray_worker() else "driver")
     return _process
 
 
+def _claim_driver() -> bool:
+    """Whether this process is the job's driver: the first to say so; its children inherit the mark."""
+    theirs = os.environ.get(job_env.DRIVER_PID)
+    if theirs and theirs != str(os.getpid()):
+        return False
+    os.environ[job_env.DRIVER_PID] = str(os.getpid())
+    return True
+
+
 def _install(kind: str) -> None:
     global _process
     with _install_lock:
-        if _process is not None:
+        if _process is not None or (kind == "driver" and not _claim_driver()):
             return
         _process = _Process(kind)
         # stacks without py-spy, on SIGUSR1: in the run's folder on its node, in a private one elsewhere
@@ -296,6 +307,25 @@ def _patch_actor_creation() -> None:
     ActorMethod._remote = _call
 
 
+def begin(name: str, actor: Any = None, step: int | None = None) -> int | None:
+    """A call of the job's begins (an actor's method, a framework's phase): noted, never raising into it."""
+    try:
+        if actor is not None:
+            _process.entering_actor(actor)
+        return _process.activity.enter(name, step=step)
+    except Exception as e:
+        _say_once("noting a call", e)
+        return None
+
+
+def end(token: int | None) -> None:
+    if token is not None:
+        try:
+            _process.activity.leave(token)
+        except Exception as e:
+            _say_once("noting the end of a call", e)
+
+
 def _patch_actor_methods() -> None:
     from ray._private.function_manager import FunctionActorManager
 
@@ -306,23 +336,20 @@ def _patch_actor_methods() -> None:
         executor = make(self, method_name, method)
         if method_name.startswith("__ray"):
             return executor  # Ray's own (ready checks, terminate)
-        activity = _process.activity
         if inspect.iscoroutinefunction(method):
             async def run(__ray_actor, *args, **kwargs):
-                _process.entering_actor(__ray_actor)
-                token = activity.enter(method_name)
+                token = begin(method_name, __ray_actor)
                 try:
                     return await executor(__ray_actor, *args, **kwargs)
                 finally:
-                    activity.leave(token)
+                    end(token)
         else:
             def run(__ray_actor, *args, **kwargs):
-                _process.entering_actor(__ray_actor)
-                token = activity.enter(method_name)
+                token = begin(method_name, __ray_actor)
                 try:
                     return executor(__ray_actor, *args, **kwargs)
                 finally:
-                    activity.leave(token)
+                    end(token)
         run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
         return run
 
@@ -342,10 +369,14 @@ def _patch_waits() -> None:
             if threading.current_thread() is not threading.main_thread() or (p.kind == "worker" and not p.actor_id):
                 return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
             timeout = kwargs.get("timeout")
-            wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
-                        p.step)
-            token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
-                                     deadline=time.time() + timeout if isinstance(timeout, (int, float)) else None)
+            try:
+                wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit,
+                            p.sync_timeout_s, p.step, whole=_name == "ray.get")
+                token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
+                                         deadline=time.time() + timeout if isinstance(timeout, (int, float)) else None)
+            except Exception as e:  # the job's wait goes on, unseen
+                _say_once("noting a wait", e)
+                return _original(refs, *args, **kwargs)
             error = None
             outer, p.current_wait = p.current_wait, wait
             try:
@@ -354,9 +385,12 @@ def _patch_waits() -> None:
                 error = e
                 raise
             finally:
-                p.activity.leave(token)
-                wait.ended(error)
                 p.current_wait = outer
+                try:  # never in place of the job's own result or error
+                    p.activity.leave(token)
+                    wait.ended(error)
+                except Exception as e:
+                    _say_once("noting the end of a wait", e)
 
         functools.update_wrapper(waiting, original)
         setattr(ray, name, waiting)

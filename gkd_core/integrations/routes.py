@@ -18,7 +18,6 @@ from typing import Callable
 import msgspec
 
 from gkd_core.telemetry import events as ev, ingest
-from gkd_core.telemetry.control import ControlClient
 
 KV_NAMESPACE = "gkd"
 
@@ -53,11 +52,7 @@ class RoutePublisher:
 
     def _open(self, host: str) -> bool:
         try:
-            if not self.control:
-                raise RuntimeError("no supervisor control socket (GKD_CONTROL) in the driver's environment")
-            with ControlClient(self.control, timeout_s=5.0, retries=1, by="driver") as c:
-                endpoint = c.request("open_ingest", {"host": host})["endpoint"]
-            curve = ingest.client_keys(self.run_dir / "keys")
+            endpoint, curve = ingest.open_remote(self.control, host, self.run_dir / "keys")
         except Exception as e:
             self.refused = f"{type(e).__name__}: {e}"[:300]
             self.emit(ev.LogEvent(level="error", message=f"gkd: no ingest for the job's other nodes ({self.refused}); "

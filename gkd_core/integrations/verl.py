@@ -2,7 +2,8 @@
 
 verl imports every ``verl.plugins`` entry point in each of its processes (driver, TaskRunner, every
 worker) from ``verl/__init__.py``; ours is this module. Imported where no run asked for it (no
-``GKD_REPORT=1`` in the environment), it does nothing at all. Asked, it adds to what the Ray hooks
+``GKD_REPORT=1`` in the environment) and none is wanted (no ``GKD_WATCH=1``: then it starts the run,
+opt_in), it does nothing at all. Asked, it adds to what the Ray hooks
 already see (each actor's methods, the controller's waits by rank, weight syncs as syncs):
 
 - verl's timers (``marked_timer``, ``simple_timer``: every one goes through
@@ -56,6 +57,8 @@ def _process():
 def _patch_timer() -> None:
     from verl.utils.profiler import performance
 
+    from gkd_core.integrations import ray_hook
+
     original = performance._timer
 
     @functools.wraps(original)
@@ -66,11 +69,11 @@ def _patch_timer() -> None:
             return
         if name == STEP_TIMER:
             p.step = (p.step or 0) + 1
-        token = p.activity.enter(name, step=p.step)
+        token = ray_hook.begin(name, step=p.step)
         try:
             yield from original(name, timing_raw)
         finally:
-            p.activity.leave(token)
+            ray_hook.end(token)
 
     performance._timer = _timer
 

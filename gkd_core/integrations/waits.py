@@ -72,11 +72,16 @@ class Wait:
     _sync_ids = itertools.count(1)
 
     def __init__(self, book: RefBook, refs: list, emit: Callable[[ev.Event], None], sync_timeout_s: float | None,
-                 step: int | None):
-        self.refs, self.emit, self.step = refs, emit, step
-        self.calls = [book.who(r) for r in refs]
+                 step: int | None, whole: bool = True):
+        """``whole``: the wait returns once every ref has (``ray.get``), so its normal end is a sync's end;
+        a ``ray.wait`` may return on the first, and is never a sync."""
+        # ray.get([r, r]) is allowed; ray.wait([r, r]) raises
+        self.refs = list({(r.binary() if hasattr(r, "binary") else id(r)): r for r in refs}.values())
+        self.emit, self.step = emit, step
+        self.calls = [book.who(r) for r in self.refs]
         methods = {c[1] for c in self.calls if c is not None}
-        self.is_sync = bool(methods) and all(SYNC_METHOD.search(m) for m in methods) and None not in self.calls
+        self.is_sync = (whole and bool(methods) and all(SYNC_METHOD.search(m) for m in methods)
+                        and None not in self.calls)
         self.timeout_s = sync_timeout_s or _env_timeout()
         self.started = time.time()
         self.sync_id = next(self._sync_ids) if self.is_sync else 0

@@ -24,7 +24,7 @@ from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
 TIMEOUT_S = 4.0
-REMOTE_WAIT_S = 8.0  # a task started on another node, then its capture (TIMEOUT_S); the CLI waits 10 s
+REMOTE_WAIT_S = 8.0  # from the dump's start: a task started on another node, then its capture; the CLI waits 10 s
 
 
 class LocalStacks:
@@ -35,7 +35,6 @@ class LocalStacks:
         self.ask_driver = ask_driver
         self.host = socket.gethostname()
         self.results: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
-        self.busy = 0  # dumps under way
 
     def dump(self, state: RunState, targets: list[str], dump_id: str, by: str) -> dict:
         """Start a dump of ``targets`` (every worker when empty); returns at once."""
@@ -55,15 +54,16 @@ class LocalStacks:
             except Exception as e:
                 elsewhere.update({s: f"{s} runs on {w.node}, pid {w.pid}: `py-spy dump --native --pid {w.pid}` there "
                                      f"(the job's driver could not be asked: {e})" for s, w in remote.items()})
-        self.busy += 1
-        threading.Thread(target=self._take, args=(state, here, asked, elsewhere, dump_id, by),
+        # from the dump's start, not from the end of this node's captures: the CLI waits 10 s in all
+        deadline = time.monotonic() + REMOTE_WAIT_S
+        threading.Thread(target=self._take, args=(state, here, asked, elsewhere, dump_id, by, deadline),
                          name=f"gkd-stacks[{dump_id}]", daemon=True).start()
         # not the answer (that is the action `_take` records once the stacks are in): what is under way
         return {"taking": sorted([*here, *asked, *elsewhere]),
                 "by": "the supervisor, on this node" + (", and the job's driver on the others" if asked else "")}
 
     def _take(self, state: RunState, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str,
-              by: str) -> None:
+              by: str, deadline: float) -> None:
         folder = self.run_dir / "stacks" / dump_id
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -74,7 +74,6 @@ class LocalStacks:
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, method=cap.method, text=cap.text,
                                                error=cap.error))
             # the other nodes' stacks come as events from the driver's task (on the supervisor's thread)
-            deadline = time.monotonic() + REMOTE_WAIT_S
             while asked and time.monotonic() < deadline:
                 if all((r := state.stacks.get(t)) is not None and r.dump_id == dump_id for t in asked):
                     break
@@ -94,5 +93,3 @@ class LocalStacks:
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=False, result={
                 "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]),
                 "error": f"{type(e).__name__}: {e}"[:300]}))
-        finally:
-            self.busy -= 1

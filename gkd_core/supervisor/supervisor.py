@@ -216,6 +216,7 @@ class Supervisor:
             "host": socket.gethostname(),  # where that pid lives
             "driver_module": self.driver_module,  # what a supervisor that takes the run over starts
             "command": self.command or [],  # ... or this command (launch -- COMMAND)
+            "adopted": self.adopt or 0,  # ... or nothing: a job its user started, which only its user can start
             "ray_address": "",
         }
         self.control_tcp = self.events_tcp = None

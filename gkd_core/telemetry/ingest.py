@@ -73,6 +73,16 @@ def client_keys(keys_dir: Path) -> Curve:
     return Curve(server_public=server.decode(), public=public.decode(), secret=secret.decode())
 
 
+def open_remote(control_address: str, host: str, keys_dir: Path, by: str = "driver") -> tuple[str, Curve]:
+    """Ask the supervisor (its control socket) for the tcp ingest on ``host``: (its endpoint, the run's
+    client keys to hand to the workers on other nodes). Raises with the reason when it cannot."""
+    if not control_address:
+        raise RuntimeError("no supervisor control socket (GKD_CONTROL) in this process's environment")
+    with control.ControlClient(control_address, timeout_s=5.0, retries=1, by=by) as c:
+        endpoint = c.request("open_ingest", {"host": host})["endpoint"]
+    return endpoint, client_keys(keys_dir)
+
+
 def client_socket(sock: zmq.Socket, curve: Curve) -> None:
     """Make ``sock`` a CurveZMQ client with the run's keys (before connect)."""
     sock.curve_serverkey = curve.server_public.encode()

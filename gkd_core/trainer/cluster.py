@@ -26,7 +26,6 @@ from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
 from gkd_core.rundir import socket_dir
 from gkd_core.telemetry import ingest
-from gkd_core.telemetry.control import ControlClient
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
@@ -167,20 +166,15 @@ class Cluster:
     def open_remote_ingest(self) -> None:
         """Ask the supervisor for a CurveZMQ tcp ingest on the head node's address, for the workers
         on other nodes, and hand them the run's keys through Ray (``self.route``)."""
-        control = os.environ.get("GKD_CONTROL", "")
         with self.rep.phase("init", detail="the ingest for other nodes"):
-            if not control:
-                self.rep.log("no supervisor control socket (GKD_CONTROL): workers on other nodes cannot "
-                             "report", level="warn")
-                return
             try:
-                with ControlClient(control, timeout_s=5.0, retries=1, by="driver") as c:
-                    endpoint = c.request("open_ingest", {"host": self.bind_host})["endpoint"]
+                endpoint, curve = ingest.open_remote(os.environ.get("GKD_CONTROL", ""), self.bind_host,
+                                                     self.run_dir / "keys")
             except Exception as e:
                 self.rep.log(f"the supervisor did not open an ingest for other nodes ({e}); their workers' "
                              "events will be missing", level="error")
                 return
-        self.route.remote, self.route.curve = endpoint, ingest.client_keys(self.run_dir / "keys")
+        self.route.remote, self.route.curve = endpoint, curve
         self.rep.log(f"workers on other nodes push events to {endpoint} (CurveZMQ, this run's keys)")
 
     def actor_names(self) -> dict[str, str]:

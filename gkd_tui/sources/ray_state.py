@@ -96,6 +96,7 @@ class RayStateSource:
         self.lock = threading.Lock()
         self.state = RunState()
         self.error = ""
+        self.pg_error = ""  # why placement groups could not be read, said once
         self.polls = 0
         self.truncated = False
         self.view = RayView()  # every actor a worker, its calls its phases
@@ -137,7 +138,6 @@ class RayStateSource:
     def poll_once(self) -> None:
         try:
             nodes, actors, tasks = poll(self.address, TIMEOUT_S, finished=True)
-            pgs = poll_placement_groups(self.address, TIMEOUT_S)
         except Exception as e:
             what, hint = explain(e, self.address)
             self.error = what
@@ -150,7 +150,14 @@ class RayStateSource:
         running = [t for t in tasks if getattr(t, "state", "RUNNING") == "RUNNING"]
         self.truncated = len(actors) >= LIMIT or len(running) >= LIMIT or len(tasks) - len(running) >= LIMIT
         self._apply(self.view.events(nodes, actors, tasks))
-        self._apply(self.view.placement_groups(pgs))
+        try:  # a state API that fails on these alone: said once, and the rest of the view stands
+            self._apply(self.view.placement_groups(poll_placement_groups(self.address, TIMEOUT_S)))
+            self.pg_error = ""
+        except Exception as e:
+            what = f"placement groups unreadable from {self.address}: {type(e).__name__}: {e}"[:300]
+            if what != self.pg_error:
+                self.pg_error = what
+                self._apply([ev.LogEvent(level="warn", message=what)])
         self._apply(self.cpu_samples())
         self.diagnose()
 
