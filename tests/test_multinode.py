@@ -232,6 +232,9 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
             alert = wait_until(named, 60, "Worker/1 named as the straggler", every_s=0.5)
             assert "work" in alert["message"], alert
 
+            # the alert's own dump first (a task on node 2 that starts a worker process there), then ours
+            wait_until(lambda: [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"], 30,
+                       "the alert's own stack of Worker/1", every_s=0.5)
             t0 = time.monotonic()
             out = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "dump-stacks", "--run", str(run_dir), "--json",
                                   "Worker/1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
