@@ -232,7 +232,7 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
             alert = wait_until(named, 60, "Worker/1 named as the straggler", every_s=0.5)
             assert "work" in alert["message"], alert
 
-            # the alert's own dump first (a task on node 2 that starts a worker process there), then ours
+            # the alert's own dump first (it makes the driver's stacks helper on node 2), then ours (the same helper)
             wait_until(lambda: [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"], 30,
                        "the alert's own stack of Worker/1", every_s=0.5)
             t0 = time.monotonic()
@@ -244,7 +244,7 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
             print(f"the stack of Worker/1 on node 2 in {took:.1f} s")
             [group] = dump["groups"]
             assert f"ray_two_nodes.py:{stuck_line}" in group["stack"], group
-            # the alert's own dump and ours: each taken by the driver's task on node 2, not by the supervisor
+            # the alert's own dump and ours: each taken by the driver's helper on node 2, not by the supervisor
             def both():
                 taken = [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"]
                 return taken if len(taken) == 2 else None
@@ -255,5 +255,7 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
             # py-spy's `file:line`, or faulthandler's `file", line N` when two dumps' py-spy met on one pid
             shows = (f"ray_two_nodes.py:{stuck_line}", f'ray_two_nodes.py", line {stuck_line}')
             assert all(any(s in e["text"] for s in shows) for e in taken), taken
+            # the helper is the run's, not a worker of the job
+            assert not [e["src"] for e in events() if e["kind"] == "worker" and "Stacks" in e["src"]]
         finally:
             stop(run_dir, proc, log)

@@ -43,7 +43,7 @@ class DriverCommands:
 
     def carry_out(self, cmd: Command) -> None:
         if cmd.op == "dump_stacks" and isinstance(cmd.args.get("targets"), dict):
-            # a task on each node, awaited in a thread of its own: a cancel meanwhile is not held up
+            # a helper on each node, awaited in a thread of its own: a cancel meanwhile is not held up
             threading.Thread(target=remote_stacks.take, name="gkd-remote-stacks", daemon=True, args=(
                 cmd.args["targets"], str(cmd.args.get("dump_id", "")), self.process.run,
                 os.environ.get(job_env.RUN_DIR, ""), self.emit)).start()

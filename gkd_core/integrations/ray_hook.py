@@ -286,7 +286,8 @@ def _patch_actor_creation() -> None:
     def _remote(self, *args, **kwargs):
         handle = make(self, *args, **kwargs)
         try:
-            _process.name_created(self.__ray_metadata__.class_name, handle, kwargs)
+            if self.__ray_metadata__.class_name != remote_stacks.GkdStacksHelper.__name__:  # ours, not the job's
+                _process.name_created(self.__ray_metadata__.class_name, handle, kwargs)
         except Exception as e:
             _say_once("naming a new actor", e)
         return handle

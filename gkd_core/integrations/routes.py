@@ -79,7 +79,7 @@ def lookup(run: str, node_id: str) -> tuple[str, ingest.Curve | None] | None:
 
 def stacks_dir(run: str, run_dir: str) -> Path:
     """Where this process's faulthandler writes its stacks: the run's folder on the supervisor's node,
-    a private folder of this node's temporary space elsewhere (read there by the stacks task)."""
+    a private folder of this node's temporary space elsewhere (read there by the stacks helper, remote_stacks)."""
     if run_dir and Path(run_dir).is_dir():
         return Path(run_dir) / "stacks"
     base = Path(tempfile.gettempdir()) / f"gkd-{os.getuid()}"

@@ -3,7 +3,7 @@
 Our trainer's driver answers ``dump_stacks`` through its node agents; a foreign job has no such
 driver, so the supervisor reads the stacks of the job's processes on this node (py-spy, else the
 faulthandler file each watched process registered in RUN/stacks). A worker on another node is the
-job's driver's to capture (``ask_driver``: integrations/remote_stacks.py runs a task on that node);
+job's driver's to capture (``ask_driver``: integrations/remote_stacks.py asks a helper on that node);
 its stacks come back as events, and the dump waits for them up to ``REMOTE_WAIT_S``. In a thread, so
 the loop never waits on a capture; what it took comes back as events through ``results``, in the
 order the driver's answer has (the stacks, then the ``dump_stacks`` action that says the dump is
@@ -24,7 +24,7 @@ from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
 TIMEOUT_S = 4.0
-REMOTE_WAIT_S = 8.0  # from the dump's start: a task started on another node, then its capture; the CLI waits 10 s
+REMOTE_WAIT_S = 8.0  # from the dump's start: a helper started on another node, then its capture; the CLI waits 10 s
 
 
 class LocalStacks:

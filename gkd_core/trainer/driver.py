@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import ray
 import torch
@@ -122,6 +123,10 @@ class Driver:
                                                             state["step"] * self.cfg.data.batch_size))
         self.rep.log(f"resumed from {state['folder']} (step {state['step']}, prompt "
                      f"{self.consumed % self.order.n} of epoch {self.consumed // self.order.n})")
+        if "metrics" in state:  # said again: the driver before may have died before they left
+            said = msgspec.convert(state["metrics"], ev.MetricsEvent)
+            said.ts, said.src = 0.0, ""
+            self.rep.emit(said)
         return int(state["step"]) + 1
 
     # --- one step's parts ------------------------------------------------------------------
@@ -282,7 +287,7 @@ class Driver:
             else:
                 self._bad_run = []
             if stop:
-                self.emit_metrics(step, m, batch, timing, evaluated=False)
+                self.rep.emit(self.metrics_event(step, m, batch, timing, evaluated=False))
                 raise BadSteps(stop)
             t = time.monotonic()
             sched.before_sync(step, last)
@@ -300,23 +305,26 @@ class Driver:
                 self.evaluate(step)
                 timing["eval"] = time.monotonic() - t
             sched.after_sync(step, last)
+            metrics = self.metrics_event(step, m, batch, timing, evaluated)
             # a skipped step is not saved as such, but the run's last step is: its weights are the last good ones
             if (step % cfg.trainer.checkpoint_every == 0 and not skipped) or last:
+                # the step's metrics go into its checkpoint: a driver killed after the save, before they
+                # left, is not asked to do the step again, so the one that resumes says them
                 self.saver.save(step, {"prompts_consumed": self.consumed, "epoch": self.consumed // self.order.n,
-                                       "sync_id": self.sync.sync_id})
-            self.emit_metrics(step, m, batch, timing, evaluated)
+                                       "sync_id": self.sync.sync_id, "metrics": msgspec.to_builtins(metrics)})
+            self.rep.emit(metrics)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
             self.cluster.revive_agents()  # between steps: a node agent that died is started again
 
-    def emit_metrics(self, step: int, m: dict, batch: Batch, timing: dict, evaluated: bool) -> None:
+    def metrics_event(self, step: int, m: dict, batch: Batch, timing: dict, evaluated: bool) -> ev.MetricsEvent:
         e = self.last_eval
-        self.rep.emit(ev.MetricsEvent(
+        return ev.MetricsEvent(
             step=step, loss=m["loss"], kl=m["kl"], agreement=e.get("agreement"), eval_kl=e.get("kl"),
             evaluated=evaluated, tokens_per_s=m["tokens"] / max(batch.gen_s, 1e-6), timing=timing,
             grad_norm=m.get("grad_norm"), skipped=bool(m.get("skipped")), bad_steps=self.bad_steps,
             sample_agreement=m.get("sample_agreement"), completion_len=m.get("completion_len"),
             eos_share=m.get("eos_share"), data_position=batch.position,
-            epoch=round(batch.position / self.order.n, 4)))
+            epoch=round(batch.position / self.order.n, 4))
 
     def close(self) -> None:
         self.rep.close(2.0)
