@@ -70,6 +70,9 @@ class WorkerState(msgspec.Struct, kw_only=True):
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
     via: str = ""  # the relay its events go through (its node's agent), "" when they go straight
+    # the worker whose death made this one fail (a sync's `blocked`): a victim, not a cause; until it
+    # starts something new
+    blocked_by: str = ""
     # RunState.moves when its role, phase or spans last changed: what changed since a pass of the diagnosis
     # is found by comparing one number per worker (the straggler index at 65,536 workers)
     moved: int = 0
@@ -346,6 +349,8 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
                 if len(w.spans) > self.spans_keep:
                     del w.spans[0]
             w.phase = e.phase
+            if e.phase not in ("idle", "failed"):  # its failure's own phase change may come after the sync's word
+                w.blocked_by = ""
             w.phase_since = e.started if e.started is not None else e.ts
             w.phase_step = e.step
             w.phase_call = e.call
@@ -392,11 +397,19 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
         if s is None or s.sync_id != e.sync_id:
             if s is not None:
                 self._archive_sync(s)
-            s = self.sync = SyncState(sync_id=e.sync_id, state=e.state, started=e.ts - e.elapsed_s)
+            started = e.ts - e.elapsed_s
+            # a sender's absurd numbers (ts and elapsed near the float's ends) must not make an inf, which a
+            # keyframe's JSON cannot hold
+            s = self.sync = SyncState(sync_id=e.sync_id, state=e.state,
+                                      started=started if math.isfinite(started) else e.ts)
         s.state, s.last_ts = e.state, e.ts
         s.timeout_s = e.timeout_s or s.timeout_s
         s.elapsed_s = e.elapsed_s
         s.pending, s.done = list(e.pending), list(e.done)
+        if e.state == "failed" and e.pending:
+            for b in e.blocked:
+                if b in self.workers and b not in e.pending:
+                    self.workers[b].blocked_by = e.pending[0]
         if e.fingerprint_ok is not None:
             s.fingerprint_ok = e.fingerprint_ok
         s.error = e.error or s.error

@@ -149,3 +149,16 @@ def test_a_call_that_begins_and_ends_in_the_same_millisecond_is_a_span():
     spans = s.workers["RolloutWorker/0"].spans
     assert [(x.phase, x.started, x.ended) for x in spans][-2:] == [("idle", 10.2, 12.0),
                                                                     ("sync_rollout_weights", 12.0, 12.0)]
+
+
+def test_a_sync_failed_by_a_death_marks_its_victims_blocked_until_they_start_anew():
+    st = build()
+    st.apply(ev.PhaseEvent(src="student/0", phase="idle", detail="sync_weights raised RuntimeError", ts=1016.0))
+    st.apply(ev.SyncEvent(src="driver", sync_id=3, state="failed", pending=["rollout/1"], ts=1017.0,
+                          blocked=["student/0", "rollout/9", "rollout/1"], error="rollout/1 (pid 12) died"))
+    assert st.workers["student/0"].blocked_by == "rollout/1"
+    assert st.workers["rollout/1"].blocked_by == "" and "rollout/9" not in st.workers  # the cause; a stranger
+    st.apply(ev.PhaseEvent(src="student/0", phase="idle", ts=1018.0))
+    assert st.workers["student/0"].blocked_by == "rollout/1"  # its own failure's word, after the sync's
+    st.apply(ev.PhaseEvent(src="student/0", phase="train", step=4, ts=1030.0))
+    assert st.workers["student/0"].blocked_by == ""

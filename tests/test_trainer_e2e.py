@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -56,6 +58,33 @@ def test_a_killed_worker_is_named_within_the_heartbeat_timeout(start_supervisor)
     named = [e for e in events if e["kind"] == "log" and e["src"] == "driver" and e["level"] == "error"]
     assert named and "rollout/0" in named[0]["message"] and "pid" in named[0]["message"]
     assert named[0]["ts"] - last_seen < 10, "named after the heartbeat timeout"
+
+
+def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by_it(start_supervisor):
+    """kill -9 of rollout/1 while the student waits in its broadcast: the student's gloo call fails at once
+    ("Connection closed by peer") and Ray says the death a moment later. The dead worker is named, in the
+    alerts' targets; the student is a victim of it, not a failure of its own."""
+    sup = start_supervisor("trainer.total_steps=6", "trainer.sync_timeout_s=300",
+                           "faults=[{kind: hang_sync, target: rollout/1, step: 3}]", "--linger", "60", driver=TRAINER)
+    wait_until(lambda: [e for e in sup.events() if e["kind"] == "sync" and e["state"] == "progress"
+                        and e["pending"] == ["rollout/1"]], 240, "the sync waiting for rollout/1")
+    pid = next(e["pid"] for e in sup.events() if e["kind"] == "worker" and e["src"] == "rollout/1")
+    t0 = time.time()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: [e for e in run_states(sup) if e["state"] == "failed"], 60, "the run to fail")
+    events = sup.events()
+    [failed] = [e for e in events if e["kind"] == "sync" and e["state"] == "failed"]
+    assert failed["pending"] == ["rollout/1"] and failed["blocked"] == ["student/0"], failed
+    assert failed["error"].startswith("rollout/1 (") and "student/0 failed in the same" in failed["error"]
+    critical = [e for e in events if e["kind"] == "alert" and e["severity"] == "critical" and not e.get("cleared")]
+    assert critical and critical[0]["targets"] == ["rollout/1"] and critical[0]["ts"] - t0 < 5, critical
+    assert not [a for a in critical if "student/0" in a["targets"]], critical
+    from gkd_core.state import replay
+
+    with open(sup.run / "events.jsonl", "rb") as f:
+        state = replay(f)
+    assert state.workers["student/0"].blocked_by == "rollout/1"
+    assert state.workers["rollout/1"].blocked_by == ""
 
 
 def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):

@@ -110,6 +110,8 @@ class SyncEvent(Event, tag="sync"):
     fingerprint_ok: bool | None = None
     error: str = ""
     step: Int | None = None
+    # failed: the members that failed or cannot finish only because a pending one died (victims, not causes)
+    blocked: list[str] = []
 
 
 class TeacherEvent(Event, tag="teacher"):

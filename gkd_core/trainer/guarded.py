@@ -29,9 +29,19 @@ class WaitTimeout(TimeoutError):
 
 
 class WorkerFailed(RuntimeError):
-    def __init__(self, message: str, name: str):
+    """``name`` is the cause; ``blocked``, the workers of the same wait that failed or cannot finish
+    because of it (a broadcast's peers when one rank died): victims, not causes."""
+
+    def __init__(self, message: str, name: str, blocked: list[str] | None = None):
         super().__init__(message)
         self.name = name
+        self.blocked = blocked or []
+
+
+# A worker whose process dies inside a collective makes its peers fail at once ("Connection closed by
+# peer") while Ray says the death a moment later: a failure waits this long for a death among the others
+# before it is taken as the cause
+CAUSE_GRACE_S = 2.0
 
 
 def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe: Callable[[str], str] = str,
@@ -62,12 +72,17 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
             try:
                 results[name] = ray.get(ref, timeout=30)
             except (RayActorError, TaskCancelledError) as e:
-                raise WorkerFailed(f"{name} ({describe(name)}) died or was cancelled during {phase}: "
-                                   f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", name) from None
+                raise WorkerFailed(_died(name, describe, phase, e), name, blocked=sorted(pending)) from None
             except RayTaskError as e:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
-                raise WorkerFailed(f"{name} ({describe(name)}) failed in {phase}: {type(cause).__name__}: "
-                                   f"{str(cause).splitlines()[0][:300] if str(cause) else ''}", name) from None
+                said = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
+                dead = _death_among(pending, min(CAUSE_GRACE_S, max(0.0, deadline - time.monotonic())))
+                if dead is not None:  # it failed because a peer died: the dead one is the cause
+                    who, err = dead
+                    others = sorted(set(pending) - {who} | {name})
+                    raise WorkerFailed(f"{_died(who, describe, phase, err)}; {name} failed in the same {phase} "
+                                       f"because of it ({said[:200]})", who, blocked=others) from None
+                raise WorkerFailed(f"{name} ({describe(name)}) failed in {phase}: {said}", name) from None
             except GetTimeoutError:
                 raise WorkerFailed(f"{name}: its result of {phase} could not be fetched within 30 s", name) from None
             done_at[name] = time.monotonic() - start
@@ -77,6 +92,30 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
             if on_tick is not None and pending:
                 on_tick(sorted(pending), now - start)
     return results
+
+
+def _died(name: str, describe: Callable[[str], str], phase: str, e: BaseException) -> str:
+    return (f"{name} ({describe(name)}) died or was cancelled during {phase}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+
+
+def _death_among(pending: dict[str, Any], within_s: float) -> tuple[str, BaseException] | None:
+    """(name, Ray's error) of a worker among ``pending`` whose actor Ray says is dead within ``within_s``."""
+    left = dict(pending)
+    end = time.monotonic() + within_s
+    while left:
+        ready, _ = ray.wait(list(left.values()), num_returns=1, timeout=max(0.0, end - time.monotonic()))
+        if not ready:
+            return None
+        name = next(n for n, r in left.items() if r == ready[0])
+        del left[name]
+        try:
+            ray.get(ready[0], timeout=5)
+        except RayActorError as e:
+            return name, e
+        except Exception:
+            pass  # finished, or failed on its own: not a death
+    return None
 
 
 @contextmanager

@@ -83,7 +83,7 @@ class WeightSync:
             c.rebuild_group()
             return self(step)
         except WorkerFailed as e:
-            ended("failed", pending=[e.name], error=str(e)[:1000])
+            ended("failed", pending=[e.name], blocked=e.blocked, error=str(e)[:1000])
             raise
         want = prints["student/0"]
         ok = all(prints[m] == want for m in members[1:])

@@ -32,6 +32,8 @@ class WorkerDetails(ModalScreen[None]):
             + (f", deadline in {fmt_duration(w.deadline - now)}" if w.deadline else ""),
             f"heartbeat {fmt_duration(age)} ago, rss {fmt_bytes(w.rss)}, cpu {w.cpu:.0f}%, dropped {w.dropped}",
         ]
+        if w.blocked_by:
+            lines.append(f"blocked by {w.blocked_by}: it failed only because {w.blocked_by} died (see its alert)")
         if w.detail:
             lines.append(f"detail: {w.detail}")
         if w.actor_id or w.ray_state:

@@ -43,6 +43,11 @@ def cells_line(cells, widths=WIDTHS) -> list[str]:
     return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths)]
 
 
+def shown_phase(w: WorkerState) -> str:
+    """Its phase; a worker that failed only because a peer died says so instead."""
+    return f"blocked by {w.blocked_by}" if w.blocked_by else (w.phase or "-")
+
+
 @lru_cache(maxsize=64)
 def parsed(style: str) -> Style:
     if NO_COLOR:
@@ -117,7 +122,7 @@ class WorkersTable(ScrollView, can_focus=True):
         widths = list(WIDTHS)
         if ws:
             widths[0] = max(WIDTHS[0], min(GROW_TO[0], max(len(w.src) for w in ws)))
-            widths[1] = max(WIDTHS[1], min(GROW_TO[1], max(len(w.phase) for w in ws)))
+            widths[1] = max(WIDTHS[1], min(GROW_TO[1], max(len(shown_phase(w)) for w in ws)))
         if tuple(widths) != self.widths:
             self.widths = tuple(widths)
             self._header = cells_line(COLUMNS, self.widths)
@@ -164,7 +169,7 @@ class WorkersTable(ScrollView, can_focus=True):
         st, now = self._state, self._now
         age = st.heartbeat_age(w, now)
         stale = age is not None and age > self._stall_s and w.phase not in TERMINAL_PHASES
-        return (w.src, w.phase or "-", fmt_duration(st.time_in_phase(w, now)),
+        return (w.src, shown_phase(w), fmt_duration(st.time_in_phase(w, now)),
                 (fmt_duration(age) + (" STALE" if stale else "")) if age is not None else "-",
                 "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-",
                 w.ray_state.lower() or "-")
