@@ -19,6 +19,7 @@ from gkd_core.telemetry import events as ev
 
 METRICS_KEEP = 512
 SYNC_HISTORY_KEEP = 32
+MAX_GROUPS = 64  # process groups a member may report (a job makes a few: world, data parallel, tensor parallel ...)
 TEACHER_HISTORY_KEEP = 120
 STACK_TEXT_KEEP = 64 * 1024
 SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
@@ -260,6 +261,8 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     logs: list[str] = []  # the last few `log` events
     # out-of-memory lines of this incarnation of the driver: (ts, src, line); a new driver starts afresh
     oom: list[tuple[float, str, str]] = []
+    # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)
+    collectives: dict[str, dict[str, ev.CollectiveProgress]] = {}
 
     # --- the reducer -------------------------------------------------------------------
 
@@ -514,6 +517,15 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     def _on_ray_node(self, e: ev.RayNodeEvent) -> None:
         self.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
 
+    def _on_collectives(self, e: ev.CollectivesEvent) -> None:
+        named = {g.group for g in e.groups}
+        for group, members in list(self.collectives.items()):
+            if group not in named and members.pop(e.src, None) is not None and not members:
+                del self.collectives[group]  # it left the group (destroyed, or a new one made)
+        for g in e.groups[:MAX_GROUPS]:
+            if g.group in self.collectives or len(self.collectives) < MAX_GROUPS * 16:
+                self.collectives.setdefault(g.group, {})[e.src] = g
+
     def _on_ray_pg(self, e: ev.RayPlacementGroupEvent) -> None:
         if e.state == "REMOVED":
             self.ray_pgs.pop(e.pg_id, None)
@@ -661,6 +673,7 @@ _HANDLERS = {
     ev.RayEvent: RunState._on_ray,
     ev.RayNodeEvent: RunState._on_ray_node,
     ev.RayPlacementGroupEvent: RunState._on_ray_pg,
+    ev.CollectivesEvent: RunState._on_collectives,
 }
 
 _state_decoder = msgspec.json.Decoder(RunState)

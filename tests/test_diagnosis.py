@@ -313,3 +313,80 @@ def test_stacks_of_a_named_worker_are_asked_for_twice_three_seconds_apart_once_p
     assert auto.due(st, 200.0) == []
     _with_alerts(st, T0 + 7)
     assert auto.due(st, 201.0) == ["rollout/1"]
+
+
+# --- collectives: who has not joined collective #N, or who is stuck inside it -------------------
+
+def group_of_four(entered: dict[str, int], left: dict[str, int | None], at: float = T0, source: str = "gkd"):
+    """The student and three rollouts in `weight_sync`; each member's last entered and left collective."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    members = ["student/0", "rollout/0", "rollout/1", "rollout/2"]
+    for rank, src in enumerate(members):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], rank=rank, ts=T0 - 50))
+        phase(st, src, "sync_weights", at - 1, step=57)
+        st.apply(ev.CollectivesEvent(src=src, ts=at, groups=[ev.CollectiveProgress(
+            group="weight_sync", rank=rank, world=4, entered=entered[src], op="broadcast", entered_at=at,
+            left=left[src], left_at=at, source=source)]))
+    return st
+
+
+def codes(st, now):
+    return [(a.code, a.targets, a.severity) for a in diagnosis.diagnose(st, now) if a.code.startswith("collective")]
+
+
+def test_the_rank_that_has_not_joined_is_named_with_the_collective_number_after_the_straggler_threshold():
+    st = group_of_four({"student/0": 57, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57},
+                       {"student/0": 56, "rollout/0": 56, "rollout/1": 56, "rollout/2": 56})
+    assert codes(st, T0 + 4.9) == []
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 12) if a.code == "collective_not_joined"]
+    assert a.targets == ["rollout/1"] and a.severity == "critical"
+    assert a.message.startswith("rollout/1 has not joined broadcast #57 of group weight_sync; 3 peer(s) waiting "
+                                "for 12 s (rollout/1 is in sync_weights)"), a.message
+    assert a.evidence["missing"] == ["rollout/1"] and a.evidence["seq"] == 57
+    assert codes(st, T0 + 6) == [("collective_not_joined", ["rollout/1"], "warn")]
+
+
+def test_a_collective_that_every_rank_left_says_nothing_and_one_rank_unseen_is_counted():
+    done = group_of_four(dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 57),
+                         dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 57))
+    assert codes(done, T0 + 60) == []
+    st = group_of_four({"student/0": 3, "rollout/0": 3, "rollout/1": 3, "rollout/2": 3},
+                       {"student/0": 2, "rollout/0": 2, "rollout/1": 2, "rollout/2": 2})
+    for g in st.collectives["weight_sync"].values():
+        g.world = 5  # a fifth rank never reported (a process the run does not watch)
+    assert codes(st, T0 + 8) == []  # all it knows joined, but one rank it never heard from: no "all joined"
+
+
+def test_all_joined_and_one_frozen_inside_names_the_frozen_one_else_the_transport():
+    st = group_of_four(dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 9),
+                       {"student/0": 9, "rollout/0": 9, "rollout/1": 8, "rollout/2": 9})
+    for src in ("student/0", "rollout/0", "rollout/2"):
+        beat(st, src, T0 + 7.5, cpu=2.0)
+    beat(st, "rollout/1", T0 + 0.5, cpu=2.0)  # its last word: then SIGSTOP
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 8) if a.code == "collective_stuck"]
+    assert a.targets == ["rollout/1"] and "all 4 ranks joined broadcast #9 of group weight_sync" in a.message
+    assert "rollout/1 sends no heartbeat (frozen inside it)" in a.message
+    beat(st, "rollout/1", T0 + 7.6, cpu=2.0)  # alive, yet not out: the transport
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 8) if a.code == "collective_stuck"]
+    assert a.targets == ["rollout/1"] and "stuck in the transport" in a.message and "NCCL" in a.hint
+
+
+def test_a_gloo_group_read_from_the_flight_recorder_names_the_missing_rank_but_never_says_stuck():
+    # gloo's recorder never marks a collective completed: `left` is unknown
+    unknown = dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], None)
+    st = group_of_four({"student/0": 4, "rollout/0": 4, "rollout/1": 4, "rollout/2": 3}, unknown,
+                       source="flight_recorder")
+    assert codes(st, T0 + 8) == [("collective_not_joined", ["rollout/2"], "warn")]
+    all_in = group_of_four(dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 4), unknown,
+                           source="flight_recorder")
+    assert codes(all_in, T0 + 60) == []
+
+
+def test_a_member_that_leaves_the_group_is_forgotten_and_a_stopped_run_is_not_diagnosed():
+    st = group_of_four({"student/0": 57, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57},
+                       {"student/0": 56, "rollout/0": 56, "rollout/1": 56, "rollout/2": 56})
+    st.apply(ev.CollectivesEvent(src="rollout/1", ts=T0 + 1, groups=[]))
+    assert "rollout/1" not in st.collectives["weight_sync"]
+    st.apply(ev.RunEvent(state="stopped", ts=T0 + 2))
+    assert codes(st, T0 + 30) == []

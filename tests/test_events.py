@@ -23,6 +23,10 @@ SAMPLES = [
     ev.LogEvent(level="warn", message="hello"),
     ev.ActionEvent(op="stop", by="me", ok=True, result={"stopping": True}),
     ev.PhaseEvent(phase="train", call=9, started=1.5),
+    ev.CollectivesEvent(groups=[ev.CollectiveProgress(group="weight_sync", rank=2, world=4, entered=57, op="broadcast",
+                                                      nbytes=4096, entered_at=1.5, left=56, left_at=1.25),
+                                ev.CollectiveProgress(group="default_pg", rank=0, world=2, entered=3, left=None,
+                                                      source="flight_recorder")]),
     ev.RayPlacementGroupEvent(pg_id="ab" * 18, name="global_pool", state="PENDING", strategy="PACK",
                               bundles=[{"CPU": 10.0}] * 2, scheduling="INFEASIBLE", created=1.25),
 ]
@@ -30,7 +34,7 @@ SAMPLES = [
 
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
-                             "alert", "log", "action", "ray", "ray_node", "ray_pg"}
+                             "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives"}
 
 
 @pytest.mark.parametrize("event", SAMPLES, ids=lambda e: type(e).__name__)

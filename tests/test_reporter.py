@@ -152,3 +152,28 @@ def test_what_was_queued_before_close_arrives_even_when_the_process_then_exits_a
         p.wait()
     assert len(got) == 10001 and got[-1].message == "last words", len(got)
     sock.close()
+
+
+def test_a_collective_entered_is_said_at_once_and_an_unchanged_one_is_not_said_again():
+    from gkd_core.telemetry.collectives import Tracker
+    import gkd_core.telemetry.collectives as collectives
+
+    sock, addr = pull_socket()
+    tracker, saved = Tracker(), collectives.TRACKER
+    collectives.TRACKER = tracker  # this test's own book: the process's is the trainer's
+    try:
+        with Reporter("rollout/1", ingest=addr, run="r1", heartbeat_s=10) as rep:
+            tracker.joined("weight_sync", 1, 4)
+            seq = tracker.enter("weight_sync", "broadcast", 4096)
+            got = [e for e in collect(sock, 1.0) if e.kind == "collectives"]
+            assert got, "nothing said within 1 s of entering (the heartbeat is 10 s away)"
+            last = got[-1].groups
+            assert [(g.group, g.rank, g.world, g.entered, g.op, g.nbytes, g.left) for g in last] == [
+                ("weight_sync", 1, 4, 1, "broadcast", 4096, 0)]
+            rep._collectives()  # a beat with nothing new: nothing sent
+            assert not [e for e in collect(sock, 0.3) if e.kind == "collectives"]
+            tracker.leave("weight_sync", seq)
+            got = [e for e in collect(sock, 1.0) if e.kind == "collectives"]
+            assert got and got[-1].groups[0].left == 1 and got[-1].groups[0].left_at >= last[0].entered_at
+    finally:
+        collectives.TRACKER = saved

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import wait_until
+from gkd_core.diagnosis.stragglers import MIN_S
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"
@@ -85,6 +86,43 @@ def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by
         state = replay(f)
     assert state.workers["student/0"].blocked_by == "rollout/1"
     assert state.workers["rollout/1"].blocked_by == ""
+
+
+def collective_alerts(sup, code: str) -> list[dict]:
+    return [e for e in sup.events() if e["kind"] == "alert" and e["code"] == code and not e.get("cleared")]
+
+
+def test_a_rank_that_never_joins_the_broadcast_is_named_with_the_collective_number(start_supervisor):
+    """A 4-rank gloo group (the student, three rollouts); rollout/2 never calls the broadcast of step 3."""
+    sup = start_supervisor("rollout.n_workers=3", "trainer.total_steps=5", "trainer.sync_timeout_s=120",
+                           "faults=[{kind: hang_sync, target: rollout/2, step: 3}]", "--linger", "60", driver=TRAINER)
+    alert = wait_until(lambda: collective_alerts(sup, "collective_not_joined"), 240, "rollout/2 named")[0]
+    entered = [(e["src"], g) for e in sup.events() if e["kind"] == "collectives" for g in e["groups"]]
+    n = max(g.get("entered", 0) for _, g in entered)  # (a default is left out of the event)
+    inside = {src: g for src, g in entered if g.get("entered", 0) == n}
+    assert sorted(inside) == ["rollout/0", "rollout/1", "student/0"] and all(g["world"] == 4 for g in inside.values())
+    assert alert["targets"] == ["rollout/2"], alert
+    assert f"rollout/2 has not joined broadcast #{n} of group weight_sync; 3 peer(s) waiting" in alert["message"]
+    assert "rollout/2 is in sync_weights" in alert["message"]
+    took = alert["ts"] - min(g["entered_at"] for g in inside.values())
+    print(f"rollout/2 named {took:.1f} s after the first peer entered broadcast #{n}")
+    assert took <= MIN_S + 2, f"named {took:.1f} s after the first peer entered"
+
+
+def test_a_rank_frozen_inside_the_broadcast_is_said_to_hold_its_peers_there(start_supervisor):
+    """All three ranks enter the broadcast of step 3; rollout/1 stops itself (SIGSTOP) inside it."""
+    sup = start_supervisor("trainer.total_steps=4", "trainer.sync_timeout_s=120",
+                           "faults=[{kind: stop_in_sync, target: rollout/1, step: 3}]", "--linger", "60",
+                           driver=TRAINER)
+    alert = wait_until(lambda: collective_alerts(sup, "collective_stuck"), 240, "the frozen rank named")[0]
+    assert alert["targets"] == ["rollout/1"], alert
+    assert "all 3 ranks joined broadcast #" in alert["message"] and "of group weight_sync" in alert["message"]
+    assert "rollout/1 sends no heartbeat (frozen inside it)" in alert["message"], alert
+    assert not collective_alerts(sup, "collective_not_joined")
+    pid = next(e["pid"] for e in sup.events() if e["kind"] == "worker" and e["src"] == "rollout/1")
+    os.kill(pid, signal.SIGCONT)  # thawed, it leaves the broadcast and the run goes on
+    assert sup.wait_exit(240) == 0
+    assert max(e["step"] for e in sup.events() if e["kind"] == "metrics") == 4
 
 
 def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):

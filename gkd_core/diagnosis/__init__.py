@@ -19,7 +19,8 @@ __all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
 
 # a worker named by one of these gets its stack taken at once and again AUTO_STACK_AGAIN_S later,
 # with no key press, so that the alert can say "the same stack twice"
-AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale")
+AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale",
+                    "collective_not_joined", "collective_stuck")
 AUTO_STACK_AGAIN_S = 3.0
 
 

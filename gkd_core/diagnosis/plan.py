@@ -24,7 +24,7 @@ LADDER = (("actor.micro_batch_size", 0.5, 1), ("rollout.gpu_memory_utilization",
 # InfiniBand clusters), named in the hint instead
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 # findings that single out a worker (not "slower than usual": everyone may be)
-LATE = ("straggler", "actor_dead", "heartbeat_stale", "sync_timed_out")
+LATE = ("straggler", "actor_dead", "heartbeat_stale", "sync_timed_out", "collective_not_joined")
 
 
 class Change(NamedTuple):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple
 
-from gkd_core.diagnosis.stragglers import Late, late_workers
+from gkd_core.diagnosis.stragglers import MIN_S, Late, late_workers
 from gkd_core.diagnosis.verdict import FROZEN_S, verdict
 from gkd_core.state import OOM, TERMINAL_PHASES, RunState
 from gkd_core.supervisor.driver_process import headline
@@ -175,6 +175,56 @@ def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             message=f"after sync {s.sync_id} a rollout worker's weights differ from the actor's",
             hint="the rollout engine generates with stale weights; restart (r)",
         ))
+    return out
+
+
+def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Collective #N of a process group: the ranks that have not entered it while their peers wait in
+    it; or, all in, the ranks that have not left it. Proof at the level of the collective, where the
+    straggler rule infers from phases and times."""
+    if state.state not in ("running", ""):
+        return []
+    out = []
+    fresh = frozen_limits(cfg)[0]
+    for group, members in state.collectives.items():
+        n = max((p.entered for p in members.values()), default=0)
+        if n == 0 or len(members) < 2:
+            continue
+        inside = {src: p for src, p in members.items() if p.entered == n}
+        # a rank whose source cannot say it left (gloo read from the Flight Recorder) counts as waiting
+        waiting = sorted(src for src, p in inside.items() if p.left is None or p.left < n)
+        waited = now - min(p.entered_at for p in inside.values())
+        if not waiting or waited < MIN_S:
+            continue
+        op = next((p.op for p in inside.values() if p.op), "collective")
+        world = max(p.world for p in members.values())
+        missing = sorted(src for src, p in members.items() if p.entered < n)
+        unseen = world - len(members)  # ranks that never reported: not watched, or not started
+        what = f"{op} #{n} of group {group}"
+        severity = "critical" if waited >= 2 * MIN_S else "warn"
+        evidence = {"group": group, "seq": n, "op": op, "elapsed_s": round(waited, 1), "in": sorted(inside),
+                    "world": world}
+        if missing:
+            doing = "; ".join(f"{m} is in {state.workers[m].phase or '?'}" for m in missing[:4] if m in state.workers)
+            out.append(AlertEvent(
+                severity=severity, code="collective_not_joined", targets=missing,
+                message=f"{', '.join(missing[:6])}{' …' if len(missing) > 6 else ''} has not joined {what}; "
+                        f"{len(inside)} peer(s) waiting for {spoken(waited)}" + (f" ({doing})" if doing else "")
+                        + (f"; {unseen} rank(s) never reported" if unseen > 0 else ""),
+                hint="its stack (d) says what it does instead: a rank that skipped or reordered a collective, "
+                     "an exception swallowed before it, or a hang earlier in its step; cancel (c) or restart (r)",
+                evidence={**evidence, "missing": missing}))
+        elif unseen <= 0 and all(members[w].left is not None for w in waiting):
+            silent = [w for w in waiting if w in state.workers and state.workers[w].last_heartbeat
+                      and now - state.workers[w].last_heartbeat > fresh]
+            out.append(AlertEvent(
+                severity=severity, code="collective_stuck", targets=silent or waiting,
+                message=f"all {len(members)} ranks joined {what}; {', '.join(waiting[:6])} inside it for "
+                        f"{spoken(waited)}" + (f"; {', '.join(silent)} sends no heartbeat (frozen inside it)"
+                                               if silent else "; stuck in the transport"),
+                hint=("the frozen rank's stack (d); it holds its peers in the collective" if silent else
+                      f"every rank is in and none comes out: the transport (network, firewall, {NCCL_TRY})"),
+                evidence={**evidence, "inside": waiting, "frozen": silent}))
     return out
 
 
@@ -513,15 +563,16 @@ def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEven
 
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, teacher, no_progress, actor_dead, unschedulable, placement_groups,
-    gpu_probe_hung, gpu_danger,
+    heartbeat_stale, stragglers, sync, collectives, teacher, no_progress, actor_dead, unschedulable,
+    placement_groups, gpu_probe_hung, gpu_danger,
     bad_step, out_of_memory, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
          "fingerprint_mismatch", "teacher_unreached", "teacher_not_serving", "no_progress", "actor_dead",
          "unschedulable", "gpu_probe_hung", "gpu_idle_full", "gpu_unbalanced", "bad_step", "out_of_memory",
-         "driver_failed", "events_dropped")
+         "driver_failed", "events_dropped", "collective_not_joined", "collective_stuck")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
 LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable",
-        "teacher_unreached", "teacher_not_serving", "no_progress", "gpu_idle_full", "gpu_unbalanced")
+        "teacher_unreached", "teacher_not_serving", "no_progress", "gpu_idle_full", "gpu_unbalanced",
+        "collective_not_joined", "collective_stuck")

@@ -114,6 +114,26 @@ class SyncEvent(Event, tag="sync"):
     blocked: list[str] = []
 
 
+class CollectiveProgress(msgspec.Struct, kw_only=True, omit_defaults=True):
+    group: str  # the process group's description or name ("weight_sync", "default_pg")
+    rank: Int  # this process's rank in it
+    world: Int  # its size
+    entered: Int = 0  # the sequence number of the last collective this rank entered (0: none yet)
+    op: str = ""  # its op ("broadcast")
+    nbytes: Int = 0
+    entered_at: float = 0.0
+    left: Int | None = 0  # the last it left (completed); None where the source cannot tell (gloo, Flight Recorder)
+    left_at: float = 0.0
+    source: str = "gkd"  # "gkd" (our wrappers) or "flight_recorder"
+
+
+class CollectivesEvent(Event, tag="collectives"):
+    """Where this process stands in each of its process groups (telemetry/collectives.py), sent by its
+    Reporter at a heartbeat when it changed."""
+
+    groups: list[CollectiveProgress] = []
+
+
 class TeacherEvent(Event, tag="teacher"):
     side: str = "client"  # client or server
     sent: Int = 0
@@ -236,7 +256,7 @@ class ActionEvent(Event, tag="action"):
 KNOWN = (
     RunEvent, WorkerEvent, PhaseEvent, HeartbeatEvent, HeartbeatsEvent, SyncEvent, TeacherEvent,
     GpuEvent, MetricsEvent, StackEvent, AlertEvent, LogEvent, ActionEvent, RayEvent, RayNodeEvent,
-    RayPlacementGroupEvent,
+    RayPlacementGroupEvent, CollectivesEvent,
 )
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
 KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import zmq
 
-from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import collectives, events as ev
 from gkd_core.telemetry.ingest import Curve, client_socket
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -59,6 +59,8 @@ class Reporter:
         self._phase = "init"
         self._phase_since = time.time()
         self._step: int | None = None
+        self._groups_sent: list = []  # the collectives last sent (collectives.snapshot)
+        self._tracker_seen = 0
         self._stack: list[str] = []  # phases entered through `with phase(...)`, innermost last
         # its own context unless given one: terminating it is the only way ZeroMQ waits until what a
         # socket holds has left (a socket's close returns at once, and ``os._exit`` after it loses it)
@@ -73,6 +75,7 @@ class Reporter:
     # --- called from any thread ------------------------------------------------------------
 
     def start(self) -> None:
+        collectives.TRACKER.listen(self._wake.set)
         self._thread.start()
         self._sock_ready.wait(5.0)
 
@@ -160,6 +163,18 @@ class Reporter:
             rss=_rss_bytes(), cpu=cpu, dropped=self.dropped,
         ))
 
+    def _collectives(self) -> None:
+        """Where this process stands in its collectives, when that changed since it was last sent."""
+        self._tracker_seen = collectives.TRACKER.version
+        try:
+            groups = collectives.snapshot()
+        except Exception:  # never the heartbeat's end
+            return
+        if groups != self._groups_sent:
+            self._groups_sent = groups
+            self._queue.append(ev.encode(ev.CollectivesEvent(src=self.src, run=self.run, ts=time.time(),
+                                                             groups=groups)))
+
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.PUSH)
         sock.sndhwm = self._sndhwm
@@ -180,7 +195,10 @@ class Reporter:
                     cpu = 100.0 * (cpu_t - last_cpu) / max(wall - last_wall, 1e-6)
                     last_cpu, last_wall = cpu_t, wall
                     q.appendleft(self._heartbeat(round(cpu, 1)))
+                    self._collectives()
                     next_beat = now + self.heartbeat_s
+                elif collectives.TRACKER.version != self._tracker_seen:
+                    self._collectives()
                 send, noblock = sock.send, int(zmq.NOBLOCK)
                 while q:
                     data = q.popleft()

@@ -11,6 +11,7 @@ import ctypes
 import hashlib
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -30,11 +31,14 @@ from safetensors.torch import load_file
 from gkd_core.config import Config
 from gkd_core.node.stacks import install_faulthandler
 from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
+from gkd_core.telemetry.collectives import TRACKER
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import loss as L, models
 from gkd_core.trainer.faults import WorkerFaults
 from gkd_core.trainer.vllm_engine import VllmEngine
+
+SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
 
 
 class Cancelled(RuntimeError):
@@ -176,7 +180,19 @@ class WorkerBase:
                     os.environ["GLOO_SOCKET_IFNAME"] = ifname
             dist.init_process_group(backend=backend, init_method=rendezvous, world_size=world,
                                     rank=rank, timeout=timedelta(seconds=timeout_s))
+            TRACKER.joined(SYNC_GROUP, rank, world)
         return True
+
+    def _broadcast(self, vec: torch.Tensor, timeout_s: float, step: int) -> None:
+        """The sync's broadcast, said to the run: entered, then left (collectives: who has not joined)."""
+        seq = TRACKER.enter(SYNC_GROUP, "broadcast", vec.numel() * vec.element_size())
+        work = dist.broadcast(vec, src=0, async_op=True)
+        if self.ctx.faults.take("stop_in_sync", step):
+            self.rep.log(f"fault injected: {self.src} stops itself (SIGSTOP) inside broadcast #{seq}", level="warn")
+            time.sleep(0.3)  # its word that it entered leaves first: frozen a moment after entering, as in life
+            os.kill(os.getpid(), signal.SIGSTOP)
+        self._wait_work(work, timeout_s)
+        TRACKER.leave(SYNC_GROUP, seq)
 
     def _wait_work(self, work, timeout_s: float) -> None:
         """Wait for a collective, checking the cancel flag: a cancelled sync leaves the call at
@@ -190,6 +206,7 @@ class WorkerBase:
         work.wait()  # raises the collective's own error, if it failed
 
     def destroy_group(self) -> bool:
+        TRACKER.left_group(SYNC_GROUP)
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
@@ -318,7 +335,7 @@ class StudentActor(WorkerBase):
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
             if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have
                 raise NonFiniteWeights(f"{self.src}: the weights are not finite; sync {sync_id} not sent")
-            self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
+            self._broadcast(vec, timeout_s, step)
             return fingerprint(self.model.parameters())
 
     def save(self, folder: str) -> bool:
@@ -413,7 +430,7 @@ class RolloutWorker(WorkerBase):
                 self._hang(f"{self.src} sync_weights at step {step}", f.seconds)
             params = list(self.model.parameters())
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
-            self._wait_work(dist.broadcast(vec, src=0, async_op=True), timeout_s)
+            self._broadcast(vec, timeout_s, step)
             torch.nn.utils.vector_to_parameters(vec, params)
             if self.engine is not None:
                 self.engine.load_weights(self.model.state_dict())

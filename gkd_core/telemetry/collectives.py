@@ -1,0 +1,157 @@
+"""Where each rank stands in its collectives: per process group, the last collective it entered and the
+last it left, for the rule that names the rank that has not joined collective #N (diagnosis.rules).
+
+Two sources, one record (``CollectiveProgress``):
+
+- our own wrappers (``TRACKER``): the trainer's weight sync says when it enters a broadcast and when it
+  leaves it. Exact on any backend.
+- PyTorch's Flight Recorder, where a job turned it on (``TORCH_FR_BUFFER_SIZE``): its per-group status
+  (last enqueued, started, completed collective) and, for the op of the last one, its active entries.
+  On NCCL it marks completion; on gloo it never does, so a gloo group read from it says only who has
+  entered what (which is what "has not joined" needs).
+
+A process's Reporter reads ``snapshot()`` at each heartbeat and sends a ``collectives`` event when it
+changed: a frozen rank's last word is what it had entered, which is the evidence. Nothing here imports
+torch: a process that never imported ``torch.distributed`` has no groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import weakref
+
+import msgspec
+
+from gkd_core.telemetry.events import CollectiveProgress
+
+FR_ENV = "TORCH_FR_BUFFER_SIZE"
+DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4, "Short": 2, "Byte": 1,
+               "Char": 1, "Bool": 1}
+
+
+class Tracker:
+    """Our wrappers' book: thread-safe, O(groups) to read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, CollectiveProgress] = {}
+        self.version = 0  # bumped at every change: a Reporter sends the new state at once, not at its next beat
+        self._listeners: list = []
+
+    def listen(self, wake) -> None:
+        """``wake()`` (a bound method, held weakly) after each change: a Reporter's, to send it now, for a
+        rank that freezes a moment after it entered a collective must have said so."""
+        with self._lock:
+            self._listeners = [w for w in self._listeners if w() is not None] + [weakref.WeakMethod(wake)]
+
+    def _changed(self) -> None:
+        self.version += 1
+        for ref in list(self._listeners):
+            wake = ref()
+            if wake is not None:
+                wake()
+
+    def joined(self, group: str, rank: int, world: int) -> None:
+        """A (new) group: its sequence starts again."""
+        with self._lock:
+            self._groups[group] = CollectiveProgress(group=group, rank=rank, world=world)
+        self._changed()
+
+    def left_group(self, group: str) -> None:
+        with self._lock:
+            self._groups.pop(group, None)
+        self._changed()
+
+    def enter(self, group: str, op: str, nbytes: int = 0) -> int:
+        with self._lock:
+            g = self._groups.get(group)
+            if g is None:
+                return 0
+            g.entered += 1
+            g.op, g.nbytes, g.entered_at = op, nbytes, time.time()
+            seq = g.entered
+        self._changed()
+        return seq
+
+    def leave(self, group: str, seq: int) -> None:
+        with self._lock:
+            g = self._groups.get(group)
+            if g is None or not seq or seq > g.entered:
+                return
+            g.left, g.left_at = seq, time.time()
+        self._changed()
+
+    def snapshot(self) -> list[CollectiveProgress]:
+        with self._lock:
+            return [msgspec.structs.replace(g) for g in self._groups.values()]
+
+
+TRACKER = Tracker()
+
+
+def flight_recorder() -> list[CollectiveProgress]:
+    """This process's groups as the Flight Recorder sees them; [] where it is off or torch.distributed
+    was never imported here."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if not os.environ.get(FR_ENV) or c10d is None or not c10d.is_initialized():
+        return []
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=True))
+    status = dump.get("pg_status") or {}
+    ops: dict[str, tuple[int, str, int]] = {}  # group name -> (seq, op, bytes) of its newest active entry
+    for e in dump.get("entries") or []:
+        name, seq = (e.get("process_group") or ["", ""])[0], int(e.get("collective_seq_id") or 0)
+        if not e.get("is_p2p") and seq >= ops.get(name, (0, "", 0))[0]:
+            op = str(e.get("profiling_name", "")).rpartition(":")[2]
+            size = sum(_numel(s) * DTYPE_BYTES.get(t, 4)
+                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []))
+            ops[name] = (seq, op, size)
+    out = []
+    now = time.time()
+    for pg, name in list(c10d._world.pg_names.items()):
+        st = status.get(name)
+        if st is None:
+            continue
+        entered, completed = int(st.get("last_enqueued_collective", -1)), int(st.get("last_completed_collective", -1))
+        seq, op, size = ops.get(name, (0, "", 0))
+        nccl = str(c10d.get_backend(pg)) == "nccl"
+        out.append(CollectiveProgress(
+            group=getattr(pg, "group_desc", "") or name, rank=c10d.get_rank(pg), world=c10d.get_world_size(pg),
+            entered=max(0, entered), op=op if seq == entered else "", nbytes=size if seq == entered else 0,
+            entered_at=_since(("entered", name), entered, now), left=max(0, completed) if nccl else None,
+            left_at=_since(("left", name), completed, now) if nccl else 0.0, source="flight_recorder"))
+    return out
+
+
+_first_seen: dict[tuple[str, str], tuple[int, float]] = {}  # (what, group) -> (seq, when this process first read it)
+
+
+def _since(key: tuple[str, str], seq: int, now: float) -> float:
+    """When a sequence number was first read: the recorder keeps no wall time per group (to within a heartbeat)."""
+    seen = _first_seen.get(key)
+    if seen is None or seen[0] != seq:
+        _first_seen[key] = seen = (seq, now)
+    return seen[1]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def snapshot() -> list[CollectiveProgress]:
+    """Every group of this process: our wrappers' where they track it, the Flight Recorder's for others."""
+    ours = TRACKER.snapshot()
+    try:
+        theirs = flight_recorder()
+    except Exception:  # a private torch API: a change of it must not stop the heartbeat
+        theirs = []
+    known = {g.group for g in ours}
+    return ours + [g for g in theirs if g.group not in known]
