@@ -105,6 +105,20 @@ class SyncView(msgspec.Struct):
     running: bool
 
 
+class CollectiveView(msgspec.Struct):
+    """A process group's newest collective, as the sync gauge shows it: who is in it, who is not yet,
+    who has left it."""
+
+    group: str
+    seq: int
+    op: str
+    world: int
+    inside: list[str]  # entered it, not known to have left
+    out: list[str]  # not entered yet
+    left: list[str]
+    since: float  # when the first rank entered it
+
+
 class TeacherSide(msgspec.Struct, kw_only=True):
     sent: int = 0
     completed: int = 0
@@ -597,6 +611,21 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
         frac = min(elapsed / s.timeout_s, 1e6) if s.timeout_s > 0 else 0.0
         frac = frac if math.isfinite(frac) else 0.0
         return SyncView(s.sync_id, s.state, elapsed, s.timeout_s, frac, list(s.pending), running)
+
+    def collective_views(self) -> list[CollectiveView]:
+        out = []
+        for group, members in sorted(self.collectives.items()):
+            n = max((p.entered for p in members.values()), default=0)
+            if n == 0:
+                continue
+            at_n = {src: p for src, p in members.items() if p.entered == n}
+            left = sorted(src for src, p in at_n.items() if p.left is not None and p.left >= n)
+            out.append(CollectiveView(
+                group, n, next((p.op for p in at_n.values() if p.op), "collective"),
+                max(p.world for p in members.values()), sorted(set(at_n) - set(left)),
+                sorted(src for src, p in members.items() if p.entered < n), left,
+                min(p.entered_at for p in at_n.values())))
+        return out
 
     def teacher_totals(self) -> TeacherTotals:
         tot = dict.fromkeys(("sent", "completed", "failed", "timed_out", "in_flight", "received", "served",

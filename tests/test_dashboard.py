@@ -267,3 +267,30 @@ def test_the_stack_viewer_puts_threads_running_user_code_first():
     lines = user_threads_first(dump).splitlines()
     assert lines[0] == "Process 7: ray::RolloutWorker" and lines[1].startswith("Thread 12")
     assert sorted(lines) == sorted(dump.splitlines())  # nothing lost
+
+
+async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_who_is_not(tmp_path):
+    from gkd_core.telemetry import events as ev
+    from gkd_tui.screens.worker_details import WorkerDetails
+
+    t0, lines = 1_795_000_000.0, []
+    lines.append(ev.RunEvent(src="supervisor", state="running", ts=t0))
+    for rank, src in enumerate(["student/0", "rollout/0", "rollout/1", "rollout/2"]):
+        lines.append(ev.WorkerEvent(src=src, role=src.split("/")[0], rank=rank, pid=100 + rank, ts=t0 + 1))
+        lines.append(ev.CollectivesEvent(src=src, ts=t0 + 2, groups=[ev.CollectiveProgress(
+            group="weight_sync", rank=rank, world=4, entered=56 if src == "rollout/1" else 57, op="broadcast",
+            entered_at=t0 + 2, left=56, left_at=t0 + 1.5)]))
+    lines.append(ev.LogEvent(src="driver", message="a line later", ts=t0 + 20))
+    for seq, e in enumerate(lines, 1):
+        e.seq = seq
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    app = GkdApp(ReplaySource(path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("end")
+        await pilot.pause()
+        gauge = str(app.query_one(SyncGauge).render())
+        assert "broadcast #57 weight_sync: in 3/4 · not joined: rollout/1" in gauge, gauge
+        st = app.source.state
+        text = WorkerDetails.describe(st, "rollout/1", t0 + 20)
+        assert "group weight_sync: rank 2 of 4, entered broadcast #56 18s ago, left it (gkd)" in text, text

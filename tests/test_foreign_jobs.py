@@ -53,7 +53,11 @@ def test_the_command_gets_the_run_and_keeps_a_runtime_env_hook_of_its_own():
     assert env[job_env.USER_RAY_HOOK] == "theirs.mod.hook"
     assert job_env.asked(env) and env[job_env.HEARTBEAT_S] == "0.5" and env["PATH"] == "/bin"
     assert job_env.run_vars(env) == {"GKD_REPORT": "1", "GKD_RUN_ID": "r1", "GKD_RUN_DIR": "RUN",
-                                     "GKD_INGEST": "ipc://RUN/ingest.sock", "GKD_HEARTBEAT_S": "0.5"}
+                                     "GKD_INGEST": "ipc://RUN/ingest.sock", "GKD_HEARTBEAT_S": "0.5",
+                                     "TORCH_FR_BUFFER_SIZE": "2000"}
+    # the Flight Recorder: on unless the job said otherwise
+    off = job_env.command_env({"TORCH_FR_BUFFER_SIZE": "0"}, run_id="r1", run_dir="RUN", ingest="ipc://x", heartbeat=1)
+    assert off["TORCH_FR_BUFFER_SIZE"] == "0" and job_env.run_vars(off)["TORCH_FR_BUFFER_SIZE"] == "0"
     again = job_env.command_env({**env, job_env.DRIVER_PID: "4242"}, run_id="r2", run_dir="RUN",
                                 ingest="ipc://x", heartbeat=1)
     assert job_env.DRIVER_PID not in again  # a run started from inside a watched job has its own driver
@@ -317,3 +321,28 @@ def test_a_job_started_by_its_user_that_opts_in_is_a_run_of_its_own(gkd_home, tm
                          text=True, timeout=60)
     assert got.returncode == 2 and f"it watched a job its user started (pid {proc.pid})" in got.stderr, got.stderr
     assert [e["state"] for e in events(run) if e.get("kind") == "run"][-1] == "finished"  # and nothing started
+
+
+def test_a_rank_of_a_plain_ray_jobs_gloo_group_that_never_joins_the_broadcast_is_named(gkd_home):
+    """Four actors of a job we did not write in one gloo group; rank 2 never calls the broadcast of round 3.
+    Read from PyTorch's Flight Recorder (on in a watched job): Ranker/2 and the collective's number."""
+    job = JOBS / "ray_gloo_four.py"
+    run = launch([sys.executable, str(job)])
+    try:
+        def named():
+            st = state_of(run)
+            if st is None:
+                return None
+            found = [a for a in st["alerts"].values() if a["code"] == "collective_not_joined" and not a.get("cleared")]
+            return found[0] if found else None
+
+        alert = wait_until(named, 180, "Ranker/2 named as not in the broadcast", every_s=0.5)
+        assert alert["targets"] == ["Ranker/2"], alert
+        # rounds 1 and 2 were broadcasts #1 and #2 of the default group; round 3 is #3
+        assert alert["message"].startswith("Ranker/2 has not joined broadcast #3 of group default_pg; 3 peer(s) "
+                                           "waiting"), alert["message"]
+        got = [e for e in events(run) if e.get("kind") == "collectives" and e["src"] == "Ranker/0"]
+        assert got and got[-1]["groups"][0]["source"] == "flight_recorder" and "left" in got[-1]["groups"][0]
+        assert got[-1]["groups"][0]["left"] is None  # gloo: the recorder never says a collective completed
+    finally:
+        gkd_tui("stop", str(run))

@@ -18,6 +18,10 @@ CONTROL = "GKD_CONTROL"  # the supervisor's control socket, for the driver alone
 # either: a DataLoader's worker, vLLM's) inherits the run's variables but is not the driver
 DRIVER_PID = "GKD_DRIVER_PID"
 RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S, DRIVER_PID)
+# PyTorch's Flight Recorder: each process's collectives, per group (telemetry/collectives.py reads where
+# every rank stands from it). On in a watched job unless the job set it (0 turns it off); bench/bench_collectives.py
+# measures what it costs
+FLIGHT_RECORDER, FLIGHT_RECORDER_ENTRIES = "TORCH_FR_BUFFER_SIZE", "2000"
 
 # Ray reads RAY_RUNTIME_ENV_HOOK in ray.init and passes the job's runtime_env through that function:
 # ours adds the run's variables and a worker setup hook. One the user had set is kept and called first.
@@ -34,7 +38,9 @@ def asked(environ: Mapping[str, str] = os.environ) -> bool:
 
 def run_vars(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables every process of the job needs to report (what a Ray worker is given)."""
-    return {k: environ[k] for k in RUN_VARS if environ.get(k)}
+    out = {k: environ[k] for k in RUN_VARS if environ.get(k)}
+    out[FLIGHT_RECORDER] = environ.get(FLIGHT_RECORDER, FLIGHT_RECORDER_ENTRIES)
+    return out
 
 
 def heartbeat_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -51,6 +57,7 @@ def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: s
     env.pop(DRIVER_PID, None)  # a new run's command: its driver is whichever process of it claims first
     env.update({REPORT: "1", RUN_ID: run_id, RUN_DIR: run_dir, INGEST: ingest, HEARTBEAT_S: f"{heartbeat:g}",
                 "PYTHONUNBUFFERED": "1"})
+    env.setdefault(FLIGHT_RECORDER, FLIGHT_RECORDER_ENTRIES)
     if commands:
         env[COMMANDS] = commands
     if control:

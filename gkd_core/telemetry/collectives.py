@@ -95,37 +95,51 @@ TRACKER = Tracker()
 
 def flight_recorder() -> list[CollectiveProgress]:
     """This process's groups as the Flight Recorder sees them; [] where it is off or torch.distributed
-    was never imported here."""
+    was never imported here. Each read takes the groups' status alone (microseconds); the entries, for
+    the op and size of a group's last collective, only once that collective has stayed the last one for
+    a read (a stall: what an alert would name), and once per collective: with its buffer full, a dump of
+    the entries takes milliseconds, and gloo leaves them all "active"."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if not os.environ.get(FR_ENV) or c10d is None or not c10d.is_initialized():
+    if c10d is None or not _recording() or not c10d.is_initialized():
         return []
     from torch._C._distributed_c10d import _dump_fr_trace_json
 
-    dump = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=True))
-    status = dump.get("pg_status") or {}
-    ops: dict[str, tuple[int, str, int]] = {}  # group name -> (seq, op, bytes) of its newest active entry
-    for e in dump.get("entries") or []:
-        name, seq = (e.get("process_group") or ["", ""])[0], int(e.get("collective_seq_id") or 0)
-        if not e.get("is_p2p") and seq >= ops.get(name, (0, "", 0))[0]:
-            op = str(e.get("profiling_name", "")).rpartition(":")[2]
-            size = sum(_numel(s) * DTYPE_BYTES.get(t, 4)
-                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []))
-            ops[name] = (seq, op, size)
-    out = []
+    status = json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status") or {}
     now = time.time()
+    groups = []
     for pg, name in list(c10d._world.pg_names.items()):
         st = status.get(name)
-        if st is None:
-            continue
-        entered, completed = int(st.get("last_enqueued_collective", -1)), int(st.get("last_completed_collective", -1))
-        seq, op, size = ops.get(name, (0, "", 0))
+        if st is not None:
+            entered = max(0, int(st.get("last_enqueued_collective", -1)))
+            groups.append((pg, name, entered, int(st.get("last_completed_collective", -1))))
+    stalled = [name for _, name, entered, _ in groups
+               if entered and _first_seen.get(("entered", name), (-1, now))[0] == entered
+               and _op_of.get(name, (-1,))[0] != entered]
+    if stalled:
+        _read_ops(_dump_fr_trace_json, set(stalled))
+    out = []
+    for pg, name, entered, completed in groups:
+        seq, op, size = _op_of.get(name, (0, "", 0))
         nccl = str(c10d.get_backend(pg)) == "nccl"
         out.append(CollectiveProgress(
             group=getattr(pg, "group_desc", "") or name, rank=c10d.get_rank(pg), world=c10d.get_world_size(pg),
-            entered=max(0, entered), op=op if seq == entered else "", nbytes=size if seq == entered else 0,
+            entered=entered, op=op if seq == entered else "", nbytes=size if seq == entered else 0,
             entered_at=_since(("entered", name), entered, now), left=max(0, completed) if nccl else None,
             left_at=_since(("left", name), completed, now) if nccl else 0.0, source="flight_recorder"))
     return out
+
+
+_op_of: dict[str, tuple[int, str, int]] = {}  # group name -> (seq, op, bytes) of the collective last read
+
+
+def _read_ops(dump_json, names: set[str]) -> None:
+    dump = json.loads(dump_json(includeCollectives=True, onlyActive=True))
+    for e in dump.get("entries") or []:
+        name, seq = (e.get("process_group") or ["", ""])[0], int(e.get("collective_seq_id") or 0)
+        if name in names and not e.get("is_p2p") and seq >= _op_of.get(name, (0, "", 0))[0]:
+            size = sum(_numel(s) * DTYPE_BYTES.get(t, 4)
+                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []))
+            _op_of[name] = (seq, str(e.get("profiling_name", "")).rpartition(":")[2], size)
 
 
 _first_seen: dict[tuple[str, str], tuple[int, float]] = {}  # (what, group) -> (seq, when this process first read it)
@@ -137,6 +151,13 @@ def _since(key: tuple[str, str], seq: int, now: float) -> float:
     if seen is None or seen[0] != seq:
         _first_seen[key] = seen = (seq, now)
     return seen[1]
+
+
+def _recording() -> bool:
+    try:
+        return int(os.environ.get(FR_ENV) or 0) > 0
+    except ValueError:
+        return False
 
 
 def _numel(shape) -> int:

@@ -44,6 +44,14 @@ class WorkerDetails(ModalScreen[None]):
             if w.ray_death_cause:
                 ray += f"\n  died: {w.ray_death_cause}"
             lines.append(ray)
+        for group, members in sorted(st.collectives.items()):
+            p = members.get(src)
+            if p is not None:
+                where = (f"entered {p.op or 'collective'} #{p.entered} {fmt_duration(now - p.entered_at)} ago"
+                         if p.entered else "no collective yet")
+                out = ("left it" if p.left is not None and p.left >= p.entered else
+                       "not left" if p.left is not None else "its leaving unknown (gloo's Flight Recorder)")
+                lines.append(f"group {group}: rank {p.rank} of {p.world}, {where}, {out} ({p.source})")
         logs = [line for line in st.logs if line.startswith(src + " ")][-10:]
         lines.append("\nlog:")
         lines.extend(logs or ["(no log lines from it)"])

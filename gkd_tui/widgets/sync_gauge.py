@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
 
 BAR = 24
+MAX_GROUPS_SHOWN = 3
 
 
 def fraction_style(frac: float, state: str) -> str:
@@ -25,6 +27,7 @@ class SyncGauge(Pane):
         t = Text()
         if v is None:
             t.append("no weight sync yet", style="dim")
+            self._collectives(t, st, now)
             self.put(t)
             return
         frac = max(0.0, min(1.0, v.fraction))
@@ -45,4 +48,24 @@ class SyncGauge(Pane):
             t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
         if st.sync and st.sync.fingerprint_ok is False:
             t.append("\nweights differ after sync!", style="bold red")
+        self._collectives(t, st, now)
         self.put(t)
+
+    @staticmethod
+    def _collectives(t: Text, st: RunState, now: float) -> None:
+        """Each process group's newest collective: who is in, who is out (collectives: the rank that has
+        not joined broadcast #N)."""
+        for c in st.collective_views()[:MAX_GROUPS_SHOWN]:
+            t.append(f"\n{c.op} #{c.seq} {c.group}: ", style="bold" if c.out or c.inside else "dim")
+            if not c.out and not c.inside:
+                t.append(f"all {len(c.left)} left", style="dim")
+                continue
+            late = now - c.since >= MIN_S
+            t.append(f"in {len(c.inside) + len(c.left)}/{c.world}")
+            if c.out:
+                t.append(" · not joined: ", style="bold")
+                t.append(", ".join(c.out[:4]) + (" …" if len(c.out) > 4 else ""), style="bold red" if late else "bold")
+            elif c.inside:
+                t.append(f" · inside {fmt_duration(now - c.since)}: ", style="bold")
+                t.append(", ".join(c.inside[:4]) + (" …" if len(c.inside) > 4 else ""),
+                         style="bold red" if late else "")
