@@ -74,6 +74,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     # the worker whose death made this one fail (a sync's `blocked`): a victim, not a cause; until it
     # starts something new
     blocked_by: str = ""
+    ended_in: str = ""  # the phase it was in when the run ended (its phase is then "exited")
     # RunState.moves when its role, phase or spans last changed: what changed since a pass of the diagnosis
     # is found by comparing one number per worker (the straggler index at 65,536 workers)
     moved: int = 0
@@ -340,6 +341,7 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
             # the driver's workers are gone with it; a new driver registers its own
             for w in self.workers.values():
                 if w.phase not in TERMINAL_PHASES:
+                    w.ended_in = w.phase
                     w.phase, w.phase_since, w.detail = "exited", e.ts, f"run {e.state}"
                     self._moved(w)
             if self.sync is not None and self.sync.state in ("started", "progress"):
@@ -351,6 +353,10 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
             w.role = e.role
             self._moved(w)
         w.rank = e.rank if e.rank is not None else w.rank
+        if (e.actor_id and e.actor_id != w.actor_id) or (e.pid and e.pid != w.pid):
+            # a new incarnation under the same name (a teacher the driver started again): what Ray said
+            # of the one before is not of this one
+            w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
         w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
         if not w.phase or w.phase in TERMINAL_PHASES:
             w.phase, w.phase_since, w.detail = "init", e.ts, ""
@@ -523,7 +529,8 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
 
     def _on_ray(self, e: ev.RayEvent) -> None:
         w = self.workers.get(e.target)  # never creates one: Ray's view is of workers the run knows
-        if w is not None:
+        # (nor of an incarnation before the one registered: Ray's news of it may come late)
+        if w is not None and not (e.actor_id and w.actor_id and e.actor_id != w.actor_id):
             w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause = (
                 e.state, e.task, e.task_started, e.death_cause)
             w.ray_required = dict(e.required)

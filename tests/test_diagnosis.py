@@ -390,3 +390,16 @@ def test_a_member_that_leaves_the_group_is_forgotten_and_a_stopped_run_is_not_di
     assert "rollout/1" not in st.collectives["weight_sync"]
     st.apply(ev.RunEvent(state="stopped", ts=T0 + 2))
     assert codes(st, T0 + 30) == []
+
+
+def test_a_dead_cause_says_its_last_phase_and_the_collective_it_was_inside():
+    st = group_of_four({"student/0": 57, "rollout/0": 57, "rollout/1": 57, "rollout/2": 57},
+                       {"student/0": 56, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57})
+    st.apply(ev.RunEvent(state="failed", exit_code=3, reason="exited with code 3", ts=T0 + 3, log_tail=[
+        "gkd driver: rollout/1 (pid 12 on n1, GPU -) died or was cancelled during sync_weights: ActorDiedError: "
+        "The actor died unexpectedly; student/0 failed in the same sync_weights because of it (RuntimeError: "
+        "Connection closed by peer)"]))
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 4) if a.code == "driver_failed"]
+    assert a.targets == ["rollout/1"] and a.evidence == {"verdict": "dead"}
+    assert a.message.endswith("(its last phase sync_weights (step 57); inside broadcast #57 of group weight_sync)")
+    assert len(a.message) <= 300

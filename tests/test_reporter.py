@@ -154,7 +154,7 @@ def test_what_was_queued_before_close_arrives_even_when_the_process_then_exits_a
     sock.close()
 
 
-def test_a_collective_entered_is_said_at_once_and_an_unchanged_one_is_not_said_again():
+def test_a_collective_entered_is_said_at_once_and_its_leaving_with_the_next_event():
     from gkd_core.telemetry.collectives import Tracker
     import gkd_core.telemetry.collectives as collectives
 
@@ -172,7 +172,8 @@ def test_a_collective_entered_is_said_at_once_and_an_unchanged_one_is_not_said_a
                 ("weight_sync", 1, 4, 1, "broadcast", 4096, 0)]
             rep._collectives()  # a beat with nothing new: nothing sent
             assert not [e for e in collect(sock, 0.3) if e.kind == "collectives"]
-            tracker.leave("weight_sync", seq)
+            tracker.leave("weight_sync", seq)  # leaving wakes nobody: it goes with the next thing sent
+            rep.log("the next thing")
             got = [e for e in collect(sock, 1.0) if e.kind == "collectives"]
             assert got and got[-1].groups[0].left == 1 and got[-1].groups[0].left_at >= last[0].entered_at
     finally:

@@ -162,3 +162,22 @@ def test_a_sync_failed_by_a_death_marks_its_victims_blocked_until_they_start_ane
     assert st.workers["student/0"].blocked_by == "rollout/1"  # its own failure's word, after the sync's
     st.apply(ev.PhaseEvent(src="student/0", phase="train", step=4, ts=1030.0))
     assert st.workers["student/0"].blocked_by == ""
+
+
+def test_what_ray_said_of_an_incarnation_before_is_not_of_the_one_registered_now():
+    """The driver starts a teacher again under the same name: Ray's word of the old actor (killed on purpose,
+    and seen late) neither marks the new one dead nor raises an alert."""
+    from gkd_core.supervisor import alerts
+
+    st = build()
+    st.apply(ev.WorkerEvent(src="teacher/0", role="teacher", rank=0, pid=50, actor_id="old", ts=1012.0))
+    st.apply(ev.RayEvent(target="teacher/0", actor_id="old", state="DEAD", ts=1013.0,
+                         death_cause="The actor is dead because it was killed by `ray.kill`."))
+    assert st.workers["teacher/0"].ray_state == "DEAD"
+    assert not [a for a in alerts.evaluate(st, 1013.5, stall_s=1000) if a.code == "actor_dead"]  # on purpose
+    st.apply(ev.WorkerEvent(src="teacher/0", role="teacher", rank=0, pid=51, actor_id="new", ts=1014.0))
+    assert st.workers["teacher/0"].ray_state == ""
+    st.apply(ev.RayEvent(target="teacher/0", actor_id="old", state="DEAD", death_cause="late news", ts=1015.0))
+    assert st.workers["teacher/0"].ray_state == "" and st.workers["teacher/0"].ray_death_cause == ""
+    st.apply(ev.RayEvent(target="teacher/0", actor_id="new", state="ALIVE", ts=1016.0))
+    assert st.workers["teacher/0"].ray_state == "ALIVE"

@@ -80,6 +80,11 @@ def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by
     critical = [e for e in events if e["kind"] == "alert" and e["severity"] == "critical" and not e.get("cleared")]
     assert critical and critical[0]["targets"] == ["rollout/1"] and critical[0]["ts"] - t0 < 5, critical
     assert not [a for a in critical if "student/0" in a["targets"]], critical
+    # the cause says what it was doing: its phase, and the broadcast it had not entered (the hang was before it)
+    [failed_alert] = [a for a in critical if a["code"] == "driver_failed"]
+    assert failed_alert["targets"] == ["rollout/1"]
+    assert "(its last phase sync_weights (step 3); last in broadcast #2 of group weight_sync)" in failed_alert[
+        "message"], failed_alert["message"]
     from gkd_core.state import replay
 
     with open(sup.run / "events.jsonl", "rb") as f:

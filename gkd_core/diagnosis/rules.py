@@ -228,16 +228,37 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     return out
 
 
+def last_words(state: RunState, src: str) -> str:
+    """What a worker that died was doing: its last phase, and where it stood in its collectives."""
+    w = state.workers.get(src)
+    if w is None:
+        return ""
+    phase = w.ended_in if w.phase == "exited" else w.phase  # marked exited when the run ended: the one before
+    said = [f"its last phase {phase}" + (f" (step {w.step})" if w.step is not None else "")] if phase else []
+    for group, members in sorted(state.collectives.items()):
+        p = members.get(src)
+        if p is not None and p.entered:
+            inside = p.left is not None and p.left < p.entered
+            said.append(f"{'inside' if inside else 'last in'} {p.op or 'collective'} #{p.entered} of group {group}")
+    return "; ".join(said)
+
+
 def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state != "running":
         return []
-    return [AlertEvent(
-        severity="critical", code="actor_dead",
-        message=f"Ray reports {w.src}'s actor DEAD (pid {w.pid or '?'} on {w.node or '?'})"
-                + (f": {w.ray_death_cause[:160]}" if w.ray_death_cause else ""),
-        hint="out of memory or killed? read its log (enter on it); restart (r) resumes from the latest checkpoint",
-        targets=[w.src],
-    ) for w in state.workers.values() if w.ray_state == "DEAD" and w.phase not in TERMINAL_PHASES]
+    out = []
+    for w in state.workers.values():
+        # killed on purpose (the driver starting a teacher again, a forced cancel: on the record as actions)
+        if w.ray_state != "DEAD" or w.phase in TERMINAL_PHASES or "killed by `ray.kill`" in w.ray_death_cause:
+            continue
+        words = last_words(state, w.src)
+        out.append(AlertEvent(
+            severity="critical", code="actor_dead",
+            message=f"Ray reports {w.src}'s actor DEAD (pid {w.pid or '?'} on {w.node or '?'})"
+                    + (f": {w.ray_death_cause[:160]}" if w.ray_death_cause else "") + (f"; {words}" if words else ""),
+            hint="out of memory or killed? read its log (enter on it); restart (r) resumes from the latest checkpoint",
+            targets=[w.src]))
+    return out
 
 
 def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -544,10 +565,13 @@ def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
         return []
     line = headline(state.log_tail)
     m = FAILED_WORKER.search(line.removeprefix("gkd driver: "))
+    words = last_words(state, m.group(1))[:150] if m and "died" in line else ""
     return [AlertEvent(
-        severity="critical", code="driver_failed", message=f"driver {state.reason}: {line}"[:300],
+        severity="critical", code="driver_failed",
+        message=f"driver {state.reason}: {line}"[:300 - len(words) - 4] + (f" ({words})" if words else ""),
         hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",
-        targets=[m.group(1)] if m else [], evidence={"verdict": "dead"} if m and "died" in line else {},
+        # the worker whose failure ended it, else the driver itself
+        targets=[m.group(1)] if m else ["driver"], evidence={"verdict": "dead"} if m and "died" in line else {},
     )]
 
 

@@ -30,6 +30,8 @@ class DriverProcess:
         self.argv = argv
         self.log_path = log_path
         log = open(log_path, "ab")
+        # where this incarnation's output begins: its tail (why it ended) is never an earlier one's
+        self._log_start = os.fstat(log.fileno()).st_size
         try:
             # own session and process group: a stop reaches the driver's children too, and a
             # Ctrl-C in the supervisor's terminal does not reach the driver twice
@@ -72,7 +74,7 @@ class DriverProcess:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 size = f.tell()
-                f.seek(max(0, size - max_bytes))
+                f.seek(max(self._log_start, size - max_bytes))
                 data = f.read()
         except OSError:
             return []

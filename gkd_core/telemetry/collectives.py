@@ -39,7 +39,7 @@ class Tracker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveProgress] = {}
-        self.version = 0  # bumped at every change: a Reporter sends the new state at once, not at its next beat
+        self.version = 0  # bumped at every change, which a Reporter sends at its next wake-up
         self._listeners: list = []
 
     def listen(self, wake) -> None:
@@ -48,12 +48,14 @@ class Tracker:
         with self._lock:
             self._listeners = [w for w in self._listeners if w() is not None] + [weakref.WeakMethod(wake)]
 
-    def _changed(self) -> None:
+    def _changed(self, wake: bool = False) -> None:
+        """Bumps the version (a Reporter sends the change at its next wake-up, a heartbeat at the latest);
+        entering a collective wakes it now: a rank may freeze in there a moment later."""
         self.version += 1
-        for ref in list(self._listeners):
-            wake = ref()
-            if wake is not None:
-                wake()
+        for ref in list(self._listeners) if wake else ():
+            fn = ref()
+            if fn is not None:
+                fn()
 
     def joined(self, group: str, rank: int, world: int) -> None:
         """A (new) group: its sequence starts again."""
@@ -74,7 +76,7 @@ class Tracker:
             g.entered += 1
             g.op, g.nbytes, g.entered_at = op, nbytes, time.time()
             seq = g.entered
-        self._changed()
+        self._changed(wake=True)
         return seq
 
     def leave(self, group: str, seq: int) -> None:
