@@ -32,6 +32,12 @@ def state_of(run: Path) -> dict | None:
     return got["state"] if got else None
 
 
+def holding(run: Path, code: str) -> list[dict]:
+    """The alerts of ``code`` that hold now, as `gkd-tui status` says ([] before it answers)."""
+    st = state_of(run) or {"alerts": {}}
+    return [a for a in st["alerts"].values() if a["code"] == code and not a.get("cleared")]
+
+
 def events(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
@@ -329,14 +335,8 @@ def test_a_rank_of_a_plain_ray_jobs_gloo_group_that_never_joins_the_broadcast_is
     job = JOBS / "ray_gloo_four.py"
     run = launch([sys.executable, str(job)])
     try:
-        def named():
-            st = state_of(run)
-            if st is None:
-                return None
-            found = [a for a in st["alerts"].values() if a["code"] == "collective_not_joined" and not a.get("cleared")]
-            return found[0] if found else None
-
-        alert = wait_until(named, 180, "Ranker/2 named as not in the broadcast", every_s=0.5)
+        alert = wait_until(lambda: next(iter(holding(run, "collective_not_joined")), None), 180,
+                           "Ranker/2 named as not in the broadcast", every_s=0.5)
         assert alert["targets"] == ["Ranker/2"], alert
         # rounds 1 and 2 were broadcasts #1 and #2 of the default group; round 3 is #3
         assert alert["message"].startswith("Ranker/2 has not joined broadcast #3 of group default_pg; 3 peer(s) "

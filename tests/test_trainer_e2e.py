@@ -83,8 +83,13 @@ def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by
     # the cause says what it was doing: its phase, and the broadcast it had not entered (the hang was before it)
     [failed_alert] = [a for a in critical if a["code"] == "driver_failed"]
     assert failed_alert["targets"] == ["rollout/1"]
-    assert "(its last phase sync_weights (step 3); last in broadcast #2 of group weight_sync)" in failed_alert[
-        "message"], failed_alert["message"]
+    entered = {}  # src -> the last collective it entered
+    for e in events:
+        if e["kind"] == "collectives" and e["groups"]:
+            entered[e["src"]] = e["groups"][0].get("entered", 0)
+    assert entered["rollout/1"] == entered["student/0"] - 1  # the student in the step-3 broadcast, rollout/1 not
+    assert (f"(its last phase sync_weights (step 3); last in broadcast #{entered['rollout/1']} of group "
+            "weight_sync)") in failed_alert["message"], failed_alert["message"]
     from gkd_core.state import replay
 
     with open(sup.run / "events.jsonl", "rb") as f:
