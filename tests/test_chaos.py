@@ -287,6 +287,10 @@ def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: i
     if component in ("teacher/proxy", "teacher/0", "agent/"):
         # started again by the driver: a new process registers under the same name
         wait_until(lambda: chaos.pid(component) != killed, 120, f"{component} to be started again", every_s=0.3)
+        # named as dead by the driver that started it again (its new self registers before a silence could)
+        said = [e for e in chaos.events() if e["seq"] > seq0 and e["kind"] == "alert"
+                and e["code"] == "restarted_by_driver" and any(t.startswith(component) for t in e["targets"])]
+        assert said and not said[0].get("cleared"), said
         chaos.wait_step(done_before + 2, 120, f"training to go on after {component} was started again")
         return f"started again by the driver, {time.time() - t0:.0f} s", 0
 

@@ -391,9 +391,12 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                 hint="the path between them: teacher.address, the proxy's host and port, a firewall; "
                      "`gkd-tui doctor` checks what it can",
                 evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
+    fresh = frozen_limits(cfg)[0]
     for s in servers:
         waited = now - s.progress_at
-        if s.queue_depth and waited >= _stall_limit(s):
+        # counts the proxy has not said again lately are not the queue now: the proxy (or the relay that
+        # carries its events) is silent, which heartbeat_stale names; its workers are not to blame
+        if s.queue_depth and waited >= _stall_limit(s) and now - s.ts <= fresh:
             workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
                              and w.phase not in TERMINAL_PHASES)
             vs = {w: verdict(state, state.workers[w], now, frozen_limits(cfg)[1]) for w in workers[:4]}

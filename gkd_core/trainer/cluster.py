@@ -25,7 +25,7 @@ from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
 from gkd_core.rundir import socket_dir
-from gkd_core.telemetry import ingest
+from gkd_core.telemetry import events as ev, ingest
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
@@ -264,6 +264,7 @@ class Cluster:
             self.agents.pop(n)
             self._probes.pop(f"agent {n}", None)
         self.rep.log(f"node agent(s) on {', '.join(labels)} died: starting them again", level="warn")
+        self._said_dead([f"agent/{label}" for label in labels], "starting them again on their nodes")
         a = self.cfg.agent
         try:
             agents, _ = start_agents(self.route, self.rep.run, self.run_dir,
@@ -274,6 +275,7 @@ class Cluster:
             self.rep.log(f"node agents did not start again ({type(e).__name__}: {e})", level="warn")
             return []
         self.agents.update(agents)
+        self._said_dead([f"agent/{label}" for label in labels], "", cleared=True)
         return labels
 
     def revive_teacher(self, dead: list[str]) -> list[str]:
@@ -287,12 +289,24 @@ class Cluster:
             self._probes.pop(n, None)
         with self.rep.phase("init", detail=f"starting {', '.join(again)} again"):
             self.rep.log(f"{', '.join(dead)} died: starting {', '.join(again)} again", level="warn")
+            self._said_dead(dead, f"starting {', '.join(again)} again")
             self.start_teacher()
             self.info.update(self.wait({n: self.actors[n].ready.remote() for n in again},
                                        self.cfg.trainer.init_timeout_s, "init",
                                        hint="check RUN/logs/driver.log for an import or memory error"))
+        self._said_dead(dead, "", cleared=True)
         return again
 
+    def _said_dead(self, dead: list[str], doing: str, cleared: bool = False) -> None:
+        """An actor the driver finds dead and starts again is named as dead at once: the new one registers
+        under its name within seconds, before a silence or Ray's word of the old one could name it. Cleared
+        once the new one is up."""
+        names = ", ".join(sorted(dead))
+        self.rep.emit(ev.AlertEvent(
+            severity="warn", code="restarted_by_driver", targets=sorted(dead), cleared=cleared,
+            message=f"{names} died and the driver started it again" if cleared else
+                    f"{names} died (Ray reports the actor dead): the driver is {doing}",
+            hint="read its log (enter on it) for why; out of memory or killed from outside?"))
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
 

@@ -25,8 +25,8 @@ ROLE_ORDER = {"driver": 0, "student": 1, "rollout": 2, "teacher": 3, "agent": 4}
 CODE_WORD = {"straggler": "straggler", "slower_than_usual": "slow", "heartbeat_stale": "stale",
              "actor_dead": "dead", "out_of_memory": "out of memory", "sync_timed_out": "sync timed out",
              "sync_slow": "sync slow", "no_progress": "no progress", "unschedulable": "unschedulable",
-             "driver_failed": "failed", "collective_not_joined": "not in collective",
-             "collective_stuck": "stuck in collective"}
+             "driver_failed": "failed", "restarted_by_driver": "restarted",
+             "collective_not_joined": "not in collective", "collective_stuck": "stuck in collective"}
 PLURAL = {"straggler": "stragglers"}
 
 
