@@ -104,7 +104,8 @@ def bring_back(chaos: Chaos, fault: str, pid: int, seq0: int, done_before: int) 
         return "moving" if chaos.step() >= done_before + 2 else None
 
     how = wait_until(moving_or_failed, 240, "the run to go on or fail", every_s=0.3)
-    if how == "moving":
+    time.sleep(2.0)  # a failure said a moment after the steps that were under way
+    if how == "moving" and not run_failed_since(chaos, seq0):
         return "went on by itself"
     seq1 = chaos.events()[-1]["seq"]
     out = chaos.gkd("restart", str(chaos.run))
@@ -125,7 +126,7 @@ def trial(chaos: Chaos, seed: str, kind: str) -> dict:
     time.sleep(delay)
     pid = chaos.pid(src)
     src = next(e["src"] for e in reversed(chaos.events()) if e["kind"] == "worker" and e["src"].startswith(src))
-    seq0, t0 = chaos.events()[-1]["seq"], time.time()
+    seq0, t0, before = chaos.events()[-1]["seq"], time.time(), chaos.step()
     os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     named = None
     deadline = time.monotonic() + NAME_WITHIN_S + 5
@@ -138,7 +139,7 @@ def trial(chaos: Chaos, seed: str, kind: str) -> dict:
            "after_s": round(named["ts"] - t0, 2) if named else None}
     row["right"] = bool(named) and named["targets"] == [src] and row["after_s"] <= NAME_WITHIN_S
     t1 = time.time()
-    row["recovery"] = bring_back(chaos, fault, pid, seq0, at)
+    row["recovery"] = bring_back(chaos, fault, pid, seq0, before)
     row["recovery_s"] = round(time.time() - t1, 1)
     return row
 
