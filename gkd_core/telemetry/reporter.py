@@ -131,16 +131,6 @@ class Reporter:
     def log(self, message: str, level: str = "info") -> None:
         self.emit(ev.LogEvent(level=level, message=message))
 
-    def flush(self, timeout_s: float = 1.0) -> bool:
-        """Wait (up to ``timeout_s``) until what is queued has been handed to the socket; False if
-        it has not. For an event that must be out before something durable happens (a step's
-        metrics before its checkpoint: a kill after the save would otherwise lose them for good)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue and self._thread.is_alive() and time.monotonic() < deadline:
-            self._wake.set()
-            time.sleep(0.002)
-        return not self._queue
-
     def close(self, timeout_s: float = 1.0) -> None:
         """Send what is queued (up to ``timeout_s``), then stop the thread."""
         self._closing = True
