@@ -90,6 +90,7 @@ class SyncState(msgspec.Struct, kw_only=True):
     pending: list[str] = []
     done: list[str] = []
     fingerprint_ok: bool | None = None
+    differ: list[str] = []
     error: str = ""
     step: int | None = None
 
@@ -260,6 +261,9 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
     workers: dict[str, WorkerState] = {}
     sync: SyncState | None = None
     sync_history: list[SyncState] = []
+    # the last sync after which some rollout's weights were not the student's: said for a while even when
+    # the next sync, a second later, puts it right (generation ran on stale weights in between)
+    fingerprint_miss: SyncState | None = None
     teacher: TeacherState = msgspec.field(default_factory=TeacherState)
     gpus: dict[str, GpuRow] = {}
     probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
@@ -434,10 +438,12 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
                 if b in self.workers and b not in e.pending:
                     self.workers[b].blocked_by = e.pending[0]
         if e.fingerprint_ok is not None:
-            s.fingerprint_ok = e.fingerprint_ok
+            s.fingerprint_ok, s.differ = e.fingerprint_ok, list(e.differ)
         s.error = e.error or s.error
         if e.step is not None:
             s.step = e.step
+        if e.fingerprint_ok is False:
+            self.fingerprint_miss = msgspec.structs.replace(s)
         if e.state not in ("started", "progress"):
             self._archive_sync(s)
 
@@ -559,14 +565,31 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
 
     def _on_alert(self, e: ev.AlertEvent) -> None:
         key = alert_key(e.code, e.targets)
+        old = self.alerts.get(key)
+        if old is not None:  # the workers it held up are free of it, or are listed again below
+            self._unblock(old)
         if e.cleared:
             self.alerts.pop(key, None)
             return
-        old = self.alerts.get(key)
+        blocked = e.evidence.get("blocked")
+        if e.targets and isinstance(blocked, list):  # (a stranger's alert may carry anything there)
+            for b in blocked:
+                w = self.workers.get(b) if isinstance(b, str) else None
+                if w is not None and not w.blocked_by and b not in e.targets:
+                    w.blocked_by = e.targets[0]
         self.alerts[key] = AlertState(
             code=e.code, severity=e.severity, message=e.message, hint=e.hint, targets=list(e.targets),
             since=old.since if old else e.ts, evidence=dict(e.evidence),
         )
+
+    def _unblock(self, a: AlertState) -> None:
+        """Free the workers ``a`` held up; one that failed of it stays marked until it starts again (its
+        next phase), as a sync's failure marks it."""
+        blocked = a.evidence.get("blocked")
+        for b in blocked if isinstance(blocked, list) and a.targets else ():
+            w = self.workers.get(b) if isinstance(b, str) else None
+            if w is not None and w.blocked_by == a.targets[0] and w.phase != "failed":
+                w.blocked_by = ""
 
     def _on_log(self, e: ev.LogEvent) -> None:
         self.logs.append(f"{e.src} {e.level}: {e.message}"[:500])

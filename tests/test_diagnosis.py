@@ -406,3 +406,89 @@ def test_a_dead_cause_says_its_last_phase_and_the_collective_it_was_inside():
     assert a.targets == ["rollout/1"] and a.evidence == {"verdict": "dead"}
     assert a.message.endswith("(its last phase sync_weights (step 57); inside broadcast #57 of group weight_sync)")
     assert len(a.message) <= 300
+
+
+# --- cascades: the workers a cause holds up are shown as blocked by it, not as faults of their own ----------
+
+def test_the_peers_waiting_in_a_collective_are_blocked_by_the_rank_that_has_not_joined_until_it_clears():
+    st = group_of_four({"student/0": 57, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57},
+                       {"student/0": 56, "rollout/0": 56, "rollout/1": 56, "rollout/2": 56})
+    _with_alerts(st, T0 + 12)
+    [a] = [a for a in st.alerts.values() if a.code == "collective_not_joined"]
+    assert a.evidence["blocked"] == ["rollout/0", "rollout/2", "student/0"]
+    assert {s: w.blocked_by for s, w in st.workers.items()} == {
+        "student/0": "rollout/1", "rollout/0": "rollout/1", "rollout/1": "", "rollout/2": "rollout/1"}
+    st.apply(ev.CollectivesEvent(src="rollout/1", ts=T0 + 13, groups=[ev.CollectiveProgress(
+        group="weight_sync", rank=2, world=4, entered=57, op="broadcast", entered_at=T0 + 13, left=57)]))
+    for src, rank in (("student/0", 0), ("rollout/0", 1), ("rollout/2", 3)):
+        st.apply(ev.CollectivesEvent(src=src, ts=T0 + 13, groups=[ev.CollectiveProgress(
+            group="weight_sync", rank=rank, world=4, entered=57, op="broadcast", entered_at=T0, left=57)]))
+    _with_alerts(st, T0 + 14)
+    assert not st.alerts and all(not w.blocked_by for w in st.workers.values())
+
+
+def test_a_rank_dead_inside_a_collective_blocks_the_peers_inside_it_not_those_that_came_out():
+    st = group_of_four(dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 9),
+                       {"student/0": 8, "rollout/0": 9, "rollout/1": 8, "rollout/2": 8})
+    st.apply(ev.RayEvent(target="rollout/1", ts=T0 + 2, state="DEAD", death_cause="the worker died unexpectedly"))
+    _with_alerts(st, T0 + 3)
+    [a] = [a for a in st.alerts.values() if a.code == "actor_dead"]
+    assert a.targets == ["rollout/1"] and a.evidence["blocked"] == ["rollout/2", "student/0"]
+    assert st.workers["rollout/0"].blocked_by == "" and st.workers["student/0"].blocked_by == "rollout/1"
+
+
+def test_a_teacher_that_dies_blocks_the_driver_waiting_for_its_logprobs():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("driver", "driver"), ("student/0", "student"), ("teacher/0", "teacher")):
+        st.apply(ev.WorkerEvent(src=src, role=role, ts=T0 - 50))
+    phase(st, "student/0", "idle", T0)
+    phase(st, "driver", "teacher_wait", T0, step=4)
+    st.apply(ev.RayEvent(target="teacher/0", ts=T0 + 1, state="DEAD", death_cause="the worker died unexpectedly"))
+    _with_alerts(st, T0 + 2)
+    [a] = [a for a in st.alerts.values() if a.code == "actor_dead"]
+    assert a.evidence["blocked"] == ["driver"]
+    assert st.workers["driver"].blocked_by == "teacher/0" and st.workers["student/0"].blocked_by == ""
+    phase(st, "driver", "train", T0 + 9, step=4)  # a teacher started again: the driver goes on
+    assert st.workers["driver"].blocked_by == ""
+
+
+def test_a_silent_node_agent_is_one_alert_listing_the_workers_it_relays_as_blocked():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    st.apply(ev.WorkerEvent(src="agent/n2", role="agent", node="n2", ts=T0 - 50))
+    st.apply(ev.WorkerEvent(src="driver", role="driver", node="n1", ts=T0 - 50))
+    for r in range(3):
+        st.apply(ev.WorkerEvent(src=f"rollout/{r}", role="rollout", node="n2", via="agent/n2", ts=T0 - 50))
+    for src in ("agent/n2", "rollout/0", "rollout/1", "rollout/2"):
+        beat(st, src, T0, cpu=50.0)
+    beat(st, "driver", T0 + 19.5, cpu=50.0)
+    _with_alerts(st, T0 + 20)
+    assert [(a.code, a.targets) for a in st.alerts.values()] == [("heartbeat_stale", ["agent/n2"])]
+    [a] = st.alerts.values()
+    assert a.evidence["blocked"] == ["rollout/0", "rollout/1", "rollout/2"]
+    assert [st.workers[f"rollout/{r}"].blocked_by for r in range(3)] == ["agent/n2"] * 3
+    for src in ("agent/n2", "rollout/0", "rollout/1", "rollout/2"):  # the agent is back, with their beats
+        beat(st, src, T0 + 21, cpu=50.0)
+    _with_alerts(st, T0 + 21.5)
+    assert not st.alerts and all(not w.blocked_by for w in st.workers.values())
+
+
+def test_a_rollout_whose_weights_differ_after_a_sync_is_named():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src in ("student/0", "rollout/0", "rollout/1"):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], ts=T0 - 50))
+    st.apply(ev.SyncEvent(src="driver", sync_id=7, state="started", step=6, ts=T0))
+    st.apply(ev.SyncEvent(src="driver", sync_id=7, state="done", step=6, ts=T0 + 0.1, fingerprint_ok=False,
+                          differ=["rollout/1"], error="rollout weights differ from the student's: rollout/1 has "
+                                                      "9f2a (the student's: 41c7)"))
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 1) if a.code == "fingerprint_mismatch"]
+    assert a.targets == ["rollout/1"] and a.severity == "critical"
+    assert a.message.startswith("after sync 7 (step 6) rollout/1: its weights differ from the student's; ")
+    # the next sync, a moment later, puts it right: still said (a step ran on stale weights), then gone
+    st.apply(ev.SyncEvent(src="driver", sync_id=8, state="started", step=7, ts=T0 + 0.5))
+    st.apply(ev.SyncEvent(src="driver", sync_id=8, state="done", step=7, ts=T0 + 0.6, fingerprint_ok=True))
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 2) if a.code == "fingerprint_mismatch"]
+    assert a.targets == ["rollout/1"] and a.severity == "warn" and "(the syncs since matched)" in a.message
+    assert not [a for a in diagnosis.diagnose(st, T0 + 61) if a.code == "fingerprint_mismatch"]

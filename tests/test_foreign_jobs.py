@@ -64,6 +64,11 @@ def test_the_command_gets_the_run_and_keeps_a_runtime_env_hook_of_its_own():
     # the Flight Recorder: on unless the job said otherwise
     off = job_env.command_env({"TORCH_FR_BUFFER_SIZE": "0"}, run_id="r1", run_dir="RUN", ingest="ipc://x", heartbeat=1)
     assert off["TORCH_FR_BUFFER_SIZE"] == "0" and job_env.run_vars(off)["TORCH_FR_BUFFER_SIZE"] == "0"
+    # collectives not tracked (GKD_COLLECTIVES=0): the recorder is off too, and every worker is told
+    untracked = job_env.command_env({"GKD_COLLECTIVES": "0"}, run_id="r1", run_dir="RUN", ingest="ipc://x",
+                                    heartbeat=1)
+    assert untracked["TORCH_FR_BUFFER_SIZE"] == "0"
+    assert job_env.run_vars(untracked)["GKD_COLLECTIVES"] == "0"
     again = job_env.command_env({**env, job_env.DRIVER_PID: "4242"}, run_id="r2", run_dir="RUN",
                                 ingest="ipc://x", heartbeat=1)
     assert job_env.DRIVER_PID not in again  # a run started from inside a watched job has its own driver

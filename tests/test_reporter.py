@@ -178,3 +178,12 @@ def test_a_collective_entered_is_said_at_once_and_its_leaving_with_the_next_even
             assert got and got[-1].groups[0].left == 1 and got[-1].groups[0].left_at >= last[0].entered_at
     finally:
         collectives.TRACKER = saved
+
+
+def test_collectives_switched_off_record_nothing():
+    from gkd_core.telemetry.collectives import Tracker, tracking
+
+    off = Tracker(on=tracking({"GKD_COLLECTIVES": "0"}))
+    off.joined("weight_sync", 1, 4)
+    assert off.enter("weight_sync", "broadcast", 4096) == 0 and off.snapshot() == [] and off.version == 0
+    assert tracking({}) and tracking({"GKD_COLLECTIVES": "1"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from gkd_core.diagnosis import cascade
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
@@ -32,7 +33,7 @@ def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> li
     # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
         out = [a for a in out if a.code != "slower_than_usual"]
-    return out
+    return cascade.with_blocked(state, out)
 
 
 def _elapsed(evidence: dict, missing: float) -> float:
@@ -49,8 +50,8 @@ def _changed(cur: AlertState, a: AlertEvent) -> bool:
         # by half (a log scale: 6, 9, 14, 20 s ...) or the verdict or the place changed
         # (2x > 3y, not x > 1.5y: exact for an integer of any size, where the float product overflows)
         grown = 2 * _elapsed(a.evidence, 0.0) > 3 * _elapsed(cur.evidence, math.inf)
-        return grown or any(cur.evidence.get(k) != a.evidence.get(k) for k in ("verdict", "where"))
-    return cur.message != a.message
+        return grown or any(cur.evidence.get(k) != a.evidence.get(k) for k in ("verdict", "where", "blocked"))
+    return cur.message != a.message or cur.evidence.get("blocked") != a.evidence.get("blocked")
 
 
 def changes(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple
 
+from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.stragglers import MIN_S, Late, late_workers
 from gkd_core.diagnosis.verdict import FROZEN_S, verdict
 from gkd_core.state import OOM, TERMINAL_PHASES, RunState
@@ -73,10 +74,10 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     # its own go quiet, so a relay that is nearly stale counts too.
     quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.last_heartbeat
                     and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in TERMINAL_PHASES}
-    behind: dict[str, int] = {}
+    behind: dict[str, list[str]] = {}
     for w in stale:
         if w.via in quiet_relays:
-            behind[w.via] = behind.get(w.via, 0) + 1
+            behind.setdefault(w.via, []).append(w.src)
     out = []
     for w in stale:
         if w.via in quiet_relays:
@@ -84,7 +85,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
         age = now - w.last_heartbeat
         where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
         v = verdict(state, w, now, frozen)
-        relayed = behind.get(w.src, 0)
+        relayed = len(behind.get(w.src, ()))
         with_it = (f"; the {relayed} worker(s) whose events it relays are silent with it (they may be working: "
                    "their events wait in their own queues)") if relayed else ""
         out.append(AlertEvent(
@@ -96,7 +97,8 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
                  f"`gkd-tui dump-stacks {w.src}`" + ("; the driver starts a dead node agent again between steps"
                                                      if relayed else ""),
             targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
-                                       "verdict": v.word or "frozen", "where": v.where, "relayed_silent": relayed},
+                                       "verdict": v.word or "frozen", "where": v.where, "relayed_silent": relayed,
+                                       **({"blocked": sorted(behind[w.src])[:BLOCKED_MAX]} if relayed else {})},
         ))
     return out
 
@@ -169,13 +171,31 @@ def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             severity="critical", code="sync_failed", message=f"sync {s.sync_id} failed: {s.error[:200]}",
             hint="see the worker's log; restart (r) resumes from the latest checkpoint", targets=list(s.pending),
         ))
-    if s.fingerprint_ok is False:
-        out.append(AlertEvent(
-            severity="critical", code="fingerprint_mismatch",
-            message=f"after sync {s.sync_id} a rollout worker's weights differ from the actor's",
-            hint="the rollout engine generates with stale weights; restart (r)",
-        ))
-    return out
+    return out + fingerprint_mismatch(state, now)
+
+
+MISMATCH_HOLD_S = 60.0
+
+
+def fingerprint_mismatch(state: RunState, now: float) -> list[AlertEvent]:
+    """A rollout whose weights were not the student's after a sync: critical while the newest sync says
+    so, and for MISMATCH_HOLD_S after a later sync matched (a step generated on stale weights is worth
+    seeing, and the next sync may follow within a second, before any look at the state)."""
+    m = state.fingerprint_miss
+    if m is None:
+        return []
+    s = state.sync
+    righted = s is not None and s.sync_id > m.sync_id and s.fingerprint_ok is True
+    if righted and now - m.last_ts > MISMATCH_HOLD_S:
+        return []
+    who = ", ".join(m.differ) or "a rollout worker"
+    return [AlertEvent(
+        severity="warn" if righted else "critical", code="fingerprint_mismatch",
+        message=f"after sync {m.sync_id} (step {m.step}) {who}: its weights differ from the student's"
+                + (" (the syncs since matched)" if righted else "") + (f"; {m.error[:200]}" if m.error else ""),
+        hint="its engine generated with stale weights: a weight push that did not land in it; if it "
+             "stays, restart (r), which loads the latest checkpoint into every engine",
+        targets=list(m.differ))]
 
 
 def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from gkd_core.telemetry import collectives
+
 REPORT = "GKD_REPORT"  # "1": the processes of this job report to the run the variables below name
 RUN_ID, RUN_DIR, INGEST = "GKD_RUN_ID", "GKD_RUN_DIR", "GKD_INGEST"
 HEARTBEAT_S = "GKD_HEARTBEAT_S"
@@ -17,7 +19,8 @@ CONTROL = "GKD_CONTROL"  # the supervisor's control socket, for the driver alone
 # the job's driver, once its part is installed: a process that is neither it nor a Ray worker (a child of
 # either: a DataLoader's worker, vLLM's) inherits the run's variables but is not the driver
 DRIVER_PID = "GKD_DRIVER_PID"
-RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S, DRIVER_PID)
+TRACK_COLLECTIVES = collectives.SWITCH_ENV  # "0": collectives not tracked, the recorder off
+RUN_VARS = (REPORT, RUN_ID, RUN_DIR, INGEST, HEARTBEAT_S, DRIVER_PID, TRACK_COLLECTIVES)
 # PyTorch's Flight Recorder: each process's collectives, per group (telemetry/collectives.py reads where
 # every rank stands from it). On in a watched job unless the job set it (0 turns it off); bench/bench_collectives.py
 # measures what it costs
@@ -39,8 +42,13 @@ def asked(environ: Mapping[str, str] = os.environ) -> bool:
 def run_vars(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The variables every process of the job needs to report (what a Ray worker is given)."""
     out = {k: environ[k] for k in RUN_VARS if environ.get(k)}
-    out[FLIGHT_RECORDER] = environ.get(FLIGHT_RECORDER, FLIGHT_RECORDER_ENTRIES)
+    out[FLIGHT_RECORDER] = environ.get(FLIGHT_RECORDER, recorder_default(environ))
     return out
+
+
+def recorder_default(environ: Mapping[str, str]) -> str:
+    """The Flight Recorder's buffer a job gets unless it set one: none where collectives are not tracked."""
+    return FLIGHT_RECORDER_ENTRIES if collectives.tracking(environ) else "0"
 
 
 def heartbeat_s(environ: Mapping[str, str] = os.environ) -> float:
@@ -57,7 +65,7 @@ def command_env(base: Mapping[str, str], *, run_id: str, run_dir: str, ingest: s
     env.pop(DRIVER_PID, None)  # a new run's command: its driver is whichever process of it claims first
     env.update({REPORT: "1", RUN_ID: run_id, RUN_DIR: run_dir, INGEST: ingest, HEARTBEAT_S: f"{heartbeat:g}",
                 "PYTHONUNBUFFERED": "1"})
-    env.setdefault(FLIGHT_RECORDER, FLIGHT_RECORDER_ENTRIES)
+    env.setdefault(FLIGHT_RECORDER, recorder_default(env))
     if commands:
         env[COMMANDS] = commands
     if control:

@@ -29,6 +29,9 @@ import msgspec
 from gkd_core.telemetry.events import CollectiveProgress
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
+# "0": no tracking in this process: our wrappers record nothing and the Flight Recorder is not read
+# (job_env then leaves the recorder off too). What tracking costs a step: bench/bench_step_tracking.py
+SWITCH_ENV = "GKD_COLLECTIVES"
 DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4, "Short": 2, "Byte": 1,
                "Char": 1, "Bool": 1}
 
@@ -36,7 +39,8 @@ DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "In
 class Tracker:
     """Our wrappers' book: thread-safe, O(groups) to read."""
 
-    def __init__(self) -> None:
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
         self._lock = threading.Lock()
         self._groups: dict[str, CollectiveProgress] = {}
         self.version = 0  # bumped at every change, which a Reporter sends at its next wake-up
@@ -59,6 +63,8 @@ class Tracker:
 
     def joined(self, group: str, rank: int, world: int) -> None:
         """A (new) group: its sequence starts again."""
+        if not self.on:
+            return
         with self._lock:
             self._groups[group] = CollectiveProgress(group=group, rank=rank, world=world)
         self._changed()
@@ -92,7 +98,11 @@ class Tracker:
             return [msgspec.structs.replace(g) for g in self._groups.values()]
 
 
-TRACKER = Tracker()
+def tracking(environ=os.environ) -> bool:
+    return environ.get(SWITCH_ENV, "1").strip() != "0"
+
+
+TRACKER = Tracker(on=tracking())
 
 
 def flight_recorder() -> list[CollectiveProgress]:
@@ -102,7 +112,7 @@ def flight_recorder() -> list[CollectiveProgress]:
     a read (a stall: what an alert would name), and once per collective: with its buffer full, a dump of
     the entries takes milliseconds, and gloo leaves them all "active"."""
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    if c10d is None or not _recording() or not c10d.is_initialized():
+    if c10d is None or not TRACKER.on or not _recording() or not c10d.is_initialized():
         return []
     from torch._C._distributed_c10d import _dump_fr_trace_json
 

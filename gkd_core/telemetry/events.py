@@ -108,6 +108,7 @@ class SyncEvent(Event, tag="sync"):
     pending: list[str] = []
     done: list[str] = []
     fingerprint_ok: bool | None = None
+    differ: list[str] = []  # done: the members whose weights' fingerprint is not the student's
     error: str = ""
     step: Int | None = None
     # failed: the members that failed or cannot finish only because a pending one died (victims, not causes)

@@ -72,7 +72,10 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
             try:
                 results[name] = ray.get(ref, timeout=30)
             except (RayActorError, TaskCancelledError) as e:
-                raise WorkerFailed(_died(name, describe, phase, e), name, blocked=sorted(pending)) from None
+                blocked = sorted(pending)
+                raise WorkerFailed(_died(name, describe, phase, e) + (
+                    f"; {', '.join(blocked)} left waiting in the same {phase}" if blocked else ""),
+                    name, blocked=blocked) from None
             except RayTaskError as e:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 said = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"

@@ -86,7 +86,7 @@ class WeightSync:
             ended("failed", pending=[e.name], blocked=e.blocked, error=str(e)[:1000])
             raise
         want = prints["student/0"]
-        ok = all(prints[m] == want for m in members[1:])
-        ended("done", done=members, fingerprint_ok=ok,
-              error="" if ok else "rollout weights differ from the student's: "
-              + ", ".join(m for m in members[1:] if prints[m] != want))
+        differ = [m for m in members[1:] if prints[m] != want]
+        ended("done", done=members, fingerprint_ok=not differ, differ=differ,
+              error="" if not differ else "rollout weights differ from the student's: "
+              + "; ".join(f"{m} has {prints[m][:200]}" for m in differ) + f" (the student's: {want})")

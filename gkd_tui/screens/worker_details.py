@@ -33,7 +33,8 @@ class WorkerDetails(ModalScreen[None]):
             f"heartbeat {fmt_duration(age)} ago, rss {fmt_bytes(w.rss)}, cpu {w.cpu:.0f}%, dropped {w.dropped}",
         ]
         if w.blocked_by:
-            lines.append(f"blocked by {w.blocked_by}: it failed only because {w.blocked_by} died (see its alert)")
+            lines.append(f"blocked by {w.blocked_by}: it waits on {w.blocked_by}, or failed only because of it; "
+                         f"the alert names {w.blocked_by} as the cause")
         if w.detail:
             lines.append(f"detail: {w.detail}")
         if w.actor_id or w.ray_state:

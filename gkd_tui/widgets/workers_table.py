@@ -44,7 +44,7 @@ def cells_line(cells, widths=WIDTHS) -> list[str]:
 
 
 def shown_phase(w: WorkerState) -> str:
-    """Its phase; a worker that failed only because a peer died says so instead."""
+    """Its phase; a worker held up by another's fault (waiting on it, or failed of it) says whose instead."""
     return f"blocked by {w.blocked_by}" if w.blocked_by else (w.phase or "-")
 
 

@@ -1,0 +1,67 @@
+"""Who a fault holds up: the workers that wait on the one an alert names, so that they are shown as blocked
+by it, not as faults of their own.
+
+One rank that dies or freezes inside a broadcast leaves every peer waiting in it, and each peer later
+times out with an error of its own: the seeds' logs say "timeout" on every rank that was fine. The
+alert that names the cause lists them under ``evidence["blocked"]``; the state marks each one
+``blocked_by`` the cause while the alert holds (the workers table says "blocked by rollout/1"). Who
+waits on whom is read from what the run said, not guessed from times:
+
+- a collective: the peers inside a collective the cause has not completed (entered it later, or is in
+  it and never came out);
+- the teacher: the workers waiting for its logprobs (phase ``teacher_wait``) while a teacher worker or
+  its proxy is the cause;
+- a node agent: the workers whose events it relays (``heartbeat_stale`` lists them itself).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gkd_core.state import RunState
+from gkd_core.telemetry.events import AlertEvent
+
+# the findings that name a cause others can wait on
+CAUSE_CODES = ("actor_dead", "heartbeat_stale", "collective_not_joined", "collective_stuck", "teacher_not_serving",
+               "teacher_unreached")
+GONE = ("finished", "cancelled", "exited")
+BLOCKED_MAX = 256  # names kept in an alert (a collective of 65,536 ranks has as many waiting)
+# more causes than this at once (a whole cluster silent) is no cascade from one fault: nobody is marked,
+# and the rule's work stays bounded (each cause looks at its groups' members)
+CAUSES_MAX = 32
+
+
+def held_up(state: RunState, causes: list[str]) -> list[str]:
+    """The workers waiting on any of ``causes``, not counting the causes themselves."""
+    out: set[str] = set()
+    for src in causes:
+        w = state.workers.get(src)
+        if w is not None and w.role == "teacher":
+            out.update(v.src for v in state.workers.values() if v.phase == "teacher_wait")
+        for members in state.collectives.values():
+            p = members.get(src)
+            if p is None or not p.entered:
+                continue
+            done = p.left or 0  # None: its source cannot say (gloo's Flight Recorder): not completed
+            for peer, q in members.items():
+                inside = q.entered and (q.left is None or q.left < q.entered)
+                if peer != src and inside and done < q.entered:
+                    out.add(peer)
+    out.difference_update(causes)
+    # a victim that failed of it stays one; one that finished or left has nothing to wait for
+    return sorted(s for s in out if s in state.workers and state.workers[s].phase not in GONE)
+
+
+def with_blocked(state: RunState, alerts: list[AlertEvent]) -> list[AlertEvent]:
+    """``alerts``, each cause's carrying the workers it holds up (beside any its rule listed itself)."""
+    causes = [a for a in alerts if a.code in CAUSE_CODES and a.targets and not a.cleared]
+    if not causes or len(causes) > CAUSES_MAX:
+        return alerts
+    out = []
+    for a in alerts:
+        if a.code in CAUSE_CODES and a.targets and not a.cleared:
+            blocked = sorted(set(a.evidence.get("blocked") or ()) | set(held_up(state, a.targets)))
+            if blocked:
+                a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
+        out.append(a)
+    return out
