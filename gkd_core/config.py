@@ -124,7 +124,7 @@ class AgentConfig(_Section):
 class FaultConfig(_Section):
     kind: Literal[
         "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml",
-        "nan_grad", "disk_full", "oom", "slow_worker", "stop_in_sync",
+        "nan_grad", "disk_full", "oom", "slow_worker", "stop_in_sync", "skip_weight_push",
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns

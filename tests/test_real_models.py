@@ -42,12 +42,12 @@ def tokenizer(extra: str = ""):
                                    chat_template=CHATML)
 
 
-def model(tok, arch: str, hidden: int, seed: int):
+def model(tok, arch: str, hidden: int, seed: int, heads: int = 4, layers: int = 1):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    kw = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    kw = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+              num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=128,
               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **kw)).eval()
 

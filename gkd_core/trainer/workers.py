@@ -8,7 +8,6 @@ every loop that could wait: a cancelled method stops at the next check and raise
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import os
 import signal
@@ -34,8 +33,9 @@ from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
 from gkd_core.telemetry.collectives import TRACKER
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.trainer import loss as L, models
+from gkd_core.trainer import loss as L, models, torch_engine
 from gkd_core.trainer.faults import WorkerFaults
+from gkd_core.trainer.fingerprints import fingerprint
 from gkd_core.trainer.vllm_engine import VllmEngine
 
 SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
@@ -86,11 +86,6 @@ def thread_stacks() -> str:
         out.append(f'Thread {tid:#x} "{names.get(tid, "?")}" (most recent call last):\n'
                    + "".join(traceback.format_stack(frame)))
     return "\n".join(out)
-
-
-def fingerprint(params) -> str:
-    vec = torch.nn.utils.parameters_to_vector([p.detach().float().cpu() for p in params])
-    return hashlib.blake2b(vec.numpy().tobytes(), digest_size=8).hexdigest()
 
 
 class WorkerBase:
@@ -381,6 +376,11 @@ class RolloutWorker(WorkerBase):
                 self.engine = self._vllm_engine()
         self.rep.set_phase("idle")
 
+    def shutdown(self) -> bool:
+        if self.engine is not None:
+            self.engine.close()
+        return super().shutdown()
+
     def _vllm_engine(self):
         m = self.cfg.model
         return VllmEngine(m.path, gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization, dtype=m.dtype,
@@ -400,21 +400,16 @@ class RolloutWorker(WorkerBase):
                     self._hang(f"{self.src} generate at step {step}", f.seconds)
             t0 = time.perf_counter()
             r = self.cfg.rollout
+            temperature = 0.0 if greedy else r.temperature
             if self.engine is not None:
-                out = self.engine.generate(prompt_ids, left_pad, temperature=0.0 if greedy else r.temperature,
+                out = self.engine.generate(prompt_ids, left_pad, temperature=temperature,
                                            max_new_tokens=r.max_new_tokens, seed=seed)
-                return out, time.perf_counter() - t0
-            torch.manual_seed(seed)
-            ids = torch.as_tensor(np.array(prompt_ids), dtype=torch.long, device=self.device)
-            mask, _ = L.attention(torch.as_tensor(np.array(left_pad), dtype=torch.long, device=self.device),
-                                  ids.shape[1])
-            sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": r.temperature,
-                                                             "top_k": 0, "top_p": 1.0}
-            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=r.max_new_tokens,
-                                      eos_token_id=self.eos, pad_token_id=self.pad, **sampling)
+            else:
+                out = torch_engine.generate(self.model, prompt_ids, left_pad, eos_ids=self.eos, pad_id=self.pad,
+                                            max_new_tokens=r.max_new_tokens, temperature=temperature, seed=seed)
             if not greedy:
                 self._slow_down(step, time.perf_counter() - t0)
-            return out.cpu().numpy().astype(np.int32), time.perf_counter() - t0
+            return out, time.perf_counter() - t0
 
     def _slow_down(self, step: int, took: float) -> None:
         """The `slow_worker` fault: a worker that is slower, not stuck (a weaker GPU, a throttled node)."""
@@ -431,10 +426,23 @@ class RolloutWorker(WorkerBase):
             params = list(self.model.parameters())
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
             self._broadcast(vec, timeout_s, step)
+            skip = self.ctx.faults.take("skip_weight_push", step)
+            if skip:
+                self.rep.log(f"fault injected: {self.src} keeps the weights of the sync before in its "
+                             f"{self.cfg.rollout.engine} engine (step {step})", level="warn")
+            if self.engine is None:
+                if not skip:
+                    torch.nn.utils.vector_to_parameters(vec, params)
+                return fingerprint(params)
+            # the torch copy names and shapes them; the engine's own weights are what it generates with,
+            # so its fingerprint is read back from them
             torch.nn.utils.vector_to_parameters(vec, params)
-            if self.engine is not None:
-                self.engine.load_weights(self.model.state_dict())
-            return fingerprint(params)
+            named = dict(self.model.named_parameters())
+            if not skip:
+                with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s,
+                                    detail=f"sync {sync_id}: into the {self.cfg.rollout.engine} engine"):
+                    self.engine.load_weights(named)
+            return self.engine.fingerprint([(n, tuple(t.shape)) for n, t in named.items()])
 
 
 class TeacherProxyActor(WorkerBase):

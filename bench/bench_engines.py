@@ -1,0 +1,138 @@
+"""The two rollout engines side by side: tokens/s of generation, and the step time of a GKD run with each.
+
+    .venv-vllm/bin/python bench/bench_engines.py [--rounds 5] [--prompts 32] [--new 64] [--steps 20]
+
+Run in a venv with vLLM (README: ``.venv-vllm``). One tiny Qwen2 student (hidden 256, 4 layers, heads of
+32: vLLM's CPU attention takes no smaller) and a teacher twice its width, saved as Hugging Face folders,
+with verl's RL parquet:
+
+- **generation**: the same left-padded chat prompts, greedy, ``--new`` tokens at most, through the torch
+  engine (Hugging Face ``generate`` on the model, as a rollout worker does) and through ``vllm.LLM``
+  (``VllmEngine``); the two alternate round by round in this one process; tokens/s is the completion
+  tokens made over the wall time of the call, median (min-max) of the rounds. Also whether the two gave
+  the same tokens.
+- **a GKD step**: ``gkd_core run`` of ``--steps`` steps with ``rollout.engine=torch``, then ``vllm``,
+  through the real supervisor and trainer; the median gap between steps after a warm-up, and the median
+  of the step's generation and sync phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def build(root: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_real_models import WORDS, model, tokenizer
+
+    tok = tokenizer()
+    for name, hidden, heads in (("teacher", 512, 16), ("student", 256, 8)):
+        model(tok, "qwen2", hidden, seed=1, heads=heads, layers=4).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"what is {a} plus {b}?" + " please" * (i % 5)}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": b}, "extra_info": {"index": i}}
+            for i, (a, b) in enumerate((a, b) for a in WORDS for b in WORDS)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
+
+
+def generation(root: Path, rounds: int, n_prompts: int, new: int) -> dict:
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gkd_core.trainer import data, torch_engine
+    from gkd_core.trainer.vllm_engine import VllmEngine
+
+    folder = root / "student"
+    tok = AutoTokenizer.from_pretrained(folder)
+    rows = [tok.apply_chat_template([{"role": "user", "content": f"what is {i} plus {i % 7}?" + " please" * (i % 5)}],
+                                    add_generation_prompt=True, tokenize=True) for i in range(n_prompts)]
+    ids, pads = data.left_pad([r["input_ids"] if hasattr(r, "keys") else r for r in rows], tok.pad_token_id)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    eng = VllmEngine(str(folder), gpu_memory_utilization=0.5, dtype="float32", eos_ids=[tok.eos_token_id],
+                     pad_id=tok.pad_token_id, max_model_len=256)
+
+    def made(out: np.ndarray) -> int:
+        tail = out[:, ids.shape[1]:]
+        return int(sum(next((i + 1 for i, t in enumerate(r) if t == tok.eos_token_id), len(r)) for r in tail))
+
+    ways = {
+        "torch": lambda: torch_engine.generate(model, ids, pads, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
+                                               max_new_tokens=new, temperature=0.0, seed=0),
+        "vllm": lambda: eng.generate(ids, pads, temperature=0.0, max_new_tokens=new, seed=0),
+    }
+    res: dict[str, list[float]] = {w: [] for w in ways}
+    outs = {}
+    for w in ways:
+        ways[w]()  # a warm-up call each (vLLM's first batch builds its caches)
+    for r in range(rounds):
+        for w in (ways if r % 2 == 0 else reversed(list(ways))):
+            t0 = time.perf_counter()
+            outs[w] = ways[w]()
+            res[w].append(made(outs[w]) / (time.perf_counter() - t0))
+    eng.close()
+    a, b = outs["torch"], outs["vllm"]
+    same = a.shape == b.shape and bool((a == b).all())
+    return {"tokens_per_s": res, "same_tokens": same}
+
+
+def gkd_run(home: Path, root: Path, engine: str, steps: int) -> dict:
+    env = dict(os.environ, GKD_HOME=str(home), VLLM_CPU_KVCACHE_SPACE="1")
+    run_id = f"bench-{engine}"
+    subprocess.run([sys.executable, "-m", "gkd_core", "run", f"model.path={root / 'student'}",
+                    f"teacher.path={root / 'teacher'}", f"data.files=[{root / 'train.parquet'}]",
+                    f"rollout.engine={engine}", f"trainer.total_steps={steps}", "trainer.checkpoint_every=1000",
+                    "trainer.eval_every=0", "data.batch_size=8", "rollout.max_new_tokens=32", "--run-id", run_id,
+                    "--quiet"], env=env, cwd=ROOT, check=True, timeout=1800)
+    events = [json.loads(line) for line in (home / "runs" / run_id / "events.jsonl").read_text().splitlines()]
+    metrics = [e for e in events if e["kind"] == "metrics"]
+    warm = max(3, steps // 5)
+    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:])]
+    return {"step_s": statistics.median(gaps),
+            **{k: statistics.median(m["timing"][k] for m in metrics[warm:]) for k in ("generate", "sync")}}
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--steps", type=int, default=20)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gkd-bench-") as tmp:
+        root = Path(tmp)
+        build(root)
+        gen = generation(root, a.rounds, a.prompts, a.new)
+        runs = {e: gkd_run(root / "home", root, e, a.steps) for e in ("torch", "vllm")}
+    tps = gen["tokens_per_s"]
+    base = statistics.median(tps["torch"])
+    print(f"generation: {a.prompts} prompts, greedy, up to {a.new} new tokens; {a.rounds} rounds, median (min-max)")
+    print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
+    for w, xs in tps.items():
+        print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
+    print(f"same tokens from both: {'yes' if gen['same_tokens'] else 'NO'}")
+    print(f"\nGKD step ({a.steps} steps each, batch 8, 32 new tokens; median after a warm-up)")
+    print(f"{'engine':8s} {'s/step':>8s} {'vs torch':>9s} {'generate s':>11s} {'sync s':>8s}")
+    for e, r in runs.items():
+        print(f"{e:8s} {r['step_s']:8.3f} {r['step_s'] / runs['torch']['step_s']:8.2f}x {r['generate']:11.3f} "
+              f"{r['sync']:8.3f}")
+    print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""A GKD run whose rollouts generate with vLLM: every sync's fingerprint read from the engines' own
+weights equals the student's, and a weight push skipped on purpose is named by the next check."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+try:
+    import vllm  # noqa: F401
+except ImportError as e:
+    if os.environ.get("GKD_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"GKD_REQUIRE_VLLM=1 but vLLM does not import here: {e}") from e
+    pytest.skip("vLLM is not installed here (CI runs these in .venv-vllm)", allow_module_level=True)
+
+from test_real_models import WORDS, model as tiny_model, tokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TRAINER = "gkd_core.trainer.driver"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny Qwen2 teacher and student with heads of 32 (vLLM's CPU attention takes no smaller), and verl's
+    RL parquet."""
+    root = tmp_path_factory.mktemp("tinyhf32")
+    tok = tokenizer()
+    for name, hidden, heads, seed in (("teacher", 128, 4, 1), ("student", 64, 2, 2)):
+        tiny_model(tok, "qwen2", hidden, seed, heads=heads, layers=2).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"what is {a} plus {b}?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": b}, "extra_info": {"index": i}}
+            for i, (a, b) in enumerate((a, b) for a in WORDS for b in WORDS)]
+    pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
+    return root
+
+
+def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_that_did_not_land(
+        start_supervisor, pair):
+    sup = start_supervisor(f"model.path={pair / 'student'}", f"teacher.path={pair / 'teacher'}",
+                           f"data.files=[{pair / 'train.parquet'}]", "rollout.engine=vllm", "trainer.total_steps=20",
+                           "data.batch_size=8", "data.eval_prompts=8", "trainer.eval_every=10",
+                           "rollout.max_new_tokens=8", "trainer.checkpoint_every=100",
+                           "faults=[{kind: skip_weight_push, target: rollout/1, step: 12}]",
+                           driver=TRAINER, VLLM_CPU_KVCACHE_SPACE="1")
+    assert sup.wait_exit(600) == 0, sup.events()[-5:]
+    events = sup.events()
+    assert [e["step"] for e in events if e["kind"] == "metrics"] == list(range(1, 21))
+    done = {e["step"]: e for e in events if e["kind"] == "sync" and e["state"] == "done"}
+    # a sync before step 1 and after each step; the push skipped at the sync of step 12
+    assert set(range(1, 21)) <= set(done)
+    assert [s for s, e in done.items() if not e.get("fingerprint_ok", True)] == [12]
+    assert done[12]["differ"] == ["rollout/1"]
+    [alert] = [e for e in events if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch"
+               and not e.get("cleared")]
+    assert alert["targets"] == ["rollout/1"] and "rollout/1: its weights differ" in alert["message"]
+    said = [e["message"] for e in events if e["kind"] == "log" and "fault injected" in e["message"]]
+    assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
+    inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
+    assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
