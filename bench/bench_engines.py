@@ -1,6 +1,6 @@
 """The two rollout engines side by side: tokens/s of generation, and the step time of a GKD run with each.
 
-    .venv-vllm/bin/python bench/bench_engines.py [--rounds 5] [--prompts 32] [--new 64] [--steps 20]
+    .venv-vllm/bin/python bench/bench_engines.py [--rounds 5] [--prompts 32] [--new 48] [--steps 20]
 
 Run in a venv with vLLM (README: ``.venv-vllm``). One tiny Qwen2 student (hidden 256, 4 layers, heads of
 32: vLLM's CPU attention takes no smaller) and a teacher twice its width, saved as Hugging Face folders,
@@ -61,7 +61,7 @@ def generation(root: Path, rounds: int, n_prompts: int, new: int) -> dict:
     ids, pads = data.left_pad([r["input_ids"] if hasattr(r, "keys") else r for r in rows], tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     eng = VllmEngine(str(folder), gpu_memory_utilization=0.5, dtype="float32", eos_ids=[tok.eos_token_id],
-                     pad_id=tok.pad_token_id, max_model_len=256)
+                     pad_id=tok.pad_token_id, max_model_len=128)
 
     def made(out: np.ndarray) -> int:
         tail = out[:, ids.shape[1]:]
@@ -111,7 +111,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--new", type=int, default=48)
     p.add_argument("--steps", type=int, default=20)
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="gkd-bench-") as tmp:
