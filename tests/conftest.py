@@ -103,6 +103,19 @@ def start_supervisor(gkd_home):
         sup.kill()
 
 
+def needs(module: str, require_env: str, venv: str) -> None:
+    """Skip the calling test module where ``module`` does not import, unless ``require_env`` is 1 (CI, in
+    the venv made for it), under which its absence fails instead of passing unseen."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get(require_env) == "1":
+            raise RuntimeError(f"{require_env}=1 but {module} does not import here: {e}") from e
+        pytest.skip(f"{module} is not installed here (CI runs these in {venv})", allow_module_level=True)
+
+
 def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.05):
     deadline = time.monotonic() + timeout_s
     value = None

@@ -11,18 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import attach_plain, gkd_tui, opted_in, read_until, status_json, wait_until
+from conftest import attach_plain, gkd_tui, needs, opted_in, read_until, status_json, wait_until
 
 from gkd_core import rundir
 
 # These run where verl 0.9 is installed: CI makes a venv of its own for them (.ci/run), with
 # GKD_REQUIRE_VERL=1, under which a missing verl fails instead of skipping.
-try:
-    import verl  # noqa: F401
-except ImportError as e:
-    if os.environ.get("GKD_REQUIRE_VERL") == "1":
-        raise RuntimeError(f"GKD_REQUIRE_VERL=1 but verl does not import here: {e}") from e
-    pytest.skip("verl is not installed here (CI runs these in .venv-verl)", allow_module_level=True)
+needs("verl", "GKD_REQUIRE_VERL", ".venv-verl")
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "jobs" / "verl_gkd_job.py"

@@ -4,19 +4,13 @@ did not land caught by the fingerprint."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from conftest import needs
 
-# These run where vLLM is installed: CI makes a venv of its own for them (.ci/run), with GKD_REQUIRE_VLLM=1,
-# under which a missing vLLM fails instead of skipping.
-try:
-    import vllm  # noqa: F401
-except ImportError as e:
-    if os.environ.get("GKD_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"GKD_REQUIRE_VLLM=1 but vLLM does not import here: {e}") from e
-    pytest.skip("vLLM is not installed here (CI runs these in .venv-vllm)", allow_module_level=True)
+# these run where vLLM is installed: CI makes a venv of its own for them (.ci/run), with GKD_REQUIRE_VLLM=1,
+# under which a missing vLLM fails instead of skipping
+needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")
 
 from test_real_models import model as tiny_model, tokenizer  # noqa: E402
 

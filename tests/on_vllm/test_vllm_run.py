@@ -3,18 +3,12 @@ weights equals the student's, and a weight push skipped on purpose is named by t
 
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import needs
 
-try:
-    import vllm  # noqa: F401
-except ImportError as e:
-    if os.environ.get("GKD_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"GKD_REQUIRE_VLLM=1 but vLLM does not import here: {e}") from e
-    pytest.skip("vLLM is not installed here (CI runs these in .venv-vllm)", allow_module_level=True)
+needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")  # CI runs these in .venv-vllm, where a missing vLLM fails
 
 from test_real_models import WORDS, model as tiny_model, tokenizer  # noqa: E402
 
