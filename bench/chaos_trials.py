@@ -166,7 +166,8 @@ def trial(chaos: Chaos, seed: str, kind: str) -> dict:
         time.sleep(0.2)
         named = first_named(chaos, t0)
     row = {"seed": seed, "kind": kind, "target": src, "fault": fault, "at_step": at, "delay_s": round(delay, 3),
-           "phase": phase_of(chaos, src, t0), "student_phase": phase_of(chaos, "student/0", t0), "named": named["targets"] if named else [],
+           "phase": phase_of(chaos, src, t0), "student_phase": phase_of(chaos, "student/0", t0),
+           "named": named["targets"] if named else [],
            "code": named["code"] if named else "", "message": named["message"][:300] if named else "",
            "after_s": round(named["ts"] - t0, 2) if named else None}
     row["right"] = bool(named) and named["targets"] == [src] and row["after_s"] <= NAME_WITHIN_S

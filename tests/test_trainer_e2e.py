@@ -78,7 +78,7 @@ def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by
     [failed] = [e for e in events if e["kind"] == "sync" and e["state"] == "failed"]
     assert failed["pending"] == ["rollout/1"] and failed["blocked"] == ["student/0"], failed
     # the student's gloo error or Ray's word of the death, whichever came first: either way the same cause
-    assert failed["error"].startswith("rollout/1 (") and re.search(r"student/0 (failed|left waiting) in the same",
+    assert failed["error"].startswith("rollout/1 (") and re.search(r"student/0 (failed|still) in the same",
                                                                     failed["error"]), failed["error"]
     critical = [e for e in events if e["kind"] == "alert" and e["severity"] == "critical" and not e.get("cleared")]
     assert critical and critical[0]["targets"] == ["rollout/1"] and critical[0]["ts"] - t0 < 5, critical

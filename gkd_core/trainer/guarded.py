@@ -74,7 +74,7 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
             except (RayActorError, TaskCancelledError) as e:
                 blocked = sorted(pending)
                 raise WorkerFailed(_died(name, describe, phase, e) + (
-                    f"; {', '.join(blocked)} left waiting in the same {phase}" if blocked else ""),
+                    f"; {', '.join(blocked)} still in the same {phase}" if blocked else ""),
                     name, blocked=blocked) from None
             except RayTaskError as e:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
