@@ -437,6 +437,17 @@ def test_a_rank_dead_inside_a_collective_blocks_the_peers_inside_it_not_those_th
     assert st.workers["rollout/0"].blocked_by == "" and st.workers["student/0"].blocked_by == "rollout/1"
 
 
+def test_in_a_group_read_from_the_flight_recorder_only_peers_in_a_collective_the_cause_never_entered_wait():
+    # gloo's recorder never says what completed: peers at the cause's own collective may be past it
+    unknown = dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], None)
+    st = group_of_four({"student/0": 5, "rollout/0": 4, "rollout/1": 4, "rollout/2": 4}, unknown,
+                       source="flight_recorder")
+    st.apply(ev.RayEvent(target="rollout/1", ts=T0 + 2, state="DEAD", death_cause="the worker died unexpectedly"))
+    _with_alerts(st, T0 + 3)
+    [a] = [a for a in st.alerts.values() if a.code == "actor_dead"]
+    assert a.evidence["blocked"] == ["student/0"]
+
+
 def test_a_teacher_that_dies_blocks_the_driver_waiting_for_its_logprobs():
     st = RunState()
     st.apply(ev.RunEvent(state="running", ts=T0 - 60))

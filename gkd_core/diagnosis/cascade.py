@@ -42,10 +42,12 @@ def held_up(state: RunState, causes: list[str]) -> list[str]:
             p = members.get(src)
             if p is None or not p.entered:
                 continue
-            done = p.left or 0  # None: its source cannot say (gloo's Flight Recorder): not completed
+            # left None: the source cannot say what completed (gloo read from the Flight Recorder); the
+            # cause is taken to be inside its last one, and a peer to wait only in one the cause never entered
+            done = p.left if p.left is not None else p.entered - 1
             for peer, q in members.items():
-                inside = q.entered and (q.left is None or q.left < q.entered)
-                if peer != src and inside and done < q.entered:
+                inside = q.left < q.entered if q.left is not None else q.entered > p.entered
+                if peer != src and q.entered and inside and done < q.entered:
                     out.add(peer)
     out.difference_update(causes)
     # a victim that failed of it stays one; one that finished or left has nothing to wait for
