@@ -48,9 +48,13 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert set(range(1, 21)) <= set(done)
     assert [s for s, e in done.items() if not e.get("fingerprint_ok", True)] == [12]
     assert done[12]["differ"] == ["rollout/1"]
-    [alert] = [e for e in events if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch"
-               and not e.get("cleared")]
-    assert alert["targets"] == ["rollout/1"] and "rollout/1: its weights differ" in alert["message"]
+    # critical while the mismatch is the newest sync's, then a warning once the next one matched (the two
+    # may fall between the supervisor's looks: then only the warning is said)
+    said = [e for e in events if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch" and not e.get("cleared")]
+    assert said and said[-1]["severity"] == "warn" and "(the syncs since matched)" in said[-1]["message"]
+    for alert in said:
+        assert alert["targets"] == ["rollout/1"], alert
+        assert alert["message"].startswith("after sync ") and "(step 12) rollout/1: its weights differ" in alert["message"]
     said = [e["message"] for e in events if e["kind"] == "log" and "fault injected" in e["message"]]
     assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
     inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
