@@ -280,6 +280,9 @@ async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_w
         lines.append(ev.CollectivesEvent(src=src, ts=t0 + 2, groups=[ev.CollectiveProgress(
             group="weight_sync", rank=rank, world=4, entered=56 if src == "rollout/1" else 57, op="broadcast",
             entered_at=t0 + 2, left=56, left_at=t0 + 1.5)]))
+    lines.append(ev.SyncEvent(src="driver", sync_id=9, state="started", step=8, ts=t0 + 3))
+    lines.append(ev.SyncEvent(src="driver", sync_id=9, state="done", step=8, ts=t0 + 3.1, fingerprint_ok=False,
+                              differ=["rollout/2"]))
     lines.append(ev.LogEvent(src="driver", message="a line later", ts=t0 + 20))
     for seq, e in enumerate(lines, 1):
         e.seq = seq
@@ -291,6 +294,7 @@ async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_w
         await pilot.pause()
         gauge = str(app.query_one(SyncGauge).render())
         assert "broadcast #57 weight_sync: in 3/4 · not joined: rollout/1" in gauge, gauge
+        assert "weights differ after sync 9: rollout/2" in gauge, gauge
         st = app.source.state
         text = WorkerDetails.describe(st, "rollout/1", t0 + 20)
         assert "group weight_sync: rank 2 of 4, entered broadcast #56 18s ago, left it (gkd)" in text, text

@@ -47,7 +47,8 @@ class SyncGauge(Pane):
         if recent:
             t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
         if st.sync and st.sync.fingerprint_ok is False:
-            t.append("\nweights differ after sync!", style="bold red")
+            t.append(f"\nweights differ after sync {st.sync.sync_id}: {', '.join(st.sync.differ) or '?'}",
+                     style="bold red")
         self._collectives(t, st, now)
         self.put(t)
 
