@@ -3,10 +3,14 @@ weights equals the student's, and a weight push skipped on purpose is named by t
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import needs
+from conftest import needs, wait_until
 
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")  # CI runs these in .venv-vllm, where a missing vLLM fails
 
@@ -59,3 +63,46 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
     inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
     assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in os.listdir(f"/proc/{p}/task"):
+            try:
+                kids = [int(c) for c in open(f"/proc/{p}/task/{task}/children").read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def test_a_frozen_engine_core_is_named_as_its_rollout_worker_stuck_in_generate(start_supervisor, pair):
+    """vLLM runs its engine in a child process of the rollout worker (EngineCore): frozen, the worker waits
+    on it in its next engine call, and the run names the worker, as it would a hang in the torch engine."""
+    sup = start_supervisor(f"model.path={pair / 'student'}", f"teacher.path={pair / 'teacher'}",
+                           f"data.files=[{pair / 'train.parquet'}]", "rollout.engine=vllm", "trainer.total_steps=200",
+                           "data.batch_size=8", "data.eval_prompts=8", "trainer.eval_every=0",
+                           "rollout.max_new_tokens=8", "trainer.checkpoint_every=100", "--linger", "30",
+                           driver=TRAINER, VLLM_CPU_KVCACHE_SPACE="1")
+    wait_until(lambda: any(e["kind"] == "metrics" and e["step"] >= 3 for e in sup.events()), 300, "step 3")
+    worker = next(e["pid"] for e in sup.events() if e["kind"] == "worker" and e["src"] == "rollout/1")
+    cores = [p for p in descendants(worker) if "EngineCore" in open(f"/proc/{p}/cmdline").read()
+             + open(f"/proc/{p}/comm").read()]
+    assert cores, f"no EngineCore among the children of rollout/1 (pid {worker})"
+    t0 = time.time()
+    os.kill(cores[0], signal.SIGSTOP)
+    try:
+        named = wait_until(lambda: [e for e in sup.events() if e["kind"] == "alert" and e["ts"] >= t0
+                                    and not e.get("cleared") and "rollout/1" in e.get("targets", [])], 60,
+                           "an alert naming rollout/1")[0]
+    finally:
+        os.kill(cores[0], signal.SIGCONT)
+    assert named["ts"] - t0 < 15, named
+    assert named["code"] in ("straggler", "slower_than_usual", "heartbeat_stale"), named
+    # whichever engine call comes next waits on the frozen core: a generate, or the weight push of a sync
+    assert "generate" in named["message"] or "sync_weights" in named["message"], named["message"]
+    with sup.client(timeout_s=5) as c:
+        c.request("stop")
