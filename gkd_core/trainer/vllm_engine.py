@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 ALIGN = 64  # bytes: every tensor in the weights file starts here, so that a view of any dtype is aligned
+READY_S = 300.0  # the engine's weights made readable (one reload from disk) at its start, at most this
 
 
 class EngineUnavailable(RuntimeError):
@@ -169,7 +170,7 @@ class VllmEngine:
         kw = {"max_model_len": max_model_len} if max_model_len else {}
         self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                        enforce_eager=True, seed=seed, worker_extension_cls=f"{__name__}.GkdWorkerExtension", **kw)
-        self.llm.collective_rpc("gkd_keep_weights_readable")
+        self.llm.collective_rpc("gkd_keep_weights_readable", timeout=READY_S)
         shm = Path("/dev/shm")
         where = shm if shm.is_dir() else Path(tempfile.gettempdir())
         _sweep(where)
@@ -191,17 +192,18 @@ class VllmEngine:
         width = max(len(r) for r in rows)
         return np.array([r + [self.pad_id] * (width - len(r)) for r in rows], dtype=np.int32)
 
-    def load_weights(self, tensors: dict) -> None:
-        """The tensors (the student's names) into every vLLM worker's model."""
+    def load_weights(self, tensors: dict, timeout_s: float) -> None:
+        """The tensors (the student's names) into every vLLM worker's model, within ``timeout_s`` (vLLM
+        raises TimeoutError, naming the call, when a worker does not answer: a frozen engine)."""
         index = write_weights(self._file, tensors)
-        self.llm.collective_rpc("gkd_load_weights", args=(str(self._file), index))
+        self.llm.collective_rpc("gkd_load_weights", args=(str(self._file), index), timeout=timeout_s)
         # the prompts' keys and values cached under the old weights would be reused for the same prompts
         # (the same tokens, other weights): generation would go on from stale attention
         self.llm.reset_prefix_cache()
 
-    def fingerprint(self, layout: list[tuple[str, tuple[int, ...]]]) -> str:
+    def fingerprint(self, layout: list[tuple[str, tuple[int, ...]]], timeout_s: float) -> str:
         """The engine's own weights, read back into ``layout``: every worker's must agree."""
-        prints = set(self.llm.collective_rpc("gkd_fingerprint", args=(layout,)))
+        prints = set(self.llm.collective_rpc("gkd_fingerprint", args=(layout,), timeout=timeout_s))
         return prints.pop() if len(prints) == 1 else f"the engine's workers differ: {sorted(prints)}"
 
     def close(self) -> None:

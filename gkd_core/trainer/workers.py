@@ -441,8 +441,8 @@ class RolloutWorker(WorkerBase):
             if not skip:
                 with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s,
                                     detail=f"sync {sync_id}: into the {self.cfg.rollout.engine} engine"):
-                    self.engine.load_weights(named)
-            return self.engine.fingerprint([(n, tuple(t.shape)) for n, t in named.items()])
+                    self.engine.load_weights(named, timeout_s)
+            return self.engine.fingerprint([(n, tuple(t.shape)) for n, t in named.items()], timeout_s)
 
 
 class TeacherProxyActor(WorkerBase):

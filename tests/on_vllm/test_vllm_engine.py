@@ -71,8 +71,8 @@ def test_greedy_tokens_are_the_torch_engines_and_the_fingerprint_is_read_from_vl
     for sync in range(4):
         if sync:
             nudge(ours, seed=sync)
-            engine.load_weights(dict(ours.named_parameters()))
-        assert engine.fingerprint(layout(ours)) == fingerprint(ours.parameters()), f"sync {sync}"
+            engine.load_weights(dict(ours.named_parameters()), timeout_s=60)
+        assert engine.fingerprint(layout(ours), timeout_s=60) == fingerprint(ours.parameters()), f"sync {sync}"
         want = torch_engine.generate(ours, ids, pads, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
                                      max_new_tokens=NEW_TOKENS, temperature=0.0, seed=0)
         got = engine.generate(ids, pads, temperature=0.0, max_new_tokens=NEW_TOKENS, seed=0)
@@ -85,10 +85,10 @@ def test_a_push_that_did_not_land_gives_another_fingerprint(student, engine):
 
     folder, _ = student
     ours = AutoModelForCausalLM.from_pretrained(folder).eval()
-    engine.load_weights(dict(ours.named_parameters()))
-    before = engine.fingerprint(layout(ours))
+    engine.load_weights(dict(ours.named_parameters()), timeout_s=60)
+    before = engine.fingerprint(layout(ours), timeout_s=60)
     assert before == fingerprint(ours.parameters())
     nudge(ours, seed=99)  # trained, and the push skipped
-    assert engine.fingerprint(layout(ours)) == before != fingerprint(ours.parameters())
-    engine.load_weights(dict(ours.named_parameters()))
-    assert engine.fingerprint(layout(ours)) == fingerprint(ours.parameters())
+    assert engine.fingerprint(layout(ours), timeout_s=60) == before != fingerprint(ours.parameters())
+    engine.load_weights(dict(ours.named_parameters()), timeout_s=60)
+    assert engine.fingerprint(layout(ours), timeout_s=60) == fingerprint(ours.parameters())
