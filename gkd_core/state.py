@@ -78,6 +78,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     # RunState.moves when its role, phase or spans last changed: what changed since a pass of the diagnosis
     # is found by comparing one number per worker (the straggler index at 65,536 workers)
     moved: int = 0
+    engine: ev.EngineEvent | None = None  # its inference engine's own counts (vLLM), the newest
 
 
 class SyncState(msgspec.Struct, kw_only=True):
@@ -553,6 +554,11 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
             if g.group in self.collectives or len(self.collectives) < MAX_GROUPS * 16:
                 self.collectives.setdefault(g.group, {})[e.src] = g
 
+    def _on_engine(self, e: ev.EngineEvent) -> None:
+        w = self.workers.get(e.src)
+        if w is not None:
+            w.engine = e
+
     def _on_ray_pg(self, e: ev.RayPlacementGroupEvent) -> None:
         if e.state == "REMOVED":
             self.ray_pgs.pop(e.pg_id, None)
@@ -733,6 +739,7 @@ _HANDLERS = {
     ev.RayNodeEvent: RunState._on_ray_node,
     ev.RayPlacementGroupEvent: RunState._on_ray_pg,
     ev.CollectivesEvent: RunState._on_collectives,
+    ev.EngineEvent: RunState._on_engine,
 }
 
 _state_decoder = msgspec.json.Decoder(RunState)

@@ -106,3 +106,45 @@ def test_many_at_once_take_as_long_as_one(procs):
     caps = stacks.capture_many({f"w/{i}": p.pid for i, p in enumerate(procs)}, timeout_s=4.0)
     assert time.monotonic() - t0 < 5.0
     assert all("sleeping_beauty" in c.text for c in caps.values()), {k: c.error for k, c in caps.items()}
+
+
+PARENT_OF_ENGINE = textwrap.dedent("""
+    import subprocess, sys
+    ENGINE = ("def engine_core_busy():\\n    print('engine ready', flush=True)\\n    while True:\\n"
+              "        sum(range(1000))\\nengine_core_busy()")
+    # a helper titled as Ray titles its workers: Ray's, not this process's work
+    ray_like = subprocess.Popen(["ray::IDLE", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE])
+    def wait_for_engine():
+        print(engine.pid, ray_like.pid, flush=True)
+        engine.wait()
+    wait_for_engine()
+""")
+
+
+def test_a_process_is_read_with_its_children_but_not_rays(procs):
+    """A rollout worker waits on its engine's process: the dump shows both, the engine's frames after the
+    worker's own threads, and leaves out a Ray-titled child."""
+    from gkd_core import proctree
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_ENGINE], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    procs.append(parent)
+    engine, ray_like = map(int, parent.stdout.readline().split())
+    assert parent.stdout.readline().strip() == "engine ready"  # (the child shares the parent's stdout)
+    try:
+        assert proctree.descendants(parent.pid) == [engine]
+        cap = stacks.capture(parent.pid)
+        assert cap.method == "py-spy", cap.error
+        own, _, child = cap.text.partition(f"Child process {engine} (")
+        # (py-spy's first line is the command, which holds the parent's source: frames are "name (file:line)")
+        assert "wait_for_engine (" in own and "engine_core_busy (" not in own
+        assert "engine_core_busy (" in child and f"Child process {ray_like} " not in cap.text
+        # the worker alone is idle; with its engine it is busy (what the stuck-or-slow verdict reads)
+        tree = proctree.TreeCpu(parent.pid)
+        own_before = proctree.cpu_seconds(parent.pid)[1]
+        time.sleep(1.5)
+        assert tree.delta() > 1.0
+        assert proctree.cpu_seconds(parent.pid)[1] - own_before < 0.2
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)

@@ -181,3 +181,16 @@ def test_what_ray_said_of_an_incarnation_before_is_not_of_the_one_registered_now
     assert st.workers["teacher/0"].ray_state == "" and st.workers["teacher/0"].ray_death_cause == ""
     st.apply(ev.RayEvent(target="teacher/0", actor_id="new", state="ALIVE", ts=1016.0))
     assert st.workers["teacher/0"].ray_state == "ALIVE"
+
+
+def test_an_engines_counts_land_on_its_worker_survive_a_snapshot_and_read_in_its_details():
+    from gkd_tui.screens.worker_details import WorkerDetails
+
+    st = build()
+    st.apply(ev.EngineEvent(src="rollout/1", engine="vllm", running=40, waiting=8, kv_cache=1.0, preemptions=3,
+                            generated=1200, ts=1019.0, seq=99))
+    assert st.workers["rollout/1"].engine.waiting == 8 and st.workers["rollout/0"].engine is None
+    assert decode_state(encode_state(st)).workers["rollout/1"].engine == st.workers["rollout/1"].engine
+    text = WorkerDetails.describe(st, "rollout/1", 1020.0)
+    assert ("engine vllm: 40 running, 8 waiting, KV cache 100 % (full: requests wait for room), 3 preempted, "
+            "1200 tokens generated") in text.splitlines()

@@ -10,6 +10,9 @@ Three ways in, the best first, and the answer says which one was used:
 
 Every capture runs under a hard timeout and never waits on a process that will not die: a
 stopped or vanished process gets a note that says so, within the timeout.
+
+A process's children are read with it, after its own threads (proctree: an inference engine works
+in child processes, and the worker's own stack only waits on them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
+
+from gkd_core import proctree
+from gkd_core.proctree import cpu_seconds  # noqa: F401 (where the dashboard's Ray source reads it)
 
 TIMEOUT_S = 4.0
 FAULTHANDLER_SIGNAL = signal.SIGUSR1
@@ -49,23 +55,8 @@ def py_spy_path() -> str | None:
 
 def process_state(pid: int) -> str | None:
     """The one-letter state from /proc (R, S, D, T, Z...), or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return "?"
-    return stat.rpartition(")")[2].split()[0]  # the command name may hold spaces and parentheses
-
-
-def cpu_seconds(pid: int) -> tuple[str, float] | None:
-    """(state letter, user + system CPU seconds) of a process from /proc, or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
-    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = proctree.stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def faulthandler_file(folder: Path, pid: int) -> Path:
@@ -145,7 +136,24 @@ def via_faulthandler(pid: int, folder: Path, timeout_s: float) -> tuple[str, str
 
 
 def capture(pid: int, timeout_s: float = TIMEOUT_S, faulthandler_dir: Path | None = None) -> Capture:
-    """The stack of ``pid`` by the best way available, within ``timeout_s``."""
+    """The stack of ``pid`` by the best way available, then its children's, all within ``timeout_s``."""
+    kids = [c for c in proctree.descendants(pid) if proctree.is_python(c)]
+    if not kids:
+        return _capture_one(pid, timeout_s, faulthandler_dir)
+    with ThreadPoolExecutor(max_workers=1 + len(kids), thread_name_prefix="stack-capture-child") as pool:
+        own = pool.submit(_capture_one, pid, timeout_s, faulthandler_dir)
+        theirs = [(c, pool.submit(_capture_one, c, timeout_s, None)) for c in kids]
+        cap = own.result()
+        for child, f in theirs:
+            got = f.result()
+            cap.text += (f"\n\nChild process {child} ({proctree.title(child)}) of {pid}:\n"
+                         + (got.text or f"  (no stack: {got.error})\n"))
+            if got.text and got.error:
+                cap.text += f"  # note: {got.error}\n"
+        return cap
+
+
+def _capture_one(pid: int, timeout_s: float, faulthandler_dir: Path | None) -> Capture:
     t0 = time.monotonic()
     state = process_state(pid)
     if state is None:

@@ -73,7 +73,7 @@ class HeartbeatEvent(Event, tag="heartbeat"):
     phase: str = ""
     elapsed: float = 0.0  # seconds in the current phase
     rss: Int = 0  # bytes
-    cpu: float = 0.0  # percent of one core since the last heartbeat
+    cpu: float = 0.0  # percent of one core since the last heartbeat, its child processes' included (proctree)
     dropped: Int = 0  # events this process could not send (queue full or supervisor away)
 
 
@@ -189,6 +189,18 @@ class MetricsEvent(Event, tag="metrics"):
     evaluated: bool = False
     data_position: Int | None = None  # prompts handed out so far, this step's included
     epoch: float | None = None  # data_position over the number of training prompts
+
+
+class EngineEvent(Event, tag="engine"):
+    """A rollout worker's inference engine, as the engine counts itself (vLLM's own metrics), sent when
+    it changed, at most once a second: what is running and waiting, and how full the KV cache is."""
+
+    engine: str = ""  # vllm
+    running: Int = 0  # requests being generated
+    waiting: Int = 0  # requests queued (no room in the KV cache, or past the batch's limit)
+    kv_cache: float | None = None  # the share of the KV cache in use, 0 to 1
+    preemptions: Int = 0  # requests evicted for lack of KV cache since the engine started
+    generated: Int = 0  # tokens generated since the engine started
 
 
 class StackEvent(Event, tag="stack"):

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import zmq
 
+from gkd_core import proctree
 from gkd_core.telemetry import collectives, events as ev
 from gkd_core.telemetry.ingest import Curve, client_socket
 
@@ -176,14 +177,21 @@ class Reporter:
         self._sock_ready.set()
         q = self._queue
         next_beat = time.monotonic()
+        # this process's CPU with its children's (an engine's processes do a rollout worker's work)
+        tree = proctree.TreeCpu() if os.path.exists("/proc/self/stat") else None
         last_cpu, last_wall = sum(os.times()[:2]), time.monotonic()
         try:
             while True:
                 now = time.monotonic()
                 if now >= next_beat:
-                    cpu_t, wall = sum(os.times()[:2]), now
-                    cpu = 100.0 * (cpu_t - last_cpu) / max(wall - last_wall, 1e-6)
-                    last_cpu, last_wall = cpu_t, wall
+                    wall = now
+                    if tree is not None:
+                        used = tree.delta()
+                    else:
+                        cpu_t = sum(os.times()[:2])
+                        used, last_cpu = cpu_t - last_cpu, cpu_t
+                    cpu = 100.0 * used / max(wall - last_wall, 1e-6)
+                    last_wall = wall
                     q.appendleft(self._heartbeat(round(cpu, 1)))
                     self._collectives()
                     next_beat = now + self.heartbeat_s

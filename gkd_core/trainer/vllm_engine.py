@@ -168,8 +168,10 @@ class VllmEngine:
 
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
         kw = {"max_model_len": max_model_len} if max_model_len else {}
+        # disable_log_stats=False: the engine keeps its counts (running, waiting, KV cache), read by `stats`
         self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enforce_eager=True, seed=seed, worker_extension_cls=f"{__name__}.GkdWorkerExtension", **kw)
+                       enforce_eager=True, seed=seed, worker_extension_cls=f"{__name__}.GkdWorkerExtension",
+                       disable_log_stats=False, **kw)
         self.llm.collective_rpc("gkd_keep_weights_readable", timeout=READY_S)
         shm = Path("/dev/shm")
         where = shm if shm.is_dir() else Path(tempfile.gettempdir())
@@ -205,6 +207,22 @@ class VllmEngine:
         """The engine's own weights, read back into ``layout``: every worker's must agree."""
         prints = set(self.llm.collective_rpc("gkd_fingerprint", args=(layout,), timeout=timeout_s))
         return prints.pop() if len(prints) == 1 else f"the engine's workers differ: {sorted(prints)}"
+
+    def stats(self) -> dict:
+        """The engine's own counts, from vLLM's metrics in this process (a few ms; no call into the engine's
+        processes, so it answers while they are busy or frozen): the fields of an ``engine`` event."""
+        got = {m.name: m for m in self.llm.get_metrics()}
+
+        def value(name: str) -> float:
+            m = got.get(name)
+            return float(getattr(m, "value", 0) or 0) if m is not None else 0.0
+
+        kv = got.get("vllm:kv_cache_usage_perc")  # a share, 0 to 1, despite its name
+        return {"engine": "vllm", "running": int(value("vllm:num_requests_running")),
+                "waiting": int(value("vllm:num_requests_waiting")),
+                "kv_cache": round(float(kv.value), 4) if kv is not None else None,
+                "preemptions": int(value("vllm:num_preemptions")),
+                "generated": int(value("vllm:generation_tokens"))}
 
     def close(self) -> None:
         """The engine's processes stopped (within 5 s) and its weights file removed."""

@@ -34,6 +34,7 @@ from gkd_core.telemetry.collectives import TRACKER
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import loss as L, models, torch_engine
+from gkd_core.trainer.engine_stats import EngineStatsWatch
 from gkd_core.trainer.faults import WorkerFaults
 from gkd_core.trainer.fingerprints import fingerprint
 from gkd_core.trainer.vllm_engine import VllmEngine
@@ -371,13 +372,15 @@ class RolloutWorker(WorkerBase):
             self.model.to(self.device).eval()
             self.eos = models.eos_ids(self.model, self.tok)
             self.pad = models.pad_id(self.tok, self.eos)
-            self.engine = None
+            self.engine, self.engine_stats = None, None
             if self.cfg.rollout.engine == "vllm":
                 self.engine = self._vllm_engine()
+                self.engine_stats = EngineStatsWatch(self.engine.stats, self.rep)
         self.rep.set_phase("idle")
 
     def shutdown(self) -> bool:
         if self.engine is not None:
+            self.engine_stats.close()
             self.engine.close()
         return super().shutdown()
 

@@ -9,6 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
 from gkd_tui.widgets.format import fmt_bytes, fmt_duration
 
 
@@ -37,6 +38,8 @@ class WorkerDetails(ModalScreen[None]):
                          f"the alert names {w.blocked_by} as the cause")
         if w.detail:
             lines.append(f"detail: {w.detail}")
+        if w.engine is not None:
+            lines.append(engine_line(w.engine))
         if w.actor_id or w.ray_state:
             ray = f"ray actor {w.actor_id or '?'}: {w.ray_state or 'no word from the state API yet'}"
             if w.ray_task:
@@ -64,3 +67,10 @@ class WorkerDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="details"):
             yield Static(self.text, markup=False)
+
+
+def engine_line(e: ev.EngineEvent) -> str:
+    kv = f"KV cache {100 * e.kv_cache:.0f} %" if e.kv_cache is not None else "KV cache -"
+    full = " (full: requests wait for room)" if e.kv_cache is not None and e.kv_cache >= 0.99 and e.waiting else ""
+    return (f"engine {e.engine}: {e.running} running, {e.waiting} waiting, {kv}{full}, "
+            f"{e.preemptions} preempted, {e.generated} tokens generated")

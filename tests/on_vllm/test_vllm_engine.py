@@ -92,3 +92,33 @@ def test_a_push_that_did_not_land_gives_another_fingerprint(student, engine):
     assert engine.fingerprint(layout(ours), timeout_s=60) == before != fingerprint(ours.parameters())
     engine.load_weights(dict(ours.named_parameters()), timeout_s=60)
     assert engine.fingerprint(layout(ours), timeout_s=60) == fingerprint(ours.parameters())
+
+
+def test_the_engines_own_counts_while_it_generates_and_after(student, engine):
+    """What the rollout worker's `engine` events carry: read from another thread while a batch runs
+    (requests running, KV cache in use), then the tokens it generated, counted exactly."""
+    import threading
+
+    import numpy as np
+
+    folder, tok = student
+    before = engine.stats()
+    assert before["running"] == before["waiting"] == 0 and before["engine"] == "vllm"
+    ids = np.full((48, 16), 7, dtype=np.int32)
+    out: list = []
+    job = threading.Thread(target=lambda: out.append(engine.generate(
+        ids, np.zeros(48, dtype=np.int64), temperature=1.0, max_new_tokens=48, seed=1)))
+    job.start()
+    seen = []
+    while job.is_alive() and len(seen) < 2000:
+        seen.append(engine.stats())
+    job.join(60)
+    busy = [s for s in seen if s["running"] > 0]
+    assert busy, seen[-3:]
+    assert max(s["running"] + s["waiting"] for s in busy) == 48
+    assert all(0 < s["kv_cache"] <= 1 for s in busy)
+    after = engine.stats()
+    completion = out[0][:, 16:]
+    # each row: its tokens up to its first EOS (which counts), or all 48; pads follow an EOS
+    made = sum(list(row).index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row) for row in completion)
+    assert after["running"] == 0 and after["generated"] - before["generated"] == made

@@ -63,6 +63,10 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
     inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
     assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
+    # each engine's own counts reached the record: tokens generated only grow
+    for src in ("rollout/0", "rollout/1"):
+        counts = [e["generated"] for e in events if e["kind"] == "engine" and e["src"] == src]
+        assert counts and counts == sorted(counts) and counts[-1] > 0, (src, counts)
 
 
 def test_a_frozen_engine_core_is_named_as_its_rollout_worker_stuck_in_its_next_engine_call(start_supervisor, pair):
@@ -85,8 +89,16 @@ def test_a_frozen_engine_core_is_named_as_its_rollout_worker_stuck_in_its_next_e
         named = wait_until(lambda: [e for e in sup.events() if e["kind"] == "alert" and e["ts"] >= t0
                                     and not e.get("cleared") and "rollout/1" in e.get("targets", [])], 60,
                            "an alert naming rollout/1")[0]
+        # the worker's stack, and after it its engine's, said stopped
+        with sup.client(timeout_s=5) as c:
+            c.request("dump_stacks", {"targets": ["rollout/1"], "dump_id": "engine"})
+        stack = wait_until(lambda: [e for e in sup.events() if e["kind"] == "stack" and e["dump_id"] == "engine"],
+                           15, "rollout/1's stack")[0]
     finally:
         os.kill(cores[0], signal.SIGCONT)
+    own, _, engine = stack["text"].partition(f"Child process {cores[0]} (VLLM::EngineCore")
+    assert "RolloutWorker." in own, stack
+    assert f"process {cores[0]} is stopped" in engine and "run_busy_loop (" in engine, engine[:2000]
     assert named["ts"] - t0 < 15, named
     assert named["code"] in ("straggler", "slower_than_usual", "heartbeat_stale"), named
     # whichever engine call comes next waits on the frozen core: a generate, or the weight push of a sync

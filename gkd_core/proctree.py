@@ -1,0 +1,112 @@
+"""A process and the processes it started, read from /proc (Linux; elsewhere: no children).
+
+An inference engine does its work in child processes: vLLM's ``EngineCore`` and its workers run
+the model while the rollout worker that owns them waits on a queue. So a stack of the worker
+alone shows a wait, and its CPU alone reads ~0 % while the engine is busy: both would say "stuck"
+of a process whose engine is working. Its children's stacks and CPU belong with it.
+
+Not Ray's own processes: a driver that calls ``ray.init()`` starts a local cluster as its children
+(the GCS, the raylet and, under the raylet, every worker). They are the cluster, not the driver's
+work, and each worker reports for itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+CHILDREN_MAX = 16  # a worker's engine is a few processes; a data loader with hundreds is cut here
+# Ray's processes: its workers retitle themselves "ray::…"; the GCS, raylet, dashboard and monitors
+# run from the ray package
+RAY_OWN = re.compile(r"^ray::|/ray/(?:core|dashboard|autoscaler|_private)/")
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``: each thread's, as /proc lists them per thread."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            out += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile, or a kernel without the file
+    return out
+
+
+def descendants(pid: int, limit: int = CHILDREN_MAX) -> list[int]:
+    """Children, grandchildren..., breadth first, at most ``limit``, Ray's processes and theirs left out."""
+    found: list[int] = []
+    frontier = [pid]
+    while frontier and len(found) < limit:
+        nxt: list[int] = []
+        for p in frontier:
+            for c in children(p):
+                if c not in found and len(found) < limit and not RAY_OWN.search(title(c)):
+                    found.append(c)
+                    nxt.append(c)
+        frontier = nxt
+    return found
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (which may hold spaces and parentheses), or None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()
+
+
+def cpu_seconds(pid: int) -> tuple[str, float] | None:
+    """(state letter, user + system CPU seconds) of a process, or None when it is gone."""
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def title(pid: int) -> str:
+    """What the process calls itself (vLLM retitles its engine "VLLM::EngineCore"), else its command."""
+    for name in ("cmdline", "comm"):
+        try:
+            text = Path(f"/proc/{pid}/{name}").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if text:
+            return text[:120]
+    return ""
+
+
+def is_python(pid: int) -> bool:
+    """Whether the process runs a Python interpreter (py-spy reads nothing else)."""
+    try:
+        return "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+
+
+class TreeCpu:
+    """CPU seconds of a process and its live descendants, as deltas between calls. A child counts
+    from when it is first seen; one that exits between two calls takes its last interval with it
+    (its time is no longer in /proc), which under-reads once rather than going negative."""
+
+    def __init__(self, pid: int | None = None):
+        self.pid = pid if pid is not None else os.getpid()
+        self._last: dict[int, float] = {}
+        self.delta()
+
+    def delta(self) -> float:
+        seen: dict[int, float] = {}
+        total = 0.0
+        for p in [self.pid, *descendants(self.pid)]:
+            got = cpu_seconds(p)
+            if got is None:
+                continue
+            seen[p] = got[1]
+            total += got[1] - self._last.get(p, got[1] if not self._last else 0.0)
+        self._last = seen
+        return max(total, 0.0)
