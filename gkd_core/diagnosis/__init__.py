@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from gkd_core import vocab
 from gkd_core.diagnosis import cascade
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings
 from gkd_core.state import AlertState, RunState, alert_key
@@ -20,8 +21,7 @@ __all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
 
 # a worker named by one of these gets its stack taken at once and again AUTO_STACK_AGAIN_S later,
 # with no key press, so that the alert can say "the same stack twice"
-AUTO_STACK_CODES = ("straggler", "slower_than_usual", "teacher_not_serving", "heartbeat_stale",
-                    "collective_not_joined", "collective_stuck")
+AUTO_STACK_CODES = vocab.codes(stacks=True)
 AUTO_STACK_AGAIN_S = 3.0
 
 

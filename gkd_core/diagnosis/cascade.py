@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import msgspec
 
+from gkd_core import vocab
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 
 # the findings that name a cause others can wait on
-CAUSE_CODES = ("actor_dead", "heartbeat_stale", "collective_not_joined", "collective_stuck", "teacher_not_serving",
-               "teacher_unreached")
+CAUSE_CODES = vocab.codes(cause=True)
 GONE = ("finished", "cancelled", "exited")
 BLOCKED_MAX = 256  # names kept in an alert (a collective of 65,536 ranks has as many waiting)
 # more causes than this at once (a whole cluster silent) is no cascade from one fault: nobody is marked,

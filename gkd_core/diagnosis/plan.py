@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from gkd_core import config as config_mod
+from gkd_core import config as config_mod, vocab
 from gkd_core.state import AlertState, RunState
 
 # the memory ladder of the troubleshooting guides as this trainer's keys: (key, factor, floor);
@@ -24,7 +24,7 @@ LADDER = (("actor.micro_batch_size", 0.5, 1), ("rollout.gpu_memory_utilization",
 # InfiniBand clusters), named in the hint instead
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 # findings that single out a worker (not "slower than usual": everyone may be)
-LATE = ("straggler", "actor_dead", "heartbeat_stale", "sync_timed_out", "collective_not_joined")
+LATE = vocab.codes(late=True)
 
 
 class Change(NamedTuple):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable, NamedTuple
 
+from gkd_core import vocab
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.stragglers import MIN_S, Late, late_workers
 from gkd_core.diagnosis.verdict import FROZEN_S, verdict
@@ -615,11 +616,6 @@ RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
     bad_step, out_of_memory, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
-CODES = ("heartbeat_stale", "straggler", "slower_than_usual", "sync_slow", "sync_timed_out", "sync_failed",
-         "fingerprint_mismatch", "teacher_unreached", "teacher_not_serving", "no_progress", "actor_dead",
-         "unschedulable", "gpu_probe_hung", "gpu_idle_full", "gpu_unbalanced", "bad_step", "out_of_memory",
-         "driver_failed", "events_dropped", "collective_not_joined", "collective_stuck")
+CODES = vocab.codes(by="rules")
 # codes whose message carries a growing number: re-sent only when severity, verdict or place change
-LIVE = ("heartbeat_stale", "sync_slow", "gpu_probe_hung", "straggler", "slower_than_usual", "unschedulable",
-        "teacher_unreached", "teacher_not_serving", "no_progress", "gpu_idle_full", "gpu_unbalanced",
-        "collective_not_joined", "collective_stuck")
+LIVE = vocab.codes(live=True)

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gkd_core import vocab
 from gkd_core.state import SEVERITY_ORDER, TERMINAL_PHASES, AlertState, RunState, WorkerState
 from gkd_tui.widgets.styles import NAMED_ROW_STYLE
 
 OPEN_UP_TO = 16  # a group this small is open by itself
 ROLE_ORDER = {"driver": 0, "student": 1, "rollout": 2, "teacher": 3, "agent": 4}
 # what the most severe alert naming a worker says it is, in a word
-CODE_WORD = {"straggler": "straggler", "slower_than_usual": "slow", "heartbeat_stale": "stale",
-             "actor_dead": "dead", "out_of_memory": "out of memory", "sync_timed_out": "sync timed out",
-             "sync_slow": "sync slow", "no_progress": "no progress", "unschedulable": "unschedulable",
-             "driver_failed": "failed", "restarted_by_driver": "restarted",
-             "collective_not_joined": "not in collective", "collective_stuck": "stuck in collective"}
+CODE_WORD = {code: k.word for code, k in vocab.ALERTS.items() if k.word}
 PLURAL = {"straggler": "stragglers"}
 
 
