@@ -11,6 +11,10 @@ with verl's RL parquet:
   (``VllmEngine``); the two alternate round by round in this one process; tokens/s is the completion
   tokens made over the wall time of the call, median (min-max) of the rounds. Also whether the two gave
   the same tokens.
+- **teacher scoring**: the top-16 log-probs at every position of those prompts with a completion, by the
+  teacher through Hugging Face torch (``torch_engine.score``) and through vLLM's ``prompt_logprobs``
+  (``VllmScorer``), alternating round by round; tokens scored a second, and the largest difference of
+  a log-prob between the two.
 - **a GKD step**: ``gkd_core run`` of ``--steps`` steps with ``rollout.engine=torch``, then ``vllm``,
   through the real supervisor and trainer; the median gap between steps after a warm-up, and the median
   of the step's generation and sync phases.
@@ -87,6 +91,39 @@ def generation(root: Path, rounds: int, n_prompts: int, new: int) -> dict:
     return {"tokens_per_s": res, "same_tokens": same}
 
 
+def scoring(root: Path, rounds: int, n_prompts: int, k: int = 16) -> dict:
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gkd_core.trainer import data, torch_engine
+    from gkd_core.trainer.vllm_teacher import VllmScorer
+
+    folder = root / "teacher"
+    tok = AutoTokenizer.from_pretrained(folder)
+    rows = [tok.apply_chat_template([{"role": "user", "content": f"what is {i} plus {i % 7}?" + " please" * (i % 5)}],
+                                    add_generation_prompt=True, tokenize=True) for i in range(n_prompts)]
+    rows = [(r["input_ids"] if hasattr(r, "keys") else r) + [(i * 7 + j) % 200 + 10 for j in range(24)]
+            for i, r in enumerate(rows)]  # and a completion of 24 tokens
+    ids, pads = data.left_pad(rows, tok.pad_token_id)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    scorer = VllmScorer(str(folder), topk=k, max_model_len=128)
+    ways = {"torch": lambda: torch_engine.score(model, ids, k, pads), "vllm": lambda: scorer.score(ids, k, pads)}
+    n_tokens = int(sum(len(r) for r in rows))
+    res: dict[str, list[float]] = {w: [] for w in ways}
+    outs = {}
+    for w in ways:
+        ways[w]()
+    for r in range(rounds):
+        for w in (ways if r % 2 == 0 else reversed(list(ways))):
+            t0 = time.perf_counter()
+            outs[w] = ways[w]()
+            res[w].append(n_tokens / (time.perf_counter() - t0))
+    scorer.close()
+    real = np.arange(ids.shape[1])[None, :] >= pads[:, None]
+    diff = float(np.abs(outs["torch"][1] - outs["vllm"][1])[real].max())
+    return {"tokens_per_s": res, "max_logp_diff": diff}
+
+
 def gkd_run(home: Path, root: Path, engine: str, steps: int) -> dict:
     env = dict(os.environ, GKD_HOME=str(home), VLLM_CPU_KVCACHE_SPACE="1")
     run_id = f"bench-{engine}"
@@ -100,7 +137,7 @@ def gkd_run(home: Path, root: Path, engine: str, steps: int) -> dict:
     warm = max(3, steps // 5)
     gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:])]
     return {"step_s": statistics.median(gaps),
-            **{k: statistics.median(m["timing"][k] for m in metrics[warm:]) for k in ("generate", "sync")}}
+            **{k: statistics.median(m["timing"].get(k, 0.0) for m in metrics[warm:]) for k in ("generate", "wait", "sync")}}
 
 
 def spread(xs: list[float]) -> str:
@@ -118,6 +155,7 @@ def main() -> None:
         root = Path(tmp)
         build(root)
         gen = generation(root, a.rounds, a.prompts, a.new)
+        score = scoring(root, a.rounds, a.prompts)
         runs = {e: gkd_run(root / "home", root, e, a.steps) for e in ("torch", "vllm")}
     tps = gen["tokens_per_s"]
     base = statistics.median(tps["torch"])
@@ -126,11 +164,21 @@ def main() -> None:
     for w, xs in tps.items():
         print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
     print(f"same tokens from both: {'yes' if gen['same_tokens'] else 'NO'}")
+    tps = score["tokens_per_s"]
+    base = statistics.median(tps["torch"])
+    print(f"\nteacher scoring: the {a.prompts} prompts with 24 completion tokens each, top-16 at every position; "
+          f"{a.rounds} rounds, median (min-max)")
+    print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
+    for w, xs in tps.items():
+        print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
+    print(f"largest log-prob difference between the two: {score['max_logp_diff']:.2e}")
     print(f"\nGKD step ({a.steps} steps each, batch 8, 32 new tokens; median after a warm-up)")
-    print(f"{'engine':8s} {'s/step':>8s} {'vs torch':>9s} {'generate s':>11s} {'sync s':>8s}")
+    # the next batch is generated while the student trains: the step waits for it in "generate" (its start)
+    # and "wait" (its end, before the sync)
+    print(f"{'engine':8s} {'s/step':>8s} {'vs torch':>9s} {'waits on generation s':>22s} {'sync s':>8s}")
     for e, r in runs.items():
-        print(f"{e:8s} {r['step_s']:8.3f} {r['step_s'] / runs['torch']['step_s']:8.2f}x {r['generate']:11.3f} "
-              f"{r['sync']:8.3f}")
+        print(f"{e:8s} {r['step_s']:8.3f} {r['step_s'] / runs['torch']['step_s']:8.2f}x "
+              f"{r['generate'] + r['wait']:22.3f} {r['sync']:8.3f}")
     print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
 
 

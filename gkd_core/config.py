@@ -46,6 +46,8 @@ class TeacherConfig(_Section):
     num_microbatches: int = 2
     max_in_flight: int = 4
     topk: int = 16
+    # what the teacher's workers score with: Hugging Face torch, or vLLM's prompt_logprobs (trainer/vllm_teacher.py)
+    engine: Literal["torch", "vllm"] = "torch"
     request_timeout_s: float = 30.0
     max_retries: int = 3
 

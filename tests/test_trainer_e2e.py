@@ -49,6 +49,10 @@ def test_hang_demo_names_only_the_straggler_and_a_restart_resumes(start_supervis
     steps = [e["step"] for e in events if e["kind"] == "metrics"]
     assert sorted(set(steps)) == [1, 2, 3, 4, 5] and steps.count(3) == 1  # nothing lost, nothing done twice
     assert all(e["fingerprint_ok"] for e in events if e["kind"] == "sync" and e["state"] == "done")
+    # the teacher's counts on both sides at the end (the restarted incarnation's): every request answered
+    client = [e for e in events if e["kind"] == "teacher" and e["side"] == "client"][-1]
+    server = [e for e in events if e["kind"] == "teacher" and e["side"] == "server"][-1]
+    assert client["sent"] == client["completed"] == server["received"] == server["served"] > 0, (client, server)
 
 
 def test_a_killed_worker_is_named_within_the_heartbeat_timeout(start_supervisor):

@@ -1,8 +1,9 @@
 """The teacher server: a ROUTER/DEALER proxy that counts, and workers that answer with top-k.
 
 The proxy never decodes a payload: it reads the request id frame to time each request from
-arrival to answer, and the worker-name frame to count per worker. Every second it reports a
-`teacher` event (side=server): received, served, queue depth, per-worker counts, latency.
+arrival to answer, and the worker-name frame to count per worker. Every second, and when the traffic
+stops, it reports a `teacher` event (side=server): received, served, queue depth, per-worker counts,
+latency.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class TeacherProxy(_BackgroundLoop):
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
         next_report = 0.0
+        reported = (0, 0, 0)
         try:
             while not self._stop.is_set():
                 ready = dict(poller.poll(100))
@@ -104,12 +106,16 @@ class TeacherProxy(_BackgroundLoop):
                         self.served += 1
                         self.per_worker[worker.decode(errors="replace")] += 1
                         self.frontend.send_multipart([client, b"", req_id, reply])
-                if now >= next_report:
+                counts = (self.received, self.served, self.lost)
+                # every second, and once the traffic stops (a quiet poll): the last answers of a run are
+                # on the record before it ends, so the client's and the server's counts add up
+                if now >= next_report or (not ready and counts != reported):
                     for key, t in list(self._arrived.items()):
                         if now - t > FORGET_AFTER_S:
                             del self._arrived[key]
                             self.lost += 1
                     self.report()
+                    reported = (self.received, self.served, self.lost)
                     next_report = now + REPORT_EVERY_S
         finally:
             self.frontend.close(0)

@@ -37,6 +37,7 @@ QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TRANSFO
              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 RAY_INIT_HINT = ("check that the cluster is up (`ray status` on its head), that this node reaches it, and that "
                  "RAY_AUTH_TOKEN is the cluster's; if it is only slow, raise trainer.init_timeout_s")
+CLOSE_S = 15.0  # the workers' own end at a finished run (a vLLM engine takes up to 5 s to stop)
 PROBE_S = 2.0  # how often an actor that may be started again is asked whether it lives (``dead``)
 ACTOR_OPTS = {"num_cpus": 0, "max_concurrency": 4}  # threaded: cancel and stacks answer during a long call
 
@@ -222,7 +223,7 @@ class Cluster:
             if f"teacher/{i}" in self.actors:
                 continue
             self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
-                                                        self.teacher_backend, t.trust_remote_code)
+                                                        self.teacher_backend, t.trust_remote_code, t.engine, t.topk)
 
     def dead(self, handles: dict[str, object]) -> list[str]:
         """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked
@@ -352,6 +353,16 @@ class Cluster:
         self.make_group()
 
     # --- end -----------------------------------------------------------------------------
+
+    def close_workers(self, timeout_s: float = CLOSE_S) -> list[str]:
+        """Each worker's own end, at a run that finished: engines stopped, the last counts sent (the teacher
+        proxy's), its reporter flushed. The names that did not answer within ``timeout_s``."""
+        refs = {a.shutdown.remote(): name for name, a in self.actors.items()}
+        try:
+            done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        except Exception:
+            return sorted(refs.values())
+        return sorted(name for ref, name in refs.items() if ref not in done)
 
     def shutdown(self) -> None:
         self.forget_group_file()

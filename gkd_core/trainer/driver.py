@@ -40,7 +40,7 @@ from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import data, inputs
 from gkd_core.trainer.actions import Actions
-from gkd_core.trainer.cluster import QUIET_ENV, Cluster
+from gkd_core.trainer.cluster import CLOSE_S, QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
 from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
@@ -326,6 +326,13 @@ class Driver:
             eos_share=m.get("eos_share"), data_position=batch.position,
             epoch=round(batch.position / self.order.n, 4))
 
+    def finish(self) -> None:
+        slow = self.cluster.close_workers()
+        if slow:
+            self.rep.log(f"{', '.join(slow)} did not close within {CLOSE_S:g} s (their last counts may be missing)",
+                         level="warn")
+        self.rep.set_phase("finished")
+
     def close(self) -> None:
         self.rep.close(2.0)
         if hasattr(self, "cluster"):
@@ -347,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gkd driver: invalid config: {e}", file=sys.stderr)
         return EXIT_CONFIG
     os.environ.update(cfg.trainer.env)  # the driver's own collectives and Ray's workers alike
-    if cfg.rollout.engine == "vllm":
+    for key, engine in (("rollout.engine", cfg.rollout.engine), ("teacher.engine", cfg.teacher.engine)):
         try:
-            require_vllm()
+            if engine == "vllm":
+                require_vllm(key)
         except EngineUnavailable as e:
             print(f"gkd driver: {e}", file=sys.stderr)
             return EXIT_CONFIG
@@ -358,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         drv.start()
         drv.train()
-        drv.rep.set_phase("finished")
+        drv.finish()
     except DataError as e:  # nothing has started: what to fix in the config or the files
         code = _failed(drv, str(e), EXIT_CONFIG)
     except (WaitTimeout, WorkerFailed, TeacherUnavailable, BadSteps) as e:

