@@ -90,23 +90,38 @@ def is_python(pid: int) -> bool:
 
 
 class TreeCpu:
-    """CPU seconds of a process and its live descendants, as deltas between calls. A child counts
-    from when it is first seen; one that exits between two calls takes its last interval with it
-    (its time is no longer in /proc), which under-reads once rather than going negative."""
+    """CPU seconds of a process and its live descendants, as deltas between calls. A child first seen
+    counts whole if it started since the last call, else from now (a long-lived child that comes back
+    under ``CHILDREN_MAX``, say). One that exits between two calls takes its last interval with it (its
+    time is no longer in /proc): an under-read once, never a negative one."""
 
     def __init__(self, pid: int | None = None):
         self.pid = pid if pid is not None else os.getpid()
         self._last: dict[int, float] = {}
+        self._since = 0.0  # the last call, in seconds since boot (the clock of a process's start time)
         self.delta()
 
     def delta(self) -> float:
+        tick = os.sysconf("SC_CLK_TCK")
+        since, self._since = self._since, _uptime()
         seen: dict[int, float] = {}
         total = 0.0
         for p in [self.pid, *descendants(self.pid)]:
-            got = cpu_seconds(p)
-            if got is None:
+            fields = stat_fields(p)
+            if fields is None:
                 continue
-            seen[p] = got[1]
-            total += got[1] - self._last.get(p, got[1] if not self._last else 0.0)
+            used = (int(fields[11]) + int(fields[12])) / tick
+            seen[p] = used
+            if p in self._last:
+                total += used - self._last[p]
+            elif since and int(fields[19]) / tick >= since:
+                total += used  # born since the last call: all its time is in this interval
         self._last = seen
         return max(total, 0.0)
+
+
+def _uptime() -> float:
+    try:
+        return float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -135,7 +135,7 @@ class _Process:
 
     def _identify(self) -> Reporter | None:
         if self.kind == "driver":
-            r = Reporter("driver", heartbeat_s=job_env.heartbeat_s())
+            r = Reporter("driver", heartbeat_s=job_env.heartbeat_s(), with_children=True)
             r.register("driver")
             return r
         if not self.actor_id:
@@ -154,7 +154,7 @@ class _Process:
                          namespace=KV_NAMESPACE)
         src = name.decode() if name else f"{self.class_name}/{self.actor_id[:8]}"
         role, _, rank = src.rpartition("/")
-        r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1])
+        r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1], with_children=True)
         r.register(role, int(rank) if rank.isdigit() else None, actor_id=self.actor_id)
         return r
 

@@ -30,7 +30,6 @@ from pathlib import Path
 import msgspec
 
 from gkd_core import proctree
-from gkd_core.proctree import cpu_seconds  # noqa: F401 (where the dashboard's Ray source reads it)
 
 TIMEOUT_S = 4.0
 FAULTHANDLER_SIGNAL = signal.SIGUSR1

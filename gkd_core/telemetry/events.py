@@ -192,8 +192,9 @@ class MetricsEvent(Event, tag="metrics"):
 
 
 class EngineEvent(Event, tag="engine"):
-    """A rollout worker's inference engine, as the engine counts itself (vLLM's own metrics), sent when
-    it changed, at most once a second: what is running and waiting, and how full the KV cache is."""
+    """A worker's inference engine (a rollout's, a teacher's), as the engine counts itself (vLLM's own
+    metrics), sent when it changed, at most once a second: what is running and waiting, and how full
+    the KV cache is."""
 
     engine: str = ""  # vllm
     running: Int = 0  # requests being generated

@@ -44,8 +44,13 @@ class Reporter:
 
     def __init__(self, src: str, *, ingest: str | None = None, run: str | None = None,
                  heartbeat_s: float = 1.0, queue_max: int = 10_000, sndhwm: int = 10_000,
-                 ctx: zmq.Context | None = None, start: bool = True, curve: Curve | None = None):
+                 ctx: zmq.Context | None = None, start: bool = True, curve: Curve | None = None,
+                 with_children: bool = False):
+        """``with_children``: the heartbeat's CPU share counts this process's children too (a worker whose
+        inference engine runs in child processes); not for a process whose children are no work of its own
+        (a node agent's GPU probe, a test's supervisor)."""
         self.src = src
+        self.with_children = with_children
         self.run = run if run is not None else os.environ.get("GKD_RUN_ID", "")
         self.ingest = ingest if ingest is not None else os.environ.get("GKD_INGEST", "")
         self.curve = curve
@@ -178,7 +183,7 @@ class Reporter:
         q = self._queue
         next_beat = time.monotonic()
         # this process's CPU with its children's (an engine's processes do a rollout worker's work)
-        tree = proctree.TreeCpu() if os.path.exists("/proc/self/stat") else None
+        tree = proctree.TreeCpu() if self.with_children and os.path.exists("/proc/self/stat") else None
         last_cpu, last_wall = sum(os.times()[:2]), time.monotonic()
         try:
             while True:

@@ -1,9 +1,9 @@
-"""A rollout worker's engine, counted by the engine itself, on the dashboard.
+"""A worker's inference engine (a rollout's, a teacher's), counted by the engine itself, on the dashboard.
 
 A thread asks the engine for its counts once a second (``stats()``: vLLM's metrics, read in this
 process, so it answers while the engine's processes are busy or frozen) and emits an ``engine``
-event when they changed: the worker table can then say "64 running, 0 waiting, KV cache 4 %"
-beside "generate for 40 s", and a KV cache at 100 % with requests waiting explains a slow rollout.
+event when they changed: the worker's details then say "64 running, 0 waiting, KV cache 4 %" beside
+"generate for 40 s", and a KV cache at 100 % with requests waiting explains a slow rollout.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class WorkerBase:
         self.src, self.role, self.rank, self.ctx = src, role, rank, ctx
         self.device = torch.device(ctx.device)
         address, curve = ctx.route.pick(node_id()) if ctx.route else (ctx.ingest, None)
-        self.rep = Reporter(src, ingest=address, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s, curve=curve)
+        self.rep = Reporter(src, ingest=address, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s, curve=curve,
+                            with_children=True)
         self._cancel = threading.Event()
         self.gpus: list[int] = []
         try:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from gkd_core import diagnosis
 from gkd_core.node.ray_watch import LIMIT, TIMEOUT_S, RayView, poll, poll_placement_groups
-from gkd_core.node.stacks import capture_many, cpu_seconds
+from gkd_core.node.stacks import capture_many
+from gkd_core.proctree import cpu_seconds
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
