@@ -101,3 +101,23 @@ def restart_plan(state: RunState, cfg: config_mod.Config) -> list[Change]:
 def apply(cfg: config_mod.Config, changes: list[Change]) -> config_mod.Config:
     # JSON is YAML: a string stays a string ("1" for an environment variable), a number a number
     return config_mod.apply_overrides(cfg, [f"{c.key}={json.dumps(c.new)}" for c in changes], source="restart plan")
+
+
+def compose(cfg: config_mod.Config, state: RunState, shrink: bool = False,
+            overrides: list[str] = ()) -> tuple[config_mod.Config, list[list]]:
+    """A restart's config: with ``shrink``, the plan that follows the active findings (nothing diagnosed:
+    the config's shrink rules), then ``overrides``. Its changes, each ``[key, old, new, because]``, in the
+    plan's order (the ladder's rungs in turn), then any other."""
+    new = cfg
+    because: dict[str, str] = {}
+    if shrink:
+        steps = restart_plan(state, new)
+        new = apply(new, steps)
+        because = {c.key: c.because for c in steps}
+    if overrides:
+        new = config_mod.apply_overrides(new, list(overrides), source="restart overrides")
+        because.update({config_mod.parse_override(o)[0]: "asked for" for o in overrides})
+    order = list(because)
+    changes = sorted(([k, old, v, because.get(k, "")] for k, old, v in config_mod.diff(cfg, new)),
+                     key=lambda c: order.index(c[0]) if c[0] in order else len(order))
+    return new, changes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gkd_core import diagnosis
 from gkd_core.state import RunState
-from gkd_core.telemetry.events import AlertEvent
+from gkd_core.telemetry.events import AlertEvent, RejectCounter
 
 
 def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0) -> list[AlertEvent]:
@@ -21,3 +21,24 @@ def diff(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:
     """The events that move ``state.alerts`` (for the diagnosis' own codes) to ``wanted``; the
     supervisor's `ingest_rejected` and `auth_refused` stay on record once raised."""
     return diagnosis.changes(state, wanted)
+
+
+def refusals(rejects: RejectCounter, auth_refused: int) -> list[AlertEvent]:
+    """The supervisor's own findings: messages its ingest refused, tcp connections without the run's key."""
+    out = []
+    if rejects.total:
+        out.append(AlertEvent(
+            severity="warn", code="ingest_rejected",
+            message=f"{rejects.total} messages refused: "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(rejects.counts.items())),
+            hint="unauthenticated: something without the run's key tried the tcp ingest (a stranger, or "
+                 "a worker of another run); otherwise a sender speaks another protocol version or sends "
+                 "corrupt data. Nothing of theirs was recorded; the run goes on",
+        ))
+    if auth_refused:
+        out.append(AlertEvent(
+            severity="warn", code="auth_refused",
+            message=f"{auth_refused} tcp connection(s) refused: no valid CurveZMQ key",
+            hint="only clients holding RUN/keys/client.key_secret may connect",
+        ))
+    return out

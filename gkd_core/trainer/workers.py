@@ -100,6 +100,7 @@ class WorkerBase:
         self.rep = Reporter(src, ingest=address, run=ctx.run_id, heartbeat_s=ctx.heartbeat_s, curve=curve,
                             with_children=True)
         self._cancel = threading.Event()
+        self.closers: list = []  # what the worker's own end stops, in order (an engine's stats, then the engine)
         self.gpus: list[int] = []
         try:
             self.gpus = [int(g) for g in ray.get_gpu_ids()]
@@ -211,6 +212,8 @@ class WorkerBase:
         return True
 
     def shutdown(self) -> bool:
+        for close in self.closers:
+            close()
         self.rep.set_phase("finished")
         self.rep.close(1.0)
         return True
@@ -375,17 +378,11 @@ class RolloutWorker(WorkerBase):
             self.model.to(self.device).eval()
             self.eos = models.eos_ids(self.model, self.tok)
             self.pad = models.pad_id(self.tok, self.eos)
-            self.engine, self.engine_stats = None, None
+            self.engine = None
             if self.cfg.rollout.engine == "vllm":
                 self.engine = self._vllm_engine()
-                self.engine_stats = EngineStatsWatch(self.engine.stats, self.rep)
+                self.closers += [EngineStatsWatch(self.engine.stats, self.rep).close, self.engine.close]
         self.rep.set_phase("idle")
-
-    def shutdown(self) -> bool:
-        if self.engine is not None:
-            self.engine_stats.close()
-            self.engine.close()
-        return super().shutdown()
 
     def _vllm_engine(self):
         m = self.cfg.model
@@ -457,27 +454,22 @@ class TeacherProxyActor(WorkerBase):
         super().__init__("teacher/proxy", "teacher", None, ctx)  # type: ignore[arg-type]
         self.proxy = TeacherProxy(self.rep, host=host or ray.util.get_node_ip_address())
         self.proxy.start()
+        self.closers += [self.proxy.stop, self.proxy.report]  # the counts at the end, with the last answers in them
         self.rep.set_phase("serve", detail=self.proxy.frontend_address)
 
     def addresses(self) -> dict:
         return {"frontend": self.proxy.frontend_address, "backend": self.proxy.backend_address}
-
-    def shutdown(self) -> bool:
-        self.proxy.stop()
-        self.proxy.report()  # the counts at the end, with the last answers in them
-        return super().shutdown()
 
 
 class TeacherWorkerActor(WorkerBase):
     def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
                  trust_remote_code: bool = False, engine: str = "torch", topk: int = 16):
         super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
-        self.scorer, self.engine_stats = None, None
         with self.rep.phase("init_model", detail=f"{teacher_path} (engine {engine})"):
             if engine == "vllm":
-                self.scorer = VllmScorer(teacher_path, topk=topk)
-                self.engine_stats = EngineStatsWatch(self.scorer.stats, self.rep)
-                score = self.scorer.score
+                scorer = VllmScorer(teacher_path, topk=topk)
+                self.closers += [EngineStatsWatch(scorer.stats, self.rep).close, scorer.close]
+                score = scorer.score
             else:
                 self.model, _ = models.load_model(teacher_path, device=str(self.device),
                                                   trust_remote_code=trust_remote_code)
@@ -486,12 +478,6 @@ class TeacherWorkerActor(WorkerBase):
         self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
         self.loop.start()
         self.rep.set_phase("idle")
-
-    def shutdown(self) -> bool:
-        if self.scorer is not None:
-            self.engine_stats.close()
-            self.scorer.close()
-        return super().shutdown()
 
     def set_delay(self, seconds: float) -> bool:
         self.loop.delay_s = seconds

@@ -1,0 +1,182 @@
+"""The run's driver from start to exit, each turn said as a ``run`` event.
+
+Started as our trainer (``python -m DRIVER_MODULE``), as any command (``launch -- COMMAND``), or not
+at all: a job its user started and that asked to be watched is adopted by pid. Watched without
+blocking; its exit is the run's end (finished, failed, stopped) unless a restart is pending, which
+starts it again with the new config. Commands for it (cancel, stacks) go over its command channel
+once it has said hello.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+import zmq
+
+from gkd_core import config as config_mod
+from gkd_core.integrations import job_env
+from gkd_core.supervisor.control_ops import Refused
+from gkd_core.supervisor.driver_process import AdoptedProcess, DriverProcess, describe_exit
+from gkd_core.telemetry import events as ev
+
+# exit status of `python -m gkd_core run` for a run that was stopped on request (as SIGTERM's)
+STOPPED_EXIT = 143
+
+
+class DriverLife:
+    def __init__(self, *, run_dir: Path, run_id: str, endpoints: dict, drivers: zmq.Socket, driver_module: str,
+                 command: list[str] | None, adopt: int | None, grace_s: float, restarts: int,
+                 emit: Callable[[ev.Event], None]):
+        self.run_dir, self.run_id, self.endpoints, self.drivers = run_dir, run_id, endpoints, drivers
+        self.driver_module, self.command, self.adopt, self.grace_s = driver_module, command, adopt, grace_s
+        self.restarts = restarts
+        self.emit = emit
+        self.driver: DriverProcess | AdoptedProcess | None = None
+        self.identity: bytes | None = None  # its command channel, once it said hello
+        self.pending_config: Path | None = None  # a restart's config, until the old driver is gone
+        self.stopping = False
+        self.ended_at: float | None = None  # monotonic, when the run ended (the supervisor lingers from there)
+        self.exit_status = 0
+
+    def alive(self) -> bool:
+        return self.driver is not None and self.driver.poll() is None
+
+    # --- start ---------------------------------------------------------------------------
+
+    def spawn(self, cfg: config_mod.Config, config_path: Path) -> None:
+        if self.adopt:
+            return self._adopt(cfg)
+        if self.command:
+            return self._spawn_command(cfg)
+        env = dict(os.environ)
+        env.update({
+            "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
+            "GKD_COMMANDS": self.endpoints["driver"], "GKD_CONTROL": self.endpoints["control"],
+            "GKD_CONFIG": str(config_path), "PYTHONUNBUFFERED": "1",
+            "GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid()),
+        })
+        argv = [sys.executable, "-m", self.driver_module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
+        self.identity = None
+        self.driver = DriverProcess(argv, env, self.run_dir / "logs" / "driver.log")
+        self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
+                              total_steps=cfg.trainer.total_steps, reason=f"driver pid {self.driver.pid}"))
+
+    def _adopt(self, cfg: config_mod.Config) -> None:
+        try:
+            self.driver = AdoptedProcess(self.adopt)
+        except ProcessLookupError as e:
+            self.emit(ev.RunEvent(state="failed", exit_code=0, reason=f"{e}: it ended before its run began"))
+            self.ended_at = time.monotonic()
+            return
+        self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
+                              reason=f"watching pid {self.adopt}, started by its user: "
+                                     f"{shlex.join(self.driver.argv)}"[:500]))
+
+    def _spawn_command(self, cfg: config_mod.Config) -> None:
+        env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
+                                  ingest=self.endpoints["ingest"], heartbeat=cfg.telemetry.heartbeat_s,
+                                  commands=self.endpoints["driver"], control=self.endpoints["control"])
+        env.update({"GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid())})
+        self.identity = None
+        try:
+            self.driver = DriverProcess(self.command, env, self.run_dir / "logs" / "driver.log")
+        except OSError as e:  # no such program, not executable: the run fails, said, the supervisor stays
+            self.driver = None
+            self.exit_status = 127 if isinstance(e, FileNotFoundError) else 126
+            self.emit(ev.RunEvent(state="failed", restart=self.restarts, exit_code=self.exit_status,
+                                  reason=f"cannot start {shlex.join(self.command)}: {e}"))
+            self.ended_at = time.monotonic()
+            return
+        self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
+                              reason=f"driver pid {self.driver.pid}: {shlex.join(self.command)}"[:500]))
+
+    # --- its life --------------------------------------------------------------------------
+
+    def watch(self, cfg: config_mod.Config, last_words: Callable[[], None]) -> bool:
+        """One look, never blocking: a pending restart started, an exit turned into the run's end. True
+        when the run has just ended; ``last_words`` first logs what its workers said last."""
+        d = self.driver
+        if d is None:
+            if self.pending_config is not None and not self.stopping:  # a restart after the run ended
+                self._start_restart(cfg)
+            return False
+        d.tick()
+        code = d.poll()
+        if code is None:
+            return False
+        self.driver = None
+        if self.pending_config is not None and not self.stopping:
+            self.emit(ev.RunEvent(state="restarting", restart=self.restarts + 1, exit_code=code,
+                                  reason=f"old driver {describe_exit(code)}; starting restart {self.restarts + 1}"))
+            self._start_restart(cfg)
+            return False
+        tail = d.log_tail()
+        if self.stopping:
+            state, status = "stopped", STOPPED_EXIT
+        elif code == 0:
+            state, status = "finished", 0
+        else:
+            state, status = "failed", code if code > 0 else 128 - code
+        self.exit_status = status
+        last_words()  # the workers' last words before the run's
+        reason = describe_exit(code)
+        if isinstance(d, AdoptedProcess):  # not our child: its exit code went to the shell that started it
+            reason, code = f"pid {d.pid} exited (its exit code went to the shell that started it)", None
+        self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=reason,
+                              log_tail=tail if state != "finished" else tail[-3:]))
+        self.ended_at = time.monotonic()
+        return True
+
+    def restart_with(self, path: Path) -> None:
+        """Start again with the config at ``path`` once the driver is gone (asked to go now)."""
+        self.pending_config = path
+        if self.alive():
+            self.driver.terminate(self.grace_s)
+
+    def _start_restart(self, cfg: config_mod.Config) -> None:
+        self.restarts += 1
+        path, self.pending_config = self.pending_config, None
+        self.ended_at = None
+        self.spawn(cfg, path)
+
+    def request_stop(self, grace_s: float | None = None) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        self.pending_config = None
+        if self.driver is not None:
+            self.driver.terminate(self.grace_s if grace_s is None else grace_s)
+        elif self.ended_at is None:
+            self.ended_at = time.monotonic()
+
+    def kill_now(self) -> None:
+        if self.alive():
+            self.driver.kill_now()
+
+    # --- its command channel ---------------------------------------------------------------
+
+    def serve_hellos(self) -> None:
+        for _ in range(100):
+            try:
+                frames = self.drivers.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 2 and frames[1] == b"hello":
+                self.identity = frames[0]
+
+    def forward(self, op: str, args: dict, by: str, seq: int, run_state: str = "") -> dict:
+        """``op`` to the driver, which answers with events; Refused when there is no driver to take it."""
+        if not self.alive():
+            raise Refused(f"'{op}' needs a running driver; the run is {run_state or 'not started'}")
+        if self.identity is None:
+            raise Refused(f"'{op}': the driver (pid {self.driver.pid}) has not connected its command channel; "
+                          "it may be hung before init: try `gkd-tui dump-stacks driver`")
+        cmd = {"op": op, "args": args, "by": by, "id": seq}
+        self.drivers.send_multipart([self.identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
+        return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}

@@ -1,0 +1,143 @@
+"""Every event's way into the run: stamped with ``seq`` and ``run``, appended to ``events.jsonl``,
+published, and folded into the RunState, in that order.
+
+Workers' events come in through ``drain`` (the ingest's hot path); the supervisor's own through
+``emit``. Heartbeats are thinned for the log (``heartbeat_log``): each is published and applied, the
+log keeps the ones that say something new, and a node's batch of them is one message throughout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import msgspec
+import zmq
+
+from gkd_core.state import RunState
+from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.supervisor.heartbeat_log import HeartbeatLog
+from gkd_core.telemetry import events as ev
+
+INGEST_BATCH = 5000  # messages taken at one go, so the loop answers control requests in between
+BEATS_PER_LINE = 4096  # beats kept from batches are written at least this many to a line
+_NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
+
+
+class Recorder:
+    def __init__(self, run_id: str, state: RunState, log: EventLog, heartbeats: HeartbeatLog,
+                 publish: Callable[[bytes, bytes], None], seq: int = 0):
+        self.run_id, self.state, self.log, self.heartbeats, self.publish = run_id, state, log, heartbeats, publish
+        self.seq = seq
+        self.rejects = ev.RejectCounter()
+        self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batch`)
+        self._beats_seq = 0
+
+    def commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
+        self.seq += 1
+        obj["seq"] = self.seq
+        obj["run"] = self.run_id
+        ts = obj.get("ts") or time.time()
+        obj["ts"] = ts
+        typed.seq, typed.ts = self.seq, ts
+        if isinstance(typed, ev.Event):
+            typed.run = self.run_id
+        line = ev.encode_dict(obj)
+        if logged:
+            if self._beats_kept:
+                self._write_beats()  # the log stays in seq order
+            self.log.append(line, ts)
+        self.publish(kind, line)
+        self.state.apply(typed)
+
+    def emit(self, event: ev.Event) -> None:
+        """An event of the supervisor's own (src defaults to ``supervisor``)."""
+        event.src = event.src or "supervisor"
+        event.ts = event.ts or time.time()
+        obj = msgspec.to_builtins(event)
+        obj["kind"] = event.__struct_config__.tag
+        self.commit(obj, event, obj["kind"].encode())
+
+    def drain(self, sock: zmq.Socket) -> None:
+        """The events waiting on ``sock``, up to INGEST_BATCH; what cannot be read is counted by reason."""
+        # the hot path: plain recv with int flags (pyzmq's recv_multipart and enum flags cost
+        # more than decoding the event); a message is [json] or [kind, json]
+        recv, more = sock.recv, sock.getsockopt
+        for _ in range(INGEST_BATCH):
+            try:
+                data = recv(_NOBLOCK)
+            except zmq.Again:
+                return
+            n, first = 1, data
+            while more(_RCVMORE):
+                data = recv(_NOBLOCK)
+                n += 1
+            if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
+                batch = ev.decode_batch(data)
+                if batch is not None:
+                    self._take_batch(batch)
+                    continue
+            try:
+                if n > 2:
+                    raise ev.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
+                obj, typed = ev.decode_dict(data)
+            except ev.Rejected as r:
+                self.rejects.add(r, "ingest ")
+                continue
+            if type(typed) is ev.HeartbeatsEvent:
+                self._take_batch(typed)
+            elif type(typed) is ev.HeartbeatEvent:
+                logged, before = self.heartbeats.admit(typed)
+                if before is not None:
+                    self.emit(before if type(before) is ev.HeartbeatEvent else ev.heartbeat_of(before))
+                self.commit(obj, typed, b"heartbeat", logged)
+            else:
+                self.commit(obj, typed, obj["kind"].encode())
+
+    def _take_batch(self, e: ev.HeartbeatsEvent) -> None:
+        """A node's heartbeats in one message: stamped, published and applied whole, as one event; the
+        log keeps the beats the single form would keep (``heartbeat_log``), gathered across batches
+        into one ``heartbeats`` line of the supervisor's, written before the next line of any other
+        kind (or at the next flush), under the seq of the newest batch it holds."""
+        self.seq += 1
+        e.seq, e.run = self.seq, self.run_id
+        if not e.ts:
+            e.ts = time.time()
+        self.publish(b"heartbeats", ev.encode(e))
+        admit, kept = self.heartbeats.admit, self._beats_kept
+        n = len(kept)
+        for b in e.beats:
+            logged, before = admit(b)
+            if before is not None:
+                kept.append(before)
+            if logged:
+                kept.append(b)
+        if len(kept) > n:
+            self._beats_seq = self.seq  # the line's seq: the newest batch it holds beats of
+            if len(kept) >= BEATS_PER_LINE:
+                self._write_beats()
+        self.state.apply(e)
+
+    def _write_beats(self) -> None:
+        beats = [b if type(b) is ev.Beat else ev.Beat(b.src, b.ts, b.phase, b.elapsed, b.rss, b.cpu, b.dropped)
+                 for b in self._beats_kept]
+        self._beats_kept = []
+        ts = max(b.ts for b in beats)
+        self.log.append(ev.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
+                                                     ts=ts, beats=beats)), ts)
+
+    def restate_silent(self, everyone: bool = False) -> None:
+        """Log the newest heartbeat of each worker that fell silent since (see heartbeat_log); of every
+        worker with ``everyone`` (the run's end)."""
+        for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
+            self.emit(e if type(e) is ev.HeartbeatEvent else ev.heartbeat_of(e))  # (a batch's beat)
+
+    def flush(self) -> None:
+        if self._beats_kept:
+            self._write_beats()
+        self.log.flush()
+
+    def close(self) -> None:
+        if self._beats_kept:
+            self._write_beats()
+        self.log.close()
