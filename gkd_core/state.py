@@ -627,9 +627,6 @@ class RunState(msgspec.Struct, kw_only=True, weakref=True):
             out.setdefault(w.role, []).append(w)
         return out
 
-    def workers_in_phase(self, phase: str) -> list[WorkerState]:
-        return [w for w in self.workers.values() if w.phase == phase]
-
     def stale_workers(self, now: float, stall_s: float) -> list[WorkerState]:
         """Workers whose heartbeats stopped while they were not finished: frozen or dead."""
         return [

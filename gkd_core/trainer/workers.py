@@ -362,9 +362,6 @@ class StudentActor(WorkerBase):
         """About what a checkpoint takes: the weights and the optimizer's two moments (AdamW)."""
         return sum(p.numel() * p.element_size() + 2 * p.numel() * 4 for p in self.model.parameters())
 
-    def weights_fingerprint(self) -> str:
-        return fingerprint(self.model.parameters())
-
 
 class RolloutWorker(WorkerBase):
     """Generates with the torch engine from the student's weights, received over the group."""
