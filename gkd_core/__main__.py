@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"gkd: invalid config: {e}", file=sys.stderr)
         return 2
-    from gkd_core.supervisor.driver_process import headline
+    from gkd_core.diagnosis.headline import headline
     from gkd_core.supervisor.supervisor import DEFAULT_DRIVER, Supervisor
     from gkd_core.trainer import checkpoints
 

@@ -13,10 +13,10 @@ from typing import Callable, NamedTuple
 
 from gkd_core import vocab
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
+from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.stragglers import MIN_S, Late, late_workers
 from gkd_core.diagnosis.verdict import FROZEN_S, verdict
 from gkd_core.state import OOM, TERMINAL_PHASES, RunState
-from gkd_core.supervisor.driver_process import headline
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 

@@ -86,16 +86,6 @@ class DriverProcess:
         return list(lines)
 
 
-def headline(tail: list[str]) -> str:
-    """The line of a log tail that best says why the driver ended: its own error, else an
-    exception, else the last line."""
-    for marks in (("gkd driver:",), ("Error", "Exception", "Killed")):
-        for line in reversed(tail):
-            if any(m in line for m in marks):
-                return line.strip()
-    return tail[-1].strip() if tail else ""
-
-
 class AdoptedProcess(DriverProcess):
     """A driver the supervisor did not start (a job run as its user runs it, that asked for a run of its
     own: gkd_core/integrations/opt_in.py). Its exit code is not ours to read, so its end is "exited"
