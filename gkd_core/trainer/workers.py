@@ -474,6 +474,7 @@ class TeacherWorkerActor(WorkerBase):
                 score = functools.partial(torch_engine.score, self.model)
         self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
         self.loop.start()
+        self.closers.insert(0, self.loop.stop)  # no request reaches an engine that is closing
         self.rep.set_phase("idle")
 
     def set_delay(self, seconds: float) -> bool:
