@@ -354,15 +354,21 @@ class Cluster:
 
     # --- end -----------------------------------------------------------------------------
 
-    def close_workers(self, timeout_s: float = CLOSE_S) -> list[str]:
+    def close_workers(self, timeout_s: float = CLOSE_S) -> dict[str, str]:
         """Each worker's own end, at a run that finished: engines stopped, the last counts sent (the teacher
-        proxy's), its reporter flushed. The names that did not answer within ``timeout_s``."""
+        proxy's), its reporter flushed. The workers that did not close, and why."""
         refs = {a.shutdown.remote(): name for name, a in self.actors.items()}
         try:
             done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-        except Exception:
-            return sorted(refs.values())
-        return sorted(name for ref, name in refs.items() if ref not in done)
+        except Exception as e:
+            return {name: f"could not be asked: {type(e).__name__}: {e}"[:200] for name in refs.values()}
+        why = {name: f"no answer within {timeout_s:g} s" for ref, name in refs.items() if ref not in done}
+        for ref in done:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as e:  # its engine would not stop, say: said, and the run still ends
+                why[refs[ref]] = f"failed: {type(e).__name__}: {e}"[:200]
+        return dict(sorted(why.items()))
 
     def shutdown(self) -> None:
         self.forget_group_file()

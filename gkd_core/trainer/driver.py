@@ -327,10 +327,8 @@ class Driver:
             epoch=round(batch.position / self.order.n, 4))
 
     def finish(self) -> None:
-        slow = self.cluster.close_workers()
-        if slow:
-            self.rep.log(f"{', '.join(slow)} did not close within {CLOSE_S:g} s (their last counts may be missing)",
-                         level="warn")
+        for name, why in self.cluster.close_workers(CLOSE_S).items():
+            self.rep.log(f"{name} did not close ({why}): its last counts may be missing", level="warn")
         self.rep.set_phase("finished")
 
     def close(self) -> None:
