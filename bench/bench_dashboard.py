@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 
 from gkd_core.state import RunState  # noqa: E402
-from gkd_core.supervisor import keyframes  # noqa: E402
+from gkd_core.runlog import keyframes  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gkd_core.__main__ import summary  # noqa: E402
-from gkd_core.state import replay  # noqa: E402
+from gkd_core.runlog.reader import replay  # noqa: E402
 
 SAMPLE_S = 2.0
 WARMUP = 0.10  # the share of the steps left out of the slope

@@ -322,15 +322,13 @@ def cmd_bundle(a: argparse.Namespace) -> int:
 def _status_from_log(run: Path) -> str:
     """The status page of the state ``RUN/events.jsonl`` leads to, at its last event; lines that are
     no event are skipped and said, here and on stderr (a torn last line, after a crash)."""
-    from gkd_core.state import replay
-    from gkd_tui.sources.replay import skipped_note
+    from gkd_core.runlog.reader import replay, skipped_note
 
     path = run / "events.jsonl"
     if not path.is_file():
         return f"(no event log at {path})"
     skipped: list[tuple[int, str]] = []
-    with open(path, "rb") as f:  # streamed: a day's log need not fit in memory twice
-        state = replay(f, skipped)
+    state = replay(path, skipped)  # a chunk at a time: a day's log need not fit in memory twice
     head = f"from the event log ({state.applied} events"
     if skipped:
         note = skipped_note(path, skipped)

@@ -67,10 +67,7 @@ class RunningSupervisor:
         raise TimeoutError("the driver did not connect")
 
     def events(self) -> list[dict]:
-        import json
-
-        path = self.run / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return logged_events(self.run)
 
     def wait_exit(self, timeout_s: float = 30.0) -> int:
         return self.proc.wait(timeout_s)
@@ -114,6 +111,14 @@ def needs(module: str, require_env: str, venv: str) -> None:
         if os.environ.get(require_env) == "1":
             raise RuntimeError(f"{require_env}=1 but {module} does not import here: {e}") from e
         pytest.skip(f"{module} is not installed here (CI runs these in {venv})", allow_module_level=True)
+
+
+def logged_events(run: Path) -> list[dict]:
+    """The events of a run's log, whole lines only: its supervisor may be halfway through writing the last."""
+    import json
+
+    lines = (run / "events.jsonl").read_text().split("\n")[:-1]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.05):

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import attach_plain, gkd_tui, opted_in, read_until, status_json, wait_until
+from conftest import attach_plain, gkd_tui, logged_events, opted_in, read_until, status_json, wait_until
 
 from gkd_core import rundir
 from gkd_core.integrations import job_env, ray_hook
@@ -39,12 +39,12 @@ def holding(run: Path, code: str) -> list[dict]:
 
 
 def events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+    return logged_events(run)
 
 
 def wait_ended(run: Path, timeout_s: float) -> str:
     def ended():
-        ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+        ev = logged_events(run)
         states = [e["state"] for e in ev if e.get("kind") == "run"]
         return states[-1] if states and states[-1] in ("finished", "failed", "stopped") else None
     return wait_until(ended, timeout_s, "the run's end", every_s=0.5)
@@ -204,7 +204,7 @@ def test_a_command_that_exits_ends_the_run_with_its_code_and_its_output_kept(gkd
     run = launch([sys.executable, str(job)])
     assert wait_ended(run, 120) == "failed"
     assert "ANSWER 1" in (run / "logs" / "driver.log").read_text()
-    ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+    ev = logged_events(run)
     [end] = [e for e in ev if e.get("kind") == "run" and e["state"] == "failed"]
     assert end["exit_code"] == 7
     assert {e["src"] for e in ev if e.get("kind") == "worker"} == {"driver", "A/0"}
@@ -214,7 +214,7 @@ def test_a_command_that_exits_ends_the_run_with_its_code_and_its_output_kept(gkd
 def test_a_command_that_cannot_start_fails_the_run_with_a_reason(gkd_home):
     run = launch(["no-such-program-for-gkd"])
     assert wait_ended(run, 30) == "failed"
-    ev = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+    ev = logged_events(run)
     [end] = [e for e in ev if e.get("kind") == "run" and e["state"] == "failed"]
     assert end["exit_code"] == 127 and "no-such-program-for-gkd" in end["reason"]
 

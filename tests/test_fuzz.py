@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from gkd_core import config as config_mod
 from gkd_core import diagnosis
 from gkd_core.diagnosis import plan
-from gkd_core.state import RunState, decode_state, encode_state, replay
+from gkd_core.runlog.reader import replay
+from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.telemetry import events as ev
 from gkd_tui.render_text import status_text
 from gkd_tui.sources.replay import ReplaySource

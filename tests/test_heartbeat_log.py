@@ -8,8 +8,8 @@ import time
 import msgspec
 import pytest
 
-from gkd_core.state import replay
-from gkd_core.supervisor.heartbeat_log import HeartbeatLog
+from gkd_core.runlog.reader import replay
+from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.telemetry.subscriber import RunSubscriber

@@ -4,18 +4,22 @@ from the newest one before where it is asked to be, to the same state as a repla
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
 import zmq
 
+from gkd_core import config, rundir
 from gkd_core.state import RunState
-from gkd_core.supervisor import keyframes as kf
-from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.supervisor.supervisor import Supervisor
+from gkd_core.runlog import keyframes as kf
+from gkd_core.runlog import reader
+from gkd_core.runlog.eventlog import EventLog
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.relay import HeartbeatBatcher
-from gkd_tui.sources import replay as replay_mod
 from gkd_tui.sources.replay import ReplaySource
 
 from conftest import wait_until
@@ -113,7 +117,7 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
 
 def test_a_replay_from_keyframes_is_the_replay_of_the_whole_log(recorded, monkeypatch):
     run, live = recorded
-    monkeypatch.setattr(replay_mod, "CHUNK", 2048)  # many chunks: gaps, steps and jumps across their ends
+    monkeypatch.setattr(reader, "CHUNK", 2048)  # many chunks: gaps, steps and jumps across their ends
     log = run / "events.jsonl"
     framed, whole = ReplaySource(log), ReplaySource(log, keyframes=False)
     assert framed.frames and not whole.frames and framed.warning() == ""
@@ -258,7 +262,7 @@ def test_a_log_taken_over_knows_where_it_stands_and_so_does_its_writer(tmp_path)
 
 def test_a_bad_line_after_a_keyframe_is_named_once_by_its_number(recorded, tmp_path, monkeypatch):
     run, _ = recorded
-    monkeypatch.setattr(replay_mod, "CHUNK", 2048)
+    monkeypatch.setattr(reader, "CHUNK", 2048)
     data = (run / "events.jsonl").read_bytes()
     newest = kf.frames(run / "keyframes")[-1]
     h = kf.read_header(newest)
@@ -277,3 +281,45 @@ def test_a_bad_line_after_a_keyframe_is_named_once_by_its_number(recorded, tmp_p
     r.seek(r.frames[0][0].max_ts - 1.0)
     r.to_end()
     assert [n for n, _ in r.skipped] == [at] and f"line {at}" in r.warning()
+
+
+def test_replay_take_over_and_the_dashboard_read_one_state_from_one_log(recorded, tmp_path):
+    """The three readers of a run log: ``replay`` (status of a run whose supervisor is gone), a
+    supervisor that takes the run over, and the dashboard's replay (from a keyframe, and from the
+    start). The log ends with a line torn by a killed supervisor."""
+    run, _ = recorded
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy, ignore=lambda d, names: [n for n in names if (Path(d) / n).is_socket()])
+    log = copy / reader.EVENTS
+    with open(log, "ab") as f:
+        f.write(b'{"v":1,"seq":99999999,"kind":"log","mess')
+    torn = log.read_bytes().count(b"\n") + 1
+
+    skipped: list[tuple[int, str]] = []
+    whole = reader.replay(log, skipped)
+    assert [n for n, _ in skipped] == [torn]
+    framed, unframed = ReplaySource(log), ReplaySource(log, keyframes=False)
+    framed.to_end()
+    unframed.to_end()
+    assert framed.base is not None and [n for n, _ in framed.skipped] == [n for n, _ in unframed.skipped] == [torn]
+
+    mask = os.umask(0o022)
+    try:
+        sup = Supervisor(config.load_config(rundir.latest_config(copy)), home=tmp_path, resume=copy)
+    finally:
+        os.umask(mask)
+    try:
+        taken = sup.state
+        assert sup.seq == whole.last_seq > 0
+    finally:
+        sup.close()
+    assert taken == whole  # the torn line cut off (and kept aside) rather than skipped: the same state
+    assert (copy / "events.jsonl.torn").read_bytes().startswith(b'{"v":1,"seq":99999999')
+    # the dashboard's replay puts back the heartbeats the log left out: they move a worker's
+    # ``last_seen``, ``moved`` and the count of events applied, and nothing else
+    for replayed in (framed.state, unframed.state):
+        assert replayed.applied > whole.applied
+        assert {s: comparable(w) for s, w in replayed.workers.items()} == \
+               {s: comparable(w) for s, w in whole.workers.items()}
+        assert msgspec.structs.replace(replayed, applied=0, workers={}) == \
+               msgspec.structs.replace(whole, applied=0, workers={})

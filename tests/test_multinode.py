@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, wait_until
+from conftest import ROOT, logged_events, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
                                   "trainer.checkpoint_every=1000",
                                   "trainer.placement={student: {head: 0.01}, rollout: {node2: 0.01}, teacher: {node2: 0.01}}",
                                   "--run-id", "two-nodes"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    events = lambda: [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]  # noqa: E731
+    events = lambda: logged_events(run_dir)  # noqa: E731
     try:
         wait_until(lambda: (run_dir / "events.jsonl").exists() and
                    sum(e["kind"] == "metrics" for e in events()) >= 3, 180,
@@ -209,7 +209,7 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
         proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "--run-id", "two-nodes-job",
                                       "--", sys.executable, str(job)), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         def events() -> list[dict]:
-            return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+            return logged_events(run_dir)
 
         try:
             def registered():

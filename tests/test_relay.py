@@ -10,7 +10,8 @@ import msgspec
 import pytest
 import zmq
 
-from gkd_core.state import RunState, replay
+from gkd_core.runlog.reader import replay
+from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.relay import HeartbeatBatcher, Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter

@@ -1,6 +1,7 @@
 import msgspec
 
-from gkd_core.state import RunState, decode_state, encode_state, replay
+from gkd_core.runlog.reader import replay
+from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.telemetry import events as ev
 
 

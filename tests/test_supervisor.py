@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import zmq
 
-from gkd_core.state import replay
+from gkd_core.runlog.reader import replay
 from gkd_core.telemetry import events as ev, ingest
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.telemetry.reporter import Reporter

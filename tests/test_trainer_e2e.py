@@ -97,7 +97,7 @@ def test_a_worker_killed_inside_the_sync_is_the_cause_and_its_peer_is_blocked_by
     assert entered["rollout/1"] == entered["student/0"] - 1  # the student in the step-3 broadcast, rollout/1 not
     assert (f"(its last phase sync_weights (step 3); last in broadcast #{entered['rollout/1']} of group "
             "weight_sync)") in failed_alert["message"], failed_alert["message"]
-    from gkd_core.state import replay
+    from gkd_core.runlog.reader import replay
 
     with open(sup.run / "events.jsonl", "rb") as f:
         state = replay(f)

@@ -2,7 +2,7 @@
 published, and folded into the RunState, in that order.
 
 Workers' events come in through ``drain`` (the ingest's hot path); the supervisor's own through
-``emit``. Heartbeats are thinned for the log (``heartbeat_log``): each is published and applied, the
+``emit``. Heartbeats are thinned for the log (``runlog.heartbeats``): each is published and applied, the
 log keeps the ones that say something new, and a node's batch of them is one message throughout.
 """
 
@@ -15,8 +15,8 @@ import msgspec
 import zmq
 
 from gkd_core.state import RunState
-from gkd_core.supervisor.eventlog import EventLog
-from gkd_core.supervisor.heartbeat_log import HeartbeatLog
+from gkd_core.runlog.eventlog import EventLog
+from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
 
 INGEST_BATCH = 5000  # messages taken at one go, so the loop answers control requests in between
@@ -96,7 +96,7 @@ class Recorder:
 
     def _take_batch(self, e: ev.HeartbeatsEvent) -> None:
         """A node's heartbeats in one message: stamped, published and applied whole, as one event; the
-        log keeps the beats the single form would keep (``heartbeat_log``), gathered across batches
+        log keeps the beats the single form would keep (``runlog.heartbeats``), gathered across batches
         into one ``heartbeats`` line of the supervisor's, written before the next line of any other
         kind (or at the next flush), under the seq of the newest batch it holds."""
         self.seq += 1
@@ -127,7 +127,7 @@ class Recorder:
                                                      ts=ts, beats=beats)), ts)
 
     def restate_silent(self, everyone: bool = False) -> None:
-        """Log the newest heartbeat of each worker that fell silent since (see heartbeat_log); of every
+        """Log the newest heartbeat of each worker that fell silent since (see runlog.heartbeats); of every
         worker with ``everyone`` (the run's end)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
             self.emit(e if type(e) is ev.HeartbeatEvent else ev.heartbeat_of(e))  # (a batch's beat)

@@ -24,12 +24,13 @@ from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
 from gkd_core.diagnosis import plan, stragglers
 from gkd_core.state import RunState, encode_state
-from gkd_core.supervisor import alerts, control_ops, eventlog
+from gkd_core.supervisor import alerts, control_ops
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.supervisor.driver_life import DriverLife
-from gkd_core.supervisor.eventlog import EventLog
-from gkd_core.supervisor.heartbeat_log import HeartbeatLog
-from gkd_core.supervisor.keyframes import KeyframeWriter
+from gkd_core.runlog.eventlog import EventLog
+from gkd_core.runlog.heartbeats import HeartbeatLog
+from gkd_core.runlog.keyframes import KeyframeWriter
+from gkd_core.runlog import reader
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
@@ -107,14 +108,9 @@ class Supervisor:
         """A run whose supervisor is gone: its state from its log (a torn last line cut off); the last
         ``seq`` and the next restart's number."""
         self.resumed_from_pid = rundir.supervisor_pid(self.run_dir)
-        seq = 0
-        for line in eventlog.recover(self.run_dir / "events.jsonl"):
-            try:
-                _, typed = ev.decode_dict(line)
-            except ev.Rejected:
-                continue  # a line that is no event: the log keeps it, the state cannot use it
-            self.state.apply(typed)
-            seq = max(seq, getattr(typed, "seq", 0) or 0)
+        # a line that is no event: the log keeps it, the state cannot use it
+        self.state = reader.take_over(self.run_dir / reader.EVENTS)
+        seq = self.state.last_seq
         made = [int(f.stem) for f in (self.run_dir / "restarts").glob("*.yaml") if f.stem.isdigit()]
         return seq, max([self.state.restarts, *made]) + 1
 

@@ -24,7 +24,7 @@ after it (``gkd_tui.sources.replay``), as a video player starts from a keyframe.
   (its length and SHA-256); one of another log, or of a log cut short by a crash, is passed over,
   with a warning that names it.
 
-The state is the live one, so it holds the heartbeats the log left out (``heartbeat_log``): a
+The state is the live one, so it holds the heartbeats the log left out (``runlog.heartbeats``): a
 replay from a keyframe reads as the dashboard did live at that line.
 """
 
@@ -41,7 +41,7 @@ import msgspec
 
 from gkd_core.lifeline import die_with_parent
 from gkd_core.state import RunState, decode_state, encode_state
-from gkd_core.supervisor.eventlog import EventLog
+from gkd_core.runlog.eventlog import EventLog
 
 FORMAT = 1
 KEEP = 8  # keyframes kept: a seek before the oldest reads the log from its start

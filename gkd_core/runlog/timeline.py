@@ -1,0 +1,224 @@
+"""A run's state at any moment of its log: from the newest keyframe before that moment, the log's
+lines after it decoded a few MB at a time, and the heartbeats the log left out put back.
+
+The log leaves out the heartbeats of a quiet worker between two it keeps (``heartbeats``); a
+timeline puts them back, copies of the one before at the run's heartbeat period, so a heartbeat's
+age reads as it did live. A worker that fell silent has no later heartbeat in the log to fill up
+to, and ages as it did.
+
+A long recording is not read whole. The state starts from the newest keyframe of the state at or
+before the moment it is asked for (``keyframes``: the supervisor writes one each time the log has
+grown by 32 MB) and the log after it is decoded as the moment moves on: the end of a 10-minute
+recording of 65,536 workers is a keyframe and the lines after it. A log without keyframes (a short
+run, a file on its own) is read whole when opened.
+
+The dashboard's replay (``gkd_tui.sources.replay``) is a timeline that plays.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from array import array
+from pathlib import Path
+
+import msgspec
+
+from gkd_core.runlog import keyframes as kf
+from gkd_core.runlog import reader
+from gkd_core.runlog.heartbeats import SILENT_BEATS
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+
+class Timeline:
+    """``state`` as of ``clock``; ``events[:cursor]`` are applied (after the keyframe ``base``)."""
+
+    def __init__(self, path: Path, keyframes: bool = True):
+        """``keyframes=False``: read the log from its start even where keyframes are (to compare)."""
+        self.path = path
+        self.size = path.stat().st_size  # what is read: a log still growing is replayed as it was when opened
+        self.skipped: list[tuple[int, str]] = []  # (line number, why) of each line that is no event
+        self._skipped_lines: set[int] = set()
+        self.passed_over: list[str] = []  # keyframes not used, and why
+        self.frames = self._usable_frames() if keyframes else []
+        self.heartbeat_s, self._every = reader.periods(path)
+        self.rebase(None)
+        if not self.frames:
+            self._decode_until(math.inf)  # read whole: every line that is no event is known at once
+        self.has_next()
+        self.clock = self.events[0].ts if self.events else 0.0  # the moment the state is of
+
+    # --- where the state is built from ---------------------------------------------------------
+
+    def _usable_frames(self) -> list[tuple[kf.Header, Path]]:
+        out = []
+        for p in kf.frames(self.path.parent / "keyframes"):
+            try:
+                h = kf.read_header(p)
+                why = kf.mismatch(h, self.path, self.size)
+            except kf.KeyframeError as e:
+                why = str(e)
+            if why:
+                self.passed_over.append(f"{p.name}: {why}")
+            else:
+                out.append((h, p))
+        return sorted(out, key=lambda f: f[0].offset)
+
+    def rebase(self, frame: tuple[kf.Header, Path] | None) -> None:
+        """Start over from ``frame`` (None: the log's start): its state, and the log after it."""
+        if frame is None:
+            self.state, self._pos, self._line, self._before, self._max_ts = RunState(), 0, 0, 0, -math.inf
+        else:
+            h, p = frame
+            self.state = kf.load(p)
+            self._pos, self._line, self._before, self._max_ts = h.offset, h.lines, h.lines, h.max_ts
+        self.base = frame
+        self.events: list = []
+        self._line_of = array("q")  # each event's line number
+        self.cursor = 0  # events[:cursor] are applied
+        self._beats: list = []  # heap of (ts, n, heartbeat to copy, fill until)
+        self._n = itertools.count()
+        self._fill_at: dict[int, list[tuple[ev.HeartbeatEvent, float]]] = {}  # event index -> gaps after it
+        self._last: dict[str, tuple[int, ev.HeartbeatEvent]] = {}  # each worker's latest heartbeat so far
+        if frame is not None:  # its workers' latest heartbeats, for the gaps to their next in the log
+            st = self.state
+            for w in st.workers.values():
+                if w.last_heartbeat and w.last_heartbeat >= st.running_since:
+                    self._last[w.src] = (-1, ev.HeartbeatEvent(src=w.src, ts=w.last_heartbeat, rss=w.rss, cpu=w.cpu,
+                                                               dropped=w.dropped))
+
+    def _frame_for(self, ts: float) -> tuple[kf.Header, Path] | None:
+        """The newest keyframe a replay to ``ts`` may start from: every line before it is due by then."""
+        return next((f for f in reversed(self.frames) if f[0].max_ts <= ts), None)
+
+    def goto(self, ts: float) -> None:
+        """The state at ``ts``: on from here, or from the newest keyframe before it when that is
+        nearer (or when ``ts`` is behind us)."""
+        while True:
+            frame = self._frame_for(ts)
+            here = self._line_of[self.cursor - 1] if self.cursor else self._before
+            if ts >= self.clock and (frame is None or frame[0].lines <= here):
+                break  # on from here
+            try:
+                self.rebase(frame)
+                break
+            except kf.KeyframeError as e:  # the state is still the one before: choose again without it
+                self.passed_over.append(str(e))
+                self.frames.remove(frame)
+        self.clock = ts
+        self.apply_until(ts)
+
+    # --- reading the log ------------------------------------------------------------------------
+
+    def _decode_chunk(self) -> bool:
+        """Decode the next few MB of the log; False at its end."""
+        if self._pos >= self.size:
+            return False
+        data = reader.read_chunk(self.path, self._pos, self.size)
+        self._pos += len(data)
+        lines = reader.split_lines(data)
+        events, line_of, seen = self.events, self._line_of, self._seen
+        for n, e in reader.decode_lines(lines, self._line + 1, self._bad):
+            events.append(e)
+            line_of.append(n)
+            if e.ts > self._max_ts:
+                self._max_ts = e.ts
+            seen(len(events) - 1, e)
+        self._line += len(lines)
+        return True
+
+    def _decode_until(self, ts: float) -> None:
+        """Decode until the lines read reach ``ts`` and the gaps to fill by then are known (a gap
+        ends at its worker's next logged heartbeat, at most ``_longest`` later)."""
+        while self._max_ts <= ts + self._longest and self._decode_chunk():
+            pass
+
+    def has_next(self) -> bool:
+        """Is there an event after the cursor (decoding more when needed)?"""
+        while self.cursor >= len(self.events):
+            if not self._decode_chunk():
+                return False
+        return True
+
+    def _seen(self, i: int, e) -> None:
+        if not self._every:
+            return
+        if type(e) is ev.HeartbeatEvent:
+            self._beat(i, e)
+        elif type(e) is ev.HeartbeatsEvent:
+            for b in e.beats:
+                self._beat(i, ev.heartbeat_of(b))
+        elif type(e) is ev.RunEvent and e.state in ("starting", "running", "restarting"):
+            self._last.clear()  # a new driver's workers: no gap to fill across it
+
+    def _beat(self, i: int, e: ev.HeartbeatEvent) -> None:
+        """A gap the log left out of this worker's heartbeats ends at ``e``: copies of the one before
+        to put back, from the time that one is applied (at once when it already is)."""
+        before = self._last.get(e.src)
+        if before is not None and 1.5 * self.heartbeat_s < e.ts - before[1].ts <= self._longest:
+            if before[0] < self.cursor:
+                heapq.heappush(self._beats, (before[1].ts + self.heartbeat_s, next(self._n), before[1], e.ts))
+            else:
+                self._fill_at.setdefault(before[0], []).append((before[1], e.ts))
+        self._last[e.src] = (i, e)
+
+    @property
+    def _longest(self) -> float:
+        # a gap longer than this was a silence
+        return self._every + (SILENT_BEATS + 1) * self.heartbeat_s if self._every else 0.0
+
+    # --- applying it ---------------------------------------------------------------------------
+
+    def apply_until(self, ts: float) -> None:
+        self._decode_until(ts)
+        events, beats, hb = self.events, self._beats, self.heartbeat_s
+        while True:
+            more = self.cursor < len(events) or self.has_next()
+            due = events[self.cursor].ts if more else math.inf
+            if beats and beats[0][0] <= ts and beats[0][0] < due:
+                t, _, e, until = heapq.heappop(beats)
+                # straight to the last copy due by ``ts``: the ones before it are overwritten by it (a copy
+                # changes its worker's heartbeat alone, and its next real one comes at ``until``), so a
+                # jump to the end of a 65,536-worker recording applies one copy per gap, not one per beat
+                last = t + int((min(ts, until) - t) / hb) * hb
+                t = max(t, last - hb if last >= until else last)
+                self.state.apply(msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts)))
+                if t + hb < until:
+                    heapq.heappush(beats, (t + hb, next(self._n), e, until))
+                continue
+            if not more or due > ts:
+                return
+            e = events[self.cursor]
+            self.state.apply(e)
+            for beat, until in self._fill_at.pop(self.cursor, ()):
+                heapq.heappush(beats, (beat.ts + hb, next(self._n), beat, until))
+            self.cursor += 1
+
+    def at_end(self) -> bool:
+        return self.cursor >= len(self.events) and self._pos >= self.size
+
+    def _bad(self, n: int, why: str) -> None:
+        if n not in self._skipped_lines:  # read again after a jump: said once, in line order
+            self._skipped_lines.add(n)
+            bisect.insort(self.skipped, (n, why))
+
+    @property
+    def read_whole(self) -> bool:
+        return self._pos >= self.size
+
+    @property
+    def fraction_read(self) -> float:
+        return self._pos / self.size if self.size else 1.0
+
+    @property
+    def newest_ts(self) -> float:
+        """The newest ``ts`` among the lines read so far (and the keyframe's)."""
+        return self._max_ts
+
+    @property
+    def lines_before(self) -> int:
+        """Events of the log before ``events[0]`` (those the keyframe holds)."""
+        return self._before

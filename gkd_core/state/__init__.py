@@ -1,0 +1,29 @@
+"""RunState: the one reducer (DESIGN §4). A pure function of the event sequence.
+
+The supervisor answers snapshots with it, the dashboard renders it, the run log's reader
+(``gkd_core.runlog``) rebuilds it from ``events.jsonl`` and the tests call it directly.
+Everything in it is a msgspec Struct, so a snapshot is ``msgspec.json.encode(state)`` and a late
+joiner decodes it back to an equal value. Views that depend on the clock (time in phase,
+heartbeat age, a sync's elapsed time) take ``now`` as an argument and are never stored.
+
+- ``records``: what the state is made of (a worker, a sync, an alert ...) and what it keeps;
+- ``run_state``: ``RunState``, its fields and ``apply``;
+- ``reducer``: how each kind of event changes it;
+- ``views``: what is derived from it (``now`` from the caller).
+"""
+
+from gkd_core.state.records import (
+    METRICS_KEEP, SYNC_HISTORY_KEEP, MAX_GROUPS, TEACHER_HISTORY_KEEP, STACK_TEXT_KEEP, SEVERITY_ORDER,
+    TERMINAL_PHASES, OOM, SPANS_KEEP, CPU_IDLE_PCT, PhaseSpan, WorkerState, SyncState, SyncView, CollectiveView,
+    TeacherSide, TeacherState, TeacherTotals, GpuRow, GPU_FULL, UTIL_AVG_S, ProbeHang, RayNode,
+    RayPlacementGroup, AlertState, StackRecord, MetricsPoint, rank_of, alert_key,
+)
+from gkd_core.state.run_state import RunState, decode_state, encode_state
+
+__all__ = [
+    "METRICS_KEEP", "SYNC_HISTORY_KEEP", "MAX_GROUPS", "TEACHER_HISTORY_KEEP", "STACK_TEXT_KEEP",
+    "SEVERITY_ORDER", "TERMINAL_PHASES", "OOM", "SPANS_KEEP", "CPU_IDLE_PCT", "PhaseSpan", "WorkerState",
+    "SyncState", "SyncView", "CollectiveView", "TeacherSide", "TeacherState", "TeacherTotals", "GpuRow",
+    "GPU_FULL", "UTIL_AVG_S", "ProbeHang", "RayNode", "RayPlacementGroup", "AlertState", "StackRecord",
+    "MetricsPoint", "rank_of", "alert_key", "RunState", "decode_state", "encode_state",
+]

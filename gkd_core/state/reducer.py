@@ -1,0 +1,353 @@
+"""The reducer's cases: how each kind of event changes a ``RunState`` (its ``apply`` looks the
+event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgspec
+
+from gkd_core.state.records import (
+    AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, MAX_GROUPS, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
+    ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, SYNC_HISTORY_KEEP, StackRecord, SyncState,
+    TEACHER_HISTORY_KEEP, TERMINAL_PHASES, TeacherSide, UTIL_AVG_S, alert_key,
+)
+from gkd_core.telemetry import events as ev
+
+if TYPE_CHECKING:
+    from gkd_core.state.run_state import RunState
+
+
+def _on_run(st: RunState, e: ev.RunEvent) -> None:
+    if e.run:
+        st.run = e.run
+    if not st.started:
+        st.started = e.ts
+    st.state = e.state
+    st.restarts = e.restart
+    if e.config_digest:
+        st.config_digest = e.config_digest
+    if e.total_steps is not None:
+        st.total_steps = e.total_steps
+    st.exit_code = e.exit_code
+    st.reason = e.reason
+    st.log_tail = list(e.log_tail)
+    if e.state == "running":
+        st.oom = []
+        st.running_since = e.ts
+    for line in e.log_tail:
+        if OOM.search(line):
+            _note_oom(st, e.ts, "driver", line)
+    if e.state in ("restarting", "starting", "finished", "failed", "stopped"):
+        # the driver's workers are gone with it; a new driver registers its own
+        for w in st.workers.values():
+            if w.phase not in TERMINAL_PHASES:
+                w.ended_in = w.phase
+                w.phase, w.phase_since, w.detail = "exited", e.ts, f"run {e.state}"
+                st.mark_moved(w)
+        if st.sync is not None and st.sync.state in ("started", "progress"):
+            st.sync.state = "cancelled"
+
+
+def _on_worker(st: RunState, e: ev.WorkerEvent) -> None:
+    w = st.worker_seen(e.src, e.ts)
+    if e.role and e.role != w.role:
+        w.role = e.role
+        st.mark_moved(w)
+    w.rank = e.rank if e.rank is not None else w.rank
+    if (e.actor_id and e.actor_id != w.actor_id) or (e.pid and e.pid != w.pid):
+        # a new incarnation under the same name (a teacher the driver started again): what Ray said
+        # of the one before is not of this one
+        w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
+    w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
+    if not w.phase or w.phase in TERMINAL_PHASES:
+        w.phase, w.phase_since, w.detail = "init", e.ts, ""
+        st.mark_moved(w)
+
+
+def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
+    w = st.worker_seen(e.src, e.ts)
+    if e.phase != w.phase or (e.call is not None and e.call != w.phase_call):  # (the same method called anew)
+        # a late sighting (older than the phase it would end) makes no span; a call that began and
+        # ended within the same millisecond (Ray's task times) makes one of no length
+        if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since and st.spans_keep:
+            w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call))
+            if len(w.spans) > st.spans_keep:
+                del w.spans[0]
+        w.phase = e.phase
+        if e.phase not in ("idle", "failed"):  # its failure's own phase change may come after the sync's word
+            w.blocked_by = ""
+        w.phase_since = e.started if e.started is not None else e.ts
+        w.phase_step = e.step
+        w.phase_call = e.call
+        st.mark_moved(w)
+    w.deadline, w.detail = e.deadline, e.detail
+    if e.step is not None:
+        w.step = e.step
+        if st.step is None or e.step > st.step:
+            st.step = e.step
+
+
+def _on_heartbeat(st: RunState, e: ev.HeartbeatEvent) -> None:
+    w = st.worker_seen(e.src, e.ts)
+    if e.ts <= w.last_heartbeat:
+        return  # one the log restated (or a duplicate): nothing new
+    if e.cpu >= CPU_IDLE_PCT:
+        w.cpu_low_since = None
+    elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
+        w.cpu_low_since = w.last_heartbeat or e.ts
+    w.last_heartbeat = e.ts
+    w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
+
+
+def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
+    # the same as `_on_heartbeat` for each beat, inline: 65,536 of them a second at the largest
+    workers = st.workers
+    for b in e.beats:
+        ts = b.ts
+        w = workers.get(b.src)
+        if w is None:
+            w = st.worker_seen(b.src, ts)
+        elif ts > w.last_seen:
+            w.last_seen = ts
+        if ts <= w.last_heartbeat:
+            continue
+        cpu = b.cpu
+        if cpu >= CPU_IDLE_PCT:
+            w.cpu_low_since = None
+        elif w.cpu_low_since is None:
+            w.cpu_low_since = w.last_heartbeat or ts
+        w.last_heartbeat = ts
+        w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
+
+
+def _on_sync(st: RunState, e: ev.SyncEvent) -> None:
+    s = st.sync
+    if s is None or s.sync_id != e.sync_id:
+        if s is not None:
+            _archive_sync(st, s)
+        started = e.ts - e.elapsed_s
+        # a sender's absurd numbers (ts and elapsed near the float's ends) must not make an inf, which a
+        # keyframe's JSON cannot hold
+        s = st.sync = SyncState(sync_id=e.sync_id, state=e.state,
+                                  started=started if math.isfinite(started) else e.ts)
+    s.state, s.last_ts = e.state, e.ts
+    s.timeout_s = e.timeout_s or s.timeout_s
+    s.elapsed_s = e.elapsed_s
+    s.pending, s.done = list(e.pending), list(e.done)
+    if e.state == "failed" and e.pending:
+        for b in e.blocked:
+            if b in st.workers and b not in e.pending:
+                st.workers[b].blocked_by = e.pending[0]
+    if e.fingerprint_ok is not None:
+        s.fingerprint_ok, s.differ = e.fingerprint_ok, list(e.differ)
+    s.error = e.error or s.error
+    if e.step is not None:
+        s.step = e.step
+    if e.fingerprint_ok is False:
+        st.fingerprint_miss = msgspec.structs.replace(s)
+    if e.state not in ("started", "progress"):
+        _archive_sync(st, s)
+
+
+def _archive_sync(st: RunState, s: SyncState) -> None:
+    hist = st.sync_history
+    if hist and hist[-1].sync_id == s.sync_id:
+        hist[-1] = msgspec.structs.replace(s)
+    else:
+        hist.append(msgspec.structs.replace(s))
+        if len(hist) > SYNC_HISTORY_KEEP:
+            del hist[0]
+
+
+def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
+    t = st.teacher
+    key = f"{e.side}:{e.src}"
+    old = t.by_src.get(key)
+    side = TeacherSide(
+        sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out or 0, in_flight=e.in_flight,
+        received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),
+        latency_ms=dict(e.latency_ms), ts=e.ts,
+    )
+    moved = old is None or e.completed > old.completed or e.served > old.served
+    owed = e.in_flight if e.side == "client" else e.queue_depth
+    side.progress_at = e.ts if moved or not owed else old.progress_at
+    side.received_at = e.ts if old is None or e.received > old.received else old.received_at
+    side.sent_at = e.ts if old is None or e.sent > old.sent else old.sent_at
+    t.by_src[key] = side
+    if e.side == "client":
+        total = sum(s.completed for k, s in t.by_src.items() if k.startswith("client:"))
+        t.history.append((e.ts, total))
+        if len(t.history) > TEACHER_HISTORY_KEEP:
+            del t.history[0]
+
+
+def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
+    node = e.node or e.src
+    key = f"{node}/{e.probe or 'nvml'}"
+    if e.nvml_hung_s is not None:
+        st.probe_hangs[key] = ProbeHang(node=node, probe=e.probe or "nvml", seconds=e.nvml_hung_s, at=e.ts,
+                                          detail=e.error)
+        return
+    st.probe_hangs.pop(key, None)
+    if e.index < 0:  # a note about the node (no driver, an NVML error), or one taken back
+        if e.error:
+            st.gpu_notes[node] = e.error
+        else:
+            st.gpu_notes.pop(node, None)
+        return
+    st.gpu_notes.pop(node, None)
+    key = f"{node}/{e.index}"
+    old = st.gpus.get(key)
+    row = st.gpus[key] = GpuRow(
+        node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
+        temp=e.temp, power=e.power, pids=list(e.pids), ts=e.ts, error=e.error,
+    )
+    full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
+    if full and e.util is not None and e.util <= 0.0:
+        row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else e.ts
+    if e.util is not None:  # an average over time, whatever the sampling interval
+        if old is None or old.util_avg is None:
+            row.util_avg = e.util
+        else:
+            weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
+            row.util_avg = old.util_avg + weight * (e.util - old.util_avg)
+
+
+def _on_metrics(st: RunState, e: ev.MetricsEvent) -> None:
+    st.metrics.append(MetricsPoint(
+        step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
+        tokens_per_s=e.tokens_per_s, timing=dict(e.timing), grad_norm=e.grad_norm, skipped=e.skipped,
+        sample_agreement=e.sample_agreement, completion_len=e.completion_len, eos_share=e.eos_share,
+        eval_kl=e.eval_kl, evaluated=e.evaluated, bad_steps=e.bad_steps, epoch=e.epoch,
+    ))
+    if e.skipped:
+        st.bad_steps.append(e.step)
+        del st.bad_steps[:-METRICS_KEEP]
+    if st.first_metrics is None:
+        st.first_metrics = st.metrics[-1]
+    if len(st.metrics) > METRICS_KEEP:
+        del st.metrics[0]
+    if st.step is None or e.step > st.step:
+        st.step = e.step
+
+
+def _on_stack(st: RunState, e: ev.StackEvent) -> None:
+    if e.target:
+        if e.target in st.stacks:
+            st.stacks_prev[e.target] = st.stacks[e.target]
+        st.stacks[e.target] = StackRecord(
+            dump_id=e.dump_id, method=e.method, ts=e.ts, text=e.text[:STACK_TEXT_KEEP], error=e.error
+        )
+
+
+def _on_ray(st: RunState, e: ev.RayEvent) -> None:
+    w = st.workers.get(e.target)  # never creates one: Ray's view is of workers the run knows
+    # (nor of an incarnation before the one registered: Ray's news of it may come late)
+    if w is not None and not (e.actor_id and w.actor_id and e.actor_id != w.actor_id):
+        w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause = (
+            e.state, e.task, e.task_started, e.death_cause)
+        w.ray_required = dict(e.required)
+
+
+def _on_ray_node(st: RunState, e: ev.RayNodeEvent) -> None:
+    st.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
+
+
+def _on_collectives(st: RunState, e: ev.CollectivesEvent) -> None:
+    named = {g.group for g in e.groups}
+    for group, members in list(st.collectives.items()):
+        if group not in named and members.pop(e.src, None) is not None and not members:
+            del st.collectives[group]  # it left the group (destroyed, or a new one made)
+    for g in e.groups[:MAX_GROUPS]:
+        if g.group in st.collectives or len(st.collectives) < MAX_GROUPS * 16:
+            st.collectives.setdefault(g.group, {})[e.src] = g
+
+
+def _on_engine(st: RunState, e: ev.EngineEvent) -> None:
+    w = st.workers.get(e.src)
+    if w is not None:
+        w.engine = e
+
+
+def _on_ray_pg(st: RunState, e: ev.RayPlacementGroupEvent) -> None:
+    if e.state == "REMOVED":
+        st.ray_pgs.pop(e.pg_id, None)
+        return
+    old = st.ray_pgs.get(e.pg_id)
+    since = old.since if old is not None and old.state == e.state else (e.created or e.ts)
+    st.ray_pgs[e.pg_id] = RayPlacementGroup(name=e.name, state=e.state, strategy=e.strategy,
+                                              bundles=[dict(b) for b in e.bundles], scheduling=e.scheduling,
+                                              since=since, ts=e.ts)
+
+
+def _on_alert(st: RunState, e: ev.AlertEvent) -> None:
+    key = alert_key(e.code, e.targets)
+    old = st.alerts.get(key)
+    if old is not None:  # the workers it held up are free of it, or are listed again below
+        _unblock(st, old)
+    if e.cleared:
+        st.alerts.pop(key, None)
+        return
+    blocked = e.evidence.get("blocked")
+    if e.targets and isinstance(blocked, list):  # (a stranger's alert may carry anything there)
+        for b in blocked:
+            w = st.workers.get(b) if isinstance(b, str) else None
+            if w is not None and not w.blocked_by and b not in e.targets:
+                w.blocked_by = e.targets[0]
+    st.alerts[key] = AlertState(
+        code=e.code, severity=e.severity, message=e.message, hint=e.hint, targets=list(e.targets),
+        since=old.since if old else e.ts, evidence=dict(e.evidence),
+    )
+
+
+def _unblock(st: RunState, a: AlertState) -> None:
+    """Free the workers ``a`` held up; one that failed of it stays marked until it starts again (its
+    next phase), as a sync's failure marks it."""
+    blocked = a.evidence.get("blocked")
+    for b in blocked if isinstance(blocked, list) and a.targets else ():
+        w = st.workers.get(b) if isinstance(b, str) else None
+        if w is not None and w.blocked_by == a.targets[0] and w.phase != "failed":
+            w.blocked_by = ""
+
+
+def _on_log(st: RunState, e: ev.LogEvent) -> None:
+    st.logs.append(f"{e.src} {e.level}: {e.message}"[:500])
+    if len(st.logs) > 50:
+        del st.logs[0]
+    if e.level in ("warn", "error") and OOM.search(e.message):
+        _note_oom(st, e.ts, e.src, e.message)
+
+
+def _note_oom(st: RunState, ts: float, src: str, line: str) -> None:
+    st.oom.append((ts, src, line[:500]))
+    del st.oom[:-8]
+
+
+def _on_action(st: RunState, e: ev.ActionEvent) -> None:
+    st.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result})
+    if len(st.actions) > 50:
+        del st.actions[0]
+
+
+HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
+    ev.RunEvent: _on_run,
+    ev.WorkerEvent: _on_worker,
+    ev.PhaseEvent: _on_phase,
+    ev.HeartbeatEvent: _on_heartbeat,
+    ev.HeartbeatsEvent: _on_heartbeats,
+    ev.SyncEvent: _on_sync,
+    ev.TeacherEvent: _on_teacher,
+    ev.GpuEvent: _on_gpu,
+    ev.MetricsEvent: _on_metrics,
+    ev.StackEvent: _on_stack,
+    ev.AlertEvent: _on_alert,
+    ev.LogEvent: _on_log,
+    ev.ActionEvent: _on_action,
+    ev.RayEvent: _on_ray,
+    ev.RayNodeEvent: _on_ray_node,
+    ev.RayPlacementGroupEvent: _on_ray_pg,
+    ev.CollectivesEvent: _on_collectives,
+    ev.EngineEvent: _on_engine,
+}

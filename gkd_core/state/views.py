@@ -1,0 +1,110 @@
+"""Views of a ``RunState`` that depend on the clock or are derived (time in phase, heartbeat age, a
+sync's elapsed time): pure, ``now`` comes from the caller, nothing stored."""
+
+from __future__ import annotations
+
+import math
+
+from gkd_core.state.records import (
+    AlertState, CollectiveView, GpuRow, MetricsPoint, SEVERITY_ORDER, SyncView, TERMINAL_PHASES, TeacherTotals,
+    WorkerState,
+)
+
+
+class StateViews:
+    """Mixed into ``RunState`` (no fields of its own, so the Struct stays one encoded object)."""
+
+    __slots__ = ()
+
+
+    def time_in_phase(self, w: WorkerState, now: float) -> float:
+        return max(0.0, now - w.phase_since)
+
+    def heartbeat_age(self, w: WorkerState, now: float) -> float | None:
+        return max(0.0, now - w.last_heartbeat) if w.last_heartbeat else None
+
+    def workers_by_role(self) -> dict[str, list[WorkerState]]:
+        out: dict[str, list[WorkerState]] = {}
+        for w in sorted(self.workers.values(), key=lambda w: (w.role, w.rank if w.rank is not None else -1, w.src)):
+            out.setdefault(w.role, []).append(w)
+        return out
+
+    def stale_workers(self, now: float, stall_s: float) -> list[WorkerState]:
+        """Workers whose heartbeats stopped while they were not finished: frozen or dead."""
+        return [
+            w for w in self.workers.values()
+            if w.last_heartbeat and w.phase not in TERMINAL_PHASES and now - w.last_heartbeat > stall_s
+        ]
+
+    def sync_view(self, now: float) -> SyncView | None:
+        s = self.sync
+        if s is None:
+            return None
+        running = s.state in ("started", "progress")
+        elapsed = s.elapsed_s + max(0.0, now - s.last_ts) if running else s.elapsed_s
+        # a timeout of no length (or a corrupt one) is no fraction: past its end at once, never infinity
+        frac = min(elapsed / s.timeout_s, 1e6) if s.timeout_s > 0 else 0.0
+        frac = frac if math.isfinite(frac) else 0.0
+        return SyncView(s.sync_id, s.state, elapsed, s.timeout_s, frac, list(s.pending), running)
+
+    def collective_views(self) -> list[CollectiveView]:
+        out = []
+        for group, members in sorted(self.collectives.items()):
+            n = max((p.entered for p in members.values()), default=0)
+            if n == 0:
+                continue
+            at_n = {src: p for src, p in members.items() if p.entered == n}
+            left = sorted(src for src, p in at_n.items() if p.left is not None and p.left >= n)
+            out.append(CollectiveView(
+                group, n, next((p.op for p in at_n.values() if p.op), "collective"),
+                max(p.world for p in members.values()), sorted(set(at_n) - set(left)),
+                sorted(src for src, p in members.items() if p.entered < n), left,
+                min(p.entered_at for p in at_n.values())))
+        return out
+
+    def teacher_totals(self) -> TeacherTotals:
+        tot = dict.fromkeys(("sent", "completed", "failed", "timed_out", "in_flight", "received", "served",
+                             "queue_depth"), 0)
+        lat: dict[str, float] = {}
+        for key, side in self.teacher.by_src.items():
+            for k in tot:
+                tot[k] += getattr(side, k)
+            if key.startswith("client:"):
+                for q, v in side.latency_ms.items():
+                    lat[q] = max(lat.get(q, 0.0), v)  # the slowest client is what the run feels
+        return TeacherTotals(latency_ms=lat, **tot)
+
+    def teacher_rate(self, window_s: float = 10.0) -> float:
+        """Completed teacher requests per second over the last ``window_s`` of history."""
+        h = self.teacher.history
+        if len(h) < 2:
+            return 0.0
+        t1, c1 = h[-1]
+        for t0, c0 in reversed(h[:-1]):
+            if t1 - t0 >= window_s:
+                break
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def hung_probes(self, now: float) -> list[tuple[str, str, float]]:
+        """(node, probe, seconds not answering) for every probe stuck in a call, growing with ``now``."""
+        return [(h.node, h.probe, h.seconds + max(0.0, now - h.at))
+                for _, h in sorted(self.probe_hangs.items())]
+
+    def gpu_rows(self) -> list[GpuRow]:
+        return [self.gpus[k] for k in sorted(self.gpus)]
+
+    def active_alerts(self) -> list[AlertState]:
+        """Most severe first, then oldest first."""
+        return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
+
+    def dump_answer(self, dump_id: str) -> dict | None:
+        """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:
+        every stack it took is in ``stacks`` by then."""
+        for act in reversed(self.actions):
+            res = act.get("result")
+            if act.get("op") == "dump_stacks" and isinstance(res, dict) and res.get("dump_id") == dump_id:
+                return res
+        return None
+
+    def recent_metrics(self, n: int = 60) -> list[MetricsPoint]:
+        return self.metrics[-n:]
