@@ -151,7 +151,7 @@ def _with_alerts(st, now):
 
 def test_out_of_memory_names_the_worker_and_the_plan_is_the_memory_ladder():
     from gkd_core.config import load_config
-    from gkd_core.diagnosis.plan import apply, restart_plan
+    from gkd_core.diagnosis.plan import LADDER, apply, restart_plan
 
     st = RunState()
     st.apply(ev.RunEvent(state="running", ts=T0))
@@ -159,7 +159,10 @@ def test_out_of_memory_names_the_worker_and_the_plan_is_the_memory_ladder():
         "rollout/1 (pid 4121 on node-a, GPU 3) failed in generate: OutOfMemoryError: CUDA out of memory. "
         "Tried to allocate 20.00 GiB")))
     (a,) = [a for a in diagnosis.diagnose(st, T0 + 2) if a.code == "out_of_memory"]
-    assert a.targets == ["rollout/1"] and "in generate" in a.message and "micro_batch_size" in a.hint
+    assert a.targets == ["rollout/1"] and "in generate" in a.message
+    # the hint says the rungs the restart plan takes, in its order (one ladder, not two that drift)
+    at = [a.hint.index(key) for key, _, _ in LADDER]
+    assert at == sorted(at), a.hint
     cfg = load_config(None)
     plan = restart_plan(_with_alerts(st, T0 + 2), cfg)
     assert [(c.key, c.old, c.new) for c in plan] == [("actor.micro_batch_size", 16, 8),
@@ -172,7 +175,7 @@ def test_out_of_memory_names_the_worker_and_the_plan_is_the_memory_ladder():
 
 def test_after_a_sync_straggler_the_plan_drops_that_worker_and_on_gpus_sets_nccl():
     from gkd_core.config import load_config
-    from gkd_core.diagnosis.plan import apply, restart_plan
+    from gkd_core.diagnosis.plan import LADDER, apply, restart_plan
 
     cfg = load_config(None)
     st = _with_alerts(running_sync(), T0 + 6)

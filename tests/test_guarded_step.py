@@ -9,7 +9,7 @@ import pytest
 
 from conftest import wait_until
 from gkd_core.state import RunState
-from gkd_core.diagnosis import rules
+from gkd_core.diagnosis.rules.common import BAD_STEP_SHOWN
 from gkd_core.supervisor import alerts
 from gkd_core.telemetry import events as ev
 from gkd_core.trainer import checkpoints
@@ -52,7 +52,7 @@ def test_a_skipped_step_raises_an_alert_with_seed_004s_fixes():
     (a,) = [a for a in alerts.evaluate(st, 10.0, 10.0) if a.code == "bad_step"]
     assert "step 2 skipped" in a.message and a.targets == ["student/0"]
     assert "actor.lr" in a.hint and "max_grad_norm" in a.hint and "bfloat16" in a.hint
-    st.apply(ev.MetricsEvent(step=2 + rules.BAD_STEP_SHOWN, loss=0.4, ts=99.0))
+    st.apply(ev.MetricsEvent(step=2 + BAD_STEP_SHOWN, loss=0.4, ts=99.0))
     assert not [a for a in alerts.evaluate(st, 100.0, 10.0) if a.code == "bad_step"]
 
 

@@ -20,6 +20,15 @@ from gkd_core.state import AlertState, RunState
 # gradient checkpointing and the offloads of the ladder have no key in the bundled trainer yet
 LADDER = (("actor.micro_batch_size", 0.5, 1), ("rollout.gpu_memory_utilization", None, 0.5),
           ("rollout.max_new_tokens", 0.5, 8), ("data.batch_size", 0.5, 4))
+LADDER_NOT_KEYS = "gradient checkpointing and offloading (set in your own job: no key here)"
+
+
+def ladder_hint() -> str:
+    """The ladder as the out-of-memory alert says it: the restart plan's rungs, in its order."""
+    rungs = [f"{key} to {floor:g}" if factor is None else f"halve {key} (at least {floor:g})"
+             for key, factor, floor in LADDER]
+    return (f"the memory ladder, in order: {'; '.join(rungs)}; restart smaller (r) takes two rungs at a time; "
+            f"then {LADDER_NOT_KEYS}")
 # what the hang write-ups set first; NCCL_IB_DISABLE is left to the person (a large slowdown on
 # InfiniBand clusters), named in the hint instead
 NCCL_ENV = {"NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}

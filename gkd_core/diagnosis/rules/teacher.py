@@ -1,0 +1,67 @@
+"""The teacher rule: requests owed and not answered, and which side holds them."""
+
+from __future__ import annotations
+
+from gkd_core.diagnosis.rules.common import Settings, frozen_limits
+from gkd_core.diagnosis.verdict import verdict
+from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.telemetry.events import AlertEvent
+from gkd_core.units import spoken
+
+
+TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
+
+
+TEACHER_STALL_FACTOR = 5.0  # ... or this many times the side's own p95 latency, when that is longer
+
+
+def _stall_limit(side) -> float:
+    return max(TEACHER_STALL_S, TEACHER_STALL_FACTOR * side.latency_ms.get("p95", 0.0) / 1000)
+
+
+def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Seed 000's question, "the teacher server received no requests": which side holds them. The
+    client sent but the server received none (the path between them); the server received but its
+    workers serve none while its queue grows (the teacher workers)."""
+    if state.state not in ("running", ""):
+        return []
+    sides = state.teacher.by_src
+    clients = [s for k, s in sides.items() if k.startswith("client:") and s.in_flight]
+    servers = [s for k, s in sides.items() if k.startswith("server:")]
+    out = []
+    for c in clients:
+        waited = now - c.progress_at
+        if waited < _stall_limit(c):
+            continue
+        # the newest sends never arrived: fewer received than sent, and nothing received since
+        sent = sum(x.sent for k, x in sides.items() if k.startswith("client:"))
+        if not servers or (sum(s.received for s in servers) < sent
+                           and all(s.received_at < c.sent_at for s in servers)):
+            got = sum(s.received for s in servers)
+            out.append(AlertEvent(
+                severity="critical", code="teacher_unreached", targets=["teacher/proxy"],
+                message=f"the teacher client has {c.in_flight} request(s) in flight for {spoken(waited)} (sent "
+                        f"{c.sent}); the teacher server received none of them (received {got} in all)",
+                hint="the path between them: teacher.address, the proxy's host and port, a firewall; "
+                     "`gkd-tui doctor` checks what it can",
+                evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
+    fresh = frozen_limits(cfg)[0]
+    for s in servers:
+        waited = now - s.progress_at
+        # counts the proxy has not said again lately are not the queue now: the proxy (or the relay that
+        # carries its events) is silent, which heartbeat_stale names; its workers are not to blame
+        if s.queue_depth and waited >= _stall_limit(s) and now - s.ts <= fresh:
+            workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
+                             and w.phase not in TERMINAL_PHASES)
+            vs = {w: verdict(state, state.workers[w], now, frozen_limits(cfg)[1]) for w in workers[:4]}
+            verdicts = [f"{w}: {v.text}" for w, v in vs.items()]
+            out.append(AlertEvent(
+                severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],
+                message=f"the teacher server received {s.received}, served {s.served}, {s.queue_depth} waiting for "
+                        f"{spoken(waited)}: its workers do not answer" + (f" ({'; '.join(verdicts)})" if verdicts else ""),
+                hint="the teacher workers: their stacks (d), out of memory or dead (see the workers table); "
+                     "restart (r) brings them back",
+                evidence={"received": s.received, "served": s.served, "queue_depth": s.queue_depth,
+                          "elapsed_s": round(waited, 1), "verdict": ",".join(v.word for v in vs.values()),
+                          "where": ";".join(v.where for v in vs.values())}))
+    return out

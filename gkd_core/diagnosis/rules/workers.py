@@ -1,0 +1,177 @@
+"""Rules on the workers: a stale heartbeat, a straggler, a dead actor, no step for too long, the driver's
+failure, events dropped."""
+
+from __future__ import annotations
+
+from gkd_core.diagnosis.cascade import BLOCKED_MAX
+from gkd_core.diagnosis.headline import headline
+from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
+from gkd_core.diagnosis.stragglers import Late, late_workers
+from gkd_core.diagnosis.verdict import verdict
+from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.telemetry.events import AlertEvent
+from gkd_core.units import precise, spoken
+
+
+def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A worker that sends no heartbeat: frozen or dead. Named at ``stall_s``, or sooner (FROZEN_S)
+    when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor."""
+    fresh, frozen = frozen_limits(cfg)
+    others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
+    limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
+    stale = state.stale_workers(now, limit)
+    # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
+    # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
+    # its own go quiet, so a relay that is nearly stale counts too.
+    quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.last_heartbeat
+                    and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in TERMINAL_PHASES}
+    behind: dict[str, list[str]] = {}
+    for w in stale:
+        if w.via in quiet_relays:
+            behind.setdefault(w.via, []).append(w.src)
+    out = []
+    for w in stale:
+        if w.via in quiet_relays:
+            continue
+        age = now - w.last_heartbeat
+        where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
+        v = verdict(state, w, now, frozen)
+        relayed = len(behind.get(w.src, ()))
+        with_it = (f"; the {relayed} worker(s) whose events it relays are silent with it (they may be working: "
+                   "their events wait in their own queues)") if relayed else ""
+        out.append(AlertEvent(
+            severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s or relayed else "warn",
+            code="heartbeat_stale",
+            message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
+                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}{with_it}",
+            hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
+                 f"`gkd-tui dump-stacks {w.src}`" + ("; the driver starts a dead node agent again between steps"
+                                                     if relayed else ""),
+            targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
+                                       "verdict": v.word or "frozen", "where": v.where, "relayed_silent": relayed,
+                                       **({"blocked": sorted(behind[w.src])[:BLOCKED_MAX]} if relayed else {})},
+        ))
+    return out
+
+
+def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Late workers, named by their peers (or by their own history), with the stuck-or-slow verdict."""
+    if state.state not in ("running", ""):
+        return []
+    return [_late_alert(state, late, now, frozen_limits(cfg)[1]) for late in late_workers(state, now)]
+
+
+def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> AlertEvent:
+    w = state.workers[late.src]
+    v = verdict(state, w, now, frozen_s)
+    at = f" (step {late.step})" if late.step is not None else ""
+    if late.by == "peers":
+        code = "straggler"
+        peers = "its peer" if late.n_done == 1 else f"{late.n_done} of its {late.n_group} peers"
+        base = f"{peers} finished in {precise(late.baseline)}" + (" (median)" if late.n_done > 1 else "")
+    else:
+        code = "slower_than_usual"
+        base = f"usually {precise(late.baseline)} (median of its last {late.n_done})"
+    where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
+    message = (f"{late.src} still in {late.phase}{at} after {spoken(late.elapsed)}; {base}"
+               + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else "")
+               + _before_the_teacher(state, late, w.phase_since))
+    return AlertEvent(
+        severity=late.severity, code=code, message=message, targets=[late.src],
+        hint=phase_hint(late.phase),
+        evidence={"phase": late.phase, "step": late.step, "elapsed_s": round(late.elapsed, 1),
+                  "threshold_s": round(late.threshold, 2), "baseline_s": round(late.baseline, 3), "by": late.by,
+                  "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
+                  "where": v.where},
+    )
+
+
+def _before_the_teacher(state: RunState, late: Late, since: float) -> str:
+    """The finding of the verl GKD write-up: the teacher server "received no requests" because the
+    rollouts never got past generation. Said when a generation is late and nothing was sent since."""
+    clients = [c for k, c in state.teacher.by_src.items() if k.startswith("client:")]
+    if "generate" not in late.phase or not clients or any(c.sent_at >= since for c in clients):
+        return ""
+    return "; the teacher has received no request since: the hang is before the teacher, not in it"
+
+
+def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    if state.state != "running":
+        return []
+    out = []
+    for w in state.workers.values():
+        # killed on purpose (the driver starting a teacher again, a forced cancel: on the record as actions)
+        if w.ray_state != "DEAD" or w.phase in TERMINAL_PHASES or "killed by `ray.kill`" in w.ray_death_cause:
+            continue
+        words = last_words(state, w.src)
+        out.append(AlertEvent(
+            severity="critical", code="actor_dead",
+            message=f"Ray reports {w.src}'s actor DEAD (pid {w.pid or '?'} on {w.node or '?'})"
+                    + (f": {w.ray_death_cause[:160]}" if w.ray_death_cause else "") + (f"; {words}" if words else ""),
+            hint="out of memory or killed? read its log (enter on it); restart (r) resumes from the latest checkpoint",
+            targets=[w.src]))
+    return out
+
+
+SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
+
+
+NO_STEP_FACTOR = 3.0
+
+
+NO_STEP_MIN_S = 30.0
+
+
+def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """Seed 001's "the log stopped for 2 minutes": every process alive (heartbeats flow) but no step
+    for 3x the median step time."""
+    ms = state.metrics[-33:]
+    if state.state != "running" or len(ms) < 4:
+        return []
+    gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:]))
+    median = gaps[len(gaps) // 2]
+    since = now - max(ms[-1].ts, state.running_since)  # a restarted driver's init is not a stall
+    driver = state.workers.get("driver")
+    if driver is not None and (driver.phase.startswith("init") or driver.phase in SLOW_ON_PURPOSE):
+        return []
+    limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
+    alive = [w for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < cfg.stall_s]
+    if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
+        return []
+    busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in ("idle", "serve")),
+                  reverse=True)[:3]
+    return [AlertEvent(
+        severity="warn", code="no_progress",
+        message=f"no training step for {spoken(since)} ({since / max(median, 1e-3):.0f}x the median step of "
+                f"{precise(median)}), every heartbeat fresh; longest in a phase: "
+                + (", ".join(f"{src} in {ph} {spoken(t)}" for t, src, ph in busy) or "nobody"),
+        hint="alive but not progressing: dump every stack (D) and look for the odd one out",
+        targets=[busy[0][1]] if busy else [],
+        evidence={"since_s": round(since, 1), "median_step_s": round(median, 3), "elapsed_s": round(since, 1)},
+    )]
+
+
+def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    if state.state != "failed":
+        return []
+    line = headline(state.log_tail)
+    m = FAILED_WORKER.search(line.removeprefix("gkd driver: "))
+    words = last_words(state, m.group(1))[:150] if m and "died" in line else ""
+    return [AlertEvent(
+        severity="critical", code="driver_failed",
+        message=f"driver {state.reason}: {line}"[:300 - len(words) - 4] + (f" ({words})" if words else ""),
+        hint="read RUN/logs/driver.log; `gkd-tui restart` resumes from the latest checkpoint",
+        # the worker whose failure ended it, else the driver itself
+        targets=[m.group(1)] if m else ["driver"], evidence={"verdict": "dead"} if m and "died" in line else {},
+    )]
+
+
+def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    dropped = {w.src: w.dropped for w in state.workers.values() if w.dropped}
+    if not dropped:
+        return []
+    return [AlertEvent(
+        severity="info", code="events_dropped",
+        message=f"{sum(dropped.values())} events dropped by {len(dropped)} sender(s) (queue full or supervisor away)",
+        hint="the senders are too chatty or the supervisor too slow; counts only, the run goes on",
+    )]
