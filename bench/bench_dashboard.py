@@ -41,6 +41,7 @@ import msgspec  # noqa: E402
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.runlog import keyframes  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
@@ -158,10 +159,10 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     nodes = (workers + per_node - 1) // per_node
     for i in range(workers):
         n = i // per_node
-        sock.send(ev.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{n}",
+        sock.send(wire.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{n}",
                                            pid=10_000 + i, gpus=[i % 8], ts=time.time(),
                                            via=f"agent/node-{n}" if per_node > 1 else "")))
-        sock.send(ev.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", ts=time.time())))
+        sock.send(wire.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", ts=time.time())))
     taken_in(2 * workers)
     lane_size = min(workers, burst_rate)
     lanes = (workers + lane_size - 1) // lane_size
@@ -186,7 +187,7 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                 sent += 1
             else:  # one by one, the way workers sent them before the relay
                 for beat in b.beats:
-                    sock.send(ev.encode(ev.heartbeat_of(beat)))
+                    sock.send(wire.encode(wire.heartbeat_of(beat)))
                     sent += 1
                 b.beats = []
             node += 1
@@ -205,13 +206,13 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                 else:  # progress: a worker's phase again, with a new detail
                     i = rnd.randrange(min(workers, sum(1 for m in moves if m) * lane_size))  # lanes move in order
                     e_phase, detail = CYCLE[(moves[i // lane_size] - 1) % len(CYCLE)], f"progress {burst_sent}"
-                sock.send(ev.encode(ev.PhaseEvent(src=f"rollout/{i}", phase=e_phase, detail=detail,
+                sock.send(wire.encode(ev.PhaseEvent(src=f"rollout/{i}", phase=e_phase, detail=detail,
                                                   step=(moves[i // lane_size] - 1) // len(CYCLE) + 1,
                                                   ts=time.time())))
                 sent += 1
             burst_sent += max(0, share)
         if time.monotonic() >= next_probe:
-            sock.send(ev.encode(ev.PhaseEvent(src="probe/0", phase=rnd.choice(CYCLE),
+            sock.send(wire.encode(ev.PhaseEvent(src="probe/0", phase=rnd.choice(CYCLE),
                                               detail=f"t={time.monotonic_ns()}", ts=time.time())))
             sent += 1
             next_probe += rnd.uniform(0.3, 0.7)

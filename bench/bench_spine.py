@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def mixed_events(n: int, workers: int = 256) -> list[ev.Event]:
 
 def bench_reducer(n: int = 300_000) -> list[tuple[str, str, str]]:
     events = mixed_events(n)
-    lines = [ev.encode(e) for e in events]
+    lines = [wire.encode(e) for e in events]
     st = RunState()
     t0 = time.perf_counter()
     for e in events:
@@ -73,7 +74,7 @@ def bench_reducer(n: int = 300_000) -> list[tuple[str, str, str]]:
     st = RunState()
     t0 = time.perf_counter()
     for line in lines:
-        st.apply(ev.decode(line))
+        st.apply(wire.decode(line))
     full_rate = n / (time.perf_counter() - t0)
     # the floor: the cheapest reducer imaginable, one dict write per event
     floor: dict[str, float] = {}
@@ -130,7 +131,7 @@ def bench_emit(n: int = 100_000) -> list[tuple[str, str, str]]:
     for i in range(n):
         e = ev.PhaseEvent(phase="generate", step=i, src="x", ts=time.time())
         t0 = clock()
-        push.send_multipart(ev.frames(e))
+        push.send_multipart(wire.frames(e))
         direct.append((clock() - t0) / 1e3)
     push.close()
     time.sleep(0.5)

@@ -63,3 +63,19 @@ def test_shrink_halves_with_floors_and_diff_lists_changes():
 def test_digest_is_stable_and_sensitive():
     a, b = C.load_config(None), C.load_config(None, ["trainer.total_steps=61"])
     assert C.digest(a) == C.digest(C.load_config(None)) != C.digest(b)
+
+
+def test_a_retired_key_of_an_older_config_loads_with_a_warning_and_is_not_written_again(tmp_path):
+    old = tmp_path / "config.yaml"
+    old.write_text("model:\n  name: tiny-student\n  n_layer: 3\nteacher:\n  model: tiny-teacher\n")
+    with pytest.warns(C.ConfigWarning) as said:
+        cfg = C.load_config(old)
+    assert cfg.model.n_layer == 3
+    assert [str(w.message) for w in said] == [
+        f"{old}: 'model.name' ('tiny-student') is read by nothing and ignored (model.path says which student): "
+        "remove it",
+        f"{old}: 'teacher.model' ('tiny-teacher') is read by nothing and ignored (teacher.path says which teacher): "
+        "remove it"]
+    assert "tiny-student" not in C.to_yaml(cfg) and "tiny-teacher" not in C.to_yaml(cfg)
+    with pytest.raises(C.ConfigError, match="unknown key 'model.nme'"):  # other unknown keys are still refused
+        C.load_config(None, ["model.nme=x"])

@@ -271,6 +271,7 @@ def test_the_stack_viewer_puts_threads_running_user_code_first():
 
 async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_who_is_not(tmp_path):
     from gkd_core.telemetry import events as ev
+    from gkd_core.telemetry import wire
     from gkd_tui.screens.worker_details import WorkerDetails
 
     t0, lines = 1_795_000_000.0, []
@@ -287,7 +288,7 @@ async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_w
     for seq, e in enumerate(lines, 1):
         e.seq = seq
     path = tmp_path / "events.jsonl"
-    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
     app = GkdApp(ReplaySource(path))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("end")

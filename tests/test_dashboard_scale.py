@@ -10,6 +10,7 @@ import pytest
 from gkd_core.diagnosis import diagnose
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_tui.app import GkdApp
 from gkd_tui.sources.replay import ReplaySource
 from gkd_tui.widgets.workers_table import WorkersTable
@@ -47,7 +48,7 @@ def recording(path: Path) -> Path:
     lines += alerts
     for seq, e in enumerate(lines, 1):
         e.seq = seq
-    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
     return path
 
 

@@ -175,7 +175,7 @@ def test_out_of_memory_names_the_worker_and_the_plan_is_the_memory_ladder():
 
 def test_after_a_sync_straggler_the_plan_drops_that_worker_and_on_gpus_sets_nccl():
     from gkd_core.config import load_config
-    from gkd_core.diagnosis.plan import LADDER, apply, restart_plan
+    from gkd_core.diagnosis.plan import apply, restart_plan
 
     cfg = load_config(None)
     st = _with_alerts(running_sync(), T0 + 6)

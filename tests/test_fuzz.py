@@ -32,6 +32,7 @@ from gkd_core.diagnosis import plan
 from gkd_core.runlog.reader import replay
 from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_tui.render_text import status_text
 from gkd_tui.sources.replay import ReplaySource
 
@@ -185,13 +186,13 @@ def test_the_reducer_and_the_diagnosis_take_any_event_that_decodes(objs, now):
     for seq, obj in enumerate(objs, 1):
         obj["seq"] = seq
         try:
-            e = ev.decode(encode(obj))
-        except ev.Rejected as r:
+            e = wire.decode(encode(obj))
+        except wire.Rejected as r:
             assert r.reason in ("garbage", "malformed", "oversized", "version") and "\n" not in str(r)
             continue
         state.apply(e)
         if isinstance(e, ev.Event):  # what is accepted survives the log: written and read back, the same
-            assert ev.decode(ev.encode(e)) == e
+            assert wire.decode(wire.encode(e)) == e
     check_state(state, now)
 
 
@@ -203,13 +204,13 @@ def test_the_supervisors_decoder_drops_what_it_cannot_log_and_keeps_the_rest(obj
     if data.draw(st.booleans()):  # a wrong type for an envelope field
         obj[data.draw(st.sampled_from(["src", "run", "ts", "seq", "v", "kind"]))] = data.draw(JSON_VALUES)
     try:
-        raw, typed = ev.decode_dict(encode(obj))
-    except ev.Rejected as r:
+        raw, typed = wire.decode_dict(encode(obj))
+    except wire.Rejected as r:
         assert r.reason in ("garbage", "malformed", "version") and "\n" not in r.detail
         return
     raw["seq"], raw["run"] = 7, "r"
     raw["ts"] = raw.get("ts") or NOW
-    again = ev.decode(ev.encode_dict(raw))  # the line as events.jsonl holds it, read by a replay
+    again = wire.decode(wire.encode_dict(raw))  # the line as events.jsonl holds it, read by a replay
     assert again.kind == typed.kind == raw["kind"]
     RunState().apply(again)
 
@@ -226,10 +227,10 @@ TOO_DEEP = st.sampled_from([5000, 100_000]).map(nested)  # what no reader can ta
 @fuzz(200)
 @given(data=st.binary(max_size=300) | st.text(max_size=300).map(str.encode) | JSON_VALUES.map(encode) | DEEP)
 def test_decoding_garbage_raises_only_rejected(data):
-    for decode in (ev.decode, ev.decode_dict):
+    for decode in (wire.decode, wire.decode_dict):
         try:
             decode(data)
-        except ev.Rejected as r:
+        except wire.Rejected as r:
             assert r.reason in ("garbage", "malformed", "oversized", "version")
 
 
@@ -449,7 +450,7 @@ def test_replay_of_a_torn_log_skips_each_bad_line_by_number_and_keeps_every_even
     with tempfile.TemporaryDirectory() as d:
         path = write_log(Path(d), lines)
         src = ReplaySource(path)
-    good = [ev.decode(line) for n, line in enumerate(lines, 1) if line and n not in bad]
+    good = [wire.decode(line) for n, line in enumerate(lines, 1) if line and n not in bad]
     assert src.events == good  # every event, in the file's order
     assert [n for n, _ in src.skipped] == bad
     note = src.warning()
@@ -649,7 +650,7 @@ def assert_log_intact(run: Path, before: bytes) -> list[dict]:
     data = (run / "events.jsonl").read_bytes()
     assert data.startswith(before)
     lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]  # the last, maybe half-flushed line aside
-    events = [ev.decode(line) for line in lines]  # raises on a line that is no event
+    events = [wire.decode(line) for line in lines]  # raises on a line that is no event
     assert all(a.seq < b.seq for a, b in zip(events, events[1:])) and events[0].seq == 1
     return [json.loads(line) for line in lines]
 

@@ -11,6 +11,7 @@ import pytest
 from gkd_core.runlog.reader import replay
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.telemetry.subscriber import RunSubscriber
 from gkd_tui.sources.replay import ReplaySource
@@ -64,7 +65,7 @@ def test_replay_fills_the_left_out_beats_and_not_a_silence(tmp_path):
     for i, e in enumerate(lines, 1):
         e.seq = i
     path = tmp_path / "events.jsonl"
-    path.write_bytes(b"\n".join(ev.encode(e) for e in lines) + b"\n")
+    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
     assert sum(type(e) is ev.HeartbeatEvent for e in lines) == 4  # 0, 10, 20 and the last, 25
 
     r = ReplaySource(path)
@@ -100,9 +101,9 @@ def test_the_logged_run_ends_in_the_live_state_with_a_fraction_of_the_heartbeats
     assert sup.wait_exit() == 143
     lines = (sup.run / "events.jsonl").read_bytes().splitlines()
     wait_until(lambda: sub.pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
-    logged = [e for e in map(ev.decode, lines) if type(e) is ev.HeartbeatEvent and e.src == "rollout/7"]
+    logged = [e for e in map(wire.decode, lines) if type(e) is ev.HeartbeatEvent and e.src == "rollout/7"]
     assert sent >= 18 and len(logged) <= sent // 2, (sent, len(logged))
-    seqs = [e.seq for e in map(ev.decode, lines)]
+    seqs = [e.seq for e in map(wire.decode, lines)]
     assert seqs == sorted(set(seqs))  # strictly increasing, the restated beats too
     want = replay(lines)
     assert want.workers["rollout/7"].last_heartbeat == sub.state.workers["rollout/7"].last_heartbeat

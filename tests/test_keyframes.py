@@ -19,6 +19,7 @@ from gkd_core.runlog import keyframes as kf
 from gkd_core.runlog import reader
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.relay import HeartbeatBatcher
 from gkd_tui.sources.replay import ReplaySource
 
@@ -62,7 +63,7 @@ def recorded(tmp_path_factory):
         nodes, per_node = 4, 8
         srcs = [f"rollout/{i}" for i in range(nodes * per_node)]
         for i, src in enumerate(srcs):
-            push.send(ev.encode(ev.WorkerEvent(src=src, role="rollout", rank=i, node=f"n{i // per_node}",
+            push.send(wire.encode(ev.WorkerEvent(src=src, role="rollout", rank=i, node=f"n{i // per_node}",
                                                via=f"agent/n{i // per_node}", ts=time.time())))
         batchers = [HeartbeatBatcher(f"agent/n{n}", f"n{n}") for n in range(nodes)]
         t0 = time.time()
@@ -70,7 +71,7 @@ def recorded(tmp_path_factory):
         while time.time() - t0 < 5.0:  # a step every 0.4 s: four phases, all workers together
             for p in PHASES:
                 for src in srcs:
-                    push.send(ev.encode(ev.PhaseEvent(src=src, phase=p, step=step, ts=time.time())))
+                    push.send(wire.encode(ev.PhaseEvent(src=src, phase=p, step=step, ts=time.time())))
                 for n, b in enumerate(batchers):
                     for i in range(n * per_node, (n + 1) * per_node):
                         idle = i == 5 and time.time() - t0 > 2.5  # a change the log keeps
@@ -104,7 +105,7 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
         assert data.count(b"\n") == h.lines and data.endswith(b"\n")
         # the newest ts of the lines before it, or of a heartbeat the log left out (thinned), which the
         # state it carries holds: a replay seeking past the log's lines must still land on this frame
-        logged = max(ev.decode(line).ts for line in data.splitlines())
+        logged = max(wire.decode(line).ts for line in data.splitlines())
         beats = max((w.last_heartbeat for w in kf.load(f).workers.values()), default=0.0)
         assert h.max_ts == max(logged, beats), (h.max_ts, logged, beats)
         head, state, end = f.read_bytes().split(b"\n")  # the header, then the state as a snapshot has it
@@ -195,7 +196,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     st = RunState()
     for i in range(3):
         e = ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, ts=100.0 + i, seq=i + 1)
-        log.append(ev.encode(e), e.ts)
+        log.append(wire.encode(e), e.ts)
         st.apply(e)
     log.flush()
     w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6, keep=2)
@@ -205,7 +206,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
         wait_until(lambda: w.tick(st, log, seq) == "" and not w.pid, 10, "the writer done")
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
-        log.append(ev.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)
+        log.append(wire.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)
         log.flush()
     assert w.written == 3
     assert [p.name for p in kf.frames(tmp_path / "keyframes")] == ["seq-000000000004.jsonl", "seq-000000000005.jsonl"]
@@ -242,7 +243,7 @@ def test_a_log_taken_over_knows_where_it_stands_and_so_does_its_writer(tmp_path)
     st = RunState()
     for i in range(5):
         e = ev.LogEvent(src="driver", message="x" * (i * 100), ts=100.0 + i, seq=i + 1)
-        log.append(ev.encode(e), e.ts)
+        log.append(wire.encode(e), e.ts)
         st.apply(e)
     w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6)
     log.flush()

@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.ingest import IngestRoute
 
 ray = pytest.importorskip("ray")
@@ -84,7 +85,7 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (len(seen.get("gpu", ())) == 2 and len(seen.get("worker", ())) == 2):
             if pull.poll(200):
-                e = ev.decode(pull.recv())
+                e = wire.decode(pull.recv())
                 if isinstance(e, ev.GpuEvent):
                     seen.setdefault("gpu", set()).add(e.node)
                 elif isinstance(e, ev.WorkerEvent):

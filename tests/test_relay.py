@@ -13,6 +13,7 @@ import zmq
 from gkd_core.runlog.reader import replay
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.relay import HeartbeatBatcher, Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.telemetry.subscriber import RunSubscriber
@@ -29,7 +30,7 @@ def test_a_batch_leaves_the_state_a_run_of_single_heartbeats_would():
             cpu = 2.0 if (i == 1 and t >= 3) else 80.0  # rollout/1 goes idle at 3
             beats.append(ev.Beat(f"rollout/{i}", 100.0 + t + i / 10, "generate", t, (1 << 30) + t, cpu, i))
     for b in beats:
-        singles.apply(ev.heartbeat_of(b))
+        singles.apply(wire.heartbeat_of(b))
     for t in range(6):
         batched.apply(ev.HeartbeatsEvent(src="agent/n0", node="n0", ts=101.0 + t, beats=beats[3 * t:3 * t + 3]))
     for src, w in singles.workers.items():
@@ -64,8 +65,8 @@ def test_the_relay_batches_heartbeats_and_forwards_the_rest(tmp_path):
         relay.stop()
         up.close(0)
         ctx.term()
-    batches = [ev.decode(f[1]) for f in got if f[0] == b"heartbeats"]
-    singles = [ev.decode(f[-1]) for f in got if f[0] != b"heartbeats"]
+    batches = [wire.decode(f[1]) for f in got if f[0] == b"heartbeats"]
+    singles = [wire.decode(f[-1]) for f in got if f[0] != b"heartbeats"]
     # about 5 batches in 1.6 s at 0.3 s, each with every worker's beats since the one before
     assert 3 <= len(batches) <= 7, len(batches)
     assert all(b.src == "agent/node-a" and b.node == "node-a" for b in batches)
@@ -87,7 +88,7 @@ def test_one_batch_per_node_through_the_supervisor_logged_and_replayed_as_live(s
     push.connect(sup.endpoints["ingest"])
     nodes, per_node = 4, 8
     for i in range(nodes * per_node):
-        push.send(ev.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"n{i // per_node}",
+        push.send(wire.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"n{i // per_node}",
                                            via=f"agent/n{i // per_node}", ts=time.time())))
     batchers = [HeartbeatBatcher(f"agent/n{n}", f"n{n}") for n in range(nodes)]
     sent = 0
@@ -109,7 +110,7 @@ def test_one_batch_per_node_through_the_supervisor_logged_and_replayed_as_live(s
     assert sup.wait_exit() == 143
     ctx.term()
     lines = (sup.run / "events.jsonl").read_bytes().splitlines()
-    events = [ev.decode(line) for line in lines]
+    events = [wire.decode(line) for line in lines]
     wait_until(lambda: sub.pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
     # one event per batch reached the subscriber: one seq each
     assert sub.state.applied >= sent

@@ -8,6 +8,7 @@ import time
 import zmq
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
 
 
@@ -26,7 +27,7 @@ def collect(sock, seconds):
         if sock.poll(int(left * 1000) + 1):
             frames = sock.recv_multipart()
             assert len(frames) == 1  # the Reporter sends [json]; the supervisor adds the kind frame
-            out.append(ev.decode(frames[0]))
+            out.append(wire.decode(frames[0]))
     return out
 
 

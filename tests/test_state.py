@@ -3,6 +3,7 @@ import msgspec
 from gkd_core.runlog.reader import replay
 from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 
 def seqd(events):
@@ -106,12 +107,12 @@ def test_snapshot_round_trip_is_equal_and_continues_identically():
 
 def test_unknown_kinds_are_counted_not_fatal():
     st = RunState()
-    st.apply(ev.decode(b'{"v":1,"kind":"future","seq":1,"x":1}'))
+    st.apply(wire.decode(b'{"v":1,"kind":"future","seq":1,"x":1}'))
     assert st.unknown == {"future": 1} and st.last_seq == 1
 
 
 def test_replay_skips_bad_lines():
-    lines = [ev.encode(e) for e in scenario()]
+    lines = [wire.encode(e) for e in scenario()]
     lines.insert(3, b"not json")
     assert replay(lines) == build()
 

@@ -10,6 +10,7 @@ from gkd_core.teacher import protocol
 from gkd_core.teacher.client import TeacherClient, TeacherUnavailable
 from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
 
 V = 11
@@ -63,7 +64,7 @@ def test_microbatches_in_flight_and_counts_on_both_sides(service):
     seen = None
     while time.monotonic() < deadline and seen is None:
         if sink.poll(100):
-            e = ev.decode(sink.recv())
+            e = wire.decode(sink.recv())
             if isinstance(e, ev.TeacherEvent) and e.side == "server" and e.served == 4:
                 seen = e
     assert seen is not None and seen.latency_ms["p50"] > 0 and seen.queue_depth == 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from gkd_core.runlog import eventlog
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 EVENTS = "events.jsonl"  # a run directory's log
 CHUNK = 4 << 20  # bytes read at a time, cut at a line's end
@@ -60,8 +61,8 @@ def decode_lines(lines: Iterable[bytes | str], first: int,
         if not line.strip():
             continue
         try:
-            e = ev.decode(line.strip())
-        except ev.Rejected as r:
+            e = wire.decode(line.strip())
+        except wire.Rejected as r:
             if on_bad is not None:
                 on_bad(n, str(r))
             continue

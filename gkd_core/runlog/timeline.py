@@ -31,6 +31,7 @@ from gkd_core.runlog import reader
 from gkd_core.runlog.heartbeats import SILENT_BEATS
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 
 class Timeline:
@@ -150,7 +151,7 @@ class Timeline:
             self._beat(i, e)
         elif type(e) is ev.HeartbeatsEvent:
             for b in e.beats:
-                self._beat(i, ev.heartbeat_of(b))
+                self._beat(i, wire.heartbeat_of(b))
         elif type(e) is ev.RunEvent and e.state in ("starting", "running", "restarting"):
             self._last.clear()  # a new driver's workers: no gap to fill across it
 

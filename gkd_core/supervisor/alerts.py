@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from gkd_core import diagnosis
 from gkd_core.state import RunState
-from gkd_core.telemetry.events import AlertEvent, RejectCounter
+from gkd_core.telemetry.events import AlertEvent
+from gkd_core.telemetry.wire import RejectCounter
 
 
 def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0) -> list[AlertEvent]:

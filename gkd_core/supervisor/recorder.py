@@ -18,6 +18,7 @@ from gkd_core.state import RunState
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 INGEST_BATCH = 5000  # messages taken at one go, so the loop answers control requests in between
 BEATS_PER_LINE = 4096  # beats kept from batches are written at least this many to a line
@@ -29,7 +30,7 @@ class Recorder:
                  publish: Callable[[bytes, bytes], None], seq: int = 0):
         self.run_id, self.state, self.log, self.heartbeats, self.publish = run_id, state, log, heartbeats, publish
         self.seq = seq
-        self.rejects = ev.RejectCounter()
+        self.rejects = wire.RejectCounter()
         self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batch`)
         self._beats_seq = 0
 
@@ -42,7 +43,7 @@ class Recorder:
         typed.seq, typed.ts = self.seq, ts
         if isinstance(typed, ev.Event):
             typed.run = self.run_id
-        line = ev.encode_dict(obj)
+        line = wire.encode_dict(obj)
         if logged:
             if self._beats_kept:
                 self._write_beats()  # the log stays in seq order
@@ -73,15 +74,15 @@ class Recorder:
                 data = recv(_NOBLOCK)
                 n += 1
             if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
-                batch = ev.decode_batch(data)
+                batch = wire.decode_batch(data)
                 if batch is not None:
                     self._take_batch(batch)
                     continue
             try:
                 if n > 2:
-                    raise ev.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
-                obj, typed = ev.decode_dict(data)
-            except ev.Rejected as r:
+                    raise wire.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
+                obj, typed = wire.decode_dict(data)
+            except wire.Rejected as r:
                 self.rejects.add(r, "ingest ")
                 continue
             if type(typed) is ev.HeartbeatsEvent:
@@ -89,7 +90,7 @@ class Recorder:
             elif type(typed) is ev.HeartbeatEvent:
                 logged, before = self.heartbeats.admit(typed)
                 if before is not None:
-                    self.emit(before if type(before) is ev.HeartbeatEvent else ev.heartbeat_of(before))
+                    self.emit(before if type(before) is ev.HeartbeatEvent else wire.heartbeat_of(before))
                 self.commit(obj, typed, b"heartbeat", logged)
             else:
                 self.commit(obj, typed, obj["kind"].encode())
@@ -103,7 +104,7 @@ class Recorder:
         e.seq, e.run = self.seq, self.run_id
         if not e.ts:
             e.ts = time.time()
-        self.publish(b"heartbeats", ev.encode(e))
+        self.publish(b"heartbeats", wire.encode(e))
         admit, kept = self.heartbeats.admit, self._beats_kept
         n = len(kept)
         for b in e.beats:
@@ -123,14 +124,14 @@ class Recorder:
                  for b in self._beats_kept]
         self._beats_kept = []
         ts = max(b.ts for b in beats)
-        self.log.append(ev.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
+        self.log.append(wire.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
                                                      ts=ts, beats=beats)), ts)
 
     def restate_silent(self, everyone: bool = False) -> None:
         """Log the newest heartbeat of each worker that fell silent since (see runlog.heartbeats); of every
         worker with ``everyone`` (the run's end)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
-            self.emit(e if type(e) is ev.HeartbeatEvent else ev.heartbeat_of(e))  # (a batch's beat)
+            self.emit(e if type(e) is ev.HeartbeatEvent else wire.heartbeat_of(e))  # (a batch's beat)
 
     def flush(self) -> None:
         if self._beats_kept:

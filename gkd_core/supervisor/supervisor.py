@@ -35,6 +35,7 @@ from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
@@ -191,7 +192,7 @@ class Supervisor:
             except (zmq.Again, ValueError):
                 return
             if mon is self.sockets.ingest_monitor:
-                self.rec.rejects.add(ev.Rejected("unauthenticated", "a tcp sender without the run's CurveZMQ key "
+                self.rec.rejects.add(wire.Rejected("unauthenticated", "a tcp sender without the run's CurveZMQ key "
                                                                      "(refused in the handshake)"), "ingest ")
             else:
                 self._auth_refused += 1

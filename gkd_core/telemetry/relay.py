@@ -24,6 +24,7 @@ from pathlib import Path
 import zmq
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.ingest import Curve, client_socket
 
 # how a Reporter's heartbeat begins (msgspec writes the tag first): the rest is forwarded unread
@@ -49,7 +50,7 @@ class HeartbeatBatcher:
             return None
         e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=self.beats)
         self.beats = []
-        return [b"heartbeats", ev.encode(e)]
+        return [b"heartbeats", wire.encode(e)]
 
 
 def relay_path(run_id: str, label: str) -> Path:
@@ -140,7 +141,7 @@ class Relay:
                         except zmq.Again:
                             break
                         if len(frames) == 1 and frames[0].startswith(HEARTBEAT_PREFIX):
-                            beat = ev.beat_of(frames[0])
+                            beat = wire.beat_of(frames[0])
                             if beat is not None:
                                 batcher.add(beat)
                                 if len(batcher.beats) >= MAX_BEATS:

@@ -22,7 +22,7 @@ from typing import Iterator
 import zmq
 
 from gkd_core import proctree
-from gkd_core.telemetry import collectives, events as ev
+from gkd_core.telemetry import collectives, events as ev, wire
 from gkd_core.telemetry.ingest import Curve, client_socket
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -95,7 +95,7 @@ class Reporter:
         if len(self._queue) >= self.queue_max:
             self.dropped += 1
             return
-        self._queue.append(ev.encode(event))  # one frame: the kind frame is for PUB/SUB filtering
+        self._queue.append(wire.encode(event))  # one frame: the kind frame is for PUB/SUB filtering
         if self._sleeping:
             self._wake.set()
 
@@ -154,7 +154,7 @@ class Reporter:
 
     def _heartbeat(self, cpu: float) -> bytes:
         now = time.time()
-        return ev.encode(ev.HeartbeatEvent(
+        return wire.encode(ev.HeartbeatEvent(
             src=self.src, run=self.run, ts=now, phase=self._phase, elapsed=now - self._phase_since,
             rss=_rss_bytes(), cpu=cpu, dropped=self.dropped,
         ))
@@ -168,7 +168,7 @@ class Reporter:
             return
         if groups != self._groups_sent:
             self._groups_sent = groups
-            self._queue.append(ev.encode(ev.CollectivesEvent(src=self.src, run=self.run, ts=time.time(),
+            self._queue.append(wire.encode(ev.CollectivesEvent(src=self.src, run=self.run, ts=time.time(),
                                                              groups=groups)))
 
     def _run(self) -> None:

@@ -16,6 +16,7 @@ import zmq
 from gkd_core import rundir
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.control import ControlClient
 
 class Snapshot(msgspec.Struct):
@@ -51,7 +52,7 @@ class RunSubscriber:
         self.seq = 0
         self.snapshots = 0
         self.gaps = 0
-        self.rejects = ev.RejectCounter()
+        self.rejects = wire.RejectCounter()
         self.supervisor: dict = {}
 
     def resnapshot(self) -> None:
@@ -79,8 +80,8 @@ class RunSubscriber:
             except zmq.Again:
                 break
             try:
-                e = ev.decode(frames[-1])
-            except ev.Rejected as r:
+                e = wire.decode(frames[-1])
+            except wire.Rejected as r:
                 self.rejects.add(r)
                 continue
             if e.seq <= self.seq:

@@ -15,7 +15,7 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.cluster import Cluster
-from gkd_core.trainer.workers import thread_stacks
+from gkd_core.trainer.worker_base import thread_stacks
 
 STACK_DEADLINE_S = 3.0
 

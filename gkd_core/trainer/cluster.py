@@ -30,6 +30,7 @@ from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
+from gkd_core.trainer.worker_base import WorkerContext
 
 # one torch thread per process (more than the cores make small models many times slower), and
 # no progress bars or advice from transformers in the logs people read when a run is stuck
@@ -90,8 +91,8 @@ class Cluster:
         return guarded_wait(refs, timeout_s, phase=phase, describe=self.describe, on_tick=on_tick or self.on_tick,
                             hint=hint)
 
-    def context(self, src: str) -> workers.WorkerContext:
-        return workers.WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
+    def context(self, src: str) -> WorkerContext:
+        return WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
                                      heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
                                      faults=self.faults.for_worker(src), stacks_dir=str(self.run_dir / "stacks"),
                                      route=self.route)
