@@ -60,7 +60,7 @@ def rss_bytes(pid: int | str = "self") -> int:
 def dashboard_main(run: str, out: str, seconds: float) -> None:
     """The headless dashboard, timing how long a probe's phase change takes to reach the screen."""
     from gkd_tui.app import GkdApp
-    from gkd_core.telemetry.subscriber import RunSubscriber
+    from gkd_core.subscriber import RunSubscriber
     from gkd_tui.sources.live import LiveSource
     from gkd_tui.widgets.workers_table import WorkersTable
 

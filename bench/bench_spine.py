@@ -169,7 +169,7 @@ def cpu_seconds(pid: int) -> float:
 
 def subscriber_main(run: str, out: str, duration: float) -> None:
     """In its own process: attach, apply, and time `lat` log events from emit to apply."""
-    from gkd_core.telemetry.subscriber import RunSubscriber
+    from gkd_core.subscriber import RunSubscriber
 
     sub = RunSubscriber(Path(run))
     sub.connect()

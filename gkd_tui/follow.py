@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gkd_core.telemetry import events as ev
-from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_core.subscriber import RunSubscriber
 from gkd_tui.render_text import status_text
 
 ENDED = ("finished", "failed", "stopped")

@@ -13,7 +13,7 @@ from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_core.subscriber import RunSubscriber
 from gkd_tui.sources.replay import ReplaySource
 
 from conftest import wait_until

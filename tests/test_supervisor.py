@@ -18,7 +18,7 @@ from gkd_core.runlog.reader import replay
 from gkd_core.telemetry import events as ev, ingest
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.telemetry.subscriber import RunSubscriber
+from gkd_core.subscriber import RunSubscriber
 
 from conftest import wait_until
 
@@ -120,7 +120,7 @@ def test_sigkill_of_a_subscriber_does_not_disturb_the_run(start_supervisor):
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from gkd_core.telemetry.subscriber import RunSubscriber
+        from gkd_core.subscriber import RunSubscriber
         s = RunSubscriber(Path({str(sup.run)!r}))
         s.connect()
         print("ready", flush=True)

@@ -1,0 +1,78 @@
+"""The house's layers: a module imports from its own layer or lower ones, never higher, and no
+parts import each other, however far round. The layers, lowest first, are in ``LAYERS``
+(ARCHITECTURE.md says what each holds)."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LAYERS = [
+    # words, units, files and processes: what everything else is said in
+    {"gkd_core.units", "gkd_core.vocab", "gkd_core.stack_text", "gkd_core.lifeline", "gkd_core.proctree",
+     "gkd_core.rundir", "gkd_core.config"},
+    {"gkd_core.telemetry"},  # the protocol: events, their codec, the reporter, control
+    {"gkd_core.state"},  # the reducer
+    # what reads the state or feeds it: the log, the diagnosis, a late joiner, node agents, the teacher service
+    {"gkd_core.runlog", "gkd_core.diagnosis", "gkd_core.subscriber", "gkd_core.node", "gkd_core.teacher"},
+    # what runs a job: our trainer, other people's jobs, and the tools beside them
+    {"gkd_core.trainer", "gkd_core.integrations", "gkd_core.doctor", "gkd_core.bundle", "gkd_core.demo_driver"},
+    {"gkd_core.supervisor"},  # owns a run: starts the driver, records, diagnoses, answers
+    {"gkd_tui", "gkd_core.__main__"},  # what a person runs
+]
+LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+
+
+def part_of(module: str) -> str | None:
+    """The part (a package, or a module of the top level) that ``module`` belongs to."""
+    names = module.split(".")
+    if names[0] == "gkd_tui":
+        return "gkd_tui"
+    if names[0] != "gkd_core" or len(names) == 1:
+        return None
+    return ".".join(names[:2])
+
+
+def imports() -> list[tuple[str, str, str]]:
+    """(file, part it is in, part it imports) for every import of ours in gkd_core and gkd_tui, at
+    any depth (a function's import counts: it runs the module too)."""
+    out = []
+    for path in sorted([*ROOT.glob("gkd_core/**/*.py"), *ROOT.glob("gkd_tui/**/*.py")]):
+        rel = path.relative_to(ROOT)
+        here = part_of(".".join(rel.with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text(), str(rel))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                named = [node.module] if node.module != "gkd_core" else [f"gkd_core.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                named = [a.name for a in node.names]
+            else:
+                continue
+            for module in named:
+                there = part_of(module)
+                if there and there != here:
+                    out.append((str(rel), here, there))
+    return out
+
+
+def test_every_part_has_a_layer():
+    parts = {p for _, here, there in imports() for p in (here, there)}
+    assert parts - set(LAYER) == set(), "a new part: give it a layer in LAYERS"
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    upward = sorted({f"{f}: {here} (layer {LAYER[here]}) imports {there} (layer {LAYER[there]})"
+                     for f, here, there in imports() if LAYER[there] > LAYER[here]})
+    assert upward == []
+
+
+def test_no_import_cycle_among_the_parts():
+    graph: dict[str, set[str]] = {}
+    for _, here, there in imports():
+        graph.setdefault(here, set()).add(there)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        raise AssertionError(f"parts that import each other: {' -> '.join(e.args[1])}") from None
