@@ -185,6 +185,38 @@ async def test_readonly_has_no_cancel_or_restart():
         assert type(app.screen).__name__ == "HelpScreen"
 
 
+async def toasts_after(app, *keys) -> list:
+    """The notifications the keys lead to, once the actions' workers have finished."""
+    from textual.notifications import Notify
+
+    seen = []
+    async with app.run_test(size=(100, 30), message_hook=lambda m: isinstance(m, Notify) and seen.append(m)) as pilot:
+        for key in keys:  # one at a time: an action replaces a pending one of its group
+            await pilot.press(key)
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+    return [m.notification for m in seen]
+
+
+async def test_an_action_this_view_cannot_do_is_one_warning_naming_it():
+    said = await toasts_after(GkdApp(ReplaySource(RECORDING)), "D", "r", "b")
+    assert [(n.message, n.severity) for n in said] == [
+        ("dump stacks: a replay has no run to act on", "warning"),
+        ("restart: a replay has no run to act on", "warning"),
+        ("bundle: this view has no run directory", "warning")]
+
+
+async def test_an_action_that_fails_is_one_error_naming_it_and_the_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_bytes(RECORDING.read_bytes())
+    (run / "config.yaml").write_text("{}\n")
+    (run / "bundles").write_text("a file where the bundles' folder goes\n")
+    [toast] = await toasts_after(GkdApp(ReplaySource(run / "events.jsonl")), "b")
+    assert toast.severity == "error" and toast.message.startswith("bundle: [Errno 17] File exists"), toast
+    assert not toast.markup  # "[Errno 17]" is shown, not read as a style
+
+
 def test_log_follower_reads_appended_lines_and_keeps_partial_ones(tmp_path):
     import time as _time
 
