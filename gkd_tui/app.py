@@ -25,6 +25,7 @@ from gkd_tui.screens.help import HelpScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
 from gkd_tui.sources import Playback, Source
+from gkd_tui.theme import THEME_VARIABLES
 
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -77,6 +78,9 @@ class GkdApp(App):
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(THEME_VARIABLES)  # what the dashboard's colours say; a theme may override them
 
     def compose(self) -> ComposeResult:
         yield RunHeader()

@@ -274,12 +274,35 @@ async def test_a_hung_nvml_sampler_raises_the_banner_on_a_live_dashboard(start_s
         rep.close()
 
 
-def test_no_color_says_with_attributes_what_colour_said():
-    from gkd_tui.widgets.format import monochrome
+async def test_the_colours_are_the_themes_and_without_colour_attributes_say_them(monkeypatch):
+    from textual.theme import Theme
 
-    assert monochrome("bold white on red") == "bold reverse"  # an alert, a failed run
-    assert monochrome("yellow") == "bold underline"  # a warning, a phase near its deadline
-    assert monochrome("dim") == "dim" and monochrome("cyan") == ""
+    from gkd_tui.widgets import styles
+    from gkd_tui.widgets.run_header import RunHeader
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(100, 30)) as pilot:
+        header, table = app.query_one(RunHeader), app.query_one(WorkersTable)
+        trouble = header.tone(styles.TROUBLE)
+        assert trouble.bold and trouble.color.number == 1  # the terminal's own red
+        assert table.get_component_rich_style(styles.TROUBLE, partial=True) == trouble  # a row says it alike
+        app.register_theme(Theme("mine", primary="#0178d4", variables={"severity-critical": "#ff00ff"}))
+        app.theme = "mine"
+        await pilot.pause()
+        assert header.tone(styles.TROUBLE).color.triplet == (255, 0, 255)  # a theme recolours it
+        assert header.tone(styles.STATE["running"]).color.number == 2  # and leaves the others be
+    # https://no-color.org: what red said is reversed, what yellow said underlined
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(100, 30)):
+        header, table = app.query_one(RunHeader), app.query_one(WorkersTable)
+        for name in (styles.TROUBLE, styles.FAILURE, styles.SEVERITY["critical"], styles.STATE["failed"]):
+            assert header.tone(name).reverse and header.tone(name).bold, name
+        for name in (styles.WARNING, styles.CAUTION, styles.SEVERITY["warn"], styles.STATE["starting"]):
+            assert header.tone(name).underline and not header.tone(name).reverse, name
+        assert not (header.tone(styles.OK).reverse or header.tone(styles.OK).underline)
+        assert table.get_component_rich_style(styles.TROUBLE, partial=True).reverse
 
 
 def test_the_stack_viewer_puts_threads_running_user_code_first():
