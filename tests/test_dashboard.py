@@ -305,6 +305,23 @@ async def test_the_colours_are_the_themes_and_without_colour_attributes_say_them
         assert table.get_component_rich_style(styles.TROUBLE, partial=True).reverse
 
 
+async def test_the_stack_viewer_opens_on_the_stack_so_q_closes_it():
+    from textual.widgets import TextArea
+
+    from gkd_tui.screens.stacks import StackScreen
+
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.source.seek(near_timeout_ts())
+        stacks = {t: r for t, r in app.source.state.stacks.items() if r.dump_id == "all"}
+        await app.push_screen(StackScreen(stacks, "all"))
+        await pilot.pause()
+        assert isinstance(app.focused, TextArea)  # not the search box, where q would be typed
+        await pilot.press("q")
+        await pilot.pause()
+        assert not isinstance(app.screen, StackScreen)
+
+
 def test_the_stack_viewer_puts_threads_running_user_code_first():
     from gkd_core.stack_text import user_threads_first
 
