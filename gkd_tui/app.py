@@ -12,18 +12,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Footer, Input
+from textual.worker import Worker
 
-from gkd_tui.screens.confirm import ConfirmScreen
+from gkd_tui.errors import Refused, action_worker, toast_failure
+from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
 from gkd_tui.sources import Playback, Source
+from gkd_tui.theme import THEME_VARIABLES
 
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -76,6 +78,9 @@ class GkdApp(App):
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return dict(THEME_VARIABLES)  # what the dashboard's colours say; a theme may override them
 
     def compose(self) -> ComposeResult:
         yield RunHeader()
@@ -145,7 +150,7 @@ class GkdApp(App):
     def request(self, op: str, args: dict, timeout_s: float = 3.0):
         """A control request from a worker thread; raises ControlError/ControlUnreachable."""
         if self.source.control is None:
-            raise RuntimeError("a replay has no run to act on")
+            raise Refused("a replay has no run to act on")
         if self._client is None:
             self._client = self.source.control()
         return self._client.request(op, args, timeout_s=timeout_s)
@@ -169,19 +174,20 @@ class GkdApp(App):
             return
         self.dump_stacks(targets)
 
-    @work(thread=True, exclusive=True, group="control")
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        toast_failure(self, event.worker)  # the one error path of the actions below
+
+    @action_worker("dump stacks")
     def dump_stacks(self, targets: list[str]) -> None:
         dump_id = f"d{int(time.time() * 1000)}"
-        self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
-        try:
-            capture = self.source.capture_stacks
-            if capture is not None:  # a source that reads stacks itself (py-spy on this machine)
-                capture(targets, dump_id)
-            else:
-                self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
-        except Exception as e:
-            self.call_from_thread(self.notify, f"dump_stacks: {e}", severity="error", timeout=6)
-            return
+        under_way = f"dumping stacks of {', '.join(targets) or 'every worker'}…"
+        capture = self.source.capture_stacks
+        if capture is not None:  # a source that reads stacks itself (py-spy on this machine): seconds
+            self.call_from_thread(self.notify, under_way, timeout=3)
+            capture(targets, dump_id)
+        else:  # said once asked: a replay refuses at once, and only the refusal is shown
+            self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+            self.call_from_thread(self.notify, under_way, timeout=3)
         deadline = time.monotonic() + STACK_WAIT_S
         got: dict = {}
         while time.monotonic() < deadline:
@@ -192,21 +198,13 @@ class GkdApp(App):
                 break
             time.sleep(0.1)
         if not got:
-            self.call_from_thread(self.notify, f"no stacks came back within {STACK_WAIT_S:g} s", severity="error")
-            return
+            raise TimeoutError(f"no stacks came back within {STACK_WAIT_S:g} s")
         with self.source.lock:
             named = frozenset(t for a in self.source.state.alerts.values() for t in a.targets)
         self.call_from_thread(self.push_screen, StackScreen(got, dump_id, named))
 
     def action_cancel(self) -> None:
-        src = self.selected_worker()
-        choices = [("sync", "The current sync")]
-        if src and src != "driver":
-            choices.append((f"worker:{src}", f"{src}'s task"))
-        choices.append(("all", "Everything"))
-        body = ("Cancel stops Python-level work at its next check; the sync's group is rebuilt and the "
-                "sync retried. Nothing is cancelled unless you choose it.")
-        self.push_screen(ConfirmScreen("Cancel what?", body, choices), self._cancel_chosen)
+        self.push_screen(cancel_dialog(self.selected_worker()), self._cancel_chosen)
 
     def _cancel_chosen(self, choice: str | None) -> None:
         if choice is None:
@@ -217,55 +215,36 @@ class GkdApp(App):
     def action_restart(self) -> None:
         self.preview_restart()
 
-    @work(thread=True, exclusive=True, group="control")
+    @action_worker("restart")
     def preview_restart(self) -> None:
-        try:
-            dry = self.request("restart", {"shrink": True, "dry_run": True})
-        except Exception as e:
-            self.call_from_thread(self.notify, f"restart: {e}", severity="error", timeout=6)
-            return
-        changes = dry.get("changes") or []
-        diff = "\n".join(f"  {key}: {old!r} -> {new!r}" + (f"\n      ← {why[0]}" if why and why[0] else "")
-                         for key, old, new, *why in changes) or "  (nothing to shrink)"
-        body = (f"Restart {dry.get('restart')} from the latest checkpoint with a smaller config:\n{diff}\n\n"
-                "The new config is written to RUN/restarts/ before the driver starts again.")
-        self.call_from_thread(self.push_screen, ConfirmScreen("Restart smaller?", body,
-                                                              [("restart", "Restart smaller")]),
-                              self._restart_chosen)
+        """The supervisor's dry run first: the dialog shows the config diff it would apply."""
+        dry = self.request("restart", {"shrink": True, "dry_run": True})
+        self.call_from_thread(self.push_screen, restart_dialog(dry), self._restart_chosen)
 
     def _restart_chosen(self, choice: str | None) -> None:
         if choice == "restart":
             self.send("restart", {"shrink": True})
 
-    @work(thread=True, exclusive=True, group="control")
+    @action_worker(lambda op, args: op)
     def send(self, op: str, args: dict) -> None:
-        try:
-            result = self.request(op, args)
-        except Exception as e:
-            self.call_from_thread(self.notify, f"{op}: {e}", severity="error", timeout=6)
-            return
-        self.call_from_thread(self.notify, f"{op}: {result}", timeout=4)
+        result = self.request(op, args)
+        self.call_from_thread(self.notify, f"{op}: {result}", timeout=4, markup=False)
 
     def action_bundle(self) -> None:
         self.bundle()
 
-    @work(thread=True, exclusive=True, group="bundle")
+    @action_worker("bundle", group="bundle")
     def bundle(self) -> None:
         from gkd_core.bundle import write_bundle
         from gkd_tui.render_text import status_text
 
         run = self.source.run
         if run is None or not Path(run).is_dir():
-            self.call_from_thread(self.notify, "bundle: this view has no run directory", severity="warning")
-            return
+            raise Refused("this view has no run directory")
         with self.source.lock:
             status = status_text(self.source.state, self.source.now(), Path(run))
-        try:
-            out = write_bundle(Path(run), status=status)
-        except OSError as e:
-            self.call_from_thread(self.notify, f"bundle: {e}", severity="error", timeout=6)
-            return
-        self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8)
+        out = write_bundle(Path(run), status=status)
+        self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8, markup=False)
 
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""

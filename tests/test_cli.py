@@ -20,6 +20,52 @@ def test_help_lists_the_commands(gkd_home):
         assert cmd in r.stdout
 
 
+RUN_COMMANDS = ("attach", "replay", "status", "stop", "restart", "bundle")  # the run is their positional
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS)
+def test_a_command_takes_its_run_as_RUN_or_as_run_option(command):
+    from gkd_tui.cli import _parser
+
+    p = _parser()
+    assert p.parse_args([command, "r1"]).run == p.parse_args([command, "--run", "r1"]).run == "r1"
+    assert p.parse_args([command, "r1", "--run", "r1"]).run == "r1"  # the same twice is no conflict
+    assert p.parse_args([command]).run is None  # the latest run
+
+
+def test_status_run_and_status_option_run_reach_the_same_run(gkd_home, capsys):
+    from gkd_tui import cli
+
+    run = gkd_home / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_bytes(b"")
+    said = []
+    for argv in (["status", "r1"], ["status", "--run", "r1"], ["status", "--timeout", "0.2", "--run", str(run)]):
+        assert cli.main(argv) == 3  # no supervisor ever started there
+        said.append(capsys.readouterr().err)
+    assert said[0] == said[1] == said[2], said
+    assert f"(run directory {run.resolve()})" in said[0] and "endpoints.json does not exist" in said[0]
+    # the commands whose positional is the workers take the run as --run
+    assert cli.main(["cancel", "rollout/1", "--run", "r1"]) == 3
+    assert cli.main(["dump-stacks", "--run", "r1", "rollout/0", "rollout/1"]) == 3
+    assert capsys.readouterr().err.count(f"(run directory {run.resolve()})") == 2
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["status", "r1", "--run", "r2"], "'r1' and --run 'r2'"),
+    (["bundle", "--run", "r2", "r1"], "--run 'r2' and 'r1'"),
+    (["cancel", "sync", "--run", "r1", "--run", "r2"], "--run 'r1' and --run 'r2'"),
+])
+def test_a_run_given_twice_differently_is_an_error_that_says_both(argv, said, capsys):
+    from gkd_tui import cli
+
+    with pytest.raises(SystemExit) as exit:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and f"the run is given twice, differently: {said}" in err, err
+    assert err.startswith(f"usage: gkd-tui {argv[0]} ")  # the command's own usage, not the program's
+
+
 def test_status_without_a_run_says_where_it_looked(gkd_home):
     r = gkd_tui("status", "--json", home=gkd_home)
     assert r.returncode == 3

@@ -185,6 +185,38 @@ async def test_readonly_has_no_cancel_or_restart():
         assert type(app.screen).__name__ == "HelpScreen"
 
 
+async def toasts_after(app, *keys) -> list:
+    """The notifications the keys lead to, once the actions' workers have finished."""
+    from textual.notifications import Notify
+
+    seen = []
+    async with app.run_test(size=(100, 30), message_hook=lambda m: isinstance(m, Notify) and seen.append(m)) as pilot:
+        for key in keys:  # one at a time: an action replaces a pending one of its group
+            await pilot.press(key)
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+    return [m.notification for m in seen]
+
+
+async def test_an_action_this_view_cannot_do_is_one_warning_naming_it():
+    said = await toasts_after(GkdApp(ReplaySource(RECORDING)), "D", "r", "b")
+    assert [(n.message, n.severity) for n in said] == [
+        ("dump stacks: a replay has no run to act on", "warning"),
+        ("restart: a replay has no run to act on", "warning"),
+        ("bundle: this view has no run directory", "warning")]
+
+
+async def test_an_action_that_fails_is_one_error_naming_it_and_the_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_bytes(RECORDING.read_bytes())
+    (run / "config.yaml").write_text("{}\n")
+    (run / "bundles").write_text("a file where the bundles' folder goes\n")
+    [toast] = await toasts_after(GkdApp(ReplaySource(run / "events.jsonl")), "b")
+    assert toast.severity == "error" and toast.message.startswith("bundle: [Errno 17] File exists"), toast
+    assert not toast.markup  # "[Errno 17]" is shown, not read as a style
+
+
 def test_log_follower_reads_appended_lines_and_keeps_partial_ones(tmp_path):
     import time as _time
 
@@ -242,12 +274,52 @@ async def test_a_hung_nvml_sampler_raises_the_banner_on_a_live_dashboard(start_s
         rep.close()
 
 
-def test_no_color_says_with_attributes_what_colour_said():
-    from gkd_tui.widgets.format import monochrome
+async def test_the_colours_are_the_themes_and_without_colour_attributes_say_them(monkeypatch):
+    from textual.theme import Theme
 
-    assert monochrome("bold white on red") == "bold reverse"  # an alert, a failed run
-    assert monochrome("yellow") == "bold underline"  # a warning, a phase near its deadline
-    assert monochrome("dim") == "dim" and monochrome("cyan") == ""
+    from gkd_tui.widgets import styles
+    from gkd_tui.widgets.run_header import RunHeader
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(100, 30)) as pilot:
+        header, table = app.query_one(RunHeader), app.query_one(WorkersTable)
+        trouble = header.tone(styles.TROUBLE)
+        assert trouble.bold and trouble.color.number == 1  # the terminal's own red
+        assert table.get_component_rich_style(styles.TROUBLE, partial=True) == trouble  # a row says it alike
+        app.register_theme(Theme("mine", primary="#0178d4", variables={"severity-critical": "#ff00ff"}))
+        app.theme = "mine"
+        await pilot.pause()
+        assert header.tone(styles.TROUBLE).color.triplet == (255, 0, 255)  # a theme recolours it
+        assert header.tone(styles.STATE["running"]).color.number == 2  # and leaves the others be
+    # https://no-color.org: what red said is reversed, what yellow said underlined
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(100, 30)):
+        header, table = app.query_one(RunHeader), app.query_one(WorkersTable)
+        for name in (styles.TROUBLE, styles.FAILURE, styles.SEVERITY["critical"], styles.STATE["failed"]):
+            assert header.tone(name).reverse and header.tone(name).bold, name
+        for name in (styles.WARNING, styles.CAUTION, styles.SEVERITY["warn"], styles.STATE["starting"]):
+            assert header.tone(name).underline and not header.tone(name).reverse, name
+        assert not (header.tone(styles.OK).reverse or header.tone(styles.OK).underline)
+        assert table.get_component_rich_style(styles.TROUBLE, partial=True).reverse
+
+
+async def test_the_stack_viewer_opens_on_the_stack_so_q_closes_it():
+    from textual.widgets import TextArea
+
+    from gkd_tui.screens.stacks import StackScreen
+
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.source.seek(near_timeout_ts())
+        stacks = {t: r for t, r in app.source.state.stacks.items() if r.dump_id == "all"}
+        await app.push_screen(StackScreen(stacks, "all"))
+        await pilot.pause()
+        assert isinstance(app.focused, TextArea)  # not the search box, where q would be typed
+        await pilot.press("q")
+        await pilot.pause()
+        assert not isinstance(app.screen, StackScreen)
 
 
 def test_the_stack_viewer_puts_threads_running_user_code_first():

@@ -25,7 +25,7 @@ class ConfirmScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Static(self.title_text, id="dialog-title")
-            yield Static(self.body, id="dialog-body")
+            yield Static(self.body, id="dialog-body", markup=False)  # a diff's values ("['a', 'b']") are no markup
             with Horizontal(id="dialog-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")
                 for i, (_, label) in enumerate(self.choices):
@@ -40,3 +40,25 @@ class ConfirmScreen(ModalScreen[str | None]):
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)
+
+
+def cancel_dialog(selected: str | None) -> ConfirmScreen:
+    """`c`: the current sync, the selected worker's task (not the driver's: it is the run), or everything."""
+    choices = [("sync", "The current sync")]
+    if selected and selected != "driver":
+        choices.append((f"worker:{selected}", f"{selected}'s task"))
+    choices.append(("all", "Everything"))
+    body = ("Cancel stops Python-level work at its next check; the sync's group is rebuilt and the "
+            "sync retried. Nothing is cancelled unless you choose it.")
+    return ConfirmScreen("Cancel what?", body, choices)
+
+
+def restart_dialog(dry: dict) -> ConfirmScreen:
+    """`r`: the config diff of the supervisor's dry run (``restart {dry_run: true}``), each change with
+    the finding it follows from, before anything restarts."""
+    changes = dry.get("changes") or []
+    diff = "\n".join(f"  {key}: {old!r} -> {new!r}" + (f"\n      ← {why[0]}" if why and why[0] else "")
+                     for key, old, new, *why in changes) or "  (nothing to shrink)"
+    body = (f"Restart {dry.get('restart')} from the latest checkpoint with a smaller config:\n{diff}\n\n"
+            "The new config is written to RUN/restarts/ before the driver starts again.")
+    return ConfirmScreen("Restart smaller?", body, [("restart", "Restart smaller")])

@@ -14,6 +14,7 @@ from gkd_core.stack_text import grouped_report, user_threads_first
 
 class StackScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q", "app.pop_screen", "Close"), Binding("slash", "search", "Search")]
+    AUTO_FOCUS = "TextArea"  # the stack, not the search box: q closes, the arrows scroll
 
     def __init__(self, stacks: dict[str, StackRecord], dump_id: str, lead: frozenset[str] = frozenset()):
         super().__init__()

@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
-from functools import lru_cache
 
 from gkd_tui.render_text import fmt_duration
 
-# https://no-color.org: set and not empty. Textual then greys every colour out, and red on a dark
-# background becomes nearly invisible; so what colour said, text attributes say instead.
-NO_COLOR = bool(os.environ.get("NO_COLOR"))
-
 SPARK = "▁▂▃▄▅▆▇█"
 
-__all__ = ["fmt_duration", "fmt_bytes", "sparkline", "NO_COLOR", "monochrome"]
-
-
-@lru_cache(maxsize=256)
-def monochrome(style: str) -> str:
-    """A style that says without colour what ``style`` says with it: red (trouble) is reversed,
-    yellow (a warning) underlined, other colours dropped; bold, italic and dim are kept."""
-    words = style.split()
-    keep = [w for w in words if w in ("bold", "italic", "dim", "underline", "reverse")]
-    if "red" in words:  # "bold red", "white on red"
-        keep += ["bold", "reverse"]
-    elif "yellow" in words:
-        keep += ["bold", "underline"]
-    return " ".join(dict.fromkeys(keep))
+__all__ = ["fmt_duration", "fmt_bytes", "sparkline"]
 
 
 def fmt_bytes(n: int | None) -> str:

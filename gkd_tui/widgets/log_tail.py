@@ -6,7 +6,7 @@ from rich.text import Text
 
 from gkd_core.state import RunState
 from gkd_tui.widgets.pane import Pane
-from gkd_tui.widgets.styles import LEVEL_STYLE
+from gkd_tui.widgets.styles import LEVEL
 
 
 class LogTail(Pane):
@@ -19,7 +19,7 @@ class LogTail(Pane):
             events = [f"driver: {line}" for line in st.log_tail[-lines:]]
         for line in events:
             level = line.split(" ", 2)[1].rstrip(":") if " " in line else ""
-            t.append(line[:300] + "\n", style=LEVEL_STYLE.get(level, ""))
+            t.append(line[:300] + "\n", style=self.tone(LEVEL.get(level)))
         for line in (files or [])[-(lines - len(events)):] if lines > len(events) else []:
             t.append(line[:300] + "\n", style="dim")
         if not t.plain:

@@ -8,6 +8,7 @@ from rich.text import Text
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import sparkline
 from gkd_tui.widgets.pane import Pane
+from gkd_tui.widgets.styles import FAILURE, SERIES
 
 
 class MetricsPane(Pane):
@@ -19,21 +20,21 @@ class MetricsPane(Pane):
             self.put(t)
             return
         last = ms[-1]
-        for name, style in (("loss", "magenta"), ("kl", "yellow"), ("agreement", "green")):
+        for name in ("loss", "kl", "agreement"):
             vals = [getattr(m, name) for m in ms]
             cur = getattr(last, name)
             if cur is None:
                 continue
             t.append(f"{name:9s} {cur:8.4f} ")
-            t.append(sparkline(vals, 30), style=style)
+            t.append(sparkline(vals, 30), style=self.tone(SERIES[name]))
             t.append("\n")
         if last.tokens_per_s:
             t.append(f"tokens/s  {last.tokens_per_s:8.0f}")
             t.append(f"  epoch {last.epoch:.2f}\n" if last.epoch is not None else "\n")
         if last.grad_norm is not None:
-            t.append(f"grad norm {last.grad_norm:8.3g}", style="red" if last.skipped else "")
+            t.append(f"grad norm {last.grad_norm:8.3g}", style=self.tone(FAILURE if last.skipped else None))
             if last.bad_steps:
-                t.append(f"  {last.bad_steps} bad step(s) skipped", style="red")
+                t.append(f"  {last.bad_steps} bad step(s) skipped", style=self.tone(FAILURE))
             t.append("\n")
         if last.completion_len is not None:
             t.append(f"samples   {last.completion_len:5.1f} tokens, {100 * (last.eos_share or 0):.0f}% reach EOS, "

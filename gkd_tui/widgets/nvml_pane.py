@@ -7,6 +7,7 @@ from rich.text import Text
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_bytes, fmt_duration
 from gkd_tui.widgets.pane import Pane
+from gkd_tui.widgets.styles import SEVERITY, WARNING
 
 
 class NvmlPane(Pane):
@@ -15,7 +16,8 @@ class NvmlPane(Pane):
         hung = st.hung_probes(now)
         for node, probe, seconds in hung:
             name = "NVML" if probe == "nvml" else probe
-            t.append(f" {name} not answering on {node} for {fmt_duration(seconds)} ", style="bold white on red")
+            t.append(f" {name} not answering on {node} for {fmt_duration(seconds)} ",
+                     style=self.tone(SEVERITY["critical"]))
             t.append("\n")
         if hung:
             t.append("a hung driver freezes nvidia-smi too: check dmesg for Xid errors; the run's own "
@@ -28,7 +30,8 @@ class NvmlPane(Pane):
         for g in rows:
             mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"
             util = f"{g.util:.0f}%" if g.util is not None else "-"
-            style = "bold yellow" if (g.util == 0 and g.mem_used and g.mem_total and g.mem_used > 0.5 * g.mem_total) else ""
+            idle_full = g.util == 0 and g.mem_used and g.mem_total and g.mem_used > 0.5 * g.mem_total
+            style = self.tone(WARNING if idle_full else None)
             t.append(f"GPU{g.index} {g.node[:10]:10s} util {util:>4s} mem {mem:>11s} "
                      f"{g.temp or 0:.0f}C {g.power or 0:.0f}W", style=style)
             if g.pids:

@@ -7,19 +7,23 @@ layout of the whole screen costs tens of milliseconds with a large table beside 
 
 from __future__ import annotations
 
-from rich.text import Span, Text
+from rich.style import Style
+from rich.text import Text
 from textual.widgets import Static
 
-from gkd_tui.widgets.format import NO_COLOR, monochrome
+from gkd_tui.widgets.styles import PANE_CLASSES
 
 
 class Pane(Static):
+    COMPONENT_CLASSES = PANE_CLASSES  # what colours say, styled in app.tcss (widgets/styles.py)
     _shown: tuple | None = None
     _shape: tuple | None = None
 
+    def tone(self, name: str | None) -> Style | str:
+        """The style app.tcss gives ``name`` (a name of widgets/styles.py); none for None."""
+        return self.get_component_rich_style(name, partial=True) if name else ""
+
     def put(self, t: Text) -> None:
-        if NO_COLOR:
-            t.spans = [Span(s.start, s.end, monochrome(s.style)) if isinstance(s.style, str) else s for s in t.spans]
         key = (t.plain, tuple(t.spans))
         if key == self._shown:
             return

@@ -7,7 +7,7 @@ from rich.text import Text
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
-from gkd_tui.widgets.styles import SEVERITY_STYLE, STATE_STYLE
+from gkd_tui.widgets.styles import NO_ALERTS, SEVERITY, STATE
 
 
 class RunHeader(Pane):
@@ -16,7 +16,7 @@ class RunHeader(Pane):
         t.append("gkd ", style="bold")
         t.append(st.run or "(no run yet)")
         t.append("  ")
-        t.append(st.state or "unknown", style=STATE_STYLE.get(st.state, ""))
+        t.append(st.state or "unknown", style=self.tone(STATE.get(st.state)))
         t.append(f"  step {st.step if st.step is not None else '-'}/{st.total_steps or '?'}")
         t.append(f"  {fmt_duration(now - st.started) if st.started else '-'}")
         t.append(f"  restarts {st.restarts}")
@@ -26,12 +26,12 @@ class RunHeader(Pane):
         t.append("\n")
         if alerts:
             a = alerts[0]
-            t.append(f" {a.severity.upper()} ", style=SEVERITY_STYLE.get(a.severity, ""))
+            t.append(f" {a.severity.upper()} ", style=self.tone(SEVERITY.get(a.severity)))
             t.append(f" {a.message}")
             if len(alerts) > 1:
                 t.append(f"  (+{len(alerts) - 1} more)", style="dim")
             if a.hint:
                 t.append(f"\n → {a.hint}", style="italic")
         else:
-            t.append(" no alerts", style="dim green")
+            t.append(" no alerts", style=self.tone(NO_ALERTS))
         self.put(t)

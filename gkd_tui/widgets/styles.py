@@ -1,11 +1,22 @@
-"""What the dashboard's colours say, in one place: an alert's severity, a run's state, a log level,
-and a worker named by an alert (its row takes the alert's colour)."""
+"""What the dashboard's colours say, by name: an alert's severity, a run's state, a log level, a
+worker something is wrong with (its row), a sparkline. Each name is a component class of the panes
+(``Pane``) and of the workers table, styled in app.tcss with the theme variables of
+``gkd_tui/theme.py``: Python chooses what a piece of text is; how it looks is the stylesheet's."""
 
 from __future__ import annotations
 
-SEVERITY_STYLE = {"critical": "bold white on red", "warn": "bold black on yellow", "info": "bold"}
+# the same words in every pane: wrong now (bold red), failed (red), a warning (bold yellow),
+# caution (yellow), well (green); done (dim: a worker that has finished)
+TROUBLE, FAILURE, WARNING, CAUTION, OK, DONE = (
+    "tone--trouble", "tone--failure", "tone--warning", "tone--caution", "tone--ok", "tone--done")
+SEVERITY = {"critical": "severity--critical", "warn": "severity--warn", "info": "severity--info"}
+NO_ALERTS = "severity--none"
+STATE = {s: f"state--{s}" for s in ("running", "finished", "failed", "stopped", "restarting", "starting")}
+LEVEL = {"error": TROUBLE, "warn": CAUTION, "warning": CAUTION}
 # a row of the workers table named by an active alert of this severity
-NAMED_ROW_STYLE = {"critical": "bold red", "warn": "bold yellow"}
-STATE_STYLE = {"running": "bold green", "finished": "bold cyan", "failed": "bold red", "stopped": "bold yellow",
-               "restarting": "bold yellow", "starting": "yellow"}
-LEVEL_STYLE = {"error": "bold red", "warn": "yellow", "warning": "yellow"}
+NAMED_ROW = {"critical": TROUBLE, "warn": WARNING}
+SERIES = {name: f"series--{name}" for name in ("loss", "kl", "agreement", "rate")}
+
+PANE_CLASSES = {TROUBLE, FAILURE, WARNING, CAUTION, OK, *SEVERITY.values(), NO_ALERTS, *STATE.values(),
+                *SERIES.values()}
+ROW_CLASSES = {TROUBLE, FAILURE, WARNING, CAUTION, DONE}

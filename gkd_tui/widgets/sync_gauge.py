@@ -8,17 +8,19 @@ from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
+from gkd_tui.widgets.styles import CAUTION, FAILURE, OK, TROUBLE
 
 BAR = 24
 MAX_GROUPS_SHOWN = 3
 
 
-def fraction_style(frac: float, state: str) -> str:
+def fraction_tone(frac: float, state: str) -> str:
+    """The sync's colour: past its timeout or failed, then by the fraction of its timeout spent."""
     if state in ("timed_out", "failed"):
-        return "bold red"
+        return TROUBLE
     if state == "cancelled":
-        return "yellow"
-    return "red" if frac >= 0.8 else "yellow" if frac >= 0.5 else "green"
+        return CAUTION
+    return FAILURE if frac >= 0.8 else CAUTION if frac >= 0.5 else OK
 
 
 class SyncGauge(Pane):
@@ -31,7 +33,7 @@ class SyncGauge(Pane):
             self.put(t)
             return
         frac = max(0.0, min(1.0, v.fraction))
-        style = fraction_style(v.fraction, v.state)
+        style = self.tone(fraction_tone(v.fraction, v.state))
         filled = int(frac * BAR)
         t.append(f"sync {v.sync_id} ")
         t.append(v.state, style=style)
@@ -41,19 +43,18 @@ class SyncGauge(Pane):
         t.append(f" {100 * v.fraction:.0f}%\n")
         if v.pending:
             t.append("waiting for " if v.running else "stragglers: ", style="bold")
-            t.append(", ".join(v.pending), style="bold red" if v.fraction >= 0.5 or not v.running else "bold")
+            t.append(", ".join(v.pending), style=self.tone(TROUBLE) if v.fraction >= 0.5 or not v.running else "bold")
             t.append("\n")
         recent = [s for s in st.sync_history if s.state == "done"][-6:]
         if recent:
             t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
         if st.sync and st.sync.fingerprint_ok is False:
             t.append(f"\nweights differ after sync {st.sync.sync_id}: {', '.join(st.sync.differ) or '?'}",
-                     style="bold red")
+                     style=self.tone(TROUBLE))
         self._collectives(t, st, now)
         self.put(t)
 
-    @staticmethod
-    def _collectives(t: Text, st: RunState, now: float) -> None:
+    def _collectives(self, t: Text, st: RunState, now: float) -> None:
         """Each process group's newest collective: who is in, who is out (collectives: the rank that has
         not joined broadcast #N)."""
         for c in st.collective_views()[:MAX_GROUPS_SHOWN]:
@@ -65,8 +66,9 @@ class SyncGauge(Pane):
             t.append(f"in {len(c.inside) + len(c.left)}/{c.world}")
             if c.out:
                 t.append(" · not joined: ", style="bold")
-                t.append(", ".join(c.out[:4]) + (" …" if len(c.out) > 4 else ""), style="bold red" if late else "bold")
+                t.append(", ".join(c.out[:4]) + (" …" if len(c.out) > 4 else ""),
+                         style=self.tone(TROUBLE) if late else "bold")
             elif c.inside:
                 t.append(f" · inside {fmt_duration(now - c.since)}: ", style="bold")
                 t.append(", ".join(c.inside[:4]) + (" …" if len(c.inside) > 4 else ""),
-                         style="bold red" if late else "")
+                         style=self.tone(TROUBLE if late else None))

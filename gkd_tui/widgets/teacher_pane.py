@@ -7,6 +7,7 @@ from rich.text import Text
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import sparkline
 from gkd_tui.widgets.pane import Pane
+from gkd_tui.widgets.styles import CAUTION, FAILURE, SERIES, TROUBLE
 
 
 class TeacherPane(Pane):
@@ -18,13 +19,13 @@ class TeacherPane(Pane):
             self.put(t)
             return
         t.append(f"client sent {tot.sent} done {tot.completed} ")
-        t.append(f"failed {tot.failed} ", style="red" if tot.failed else "")
-        t.append(f"timeout {tot.timed_out} ", style="bold red" if tot.timed_out else "")
+        t.append(f"failed {tot.failed} ", style=self.tone(FAILURE if tot.failed else None))
+        t.append(f"timeout {tot.timed_out} ", style=self.tone(TROUBLE if tot.timed_out else None))
         t.append(f"in flight {tot.in_flight}\n")
         t.append(f"server recv {tot.received} served {tot.served} ")
-        t.append(f"queue {tot.queue_depth}", style="yellow" if tot.queue_depth else "")
+        t.append(f"queue {tot.queue_depth}", style=self.tone(CAUTION if tot.queue_depth else None))
         if tot.sent and not tot.received:
-            t.append("  server received nothing!", style="bold red")
+            t.append("  server received nothing!", style=self.tone(TROUBLE))
         lat = tot.latency_ms
         if lat:
             t.append(f"\nlatency p50 {lat.get('p50', 0):.1f} ms p95 {lat.get('p95', 0):.1f} ms")
@@ -32,5 +33,5 @@ class TeacherPane(Pane):
         rates = [(c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(h, h[1:]) if t1 > t0]
         if rates:
             t.append(f"\nreq/s {st.teacher_rate():.1f} ")
-            t.append(sparkline(rates, 20), style="cyan")
+            t.append(sparkline(rates, 20), style=self.tone(SERIES["rate"]))
         self.put(t)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gkd_core import vocab
 from gkd_core.state import SEVERITY_ORDER, TERMINAL_PHASES, AlertState, RunState, WorkerState
-from gkd_tui.widgets.styles import NAMED_ROW_STYLE
+from gkd_tui.widgets.styles import CAUTION, FAILURE, NAMED_ROW, TROUBLE
 
 OPEN_UP_TO = 16  # a group this small is open by itself
 ROLE_ORDER = {"driver": 0, "student": 1, "rollout": 2, "teacher": 3, "agent": 4}
@@ -68,19 +68,19 @@ def worst_alerts(st: RunState) -> dict[str, AlertState]:
 
 
 def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float) -> tuple[int, str, str] | None:
-    """(how bad: 0 worst, the word for it, the colour of its row) of a worker something is wrong with;
+    """(how bad: 0 worst, the word for it, its row's style) of a worker something is wrong with;
     None if nothing is. The one place that says so, for the group's counts and order and for the row."""
     if w.phase in TERMINAL_PHASES:
-        return (0, "failed", "red") if w.phase == "failed" else None
+        return (0, "failed", FAILURE) if w.phase == "failed" else None
     if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
-        return 0, "dead", "bold red"
-    if alert is not None and alert.severity in NAMED_ROW_STYLE:  # a straggler, a frozen or an out-of-memory worker
+        return 0, "dead", TROUBLE
+    if alert is not None and alert.severity in NAMED_ROW:  # a straggler, a frozen or an out-of-memory worker
         return (0 if alert.severity == "critical" else 1), CODE_WORD.get(alert.code, alert.code), \
-            NAMED_ROW_STYLE[alert.severity]
+            NAMED_ROW[alert.severity]
     if w.last_heartbeat and w.last_heartbeat < stale_before:
-        return 1, "stale", "bold red"
+        return 1, "stale", TROUBLE
     if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
-        return 2, "near deadline", "yellow"
+        return 2, "near deadline", CAUTION
     return None
 
 

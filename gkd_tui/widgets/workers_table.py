@@ -4,13 +4,12 @@ Grouped by role, what is wrong first (``worker_groups``): at 65,536 workers the 
 the groups' counts and the stragglers, the stale and the dead; enter opens a group (or a worker's
 details). A line-API table that renders only the rows on screen, straight from the RunState: with
 65,536 workers a redraw costs the same as with 40, and nothing is copied into the widget. Stale
-heartbeats are red, terminal phases dim, a phase near its deadline yellow.
+heartbeats are red, terminal phases dim, a phase near its deadline yellow (app.tcss, widgets/styles.py).
 """
 
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 
 from rich.segment import Segment
 from rich.style import Style
@@ -24,7 +23,8 @@ from textual.strip import Strip
 
 from gkd_core.state import TERMINAL_PHASES, AlertState, RunState, WorkerState
 from gkd_tui.widgets import worker_groups
-from gkd_tui.widgets.format import NO_COLOR, fmt_duration, monochrome
+from gkd_tui.widgets.format import fmt_duration
+from gkd_tui.widgets.styles import DONE, ROW_CLASSES
 
 # most telling first: on a narrow terminal the last columns are the ones cut off
 COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "node", "ray")
@@ -48,19 +48,12 @@ def shown_phase(w: WorkerState) -> str:
     return f"blocked by {w.blocked_by}" if w.blocked_by else (w.phase or "-")
 
 
-@lru_cache(maxsize=64)
-def parsed(style: str) -> Style:
-    if NO_COLOR:
-        style = monochrome(style)
-    return Style.parse(style) if style else Style()
-
-
 sort_key = worker_groups.sort_key
 
 
 class WorkersTable(ScrollView, can_focus=True):
     COMPONENT_CLASSES = {"workers-table--header", "workers-table--cursor", "workers-table--odd",
-                         "workers-table--group"}
+                         "workers-table--group", *ROW_CLASSES}
     BINDINGS = [
         Binding("up", "move(-1)", "Up", show=False),
         Binding("down", "move(1)", "Down", show=False),
@@ -159,11 +152,12 @@ class WorkersTable(ScrollView, can_focus=True):
         if src in self.order:
             self.cursor = self.order.index(src)
 
-    def row_style(self, w: WorkerState) -> str:
+    def row_style(self, w: WorkerState) -> str | None:
+        """The name of its row's style (widgets/styles.py); None for a worker with nothing to say."""
         if w.phase in TERMINAL_PHASES and w.phase != "failed":
-            return "dim"
+            return DONE
         why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s)
-        return why[2] if why is not None else ""
+        return why[2] if why is not None else None
 
     def row_cells(self, w: WorkerState) -> tuple:
         st, now = self._state, self._now
@@ -206,7 +200,9 @@ class WorkersTable(ScrollView, can_focus=True):
             if w is None:
                 text = self.group_line(row[1])
             else:
-                style += parsed(self.row_style(w))
+                name = self.row_style(w)
+                if name is not None:
+                    style += self.get_component_rich_style(name, partial=True)
                 text = cells_line(self.row_cells(w), self.widths)
         # padded to the pane's width, so the stripes and the cursor span the whole row
         pad = scroll_x + width - sum(map(len, text))

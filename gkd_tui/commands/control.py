@@ -1,0 +1,117 @@
+"""The commands that ask a run's supervisor: status, stop, restart (or take over a run whose
+supervisor is gone), cancel. Each is the scriptable twin of a dashboard key."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from gkd_core import rundir
+from gkd_core.state import RunState
+from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_tui.commands.reach import LAUNCH_WAIT_S, client, unreachable
+from gkd_tui.render_text import status_text
+
+
+def cmd_status(a: argparse.Namespace) -> int:
+    run = None
+    try:
+        run = rundir.resolve_run(a.run)
+        c, _ = client(run, a.timeout)
+        with c:
+            snap = c.request("snapshot")
+    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+        return unreachable(run, e)
+    now = time.time()
+    if a.json:
+        state = msgspec.convert(snap["state"], RunState)
+        view = state.sync_view(now)
+        out = {"run_dir": str(run), "seq": snap["seq"], "now": now, "supervisor": snap.get("supervisor", {}),
+               "sync_view": msgspec.to_builtins(view) if view else None, "state": snap["state"]}
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(status_text(msgspec.convert(snap["state"], RunState), now, run))
+    return 0
+
+
+def act(a: argparse.Namespace, op: str, args: dict, timeout_s: float = 5.0) -> int:
+    """One control request on ``a.run``; its answer printed (as JSON with ``--json``)."""
+    run = None
+    try:
+        run = rundir.resolve_run(a.run)
+        c, _ = client(run, timeout_s)
+        with c:
+            result = c.request(op, args)
+    except ControlError as e:
+        print(f"gkd-tui: {op} refused: {e}", file=sys.stderr)
+        return 1
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return unreachable(run, e)
+    print(json.dumps(result, indent=1) if getattr(a, "json", False) else describe(op, result))
+    return 0
+
+
+def describe(op: str, result) -> str:
+    if op == "restart" and isinstance(result, dict):
+        lines = [f"restart {result.get('restart')}: {result.get('config', '(dry run)')}"]
+        for key, old, new, *why in result.get("changes", []):
+            lines.append(f"  {key}: {old!r} -> {new!r}" + (f"    ({why[0]})" if why and why[0] else ""))
+        if not result.get("changes"):
+            lines.append("  (same config)")
+        return "\n".join(lines)
+    if op == "stop" and isinstance(result, dict):
+        pid = result.get("driver_pid")
+        who = f"the driver (pid {pid}) gets SIGTERM, then SIGKILL if it lingers" if pid else "no driver is running"
+        return f"stopping: {who}; the supervisor ends after it (`gkd-tui replay` shows the run afterwards)"
+    return f"{op}: {json.dumps(result)}"
+
+
+def cmd_stop(a: argparse.Namespace) -> int:
+    return act(a, "stop", {"grace_s": a.grace} if a.grace is not None else {})
+
+
+def cmd_cancel(a: argparse.Namespace) -> int:
+    return act(a, "cancel", {"target": a.target, "mode": "force" if a.force else "cooperative"})
+
+
+def cmd_restart(a: argparse.Namespace) -> int:
+    try:
+        run = rundir.resolve_run(a.run)
+    except rundir.RunNotFound as e:
+        return unreachable(None, e)
+    if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run) and (run / "events.jsonl").exists():
+        return take_over(run, a)
+    return act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run})
+
+
+def take_over(run: Path, a: argparse.Namespace) -> int:
+    """The run's supervisor is gone (killed, its node rebooted): a new one, detached, takes the run
+    over. It continues the log and restarts the driver from the latest checkpoint."""
+    if a.smaller or a.dry_run:
+        print(f"gkd-tui: restart: the supervisor of {run} is gone, and --smaller and --dry-run need it (they "
+              "read its diagnosis); restart without them, or with -o KEY=VALUE", file=sys.stderr)
+        return 2
+    old = rundir.supervisor_pid(run)
+    argv = [sys.executable, "-m", "gkd_core", "run", *a.overrides, "--resume", str(run), "--linger", "3600",
+            "--quiet"]
+    out = open(run / "logs" / "supervisor.log", "ab")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    out.close()
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while rundir.supervisor_pid(run) in (old, 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"gkd-tui: restart: a new supervisor for {run} did not start within {LAUNCH_WAIT_S:g} s; its "
+                  f"output is in {run / 'logs' / 'supervisor.log'}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    print(f"gkd-tui: the supervisor of {run.name} (pid {old or '?'}) was gone; supervisor pid {proc.pid} took the "
+          "run over and restarts its driver from the latest checkpoint", file=sys.stderr)
+    return 0

@@ -1,0 +1,56 @@
+"""``gkd-tui launch``: a run started detached (its own session, like tmux), then attached."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gkd_core import rundir
+from gkd_core.config import ConfigError, load_config
+from gkd_tui.commands.attach import cmd_attach
+from gkd_tui.commands.reach import LAUNCH_WAIT_S
+
+
+def config_and_overrides(a: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """`launch trainer.total_steps=5` has no config file: its first word is an override."""
+    cfg_path, overrides = a.config, list(a.overrides)
+    if cfg_path and "=" in cfg_path and not Path(cfg_path).exists():
+        overrides.insert(0, cfg_path)
+        cfg_path = None
+    return cfg_path, overrides
+
+
+def cmd_launch(a: argparse.Namespace) -> int:
+    cfg_path, overrides = config_and_overrides(a)
+    try:
+        load_config(cfg_path, overrides)  # refuse a bad config here, before anything starts
+    except ConfigError as e:
+        print(f"gkd-tui: invalid config: {e}", file=sys.stderr)
+        return 2
+    run_id = rundir.new_run_id()
+    home = rundir.gkd_home()
+    home.mkdir(parents=True, exist_ok=True)
+    command = getattr(a, "command", [])
+    argv = [sys.executable, "-m", "gkd_core", "run", *([cfg_path] if cfg_path else []), *overrides,
+            "--run-id", run_id, "--linger", str(a.linger), "--quiet", *(["--", *command] if command else [])]
+    out = open(home / f"supervisor-{run_id}.log", "ab")
+    # its own session, like tmux: closing the dashboard or the SSH session does not stop training
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    out.close()
+    run = rundir.runs_root(home) / run_id
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while not (run / "endpoints.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"gkd-tui: the supervisor did not start within {LAUNCH_WAIT_S:g} s; its output is in "
+                  f"{home / f'supervisor-{run_id}.log'}", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    print(f"gkd-tui: launched run {run_id} (supervisor pid {proc.pid}) in {run}", file=sys.stderr)
+    if a.detach:
+        return 0
+    a.run = str(run)
+    return cmd_attach(a)

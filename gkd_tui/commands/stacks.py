@@ -1,0 +1,73 @@
+"""``gkd-tui dump-stacks``: the workers' stacks, grouped as a person reads them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import msgspec
+
+from gkd_core import rundir
+from gkd_core.state import RunState
+from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
+from gkd_tui.commands.reach import client, unreachable
+
+
+def cmd_dump_stacks(a: argparse.Namespace) -> int:
+    """Ask for the stacks, wait (bounded) until the driver has answered, print them grouped: identical
+    stacks together, the odd ones out first. Exit 1 when some could not be taken."""
+    from gkd_core.stack_text import group, grouped_report
+
+    run = None
+    asked_at = time.time()
+    dump_id = f"cli-{os.getpid()}-{int(asked_at * 1000)}"
+    try:
+        run = rundir.resolve_run(a.run)
+        c, _ = client(run, 5.0)
+        with c:
+            c.request("dump_stacks", {"targets": a.targets, "dump_id": dump_id})
+            state, answered = wait_for_dump(c, dump_id, a.timeout)
+    except ControlError as e:
+        print(f"gkd-tui: dump-stacks refused: {e}", file=sys.stderr)
+        return 1
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return unreachable(run, e)
+    # the state keeps a worker's newest stack: one the diagnosis took after we asked (its automatic
+    # dump can land between ours and our read) is as good an answer
+    records = {t: r for t, r in state.stacks_prev.items() if r.dump_id == dump_id}
+    records.update({t: r for t, r in state.stacks.items()
+                    if r.dump_id == dump_id or (r.ts >= asked_at and r.text and t in (answered.get("targets") or [])
+                                                and t not in records)})
+    wanted = answered.get("targets") or a.targets or sorted(records)
+    taken = {t: r.text for t, r in records.items() if r.text}
+    missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
+               if t not in taken}
+    notes = {t: r.error for t, r in records.items() if r.text and r.error}
+    named = {t for alert in state.alerts.values() for t in alert.targets}
+    groups = group(taken, named)
+    if a.json:
+        json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""), "named": sorted(named),
+                   "groups": [{"targets": g.targets, "where": g.where, "stack": g.text} for g in groups],
+                   "missing": missing, "notes": notes}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"stacks of {len(wanted)} worker(s), dump {dump_id}"
+              + (f", saved in RUN/{answered['folder']}" if answered.get("folder") else ""))
+        print(grouped_report(taken, named, {**notes, **missing}))
+    return 1 if missing else 0
+
+
+def wait_for_dump(c: ControlClient, dump_id: str, timeout_s: float) -> tuple[RunState, dict]:
+    """The state once the driver's `dump_stacks` action for this dump is on record, or at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = msgspec.convert(c.request("snapshot")["state"], RunState)
+        answer = state.dump_answer(dump_id)
+        if answer is not None:
+            return state, answer
+        if time.monotonic() > deadline:
+            return state, {}
+        time.sleep(0.25)
