@@ -1,7 +1,7 @@
 """Chaos at random moments: kill -9 or SIGSTOP of one process of a real run, many times, and who is named first.
 
     python bench/chaos_trials.py [--trials 20] [--kinds student rollout teacher proxy driver agent]
-                                 [--seed 1] [--record bench/chaos_trials.jsonl] [--table tests/CHAOS.md]
+                                 [--seed 1] [--record bench/chaos_trials.jsonl] [--table tests/chaos/CHAOS.md]
 
 One real run of the embedded demo (the real trainer, a local Ray cluster, a checkpoint every step) takes
 every trial in turn. A trial draws, from its own recorded seed, the process (a student, a rollout, the

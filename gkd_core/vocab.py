@@ -1,7 +1,7 @@
 """The alert codes, each defined once: who raises it, and what the rest of the project does with it.
 
 Rules, the cascade, the restart plan and the dashboard read their lists from ``ALERTS`` instead of
-spelling the codes again; ``tests/test_vocab.py`` checks that every code raised anywhere is here and
+spelling the codes again; ``tests/unit/test_vocab.py`` checks that every code raised anywhere is here and
 every code here is raised somewhere (or marked reserved).
 """
 

@@ -1,4 +1,17 @@
-"""Shared fixtures: a private GKD_HOME per test, and real supervisors as real processes."""
+"""Shared fixtures: a private GKD_HOME per test, and real supervisors as real processes; the tiers.
+
+The tests are in tiers by directory, each a marker of the same name (``pytest -m unit``):
+
+- ``tests/unit``: no subprocess, no socket, no Ray; the whole tier in under a minute, the inner
+  loop of a change (``pytest tests/unit``). A test there that starts a process, or binds or
+  connects a socket, fails and says so (``_unit_stays_in_process``);
+- ``tests/dashboard``: the dashboard under Textual's pilot (snapshots per key sequence, 65,536
+  workers, the fuzzed dashboard): in the process as well, slower (an app a test);
+- ``tests/process``: real processes and sockets (supervisors, agents, the dashboard's command line);
+- ``tests/ray``: a real local Ray cluster (the trainer, other people's Ray jobs);
+- ``tests/chaos``: every component killed and frozen in turn;
+- ``tests/on_verl``, ``tests/on_vllm``: in a venv with verl or vLLM (skipped elsewhere).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +28,45 @@ from gkd_core import rundir
 from gkd_core.telemetry.control import ControlClient
 
 ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+TIERS = ("unit", "dashboard", "process", "ray", "chaos", "on_verl", "on_vllm")
+IN_PROCESS = ("unit", "dashboard")  # tiers that may not start a process or reach another
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(item.fspath).resolve().relative_to(HERE).parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+class LeftTheProcess(AssertionError):
+    """A test of an in-process tier started a process or reached another through a socket."""
+
+
+@pytest.fixture(autouse=True)
+def _unit_stays_in_process(request, monkeypatch):
+    if not any(request.node.get_closest_marker(tier) for tier in IN_PROCESS):
+        yield
+        return
+    import socket
+
+    import zmq
+
+    def refuse(what):
+        def refused(*a, **kw):
+            raise LeftTheProcess(f"{request.node.nodeid}: a test of this tier may not {what}; "
+                                 "move it to tests/process")
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    monkeypatch.setattr(os, "fork", refuse("fork"))
+    # bind and connect, not the socket itself: an event loop's self-pipe is a socketpair in the process
+    monkeypatch.setattr(socket.socket, "bind", refuse("bind a socket"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect a socket"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse("connect a socket"))
+    monkeypatch.setattr(zmq.Context, "socket", refuse("open a ZeroMQ socket"))
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -132,8 +184,11 @@ def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.05):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {str(value)[:2000]})")
 
 
-def gkd_tui(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-    """The command line, as a user runs it, from the repository's root."""
+def gkd_tui(*args: str, env: dict | None = None, home: Path | None = None,
+            timeout: float = 30) -> subprocess.CompletedProcess:
+    """The command line, as a user runs it, from the repository's root (``home``: its GKD_HOME)."""
+    if home is not None:
+        env = dict(env if env is not None else os.environ, GKD_HOME=str(home))
     return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
 

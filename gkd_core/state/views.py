@@ -4,6 +4,7 @@ sync's elapsed time): pure, ``now`` comes from the caller, nothing stored."""
 from __future__ import annotations
 
 import math
+import sys
 
 from gkd_core.state.records import (
     AlertState, CollectiveView, GpuRow, MetricsPoint, SEVERITY_ORDER, SyncView, TERMINAL_PHASES, TeacherTotals,
@@ -86,8 +87,10 @@ class StateViews:
         return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
 
     def hung_probes(self, now: float) -> list[tuple[str, str, float]]:
-        """(node, probe, seconds not answering) for every probe stuck in a call, growing with ``now``."""
-        return [(h.node, h.probe, h.seconds + max(0.0, now - h.at))
+        """(node, probe, seconds not answering) for every probe stuck in a call, growing with ``now``;
+        finite even for a sender's absurd count and clock (JSON has no infinity: an alert's evidence
+        must read back as it was)."""
+        return [(h.node, h.probe, min(h.seconds + max(0.0, now - h.at), sys.float_info.max))
                 for _, h in sorted(self.probe_hangs.items())]
 
     def gpu_rows(self) -> list[GpuRow]:

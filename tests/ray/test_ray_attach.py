@@ -19,7 +19,7 @@ from gkd_tui.sources.ray_state import RayStateSource  # noqa: E402
 from gkd_tui.widgets.workers_table import WorkersTable  # noqa: E402
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

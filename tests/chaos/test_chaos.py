@@ -7,8 +7,8 @@ fault: how many seconds until the supervisor (or ``gkd-tui status``) says it, ho
 back and from which step, how many completed steps were lost; then ``events.jsonl`` is checked
 line by line, ``gkd-tui stop`` ends the run, and no process of the run may be left.
 
-The rows make the table in tests/CHAOS.md: ``GKD_CHAOS_TABLE=tests/CHAOS.md python -m pytest
-tests/test_chaos.py`` writes it.
+The rows make the table in tests/chaos/CHAOS.md: ``GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
+tests/chaos/test_chaos.py`` writes it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from conftest import attach_plain, gkd_tui, logged_events, opted_in, read_until,
 from gkd_core import rundir
 from gkd_core.integrations import job_env, ray_hook
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JOBS = ROOT / "tests" / "jobs"
 
 

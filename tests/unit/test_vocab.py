@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gkd_core import vocab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WHERE = {"rules": "gkd_core/diagnosis/", "supervisor": "gkd_core/supervisor/", "driver": "gkd_core/trainer/",
          "ray_state": "gkd_tui/sources/ray_state.py"}
 

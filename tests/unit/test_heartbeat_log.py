@@ -3,20 +3,11 @@ last one before a silence; a replay reads as the live state did."""
 
 from __future__ import annotations
 
-import time
 
-import msgspec
-import pytest
-
-from gkd_core.runlog.reader import replay
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
-from gkd_core.telemetry.reporter import Reporter
-from gkd_core.subscriber import RunSubscriber
 from gkd_tui.sources.replay import ReplaySource
-
-from conftest import wait_until
 
 
 def beat(t, src="rollout/0", **kw):
@@ -78,34 +69,3 @@ def test_replay_fills_the_left_out_beats_and_not_a_silence(tmp_path):
     r.to_start()
     r.to_end()
     assert r.state.workers["rollout/0"].last_heartbeat == 1025.0
-
-
-@pytest.mark.slow
-def test_the_logged_run_ends_in_the_live_state_with_a_fraction_of_the_heartbeats(start_supervisor):
-    sup = start_supervisor("trainer.total_steps=100000", "telemetry.heartbeat_s=0.2",
-                           "telemetry.heartbeat_log_s=1.0", step_s=0.05)
-    sub = RunSubscriber(sup.run)
-    sub.connect()
-    rep = Reporter("rollout/7", ingest=sup.endpoints["ingest"], heartbeat_s=0.2)
-    rep.register("rollout", 7)
-    end = time.monotonic() + 4.0
-    while time.monotonic() < end:
-        sub.pump(0.02)
-    rep.close()  # falls silent; the supervisor restates its last beat
-    sent = rep.sent
-    end = time.monotonic() + 1.5
-    while time.monotonic() < end:
-        sub.pump(0.02)
-    with sup.client() as c:
-        c.request("stop")
-    assert sup.wait_exit() == 143
-    lines = (sup.run / "events.jsonl").read_bytes().splitlines()
-    wait_until(lambda: sub.pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
-    logged = [e for e in map(wire.decode, lines) if type(e) is ev.HeartbeatEvent and e.src == "rollout/7"]
-    assert sent >= 18 and len(logged) <= sent // 2, (sent, len(logged))
-    seqs = [e.seq for e in map(wire.decode, lines)]
-    assert seqs == sorted(set(seqs))  # strictly increasing, the restated beats too
-    want = replay(lines)
-    assert want.workers["rollout/7"].last_heartbeat == sub.state.workers["rollout/7"].last_heartbeat
-    # the same state as live, but for the count of events applied
-    assert msgspec.structs.replace(sub.state, applied=0) == msgspec.structs.replace(want, applied=0)

@@ -4,7 +4,7 @@ import pytest
 
 from gkd_core import config as C
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_embedded_default_is_valid_and_equals_the_example():

@@ -56,7 +56,7 @@ def procs():
 
 
 def root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_a_process_holding_the_gil_in_c_shows_its_function(procs):

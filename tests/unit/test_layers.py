@@ -8,7 +8,7 @@ import ast
 import graphlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = [
     # words, units, files and processes: what everything else is said in
