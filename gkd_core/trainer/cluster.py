@@ -10,7 +10,6 @@ from __future__ import annotations
 import faulthandler
 import ipaddress
 import os
-import socket
 import sys
 import threading
 import time
@@ -19,17 +18,18 @@ from typing import Callable
 
 import msgspec
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
-from gkd_core.rundir import socket_dir
 from gkd_core.telemetry import events as ev, ingest
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
+from gkd_core.trainer.sync_group import SyncGroup
 from gkd_core.trainer.worker_base import WorkerContext
 
 # one torch thread per process (more than the cores make small models many times slower), and
@@ -50,28 +50,21 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
         self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
-        self.actors: dict[str, object] = {}
+        self.actors: dict[str, ActorHandle] = {}
         self.info: dict[str, dict] = {}  # src -> pid, node, gpus, node_id, actor_id
-        self.agents: dict[str, object] = {}  # Ray node id -> its node agent
+        self.agents: dict[str, ActorHandle] = {}  # Ray node id -> its node agent
         self.node_labels: dict[str, str] = {}
         self.teacher_address = cfg.teacher.address
         self.teacher_backend = ""
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
         self.route = ingest.IngestRoute(local=rep.ingest)
         self.multi_node = False
-        self._probes: dict[str, object] = {}  # actor -> its unanswered ``ready`` (``dead``)
+        self._probes: dict[str, ray.ObjectRef] = {}  # actor -> its unanswered ``ready`` (``dead``)
         self._probed: dict[str, float] = {}
-        self.groups = 0  # collective groups made so far: each gets its own rendezvous
-        self.group_file: Path | None = None  # the current group's FileStore, removed with the group
+        self.group = SyncGroup(self)  # the student's and the rollouts' collective group
 
     @property
     def members(self) -> list[str]:
@@ -132,7 +125,7 @@ class Cluster:
         if cfg.agent.ray_poll_s > 0:
             # Ray's own view of every worker's actor: alive or dead, which method since when
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
-        self.make_group()
+        self.group.make()
 
     def give_up(self, why: str) -> None:
         """A call with no deadline of its own ran past ours (``watchdog``). It cannot be interrupted,
@@ -226,7 +219,7 @@ class Cluster:
             self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
                                                         self.teacher_backend, t.trust_remote_code, t.engine, t.topk)
 
-    def dead(self, handles: dict[str, object]) -> list[str]:
+    def dead(self, handles: dict[str, ActorHandle]) -> list[str]:
         """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked
         ``ready`` at most every ``PROBE_S``, and one that has not answered yet (busy, or frozen:
         the alerts name it) is not dead."""
@@ -312,47 +305,6 @@ class Cluster:
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
 
-    # --- the collective group ------------------------------------------------------------
-
-    def make_group(self) -> None:
-        """(Re)create the collective group at a fresh rendezvous."""
-        members = self.members
-        backend = "nccl" if self.device == "cuda" else "gloo"
-        rendezvous = self.rendezvous()
-        refs = {m: self.actors[m].init_group.remote(rendezvous, len(members), r, self.cfg.trainer.sync_timeout_s,
-                                                    backend) for r, m in enumerate(members)}
-        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {rendezvous}"):
-            self.wait(refs, self.cfg.trainer.init_timeout_s, "join_group",
-                      hint="a member that never joins is stuck before init: dump its stack (d)")
-
-    def rendezvous(self) -> str:
-        """Where the group's members meet. On one node, a file in the run's private socket folder:
-        torch's TCPStore listens on every interface, and anyone who reaches it could join or poison
-        the group. Across nodes there is no shared private place, so rank 0 (the student) serves a
-        TCPStore at its node's address, wherever it landed."""
-        self.groups += 1
-        self.forget_group_file()
-        if not self.multi_node:
-            folder = socket_dir(self.run_dir)
-            for stale in folder.glob("group-*.store") if self.groups == 1 else ():
-                stale.unlink(missing_ok=True)  # an earlier driver's, killed before it could remove it
-            path = folder / f"group-{os.getpid()}-{self.groups}.store"
-            self.group_file = path
-            return f"file://{path}"
-        address = self.info["student/0"].get("ip") or ray.util.get_node_ip_address()
-        return f"tcp://{address}:{free_port()}"
-
-    def forget_group_file(self) -> None:
-        if self.group_file is not None:
-            self.group_file.unlink(missing_ok=True)
-            self.group_file = None
-
-    def rebuild_group(self) -> None:
-        """An aborted sync leaves the group in an unknown state: tear it down and make a new one."""
-        refs = {m: self.actors[m].destroy_group.remote() for m in self.members}
-        self.wait(refs, self.cfg.trainer.sync_timeout_s, "destroy_group")
-        self.make_group()
-
     # --- end -----------------------------------------------------------------------------
 
     def close_workers(self, timeout_s: float = CLOSE_S) -> dict[str, str]:
@@ -372,7 +324,7 @@ class Cluster:
         return dict(sorted(why.items()))
 
     def shutdown(self) -> None:
-        self.forget_group_file()
+        self.group.forget_file()
         if self.agents:  # their relays send what they hold and remove their sockets
             try:
                 ray.wait([a.stop.remote() for a in self.agents.values()], num_returns=len(self.agents), timeout=3.0)
