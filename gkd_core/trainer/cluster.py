@@ -31,6 +31,7 @@ from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
 from gkd_core.trainer.sync_group import SyncGroup
 from gkd_core.trainer.worker_base import WorkerContext
+from gkd_core.vocab import src_of
 
 # one torch thread per process (more than the cores make small models many times slower), and
 # no progress bars or advice from transformers in the logs people read when a run is stuck
@@ -69,7 +70,7 @@ class Cluster:
     @property
     def members(self) -> list[str]:
         """The collective group: the student is rank 0, rollout i is rank i+1."""
-        return ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+        return ["student/0"] + [src_of("rollout", i) for i in range(self.cfg.rollout.n_workers)]
 
     @property
     def gpus_per_actor(self) -> int:
@@ -116,7 +117,7 @@ class Cluster:
             rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **self.opts("rollout"))
             self.actors["student/0"] = student.remote(self.context("student/0"), cfg_dict)
             for i in range(cfg.rollout.n_workers):
-                self.actors[f"rollout/{i}"] = rollout.remote(i, self.context(f"rollout/{i}"), cfg_dict)
+                self.actors[src_of("rollout", i)] = rollout.remote(i, self.context(src_of("rollout", i)), cfg_dict)
             if cfg.teacher.launch:
                 self.start_teacher()
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
@@ -196,7 +197,7 @@ class Cluster:
         for node_id, answer in ready.items():
             if answer.get("relay"):
                 self.route.relays[node_id] = answer["relay"]
-                self.route.relay_names[node_id] = f"agent/{self.node_labels[node_id]}"
+                self.route.relay_names[node_id] = src_of("agent", self.node_labels[node_id])
         missing = [label for node, label in self.node_labels.items() if node not in self.agents]
         if missing:
             self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
@@ -214,9 +215,9 @@ class Cluster:
             self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
         worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **self.opts("teacher"))
         for i in range(t.n_server_workers):
-            if f"teacher/{i}" in self.actors:
+            if src_of("teacher", i) in self.actors:
                 continue
-            self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
+            self.actors[src_of("teacher", i)] = worker.remote(i, self.context(src_of("teacher", i)), t.path,
                                                         self.teacher_backend, t.trust_remote_code, t.engine, t.topk)
 
     def dead(self, handles: dict[str, ActorHandle]) -> list[str]:
@@ -259,7 +260,7 @@ class Cluster:
             self.agents.pop(n)
             self._probes.pop(f"agent {n}", None)
         self.rep.log(f"node agent(s) on {', '.join(labels)} died: starting them again", level="warn")
-        self._said_dead([f"agent/{label}" for label in labels], "starting them again on their nodes")
+        self._said_dead([src_of("agent", label) for label in labels], "starting them again on their nodes")
         a = self.cfg.agent
         try:
             agents, _ = start_agents(self.route, self.rep.run, self.run_dir,
@@ -270,7 +271,7 @@ class Cluster:
             self.rep.log(f"node agents did not start again ({type(e).__name__}: {e})", level="warn")
             return []
         self.agents.update(agents)
-        self._said_dead([f"agent/{label}" for label in labels], "", cleared=True)
+        self._said_dead([src_of("agent", label) for label in labels], "", cleared=True)
         return labels
 
     def revive_teacher(self, dead: list[str]) -> list[str]:
