@@ -222,5 +222,5 @@ class Timeline:
 
     @property
     def lines_before(self) -> int:
-        """Events of the log before ``events[0]`` (those the keyframe holds)."""
+        """Lines of the log before ``events[0]`` (the keyframe's state holds what they said)."""
         return self._before
