@@ -1,13 +1,54 @@
-"""The alert codes, each defined once: who raises it, and what the rest of the project does with it.
+"""The project's words, each defined once: a run's states, a sync's, a worker's last phases, an
+alert's severities, a worker's id, and the alert codes (who raises each, and what the rest of the
+project does with it).
 
 Rules, the cascade, the restart plan and the dashboard read their lists from ``ALERTS`` instead of
 spelling the codes again; ``tests/unit/test_vocab.py`` checks that every code raised anywhere is here and
-every code here is raised somewhere (or marked reserved).
+every code here is raised somewhere (or marked reserved). On the wire these are plain strings (a
+newer writer's new word is kept, not refused); here they are the words this reader knows.
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
+
+Severity = Literal["critical", "warn", "info"]
+SEVERITIES: tuple[str, ...] = get_args(Severity)  # the most urgent first
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}  # a word this reader does not know: after them all
+
+# a run's ``run`` events, in the order a run goes through them
+RunStatus = Literal["starting", "running", "restarting", "finished", "failed", "stopped"]
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+RUN_ENDED = ("finished", "failed", "stopped")  # the run is over: its driver is gone and none comes
+RUN_GOING = ("starting", "running", "restarting")  # a driver is (being) started: its workers are new
+
+SyncStatus = Literal["started", "progress", "done", "timed_out", "failed", "cancelled"]
+SYNC_OPEN = ("started", "progress")  # a sync that has not ended
+
+# a worker's phase once it has stopped working: nothing it does is late any more
+WORKER_ENDED = ("finished", "failed", "cancelled", "exited")
+
+
+class WorkerId(NamedTuple):
+    """A worker's ``src``: ``role/rank`` for ours (``rollout/3``) and a foreign job's ranks, or any
+    name with a slash (a Ray actor: ``RolloutWorker/ab12``; ``pg/global_pool``), its rank None."""
+
+    role: str
+    rank: int | None
+
+    @classmethod
+    def parse(cls, src: str) -> WorkerId:
+        """The role is before the last slash, the rank after it: ASCII digits only, and few
+        (``str.isdigit`` is true of "²", which int() refuses, and int() refuses 4,300 digits too)."""
+        role, _, rest = src.rpartition("/")
+        if not role:
+            return cls(src, None)
+        return cls(role, int(rest) if rest.isascii() and rest.isdigit() and len(rest) <= 18 else None)
+
+
+def src_of(role: str, rank: int | str) -> str:
+    """The ``src`` of a worker (``src_of("rollout", 3)``), of a node's agent (``src_of("agent", node)``)."""
+    return f"{role}/{rank}"
 
 Raiser = Literal["rules", "supervisor", "driver", "ray_state"]
 

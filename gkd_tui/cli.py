@@ -21,6 +21,9 @@ from gkd_tui.commands.stacks import cmd_dump_stacks
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gkd-tui", description="Watch and steer GKD distillation runs.")
+    # the options some commands have and the code they share reads (launch attaches through attach's
+    # code; the control commands print through one function): the others get the default
+    p.set_defaults(ray_address=None, plain=False, readonly=False, json=False)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     s = sub.add_parser("launch", help="start a run detached (no config: the tiny CPU demo) and attach; "

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from gkd_core.telemetry import events as ev
 from gkd_core.subscriber import RunSubscriber
+from gkd_core.vocab import RUN_ENDED
 from gkd_tui.render_text import status_text
 
-ENDED = ("finished", "failed", "stopped")
 
 
 def describe(e: ev.Event) -> str | None:
@@ -45,7 +45,7 @@ def follow(run: Path) -> int:
     try:
         sub.connect()
         print(status_text(sub.state, time.time(), run), flush=True)
-        while sub.state.state not in ENDED:
+        while sub.state.state not in RUN_ENDED:
             for e in sub.pump(0.5):
                 line = describe(e)
                 if line:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from gkd_core.state import RunState
 from gkd_core.units import compact as fmt_duration
+from gkd_core.vocab import RUN_ENDED
 
 
 def status_text(st: RunState, now: float, run: Path | None = None) -> str:
@@ -14,7 +15,7 @@ def status_text(st: RunState, now: float, run: Path | None = None) -> str:
              f"{fmt_duration(now - st.started if st.started else None)}  restarts {st.restarts}"]
     if run is not None:
         lines.append(f"dir {run}")
-    if st.state in ("failed", "stopped", "finished") and st.reason:
+    if st.state in RUN_ENDED and st.reason:
         lines.append(f"driver {st.reason}")
     for a in st.active_alerts()[:5]:
         lines.append(f"{a.severity.upper():8s} {a.message}")

@@ -165,6 +165,18 @@ def needs(module: str, require_env: str, venv: str) -> None:
         pytest.skip(f"{module} is not installed here (CI runs these in {venv})", allow_module_level=True)
 
 
+def nvml_library_loads() -> bool:
+    """Whether this machine has NVML at all, asked of the dynamic loader rather than of our code: what
+    a test of the GPU probes expects follows from it (a reading, or the exact note of no driver)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def logged_events(run: Path) -> list[dict]:
     """The events of a run's log, whole lines only: its supervisor may be halfway through writing the last."""
     import json

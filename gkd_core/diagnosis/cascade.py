@@ -21,10 +21,11 @@ import msgspec
 from gkd_core import vocab
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
+from gkd_core.vocab import WORKER_ENDED
 
 # the findings that name a cause others can wait on
 CAUSE_CODES = vocab.codes(cause=True)
-GONE = ("finished", "cancelled", "exited")
+GONE = tuple(p for p in WORKER_ENDED if p != "failed")  # a failed worker still holds its peers up
 BLOCKED_MAX = 256  # names kept in an alert (a collective of 65,536 ranks has as many waiting)
 # more causes than this at once (a whole cluster silent) is no cascade from one fault: nobody is marked,
 # and the rule's work stays bounded (each cause looks at its groups' members)

@@ -24,7 +24,8 @@ import threading
 import weakref
 from typing import NamedTuple
 
-from gkd_core.state import TERMINAL_PHASES, PhaseSpan, RunState, WorkerState
+from gkd_core.state import PhaseSpan, RunState, WorkerState
+from gkd_core.vocab import WORKER_ENDED
 
 MIN_S = 5.0
 PEER_FACTOR = 3.0
@@ -32,7 +33,7 @@ OWN_FACTOR = 5.0
 OWN_MIN_SAMPLES = 3
 SAME_CALL_S = 5.0  # phases without a step: started within this of each other is the same call
 EXACT_UP_TO = 256  # more finished peers than this in a stepless call's windows: counted once per window
-NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *TERMINAL_PHASES})
+NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *WORKER_ENDED})
 
 
 class Late(NamedTuple):

@@ -36,6 +36,7 @@ from gkd_core.integrations.routes import KV_NAMESPACE
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.node.stacks import install_faulthandler
 from gkd_core.telemetry.reporter import Reporter
+from gkd_core.vocab import WorkerId, src_of
 
 USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
 NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
@@ -152,10 +153,10 @@ class _Process:
         # where the driver finds this worker to take its stacks, when its node is not the supervisor's
         _internal_kv_put(remote_stacks.node_key(self.run, self.actor_id), ray.get_runtime_context().get_node_id(),
                          namespace=KV_NAMESPACE)
-        src = name.decode() if name else f"{self.class_name}/{self.actor_id[:8]}"
-        role, _, rank = src.rpartition("/")
+        src = name.decode() if name else src_of(self.class_name, self.actor_id[:8])
+        role, rank = WorkerId.parse(src)
         r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1], with_children=True)
-        r.register(role, int(rank) if rank.isdigit() else None, actor_id=self.actor_id)
+        r.register(role, rank, actor_id=self.actor_id)
         return r
 
     def _route(self) -> tuple[str, Any] | None:
@@ -189,7 +190,7 @@ class _Process:
                                namespace=KV_NAMESPACE):
             n += 1
         self.created[class_name] = n + 1
-        name = self.names[actor_id] = f"{class_name}/{n}"
+        name = self.names[actor_id] = src_of(class_name, n)
         self.handles[name] = weakref.ref(handle)
         if options.get("name"):
             self.ray_names[name] = (options["name"], options.get("namespace"))

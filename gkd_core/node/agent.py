@@ -20,6 +20,7 @@ from gkd_core.node.stacks import Capture, capture_many
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.relay import Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter
+from gkd_core.vocab import src_of
 
 READY_TIMEOUT_S = 60.0
 
@@ -32,11 +33,11 @@ class NodeAgent:
         self.label = label
         self.run_dir = Path(run_dir)
         address, curve = route.direct(ray.get_runtime_context().get_node_id())
-        self.rep = Reporter(f"agent/{label}", ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
+        self.rep = Reporter(src_of("agent", label), ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
         self.rep.register("agent", node=label)
         self.rep.set_phase("watching")
         # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
-        self.relay: Relay | None = Relay(f"agent/{label}", label, address, path=relay_path(run_id, label), run=run_id,
+        self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label), run=run_id,
                                          curve=curve, interval_s=heartbeat_s)
         try:
             self.relay.start()

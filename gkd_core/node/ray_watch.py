@@ -18,6 +18,7 @@ from typing import Callable
 
 from gkd_core.state import SPANS_KEEP
 from gkd_core.telemetry import events as ev
+from gkd_core.vocab import src_of
 
 POLL_S = 2.0
 TIMEOUT_S = 3.0
@@ -151,7 +152,7 @@ class RayView:
             name = self.names.get(a.actor_id)
             if name is None:
                 rank = counts.get(a.class_name, 0)
-                name = a.name or f"{a.class_name}/{rank}"
+                name = a.name or src_of(a.class_name, rank)
                 self.names[a.actor_id] = name
             counts[a.class_name] = counts.get(a.class_name, 0) + 1
             node = self.node_ip.get(a.node_id or "", (a.node_id or "")[:8])

@@ -32,6 +32,7 @@ from gkd_core.runlog.heartbeats import SILENT_BEATS
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
+from gkd_core.vocab import RUN_GOING
 
 
 class Timeline:
@@ -152,7 +153,7 @@ class Timeline:
         elif type(e) is ev.HeartbeatsEvent:
             for b in e.beats:
                 self._beat(i, wire.heartbeat_of(b))
-        elif type(e) is ev.RunEvent and e.state in ("starting", "running", "restarting"):
+        elif type(e) is ev.RunEvent and e.state in RUN_GOING:
             self._last.clear()  # a new driver's workers: no gap to fill across it
 
     def _beat(self, i: int, e: ev.HeartbeatEvent) -> None:
@@ -221,5 +222,5 @@ class Timeline:
 
     @property
     def lines_before(self) -> int:
-        """Events of the log before ``events[0]`` (those the keyframe holds)."""
+        """Lines of the log before ``events[0]`` (the keyframe's state holds what they said)."""
         return self._before

@@ -13,17 +13,17 @@ heartbeat age, a sync's elapsed time) take ``now`` as an argument and are never 
 """
 
 from gkd_core.state.records import (
-    METRICS_KEEP, SYNC_HISTORY_KEEP, MAX_GROUPS, TEACHER_HISTORY_KEEP, STACK_TEXT_KEEP, SEVERITY_ORDER,
-    TERMINAL_PHASES, OOM, SPANS_KEEP, CPU_IDLE_PCT, PhaseSpan, WorkerState, SyncState, SyncView, CollectiveView,
+    METRICS_KEEP, SYNC_HISTORY_KEEP, MAX_GROUPS, TEACHER_HISTORY_KEEP, STACK_TEXT_KEEP,
+    OOM, SPANS_KEEP, CPU_IDLE_PCT, PhaseSpan, WorkerState, SyncState, SyncView, CollectiveView,
     TeacherSide, TeacherState, TeacherTotals, GpuRow, GPU_FULL, UTIL_AVG_S, ProbeHang, RayNode,
-    RayPlacementGroup, AlertState, StackRecord, MetricsPoint, rank_of, alert_key,
+    RayPlacementGroup, AlertState, StackRecord, MetricsPoint, alert_key,
 )
 from gkd_core.state.run_state import RunState, decode_state, encode_state
 
 __all__ = [
     "METRICS_KEEP", "SYNC_HISTORY_KEEP", "MAX_GROUPS", "TEACHER_HISTORY_KEEP", "STACK_TEXT_KEEP",
-    "SEVERITY_ORDER", "TERMINAL_PHASES", "OOM", "SPANS_KEEP", "CPU_IDLE_PCT", "PhaseSpan", "WorkerState",
+    "OOM", "SPANS_KEEP", "CPU_IDLE_PCT", "PhaseSpan", "WorkerState",
     "SyncState", "SyncView", "CollectiveView", "TeacherSide", "TeacherState", "TeacherTotals", "GpuRow",
     "GPU_FULL", "UTIL_AVG_S", "ProbeHang", "RayNode", "RayPlacementGroup", "AlertState", "StackRecord",
-    "MetricsPoint", "rank_of", "alert_key", "RunState", "decode_state", "encode_state",
+    "MetricsPoint", "alert_key", "RunState", "decode_state", "encode_state",
 ]

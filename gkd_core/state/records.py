@@ -15,8 +15,6 @@ SYNC_HISTORY_KEEP = 32
 MAX_GROUPS = 64  # process groups a member may report (a job makes a few: world, data parallel, tensor parallel ...)
 TEACHER_HISTORY_KEEP = 120
 STACK_TEXT_KEEP = 64 * 1024
-SEVERITY_ORDER = {"critical": 0, "warn": 1, "info": 2}
-TERMINAL_PHASES = ("finished", "failed", "cancelled", "exited")
 # what an out-of-memory error says: CUDA's, torch's, the kernel's OOM killer, Ray's memory monitor
 # (not a bare "OOM": Ray's message for any dead worker lists "the OOM killer" among possible causes)
 OOM = re.compile(r"out of memory|OutOfMemoryError|\bOOM[- ]?(?:killed|error)|oom-kill|Killed process|"
@@ -233,11 +231,6 @@ class MetricsPoint(msgspec.Struct, kw_only=True):
     bad_steps: int = 0
     epoch: float | None = None
 
-
-def rank_of(text: str) -> int | None:
-    """The rank in a src such as ``rollout/2``; None for anything else. ASCII digits only, and few:
-    ``str.isdigit`` is true of "²", which int() refuses, and int() refuses 4,300 digits too."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def alert_key(code: str, targets: list[str]) -> str:

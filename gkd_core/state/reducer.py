@@ -11,9 +11,10 @@ import msgspec
 from gkd_core.state.records import (
     AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, MAX_GROUPS, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
     ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, SYNC_HISTORY_KEEP, StackRecord, SyncState,
-    TEACHER_HISTORY_KEEP, TERMINAL_PHASES, TeacherSide, UTIL_AVG_S, alert_key,
+    TEACHER_HISTORY_KEEP, TeacherSide, UTIL_AVG_S, alert_key,
 )
 from gkd_core.telemetry import events as ev
+from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
 if TYPE_CHECKING:
     from gkd_core.state.run_state import RunState
@@ -39,14 +40,14 @@ def _on_run(st: RunState, e: ev.RunEvent) -> None:
     for line in e.log_tail:
         if OOM.search(line):
             _note_oom(st, e.ts, "driver", line)
-    if e.state in ("restarting", "starting", "finished", "failed", "stopped"):
+    if e.state in RUN_STATUSES and e.state != "running":
         # the driver's workers are gone with it; a new driver registers its own
         for w in st.workers.values():
-            if w.phase not in TERMINAL_PHASES:
+            if w.phase not in WORKER_ENDED:
                 w.ended_in = w.phase
                 w.phase, w.phase_since, w.detail = "exited", e.ts, f"run {e.state}"
                 st.mark_moved(w)
-        if st.sync is not None and st.sync.state in ("started", "progress"):
+        if st.sync is not None and st.sync.state in SYNC_OPEN:
             st.sync.state = "cancelled"
 
 
@@ -61,7 +62,7 @@ def _on_worker(st: RunState, e: ev.WorkerEvent) -> None:
         # of the one before is not of this one
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
-    if not w.phase or w.phase in TERMINAL_PHASES:
+    if not w.phase or w.phase in WORKER_ENDED:
         w.phase, w.phase_since, w.detail = "init", e.ts, ""
         st.mark_moved(w)
 
@@ -71,7 +72,7 @@ def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
     if e.phase != w.phase or (e.call is not None and e.call != w.phase_call):  # (the same method called anew)
         # a late sighting (older than the phase it would end) makes no span; a call that began and
         # ended within the same millisecond (Ray's task times) makes one of no length
-        if w.phase and w.phase not in TERMINAL_PHASES and e.ts >= w.phase_since and st.spans_keep:
+        if w.phase and w.phase not in WORKER_ENDED and e.ts >= w.phase_since and st.spans_keep:
             w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call))
             if len(w.spans) > st.spans_keep:
                 del w.spans[0]
@@ -147,7 +148,7 @@ def _on_sync(st: RunState, e: ev.SyncEvent) -> None:
         s.step = e.step
     if e.fingerprint_ok is False:
         st.fingerprint_miss = msgspec.structs.replace(s)
-    if e.state not in ("started", "progress"):
+    if e.state not in SYNC_OPEN:
         _archive_sync(st, s)
 
 

@@ -9,11 +9,12 @@ import msgspec
 
 from gkd_core.state.records import (
     AlertState, GpuRow, MetricsPoint, ProbeHang, RayNode, RayPlacementGroup, SPANS_KEEP, StackRecord, SyncState,
-    TeacherState, WorkerState, rank_of,
+    TeacherState, WorkerState,
 )
 from gkd_core.state.reducer import HANDLERS
 from gkd_core.state.views import StateViews
 from gkd_core.telemetry import events as ev
+from gkd_core.vocab import WorkerId
 
 
 class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
@@ -78,8 +79,8 @@ class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
         """The worker ``src`` (made when first heard of), last seen at ``ts`` or later."""
         w = self.workers.get(src)
         if w is None:
-            role, _, rank = src.partition("/")
-            w = WorkerState(src=src, role=role, rank=rank_of(rank), phase_since=ts)
+            role, rank = WorkerId.parse(src)
+            w = WorkerState(src=src, role=role, rank=rank, phase_since=ts)
             self.workers[src] = w
             self.mark_moved(w)
         if ts > w.last_seen:

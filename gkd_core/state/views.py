@@ -7,9 +7,9 @@ import math
 import sys
 
 from gkd_core.state.records import (
-    AlertState, CollectiveView, GpuRow, MetricsPoint, SEVERITY_ORDER, SyncView, TERMINAL_PHASES, TeacherTotals,
-    WorkerState,
+    AlertState, CollectiveView, GpuRow, MetricsPoint, SyncView, TeacherTotals, WorkerState,
 )
+from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
 
 class StateViews:
@@ -34,14 +34,14 @@ class StateViews:
         """Workers whose heartbeats stopped while they were not finished: frozen or dead."""
         return [
             w for w in self.workers.values()
-            if w.last_heartbeat and w.phase not in TERMINAL_PHASES and now - w.last_heartbeat > stall_s
+            if w.last_heartbeat and w.phase not in WORKER_ENDED and now - w.last_heartbeat > stall_s
         ]
 
     def sync_view(self, now: float) -> SyncView | None:
         s = self.sync
         if s is None:
             return None
-        running = s.state in ("started", "progress")
+        running = s.state in SYNC_OPEN
         elapsed = s.elapsed_s + max(0.0, now - s.last_ts) if running else s.elapsed_s
         # a timeout of no length (or a corrupt one) is no fraction: past its end at once, never infinity
         frac = min(elapsed / s.timeout_s, 1e6) if s.timeout_s > 0 else 0.0

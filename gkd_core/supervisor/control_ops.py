@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import msgspec
 import zmq
@@ -48,6 +48,25 @@ OP_ARGS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
                                 "a name of at most 64 letters, digits, '.', '_' or '-'")},
     "open_ingest": {"host": (lambda v: isinstance(v, str), "an IP address, as text")},
 }
+
+
+# what an op may name besides the run's workers
+# (the driver of a job that is not ours says nothing of itself until it calls ray.init: its stacks
+# are still there to take)
+NOT_WORKERS = {"cancel": ("sync", "all"), "dump_stacks": ("driver",)}
+NAMES_SHOWN = 12  # workers listed in a refusal (a run of 65,536 has them all in the dashboard)
+
+
+def check_targets(op: str, targets: list[str], workers: Collection[str]) -> None:
+    """Refused, naming the first target that is neither a worker of the run nor a word the op knows,
+    and listing the workers there are: a request for nobody is not forwarded as if it were done."""
+    for t in targets:
+        if t not in workers and t not in NOT_WORKERS.get(op, ()):
+            names = sorted(workers)
+            more = f" (and {len(names) - NAMES_SHOWN} more)" if len(names) > NAMES_SHOWN else ""
+            also = "".join(f", or '{w}'" for w in NOT_WORKERS.get(op, ()) if w not in workers)
+            raise Refused(f"{op}: no worker {t[:60]!r} in this run; its workers: "
+                          f"{', '.join(names[:NAMES_SHOWN]) or 'none yet'}{more}{also}")
 
 
 def check_args(op: str, args: dict) -> None:

@@ -162,6 +162,7 @@ class Supervisor:
 
     def _forward(self, op: str) -> Callable[[dict, str], dict]:
         def forward(args: dict, by: str) -> dict:
+            control_ops.check_targets(op, _targets(op, args), self.state.workers)
             return self.life.forward(op, args, by, self.seq, self.state.state)
         return forward
 
@@ -173,12 +174,13 @@ class Supervisor:
         return self._forward("cancel")(args, by)
 
     def _op_dump_local(self, args: dict, by: str) -> dict:
+        control_ops.check_targets("dump_stacks", _targets("dump_stacks", args), self.state.workers)
         dump_id = args.get("dump_id") or f"dump-{self.seq}"
         return self.local_stacks.dump(self.state, args.get("targets") or [], dump_id, by)
 
     def _forward_stacks(self, args: dict) -> None:
         """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
-        self._forward("dump_stacks")(args, "supervisor")
+        self.life.forward("dump_stacks", args, "supervisor", self.seq, self.state.state)
 
     def _take_local_stacks(self) -> None:
         results = self.local_stacks.results
@@ -331,3 +333,8 @@ class Supervisor:
         self.life.kill_now()
         self.rec.close()
         self.sockets.close()
+
+
+def _targets(op: str, args: dict) -> list[str]:
+    """The workers a cancel or a dump names (a cancel with no target cancels the sync)."""
+    return [args.get("target") or "sync"] if op == "cancel" else list(args.get("targets") or [])

@@ -62,6 +62,7 @@ class Reporter:
         self._wake = threading.Event()
         self._sleeping = False
         self._closing = False
+        self._close_deadline = 0.0  # set by close: queued frames may leave until then
         self._phase = "init"
         self._phase_since = time.time()
         self._step: int | None = None
@@ -224,7 +225,7 @@ class Reporter:
                 self._wake.clear()
         finally:
             # give queued frames up to the close deadline to leave the socket
-            left = max(0.0, getattr(self, "_close_deadline", 0) - time.monotonic())
+            left = max(0.0, self._close_deadline - time.monotonic())
             sock.close(linger=int(left * 1000))
             if self._own_ctx:
                 self._ctx.term()  # blocks until the queue is sent or the linger above has passed

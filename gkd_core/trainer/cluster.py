@@ -10,7 +10,6 @@ from __future__ import annotations
 import faulthandler
 import ipaddress
 import os
-import socket
 import sys
 import threading
 import time
@@ -19,18 +18,20 @@ from typing import Callable
 
 import msgspec
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from gkd_core.config import Config
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
-from gkd_core.rundir import socket_dir
 from gkd_core.telemetry import events as ev, ingest
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
+from gkd_core.trainer.sync_group import SyncGroup
 from gkd_core.trainer.worker_base import WorkerContext
+from gkd_core.vocab import src_of
 
 # one torch thread per process (more than the cores make small models many times slower), and
 # no progress bars or advice from transformers in the logs people read when a run is stuck
@@ -50,33 +51,26 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
         self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
-        self.actors: dict[str, object] = {}
+        self.actors: dict[str, ActorHandle] = {}
         self.info: dict[str, dict] = {}  # src -> pid, node, gpus, node_id, actor_id
-        self.agents: dict[str, object] = {}  # Ray node id -> its node agent
+        self.agents: dict[str, ActorHandle] = {}  # Ray node id -> its node agent
         self.node_labels: dict[str, str] = {}
         self.teacher_address = cfg.teacher.address
         self.teacher_backend = ""
         self.on_tick: Callable[..., None] | None = None  # called about every 100 ms while waiting
         self.route = ingest.IngestRoute(local=rep.ingest)
         self.multi_node = False
-        self._probes: dict[str, object] = {}  # actor -> its unanswered ``ready`` (``dead``)
+        self._probes: dict[str, ray.ObjectRef] = {}  # actor -> its unanswered ``ready`` (``dead``)
         self._probed: dict[str, float] = {}
-        self.groups = 0  # collective groups made so far: each gets its own rendezvous
-        self.group_file: Path | None = None  # the current group's FileStore, removed with the group
+        self.group = SyncGroup(self)  # the student's and the rollouts' collective group
 
     @property
     def members(self) -> list[str]:
         """The collective group: the student is rank 0, rollout i is rank i+1."""
-        return ["student/0"] + [f"rollout/{i}" for i in range(self.cfg.rollout.n_workers)]
+        return ["student/0"] + [src_of("rollout", i) for i in range(self.cfg.rollout.n_workers)]
 
     @property
     def gpus_per_actor(self) -> int:
@@ -123,7 +117,7 @@ class Cluster:
             rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **self.opts("rollout"))
             self.actors["student/0"] = student.remote(self.context("student/0"), cfg_dict)
             for i in range(cfg.rollout.n_workers):
-                self.actors[f"rollout/{i}"] = rollout.remote(i, self.context(f"rollout/{i}"), cfg_dict)
+                self.actors[src_of("rollout", i)] = rollout.remote(i, self.context(src_of("rollout", i)), cfg_dict)
             if cfg.teacher.launch:
                 self.start_teacher()
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
@@ -132,7 +126,7 @@ class Cluster:
         if cfg.agent.ray_poll_s > 0:
             # Ray's own view of every worker's actor: alive or dead, which method since when
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
-        self.make_group()
+        self.group.make()
 
     def give_up(self, why: str) -> None:
         """A call with no deadline of its own ran past ours (``watchdog``). It cannot be interrupted,
@@ -203,7 +197,7 @@ class Cluster:
         for node_id, answer in ready.items():
             if answer.get("relay"):
                 self.route.relays[node_id] = answer["relay"]
-                self.route.relay_names[node_id] = f"agent/{self.node_labels[node_id]}"
+                self.route.relay_names[node_id] = src_of("agent", self.node_labels[node_id])
         missing = [label for node, label in self.node_labels.items() if node not in self.agents]
         if missing:
             self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
@@ -221,12 +215,12 @@ class Cluster:
             self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
         worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **self.opts("teacher"))
         for i in range(t.n_server_workers):
-            if f"teacher/{i}" in self.actors:
+            if src_of("teacher", i) in self.actors:
                 continue
-            self.actors[f"teacher/{i}"] = worker.remote(i, self.context(f"teacher/{i}"), t.path,
+            self.actors[src_of("teacher", i)] = worker.remote(i, self.context(src_of("teacher", i)), t.path,
                                                         self.teacher_backend, t.trust_remote_code, t.engine, t.topk)
 
-    def dead(self, handles: dict[str, object]) -> list[str]:
+    def dead(self, handles: dict[str, ActorHandle]) -> list[str]:
         """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked
         ``ready`` at most every ``PROBE_S``, and one that has not answered yet (busy, or frozen:
         the alerts name it) is not dead."""
@@ -266,7 +260,7 @@ class Cluster:
             self.agents.pop(n)
             self._probes.pop(f"agent {n}", None)
         self.rep.log(f"node agent(s) on {', '.join(labels)} died: starting them again", level="warn")
-        self._said_dead([f"agent/{label}" for label in labels], "starting them again on their nodes")
+        self._said_dead([src_of("agent", label) for label in labels], "starting them again on their nodes")
         a = self.cfg.agent
         try:
             agents, _ = start_agents(self.route, self.rep.run, self.run_dir,
@@ -277,7 +271,7 @@ class Cluster:
             self.rep.log(f"node agents did not start again ({type(e).__name__}: {e})", level="warn")
             return []
         self.agents.update(agents)
-        self._said_dead([f"agent/{label}" for label in labels], "", cleared=True)
+        self._said_dead([src_of("agent", label) for label in labels], "", cleared=True)
         return labels
 
     def revive_teacher(self, dead: list[str]) -> list[str]:
@@ -312,47 +306,6 @@ class Cluster:
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
 
-    # --- the collective group ------------------------------------------------------------
-
-    def make_group(self) -> None:
-        """(Re)create the collective group at a fresh rendezvous."""
-        members = self.members
-        backend = "nccl" if self.device == "cuda" else "gloo"
-        rendezvous = self.rendezvous()
-        refs = {m: self.actors[m].init_group.remote(rendezvous, len(members), r, self.cfg.trainer.sync_timeout_s,
-                                                    backend) for r, m in enumerate(members)}
-        with self.rep.phase("join_group", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"{backend} {rendezvous}"):
-            self.wait(refs, self.cfg.trainer.init_timeout_s, "join_group",
-                      hint="a member that never joins is stuck before init: dump its stack (d)")
-
-    def rendezvous(self) -> str:
-        """Where the group's members meet. On one node, a file in the run's private socket folder:
-        torch's TCPStore listens on every interface, and anyone who reaches it could join or poison
-        the group. Across nodes there is no shared private place, so rank 0 (the student) serves a
-        TCPStore at its node's address, wherever it landed."""
-        self.groups += 1
-        self.forget_group_file()
-        if not self.multi_node:
-            folder = socket_dir(self.run_dir)
-            for stale in folder.glob("group-*.store") if self.groups == 1 else ():
-                stale.unlink(missing_ok=True)  # an earlier driver's, killed before it could remove it
-            path = folder / f"group-{os.getpid()}-{self.groups}.store"
-            self.group_file = path
-            return f"file://{path}"
-        address = self.info["student/0"].get("ip") or ray.util.get_node_ip_address()
-        return f"tcp://{address}:{free_port()}"
-
-    def forget_group_file(self) -> None:
-        if self.group_file is not None:
-            self.group_file.unlink(missing_ok=True)
-            self.group_file = None
-
-    def rebuild_group(self) -> None:
-        """An aborted sync leaves the group in an unknown state: tear it down and make a new one."""
-        refs = {m: self.actors[m].destroy_group.remote() for m in self.members}
-        self.wait(refs, self.cfg.trainer.sync_timeout_s, "destroy_group")
-        self.make_group()
-
     # --- end -----------------------------------------------------------------------------
 
     def close_workers(self, timeout_s: float = CLOSE_S) -> dict[str, str]:
@@ -372,7 +325,7 @@ class Cluster:
         return dict(sorted(why.items()))
 
     def shutdown(self) -> None:
-        self.forget_group_file()
+        self.group.forget_file()
         if self.agents:  # their relays send what they hold and remove their sockets
             try:
                 ray.wait([a.stop.remote() for a in self.agents.values()], num_returns=len(self.agents), timeout=3.0)

@@ -45,9 +45,11 @@ from gkd_core.trainer.data import DataError
 from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
 from gkd_core.trainer.saver import Saver
-from gkd_core.trainer.schedulers import SCHEDULERS
+from gkd_core.trainer.schedulers import SCHEDULERS, Scheduler
+from gkd_core.trainer.step_result import EvalResult, StepResult
 from gkd_core.trainer.vllm_engine import EngineUnavailable, require_vllm
 from gkd_core.trainer.weight_sync import WeightSync
+from gkd_core.vocab import WorkerId, src_of
 
 EXIT_CONFIG = 2
 
@@ -89,7 +91,8 @@ class Driver:
         self.bad_steps = 0
         self._bad_run: list[int] = []  # the current run of skipped steps
         self.consumed = 0  # the data position after the last trained step's prompts (kept in checkpoints)
-        self.last_eval: dict = {}
+        self.last_eval: EvalResult | None = None
+        self.cluster: Cluster | None = None  # made by ``start``; ``close`` may come first
 
     # --- start ---------------------------------------------------------------------------
 
@@ -141,14 +144,14 @@ class Driver:
         n = self.cfg.rollout.n_workers
         actors = self.cluster.actors
         parts = np.array_split(np.arange(len(ids)), n)
-        refs = {f"rollout/{i}": actors[f"rollout/{i}"].generate.remote(ids[idx], pads[idx], step, seed + i, greedy)
-                for i, idx in enumerate(parts) if len(idx)}
+        refs = {src: actors[src].generate.remote(ids[idx], pads[idx], step, seed + i, greedy)
+                for i, idx in enumerate(parts) if len(idx) for src in [src_of("rollout", i)]}
         return Pending(refs, pads, ids.shape[1], self.order.position)
 
     def collect_generate(self, pending: Pending, step: int, what: str = "generate") -> Batch:
         out = self.cluster.wait(pending.refs, self.cfg.trainer.step_timeout_s, what,
                                 hint="dump the rollout's stack (d); restart smaller (r) if it is out of memory")
-        seqs = [out[k][0] for k in sorted(out, key=lambda s: int(s.split("/")[1]))]
+        seqs = [out[k][0] for k in sorted(out, key=lambda s: WorkerId.parse(s).rank)]
         width = max(s.shape[1] for s in seqs)
         batch = np.concatenate([np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=self.inputs.pad_id)
                                 for s in seqs])
@@ -179,7 +182,7 @@ class Driver:
         if started:
             self.teacher.resend(self.cluster.teacher_address)
 
-    def train_step(self, batch: Batch, tids: np.ndarray, tlps: np.ndarray, step: int) -> dict:
+    def train_step(self, batch: Batch, tids: np.ndarray, tlps: np.ndarray, step: int) -> StepResult:
         student = self.cluster.actors["student/0"]
         return self.cluster.wait({"student/0": student.train_step.remote(
             batch.seqs, batch.left_pad, batch.width, tids, tlps, step)}, self.cfg.trainer.step_timeout_s,
@@ -232,19 +235,19 @@ class Driver:
 
     # --- bad steps ---------------------------------------------------------------------------
 
-    def on_bad_step(self, step: int, m: dict) -> str:
+    def on_bad_step(self, step: int, m: StepResult) -> str:
         """A skipped step, counted. After ``max_bad_steps`` in a row the run must stop: the error,
         naming the last good checkpoint and how to go on from it."""
-        self.bad_steps += 1 if m.get("skipped") else 0
+        self.bad_steps += 1 if m.skipped else 0
         self._bad_run.append(step)
         limit = self.cfg.trainer.max_bad_steps
-        if len(self._bad_run) < limit and m.get("weights_finite", True):
+        if len(self._bad_run) < limit and m.weights_finite:
             return ""
         last = self.saver.latest()
         where = self.saver.where(last) if last else "none yet (a restart begins at step 1)"
         why = (f"{len(self._bad_run)} steps in a row had a non-finite loss or gradient "
-               f"(steps {self._bad_run[0]}-{self._bad_run[-1]}, gradient norm {m.get('grad_norm')})"
-               if m.get("weights_finite", True) else f"the student's weights are not finite after step {step}")
+               f"(steps {self._bad_run[0]}-{self._bad_run[-1]}, gradient norm {m.grad_norm})"
+               if m.weights_finite else f"the student's weights are not finite after step {step}")
         return (f"{why}; the rollouts kept the last good weights. Last good checkpoint: {where}. "
                 f"Try: gkd-tui restart {self.run_dir} -o actor.lr={self.cfg.actor.lr / 10:g}"
                 + ("" if self.cfg.actor.max_grad_norm else " -o actor.max_grad_norm=1.0")
@@ -258,7 +261,7 @@ class Driver:
         start = self.resume()
         self.sync(start - 1)  # the rollouts start from the student's weights
         self.evaluate(start - 1)  # where it starts from: the "from" of the run's summary
-        sched = SCHEDULERS[cfg.trainer.scheduler](self.launch_generate, self.collect_generate, self.rep)
+        sched: Scheduler = SCHEDULERS[cfg.trainer.scheduler](self.launch_generate, self.collect_generate, self.rep)
         if start <= total:
             sched.start(start)
         for step in range(start, total + 1):
@@ -280,9 +283,9 @@ class Driver:
                 m = self.train_step(batch, tids, tlps, step)
             timing["train"] = time.monotonic() - t
             self.consumed = batch.position
-            skipped = bool(m.get("skipped"))
+            skipped = m.skipped
             stop = ""
-            if skipped or not m.get("weights_finite", True):
+            if skipped or not m.weights_finite:
                 stop = self.on_bad_step(step, m)
             else:
                 self._bad_run = []
@@ -316,14 +319,14 @@ class Driver:
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
             self.cluster.revive_agents()  # between steps: a node agent that died is started again
 
-    def metrics_event(self, step: int, m: dict, batch: Batch, timing: dict, evaluated: bool) -> ev.MetricsEvent:
+    def metrics_event(self, step: int, m: StepResult, batch: Batch, timing: dict, evaluated: bool) -> ev.MetricsEvent:
         e = self.last_eval
         return ev.MetricsEvent(
-            step=step, loss=m["loss"], kl=m["kl"], agreement=e.get("agreement"), eval_kl=e.get("kl"),
-            evaluated=evaluated, tokens_per_s=m["tokens"] / max(batch.gen_s, 1e-6), timing=timing,
-            grad_norm=m.get("grad_norm"), skipped=bool(m.get("skipped")), bad_steps=self.bad_steps,
-            sample_agreement=m.get("sample_agreement"), completion_len=m.get("completion_len"),
-            eos_share=m.get("eos_share"), data_position=batch.position,
+            step=step, loss=m.loss, kl=m.kl, agreement=e.agreement if e else None, eval_kl=e.kl if e else None,
+            evaluated=evaluated, tokens_per_s=m.tokens / max(batch.gen_s, 1e-6), timing=timing,
+            grad_norm=m.grad_norm, skipped=m.skipped, bad_steps=self.bad_steps,
+            sample_agreement=m.sample_agreement, completion_len=m.shape.completion_len,
+            eos_share=m.shape.eos_share, data_position=batch.position,
             epoch=round(batch.position / self.order.n, 4))
 
     def finish(self) -> None:
@@ -333,7 +336,7 @@ class Driver:
 
     def close(self) -> None:
         self.rep.close(2.0)
-        if hasattr(self, "cluster"):
+        if self.cluster is not None:
             self.cluster.shutdown()
         self.inbox.close()
 

@@ -18,6 +18,8 @@ from gkd_core.telemetry.reporter import Reporter
 
 
 class Scheduler(Protocol):
+    """What the driver's loop asks of a schedule: when generation is launched and collected."""
+
     def start(self, first: int) -> None: ...
 
     def batch(self, step: int): ...
@@ -77,4 +79,4 @@ class OneStepOffScheduler:
         pass
 
 
-SCHEDULERS = {"sync": SyncScheduler, "one_step_off": OneStepOffScheduler}
+SCHEDULERS: dict[str, Callable[..., Scheduler]] = {"sync": SyncScheduler, "one_step_off": OneStepOffScheduler}

@@ -80,7 +80,7 @@ class WeightSync:
             ended("cancelled", error=str(e))
             for m in members:
                 c.actors[m].cancel.remote()
-            c.rebuild_group()
+            c.group.rebuild()
             return self(step)
         except WorkerFailed as e:
             ended("failed", pending=[e.name], blocked=e.blocked, error=str(e)[:1000])

@@ -19,9 +19,11 @@ from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
 from gkd_core.trainer import loss as L, models, torch_engine
 from gkd_core.trainer.engine_stats import EngineStatsWatch
 from gkd_core.trainer.fingerprints import fingerprint
+from gkd_core.trainer.step_result import EvalResult, Shape, StepResult
 from gkd_core.trainer.vllm_engine import VllmEngine
 from gkd_core.trainer.vllm_teacher import VllmScorer
 from gkd_core.trainer.worker_base import NonFiniteWeights, WorkerBase, WorkerContext
+from gkd_core.vocab import src_of
 
 
 class StudentActor(WorkerBase):
@@ -69,15 +71,15 @@ class StudentActor(WorkerBase):
         return kl, ((logits.argmax(-1) == tid[..., 0]).float() * mask).sum().item()
 
     @staticmethod
-    def _shape_stats(ids: torch.Tensor, mask: torch.Tensor, eos: list[int]) -> dict:
+    def _shape_stats(ids: torch.Tensor, mask: torch.Tensor, eos: list[int]) -> Shape:
         """Mean completion length (EOS included) and the share of completions that reached EOS."""
         lengths = mask.sum(1)
         last = (mask.cumsum(1) == lengths[:, None]) & (mask > 0)  # each row's last completion token
         ended = (torch.isin(ids[:, 1:], torch.as_tensor(eos, device=ids.device)) & last).any(1)
-        return {"completion_len": lengths.mean().item(), "eos_share": ended.float().mean().item()}
+        return Shape(completion_len=lengths.mean().item(), eos_share=ended.float().mean().item())
 
     def train_step(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
-                   t_logp: np.ndarray, step: int) -> dict:
+                   t_logp: np.ndarray, step: int) -> StepResult:
         self._begin()
         with self.rep.phase("train", step=step):
             self._maybe_faults(step, "train")
@@ -97,10 +99,10 @@ class StudentActor(WorkerBase):
             if self.ctx.faults.nan_grad(step):
                 self.rep.log(f"fault injected: a NaN gradient at step {step}", level="warn")
                 next(self.model.parameters()).grad.fill_(float("nan"))
-            out = {"loss": total, "kl": kl_sum / n_tokens.item(), "tokens": int(n_tokens.item()),
-                   "sample_agreement": agree / n_tokens.item(), **self._shape_stats(ids, mask, self.eos)}
-            out.update(self._guarded_update(step, total, a.max_grad_norm))
-            return out
+            skipped, norm, finite = self._guarded_update(step, total, a.max_grad_norm)
+            return StepResult(loss=total, kl=kl_sum / n_tokens.item(), tokens=int(n_tokens.item()),
+                              sample_agreement=agree / n_tokens.item(), shape=self._shape_stats(ids, mask, self.eos),
+                              grad_norm=norm, skipped=skipped, weights_finite=finite)
 
     @torch.no_grad()
     def evaluate(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
@@ -119,22 +121,23 @@ class StudentActor(WorkerBase):
                                            temperature=a.temperature) * mask[sl]).sum().item()
                 k, same = self._kl_and_agreement(logits, tid[sl], tlp[sl], mask[sl])
                 kl, agree = kl + k, agree + same
-            return {"divergence": div / n, "kl": kl / n, "agreement": agree / n,
-                    **self._shape_stats(ids, mask, self.eos)}
+            return EvalResult(divergence=div / n, kl=kl / n, agreement=agree / n,
+                              shape=self._shape_stats(ids, mask, self.eos))
 
-    def _guarded_update(self, step: int, loss: float, max_norm: float) -> dict:
+    def _guarded_update(self, step: int, loss: float, max_norm: float) -> tuple[bool, float, bool]:
         """Clip and apply the gradients, unless the loss or the gradient norm is not finite: then
-        the step is dropped (the weights stay as they were) and said so."""
+        the step is dropped (the weights stay as they were) and said so. (skipped, the gradient
+        norm, the weights finite after it)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         # clip_grad_norm_ returns the norm before clipping; inf as the limit only measures it
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm or float("inf")))
         if not (math.isfinite(loss) and math.isfinite(norm)):
             self.opt.zero_grad(set_to_none=True)
             self.rep.log(f"step {step} skipped: loss {loss:.4g}, gradient norm {norm:.4g}", level="error")
-            return {"skipped": True, "grad_norm": norm, "weights_finite": True}
+            return True, norm, True
         self.opt.step()
         finite = all(bool(torch.isfinite(p.detach()).all()) for p in params)
-        return {"skipped": False, "grad_norm": norm, "weights_finite": finite}
+        return False, norm, finite
 
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
         self._begin()
@@ -172,7 +175,7 @@ class RolloutWorker(WorkerBase):
     """Generates with the torch engine from the student's weights, received over the group."""
 
     def __init__(self, rank: int, ctx: WorkerContext, cfg: dict):
-        super().__init__(f"rollout/{rank}", "rollout", rank, ctx)
+        super().__init__(src_of("rollout", rank), "rollout", rank, ctx)
         self.cfg = msgspec.convert(cfg, Config)
         m = self.cfg.model
         with self.rep.phase("init_engine", detail=f"engine {self.cfg.rollout.engine}"):
@@ -266,7 +269,7 @@ class TeacherProxyActor(WorkerBase):
 class TeacherWorkerActor(WorkerBase):
     def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
                  trust_remote_code: bool = False, engine: str = "torch", topk: int = 16):
-        super().__init__(f"teacher/{rank}", "teacher", rank, ctx)
+        super().__init__(src_of("teacher", rank), "teacher", rank, ctx)
         with self.rep.phase("init_model", detail=f"{teacher_path} (engine {engine})"):
             if engine == "vllm":
                 scorer = VllmScorer(teacher_path, topk=topk)

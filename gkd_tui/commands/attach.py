@@ -30,19 +30,19 @@ def cmd_attach_ray(a: argparse.Namespace) -> int:
 
 
 def cmd_attach(a: argparse.Namespace) -> int:
-    if getattr(a, "ray_address", None):  # launch attaches through here too, without the option
+    if a.ray_address:
         return cmd_attach_ray(a)
     run = None
     try:
         run = rundir.resolve_run(a.run)
-        if getattr(a, "plain", False) or not sys.stdout.isatty():
+        if a.plain or not sys.stdout.isatty():
             from gkd_tui.follow import follow
 
             return follow(run)
         from gkd_tui.app import GkdApp
         from gkd_tui.sources.live import LiveSource
 
-        GkdApp(LiveSource(run), readonly=getattr(a, "readonly", False)).run()
+        GkdApp(LiveSource(run), readonly=a.readonly).run()
         print(f"gkd-tui: detached from {run.name}; the run goes on (`gkd-tui attach` to come back)", file=sys.stderr)
         return 0
     except (rundir.RunNotFound, ControlUnreachable) as e:

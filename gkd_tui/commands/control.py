@@ -54,7 +54,7 @@ def act(a: argparse.Namespace, op: str, args: dict, timeout_s: float = 5.0) -> i
         return 1
     except (rundir.RunNotFound, ControlUnreachable) as e:
         return unreachable(run, e)
-    print(json.dumps(result, indent=1) if getattr(a, "json", False) else describe(op, result))
+    print(json.dumps(result, indent=1) if a.json else describe(op, result))
     return 0
 
 

@@ -33,7 +33,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     run_id = rundir.new_run_id()
     home = rundir.gkd_home()
     home.mkdir(parents=True, exist_ok=True)
-    command = getattr(a, "command", [])
+    command = a.command
     argv = [sys.executable, "-m", "gkd_core", "run", *([cfg_path] if cfg_path else []), *overrides,
             "--run-id", run_id, "--linger", str(a.linger), "--quiet", *(["--", *command] if command else [])]
     out = open(home / f"supervisor-{run_id}.log", "ab")

@@ -5,13 +5,15 @@ worker something is wrong with (its row), a sparkline. Each name is a component 
 
 from __future__ import annotations
 
+from gkd_core.vocab import RUN_STATUSES, SEVERITIES
+
 # the same words in every pane: wrong now (bold red), failed (red), a warning (bold yellow),
 # caution (yellow), well (green); done (dim: a worker that has finished)
 TROUBLE, FAILURE, WARNING, CAUTION, OK, DONE = (
     "tone--trouble", "tone--failure", "tone--warning", "tone--caution", "tone--ok", "tone--done")
-SEVERITY = {"critical": "severity--critical", "warn": "severity--warn", "info": "severity--info"}
+SEVERITY = {s: f"severity--{s}" for s in SEVERITIES}
 NO_ALERTS = "severity--none"
-STATE = {s: f"state--{s}" for s in ("running", "finished", "failed", "stopped", "restarting", "starting")}
+STATE = {s: f"state--{s}" for s in RUN_STATUSES}
 LEVEL = {"error": TROUBLE, "warn": CAUTION, "warning": CAUTION}
 # a row of the workers table named by an active alert of this severity
 NAMED_ROW = {"critical": TROUBLE, "warn": WARNING}

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gkd_core import vocab
-from gkd_core.state import SEVERITY_ORDER, TERMINAL_PHASES, AlertState, RunState, WorkerState
+from gkd_core.state import AlertState, RunState, WorkerState
+from gkd_core.vocab import SEVERITY_ORDER, WORKER_ENDED
 from gkd_tui.widgets.styles import CAUTION, FAILURE, NAMED_ROW, TROUBLE
 
 OPEN_UP_TO = 16  # a group this small is open by itself
@@ -70,7 +71,7 @@ def worst_alerts(st: RunState) -> dict[str, AlertState]:
 def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float) -> tuple[int, str, str] | None:
     """(how bad: 0 worst, the word for it, its row's style) of a worker something is wrong with;
     None if nothing is. The one place that says so, for the group's counts and order and for the row."""
-    if w.phase in TERMINAL_PHASES:
+    if w.phase in WORKER_ENDED:
         return (0, "failed", FAILURE) if w.phase == "failed" else None
     if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
         return 0, "dead", TROUBLE
@@ -109,7 +110,7 @@ def build(st: RunState, now: float, stall_s: float, toggled: frozenset[str] | se
         g.n += 1
         g.phases[w.phase] = g.phases.get(w.phase, 0) + 1
         # the common case in one test: no alert, not terminal, heartbeat fresh, no deadline
-        if (w.src in named or w.phase in TERMINAL_PHASES or w.ray_state == "DEAD" or w.deadline
+        if (w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline
                 or (w.last_heartbeat and w.last_heartbeat < stale_before)):
             why = trouble(w, named.get(w.src), now, stale_before)
             if why is not None:

@@ -21,7 +21,8 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gkd_core.state import TERMINAL_PHASES, AlertState, RunState, WorkerState
+from gkd_core.state import AlertState, RunState, WorkerState
+from gkd_core.vocab import WORKER_ENDED
 from gkd_tui.widgets import worker_groups
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.styles import DONE, ROW_CLASSES
@@ -154,7 +155,7 @@ class WorkersTable(ScrollView, can_focus=True):
 
     def row_style(self, w: WorkerState) -> str | None:
         """The name of its row's style (widgets/styles.py); None for a worker with nothing to say."""
-        if w.phase in TERMINAL_PHASES and w.phase != "failed":
+        if w.phase in WORKER_ENDED and w.phase != "failed":
             return DONE
         why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s)
         return why[2] if why is not None else None
@@ -162,7 +163,7 @@ class WorkersTable(ScrollView, can_focus=True):
     def row_cells(self, w: WorkerState) -> tuple:
         st, now = self._state, self._now
         age = st.heartbeat_age(w, now)
-        stale = age is not None and age > self._stall_s and w.phase not in TERMINAL_PHASES
+        stale = age is not None and age > self._stall_s and w.phase not in WORKER_ENDED
         return (w.src, shown_phase(w), fmt_duration(st.time_in_phase(w, now)),
                 (fmt_duration(age) + (" STALE" if stale else "")) if age is not None else "-",
                 "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-",

@@ -9,6 +9,8 @@ from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
+from conftest import nvml_library_loads
+
 
 class Recorder:
     def __init__(self):
@@ -77,15 +79,20 @@ def test_no_driver_is_a_state_not_an_error():
     assert st.gpu_notes == {"cpu-node": note.error} and st.gpu_rows() == []
 
 
-def test_the_real_nvml_backend_on_a_machine_without_gpus_says_so():
+def test_the_real_nvml_backend_reads_the_gpus_or_says_exactly_why_not():
     rec = Recorder()
     s = GpuSampler("here", rec, backend="nvml", interval_s=0.2, smi=None).start()
     try:
         first = rec.wait_for(lambda e: True, 15)[0][1]
+        time.sleep(1.0)  # a few more periods: a machine without a driver gets the note once, nothing else
+        said = [e for _, e in rec.gpu()]
     finally:
         s.stop()
-    # on a GPU machine this is a reading; here, the note
-    assert first.index >= 0 or "no NVIDIA driver" in first.error
+    if nvml_library_loads():  # a GPU machine: a reading of a real device
+        assert first.index >= 0 and first.mem_total > 0 and not first.error, first
+    else:
+        assert (first.index, first.error) == (-1, "no NVIDIA driver on this node (NVML Shared Library Not Found)")
+        assert said == [first]
 
 
 def test_an_nvml_error_is_reported_and_sampling_goes_on():

@@ -275,6 +275,25 @@ def test_control_refuses_malformed_and_unknown_requests_on_the_record(start_supe
                "both refusals on the record")
 
 
+def test_a_cancel_or_a_dump_of_a_worker_the_run_does_not_have_is_refused_naming_those_it_has(start_supervisor):
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    sup.wait_driver()
+    wait_until(lambda: any(e["kind"] == "worker" and e["src"] == "driver" for e in sup.events()), 10,
+               "the driver to register")
+    with sup.client() as c:
+        with pytest.raises(ControlError) as refused:
+            c.request("cancel", {"target": "rollout/99"})
+        assert str(refused.value) == ("cancel: no worker 'rollout/99' in this run; its workers: driver, "
+                                      "or 'sync', or 'all'")
+        with pytest.raises(ControlError) as refused:
+            c.request("dump_stacks", {"targets": ["driver", "rollout/99"]})
+        assert str(refused.value) == "dump_stacks: no worker 'rollout/99' in this run; its workers: driver"
+        assert c.request("cancel", {"target": "sync"})["forwarded"]  # the words a cancel knows still go
+    refusals = wait_until(lambda: [e for e in sup.events() if e["kind"] == "action" and not e["ok"]
+                                   and e["op"] in ("cancel", "dump_stacks")], 5.0, "the refusals on the record")
+    assert [e["op"] for e in refusals] == ["cancel", "dump_stacks"]
+
+
 def test_forwarded_dump_stacks_comes_back_as_a_stack_event(start_supervisor):
     sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
     sup.wait_driver()

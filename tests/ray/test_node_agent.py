@@ -59,8 +59,9 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
                                   gpu_interval_s=0.5)
     try:
         assert sorted(agents) == sorted(nodes)
-        assert sorted(ray.get([a.ready.remote() for a in agents.values()], timeout=30),
-                      key=lambda r: r["node_id"]) and len(set(labels.values())) == 2
+        ready = ray.get([a.ready.remote() for a in agents.values()], timeout=30)
+        assert sorted(r["node_id"] for r in ready) == sorted(nodes)  # each agent answers from its own node
+        assert sorted(labels) == sorted(nodes) and len(set(labels.values())) == 2
         Actor = ray.remote(num_cpus=0, max_concurrency=2)(rollout_class())
         # rollout/0 and rollout/2 on the first node, rollout/1 on the second
         placed = [nodes[0], nodes[1], nodes[0]]

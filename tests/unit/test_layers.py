@@ -1,6 +1,6 @@
-"""The house's layers: a module imports from its own layer or lower ones, never higher, and no
-parts import each other, however far round. The layers, lowest first, are in ``LAYERS``
-(ARCHITECTURE.md says what each holds)."""
+"""The house's shape: a module imports from its own layer or lower ones, never higher; no parts
+import each other, however far round; no module is over 400 lines, no class over 300. The layers,
+lowest first, are in ``LAYERS`` (ARCHITECTURE.md says what each holds)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,19 @@ def test_no_import_cycle_among_the_parts():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as e:
         raise AssertionError(f"parts that import each other: {' -> '.join(e.args[1])}") from None
+
+
+MODULE_MAX, CLASS_MAX = 400, 300
+
+
+def test_no_module_over_400_lines_and_no_class_over_300():
+    over = []
+    for path in sorted([*ROOT.glob("gkd_core/**/*.py"), *ROOT.glob("gkd_tui/**/*.py")]):
+        src = path.read_text()
+        rel = path.relative_to(ROOT)
+        if src.count("\n") > MODULE_MAX:
+            over.append(f"{rel}: {src.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > CLASS_MAX:
+                over.append(f"{rel}: class {node.name}, {node.end_lineno - node.lineno + 1} lines")
+    assert over == []

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from gkd_core.diagnosis import plan
 from gkd_core.diagnosis.rules.common import BAD_STEP_SHOWN, FAILED_WORKER, Settings
-from gkd_core.state import OOM, TERMINAL_PHASES, RunState
+from gkd_core.state import OOM, RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
+from gkd_core.vocab import WORKER_ENDED, src_of
 
 
 def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -19,7 +20,7 @@ def gpu_probe_hung(state: RunState, now: float, cfg: Settings) -> list[AlertEven
             message=f"{name} on {node} has not answered for {spoken(seconds)}",
             hint="the GPU driver is wedged (nvidia-smi would freeze too): check `dmesg` for Xid errors; "
                  "a worker stuck in CUDA will not come back, restart (r) on healthy nodes",
-            targets=[f"agent/{node}"] if probe == "nvml" else [f"agent/{node}", probe],
+            targets=[src_of("agent", node)] if probe == "nvml" else [src_of("agent", node), probe],
             evidence={"probe": probe, "seconds": round(seconds, 1)},
         ))
     return out
@@ -91,7 +92,7 @@ def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     workers only: a restart starts afresh)."""
     hits = list(state.oom) + [(w.last_seen, w.src, w.ray_death_cause) for w in state.workers.values()
                               if w.ray_death_cause and OOM.search(w.ray_death_cause)
-                              and w.phase not in TERMINAL_PHASES]
+                              and w.phase not in WORKER_ENDED]
     if not hits:
         return []
     ts, src, line = max(hits)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from gkd_core.diagnosis.rules.common import Settings
-from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
+from gkd_core.vocab import WORKER_ENDED
 
 
 PENDING_S = 30.0  # an actor Ray could place but has not, after this long, is worth a word
@@ -20,7 +21,7 @@ def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     numbers, or a demand that waits for resources others hold."""
     groups: dict[tuple, list] = {}
     for w in state.workers.values():
-        if w.ray_state == "PENDING_CREATION" and w.phase not in TERMINAL_PHASES:
+        if w.ray_state == "PENDING_CREATION" and w.phase not in WORKER_ENDED:
             groups.setdefault((w.role, tuple(sorted(w.ray_required.items()))), []).append(w)
     alive = [n.resources for n in state.ray_nodes.values() if n.state == "ALIVE"]
     out = []

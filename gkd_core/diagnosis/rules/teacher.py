@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.rules.common import Settings, frozen_limits
 from gkd_core.diagnosis.verdict import verdict
-from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
+from gkd_core.vocab import WORKER_ENDED
 
 
 TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
@@ -52,7 +53,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         # carries its events) is silent, which heartbeat_stale names; its workers are not to blame
         if s.queue_depth and waited >= _stall_limit(s) and now - s.ts <= fresh:
             workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
-                             and w.phase not in TERMINAL_PHASES)
+                             and w.phase not in WORKER_ENDED)
             vs = {w: verdict(state, state.workers[w], now, frozen_limits(cfg)[1]) for w in workers[:4]}
             verdicts = [f"{w}: {v.text}" for w, v in vs.items()]
             out.append(AlertEvent(

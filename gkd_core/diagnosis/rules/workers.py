@@ -8,9 +8,10 @@ from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
 from gkd_core.diagnosis.stragglers import Late, late_workers
 from gkd_core.diagnosis.verdict import verdict
-from gkd_core.state import TERMINAL_PHASES, RunState
+from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
+from gkd_core.vocab import WORKER_ENDED
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -24,7 +25,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
     # its own go quiet, so a relay that is nearly stale counts too.
     quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.last_heartbeat
-                    and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in TERMINAL_PHASES}
+                    and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in WORKER_ENDED}
     behind: dict[str, list[str]] = {}
     for w in stale:
         if w.via in quiet_relays:
@@ -101,7 +102,7 @@ def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     out = []
     for w in state.workers.values():
         # killed on purpose (the driver starting a teacher again, a forced cancel: on the record as actions)
-        if w.ray_state != "DEAD" or w.phase in TERMINAL_PHASES or "killed by `ray.kill`" in w.ray_death_cause:
+        if w.ray_state != "DEAD" or w.phase in WORKER_ENDED or "killed by `ray.kill`" in w.ray_death_cause:
             continue
         words = last_words(state, w.src)
         out.append(AlertEvent(
