@@ -8,17 +8,15 @@ import signal
 import time
 
 import pytest
+import ray
 import zmq
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from gkd_core.node.agent import gather_stacks, start_agents
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.ingest import IngestRoute
-
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
-
-from gkd_core.node.agent import gather_stacks, start_agents  # noqa: E402
 
 
 def rollout_class():

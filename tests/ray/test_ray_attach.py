@@ -11,12 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
-
-from gkd_tui.app import GkdApp  # noqa: E402
-from gkd_tui.screens.stacks import StackScreen  # noqa: E402
-from gkd_tui.sources.ray_state import RayStateSource  # noqa: E402
-from gkd_tui.widgets.workers_table import WorkersTable  # noqa: E402
+from gkd_tui.app import GkdApp
+from gkd_tui.screens.stacks import StackScreen
+from gkd_tui.sources.ray_state import RayStateSource
+from gkd_tui.widgets.workers_table import WorkersTable
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,6 @@ import time
 
 import pytest
 
-pytest.importorskip("ray")
-
 pytestmark = pytest.mark.slow
 
 JOB = """
