@@ -196,7 +196,9 @@ def test_bad_inputs_are_refused_in_seconds_before_any_worker_starts(pair, gkd_ho
         assert out.returncode == 2, out.stderr
         last = out.stderr.strip().splitlines()[-1]
         assert re.search(said, last), last
-        assert "Traceback" not in out.stderr and took < 30
+        # refused at the command's start-up cost (Python, torch, the tokenizers read: 2 to 3 s here), before
+        # any worker: ray.init alone takes about 7 s on this machine, so a worker started would pass 10
+        assert "Traceback" not in out.stderr and took < 10, took
         run = sorted((gkd_home / "runs").glob("2*"))[-1]
         assert not any(b'"kind":"worker"' in line and b'"src":"driver"' not in line
                        for line in (run / "events.jsonl").read_bytes().splitlines())  # no worker started
