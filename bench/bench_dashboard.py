@@ -41,7 +41,7 @@ import msgspec  # noqa: E402
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.runlog import keyframes  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
-from gkd_core.telemetry import wire
+from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
-from gkd_core.telemetry import wire
+from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.reporter import Reporter  # noqa: E402
 
 
