@@ -22,6 +22,7 @@ from textual.worker import Worker
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
+from gkd_tui.screens.plots import PlotsScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
 from gkd_tui.sources import Playback, Source
@@ -56,6 +57,7 @@ class GkdApp(App):
         Binding("D", "dump_stacks(True)", "Dump all stacks", show=False),
         Binding("c", "cancel", "Cancel…"),
         Binding("r", "restart", "Restart smaller…"),
+        Binding("p", "plots", "Plots"),
         Binding("b", "bundle", "Bundle for a bug report", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter rows"),
@@ -157,6 +159,9 @@ class GkdApp(App):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def action_plots(self) -> None:
+        self.push_screen(PlotsScreen())
 
     def on_workers_table_selected(self, message: WorkersTable.Selected) -> None:
         with self.source.lock:

@@ -23,9 +23,33 @@ THEME_VARIABLES = {
     "state-stopped": "ansi_yellow",
     "state-restarting": "ansi_yellow",
     "state-starting": "ansi_yellow",
-    # the sparklines: loss, KL, agreement, the teacher's requests a second
+    # the sparklines and plots: loss, KL, agreement, the teacher's requests a second (and in flight)
     "series-loss": "ansi_magenta",
     "series-kl": "ansi_yellow",
     "series-agreement": "ansi_green",
     "series-rate": "ansi_cyan",
+    # the plots: a sync's time and its timeout; the teacher's latency and queue
+    "series-sync": "ansi_cyan",
+    "series-timeout": "ansi_red",
+    "series-p50": "ansi_green",
+    "series-p99": "ansi_yellow",
+    "series-queue": "ansi_magenta",
+    # a step's phases, stacked
+    "series-phase-generate": "ansi_blue",
+    "series-phase-wait": "ansi_white",
+    "series-phase-teacher": "ansi_magenta",
+    "series-phase-train": "ansi_green",
+    "series-phase-sync": "ansi_cyan",
+    "series-phase-eval": "ansi_yellow",
+    "series-phase-other": "ansi_bright_black",
+    # a line per GPU, and their mean
+    "series-1": "ansi_green",
+    "series-2": "ansi_cyan",
+    "series-3": "ansi_magenta",
+    "series-4": "ansi_yellow",
+    "series-5": "ansi_blue",
+    "series-6": "ansi_bright_green",
+    "series-7": "ansi_bright_cyan",
+    "series-8": "ansi_bright_magenta",
+    "series-mean": "ansi_white",
 }

@@ -404,6 +404,12 @@ async def _drive(app, size) -> None:
             await pilot.press("slash", "a", "enter", "escape", "escape")
         app.redraw()
         await pilot.pause()
+        # the plots view, every tab, on whatever numbers the state holds
+        await pilot.press("p")
+        for key in ("2", "3", "4", "5", "1"):
+            await pilot.press(key)
+            await pilot.pause()
+        await pilot.press("escape")
 
 
 class RawDealer:

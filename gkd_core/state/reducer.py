@@ -11,8 +11,9 @@ import msgspec
 from gkd_core.state.records import (
     AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, MAX_GROUPS, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
     ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, SYNC_HISTORY_KEEP, StackRecord, SyncState,
-    TEACHER_HISTORY_KEEP, TeacherSide, UTIL_AVG_S, alert_key,
+    TEACHER_HISTORY_KEEP, TeacherSide, TeacherState, UTIL_AVG_S, alert_key,
 )
+from gkd_core.state.series import TeacherPoint, mem_share
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
@@ -153,6 +154,7 @@ def _on_sync(st: RunState, e: ev.SyncEvent) -> None:
 
 
 def _archive_sync(st: RunState, s: SyncState) -> None:
+    st.series.note_sync(s.sync_id, s.step, s.elapsed_s, s.timeout_s, s.state)
     hist = st.sync_history
     if hist and hist[-1].sync_id == s.sync_id:
         hist[-1] = msgspec.structs.replace(s)
@@ -182,6 +184,23 @@ def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
         t.history.append((e.ts, total))
         if len(t.history) > TEACHER_HISTORY_KEEP:
             del t.history[0]
+    if st.series.teacher_due(e.ts):
+        st.series.note_teacher(_teacher_point(t, e.ts))
+
+
+def _teacher_point(t: TeacherState, ts: float) -> TeacherPoint:
+    p50 = p99 = None
+    queue = in_flight = 0
+    for key, side in t.by_src.items():
+        if key.startswith("client:"):
+            in_flight += side.in_flight
+            if "p50" in side.latency_ms:
+                p50 = max(p50 or 0.0, side.latency_ms["p50"])
+            if "p99" in side.latency_ms:
+                p99 = max(p99 or 0.0, side.latency_ms["p99"])
+        else:
+            queue += side.queue_depth
+    return TeacherPoint(ts, p50, p99, queue, in_flight)
 
 
 def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
@@ -213,7 +232,11 @@ def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
             row.util_avg = e.util
         else:
             weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
-            row.util_avg = old.util_avg + weight * (e.util - old.util_avg)
+            avg = old.util_avg + weight * (e.util - old.util_avg)
+            # a sender's absurd readings (+-1e308 in turn) overflow to inf, which a keyframe cannot hold
+            row.util_avg = avg if math.isfinite(avg) else e.util
+    was = None if old is None else (old.util, mem_share(old.mem_used, old.mem_total))
+    st.series.note_gpu(key, e.ts, was, e.util, mem_share(e.mem_used, e.mem_total))
 
 
 def _on_metrics(st: RunState, e: ev.MetricsEvent) -> None:

@@ -12,6 +12,7 @@ from gkd_core.state.records import (
     TeacherState, WorkerState,
 )
 from gkd_core.state.reducer import HANDLERS
+from gkd_core.state.series import Series
 from gkd_core.state.views import StateViews
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import WorkerId
@@ -59,6 +60,7 @@ class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
     oom: list[tuple[float, str, str]] = []
     # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)
     collectives: dict[str, dict[str, ev.CollectiveProgress]] = {}
+    series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
 
     # --- the reducer: the cases are in ``reducer`` ----------------------------------------
 

@@ -1,4 +1,4 @@
-"""A bounded window of latencies with p50/p95."""
+"""A bounded window of latencies with p50/p95/p99."""
 
 from __future__ import annotations
 
@@ -16,4 +16,5 @@ class LatencyWindow:
         if not self._values:
             return {}
         v = sorted(self._values)
-        return {"p50": round(v[len(v) // 2], 3), "p95": round(v[min(len(v) - 1, int(0.95 * len(v)))], 3)}
+        return {"p50": round(v[len(v) // 2], 3), "p95": round(v[min(len(v) - 1, int(0.95 * len(v)))], 3),
+                "p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 3)}

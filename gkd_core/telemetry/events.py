@@ -147,7 +147,7 @@ class TeacherEvent(Event, tag="teacher"):
     served: Int = 0
     queue_depth: Int = 0
     workers: dict[str, Int] = {}  # served per server worker
-    latency_ms: dict[str, float] = {}  # p50, p95
+    latency_ms: dict[str, float] = {}  # p50, p95, p99
 
 
 class GpuEvent(Event, tag="gpu"):

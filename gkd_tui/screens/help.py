@@ -16,6 +16,8 @@ HELP = """[b]gkd-tui keys[/b]
          on a group's line, open or close the group
   /      filter the workers by name, phase, node or pid (escape clears)
   b      a bundle for a bug report: config, events, logs, stacks, no keys
+  p      plots: loss/KL/agreement, sync times, step time by phase,
+         teacher latency and queue, GPU use (1-5 switch, escape closes)
   ?      this help    q  detach: the run goes on    ctrl+p  every action
   replay: space play/pause, → step, End/Home jump, +/- speed
   c and r ask first, with the focus on Cancel.

@@ -1,5 +1,5 @@
-"""Training: loss, KL, agreement sparklines, tokens/s, the gradient norm, what the samples look like
-and where each step's time goes."""
+"""Training: loss, KL, agreement sparklines as wide as the pane, tokens/s, the gradient norm, what the
+samples look like and where each step's time goes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from gkd_tui.widgets.pane import Pane
 from gkd_tui.widgets.styles import FAILURE, SERIES
 
 
+LABEL = 19  # "loss        0.1234 " before a sparkline
+
+
 class MetricsPane(Pane):
     def show(self, st: RunState, now: float) -> None:
-        ms = st.recent_metrics(60)
+        # the sparklines take the pane's width, a step a cell (p: the whole run, plotted)
+        width = max(8, self.content_size.width - LABEL)
+        ms = st.recent_metrics(width)
         t = Text()
         if not ms:
             t.append("no metrics yet", style="dim")
@@ -26,7 +31,7 @@ class MetricsPane(Pane):
             if cur is None:
                 continue
             t.append(f"{name:9s} {cur:8.4f} ")
-            t.append(sparkline(vals, 30), style=self.tone(SERIES[name]))
+            t.append(sparkline(vals, width), style=self.tone(SERIES[name]))
             t.append("\n")
         if last.tokens_per_s:
             t.append(f"tokens/s  {last.tokens_per_s:8.0f}")

@@ -237,3 +237,34 @@ async def test_the_sync_gauge_and_the_details_say_who_is_in_the_collective_and_w
         st = app.source.state
         text = WorkerDetails.describe(st, "rollout/1", t0 + 20)
         assert "group weight_sync: rank 2 of 4, entered broadcast #56 18s ago, left it (gkd)" in text, text
+
+
+async def test_p_opens_the_plots_the_number_keys_switch_them_and_escape_closes_them():
+    from textual.widgets import TabbedContent
+    from textual_hires_canvas import Canvas
+
+    from gkd_tui.screens.plots import PlotsScreen
+
+    app = GkdApp(ReplaySource(RECORDING))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("end", "p")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, PlotsScreen)
+        titles = [box.border_title for box in screen.query(".plot-box") if box.display and box.region.width]
+        assert titles[0].startswith("loss: ") and titles[1].startswith("KL(teacher‖student): ")
+        await pilot.press("2")
+        await pilot.pause()
+        assert screen.query_one(TabbedContent).active == "plots-1"
+        sync = screen.query_one("#plot-1-0").parent.border_title
+        timed_out = next(e for e in events() if e["kind"] == "sync" and e["state"] == "timed_out")
+        assert sync == (f"each step's sync against its timeout: the longest {timed_out['elapsed_s']:.0f}s, "
+                        f"{100 * timed_out['elapsed_s'] / timed_out['timeout_s']:.1f} % of "
+                        f"{timed_out['timeout_s']:.0f}s")
+        # what the plot drew: the timeout's line across its top row, and the sync climbing to it
+        canvas = screen.query_one("#plot-1-0").query_one("#plot", Canvas)
+        rows = ["".join(r) for r in canvas._buffer]
+        assert rows[1].count("▀") > 0.8 * canvas.size.width
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, PlotsScreen)

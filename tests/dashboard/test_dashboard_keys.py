@@ -23,6 +23,9 @@ KEY_SEQUENCES = [
     ("filter-being-typed", ["slash", *"rollout"], WIDE),
     ("filter-applied", ["slash", *"rollout", "enter"], WIDE),
     ("end-of-the-replay", ["end"], WIDE),
+    ("plots-training", ["p"], WIDE),
+    ("plots-sync-narrow", ["p", "2"], NARROW),
+    ("plots-step-time", ["p", "3"], WIDE),
 ]
 
 

@@ -1,0 +1,202 @@
+"""What each plot shows, as data: a ``Figure`` of lines, made from the run's state by a pure function.
+
+The plots view (``screens/plots.py``) draws them; keeping them apart from the widget means the
+tests read what a plot says without a terminal, and the view redraws a plot only when its figure
+changed. Colours are the names of theme variables (``theme.py``), resolved when drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Literal, NamedTuple
+
+from gkd_core.state import MetricsPoint, RunState
+from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint
+from gkd_core.units import compact
+
+# a step's phases in the order they happen, each with its colour; a phase not listed goes after them
+PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
+MINUTES_AFTER_S = 600.0  # a time axis longer than this is in minutes
+# a plot's axis takes the span of its values: two extreme floats (a diverged loss of 1e308, a sender's clock
+# at the float's end) would make it infinite; this is far past anything worth reading off a plot
+LIMIT = 1e15
+_MIN_SPAN = 1e-9  # of the larger end (or of 1): an axis narrower than this is widened
+
+
+class Line(NamedTuple):
+    label: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+    colour: str  # a theme variable
+    kind: Literal["line", "bar", "points"] = "line"
+
+
+class Figure(NamedTuple):
+    title: str
+    xlabel: str
+    ylabel: str
+    lines: tuple[Line, ...]
+    ylim: tuple[float | None, float | None] = (None, None)
+    empty: str = ""  # what to say when there is nothing to draw yet
+
+    @property
+    def drawn(self) -> bool:
+        return any(line.x for line in self.lines)
+
+    def limits(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The axes' ranges: the data's, within ``ylim`` where it is set, and never narrower than
+        ``_MIN_SPAN`` (a plotting library divides by the span: one step, a flat line or two subnormal
+        values would make it 0)."""
+        xs = [x for line in self.lines for x in line.x]
+        ys = [y for line in self.lines for y in line.y]
+        return _span(min(xs, default=0.0), max(xs, default=1.0)), _span(
+            self.ylim[0] if self.ylim[0] is not None else min(ys, default=0.0),
+            self.ylim[1] if self.ylim[1] is not None else max(ys, default=1.0), keep_low=self.ylim[0] is not None)
+
+
+TABS = ("training", "sync", "step time", "teacher", "GPU")
+
+
+def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
+    """The figures of one tab of the plots view, from ``st`` as it is now."""
+    if tab == "training":
+        return training(st.metrics)
+    if tab == "sync":
+        return syncs(st.series.syncs)
+    if tab == "step time":
+        return (step_time(st.metrics),)
+    if tab == "teacher":
+        return teacher(st.series.teacher, _origin(st, st.series.teacher))
+    if tab == "GPU":
+        return gpus(st.series.gpus, st.series.gpu_mean, _origin(st, st.series.gpu_mean))
+    raise ValueError(f"no plot tab {tab!r}; the tabs are {', '.join(TABS)}")
+
+
+def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
+    out = []
+    for name, title, ylim in (("loss", "loss", (None, None)), ("kl", "KL(teacher‖student)", (0.0, None)),
+                              ("agreement", "agreement with the teacher (held-out prompts)", (0.0, 1.0))):
+        pts = [(m.step, getattr(m, name)) for m in metrics if getattr(m, name) is not None]
+        last = f": {pts[-1][1]:.4g} at step {pts[-1][0]}" if pts else ""
+        # agreement is measured at evaluations only: points, so that few of them still show
+        kind = "points" if name == "agreement" and len(pts) < 30 else "line"
+        out.append(Figure(title + last, "", "", (_line(name, pts, f"series-{name}", kind),), ylim,
+                          empty=f"no {name} reported yet"))
+    return tuple(out)
+
+
+def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
+    """Each sync's time against its timeout (the headroom), then to its own scale (the trend)."""
+    pts = [(p.step if p.step is not None else p.sync_id, p.elapsed_s) for p in points]
+    failed = [(x, y) for (x, y), p in zip(pts, points) if p.state != "done"]
+    timeout = max((p.timeout_s for p in points), default=0.0)
+    longest = max((y for _, y in pts), default=0.0)
+    xlabel = "" if any(p.step is not None for p in points) or not points else "sync"
+    lines = [_line("sync", pts, "series-sync")]
+    if failed:
+        lines.append(_line("failed", failed, "severity-critical", "points"))
+    title = "each step's sync against its timeout"
+    against = list(lines)
+    if timeout and pts:
+        xs = (pts[0][0], pts[-1][0])
+        against.append(Line(f"timeout {_secs(timeout)}", xs, (timeout, timeout), "series-timeout"))
+        title += f": the longest {_secs(longest)}, {100 * longest / timeout:.1f} % of {_secs(timeout)}"
+    return (Figure(title, xlabel, "seconds", tuple(against), (0.0, timeout * 1.05 if timeout else None),
+                   empty="no sync finished yet"),
+            Figure(f"each step's sync, to scale{f': the last {_secs(pts[-1][1])}' if pts else ''}", xlabel,
+                   "seconds", tuple(lines), (0.0, None), empty="no sync finished yet"))
+
+
+def step_time(metrics: list[MetricsPoint]) -> Figure:
+    """A step's time split by phase, stacked: each line is the time up to the end of its phase, so
+    the band under it (down to the line before) is that phase. Lines, not bars: textual-plot fills a
+    bar a pixel at a time in Python, and six phases' bars over a whole plot took 460 ms to draw
+    (bench/bench_plots.py), lines a tenth of that."""
+    timed = [m for m in metrics if m.timing]
+    names = sorted({k for m in timed for k in m.timing}, key=lambda k: (PHASES.index(k) if k in PHASES else 99, k))
+    lines = []
+    for i, name in enumerate(names):
+        upto = names[: i + 1]
+        lines.append(_line(name, [(m.step, sum(m.timing.get(k, 0.0) for k in upto)) for m in timed],
+                           f"series-phase-{name}" if name in PHASES else "series-phase-other"))
+    last = timed[-1] if timed else None
+    title = "a step's time by phase, stacked (each line: the time to the end of that phase)"
+    if last is not None:
+        title += f": step {last.step} took {_secs(sum(last.timing.values()))}"
+    # the legend lists the phases top down, as they stack
+    return Figure(title, "", "seconds", tuple(reversed(lines)), (0.0, None), empty="no step timed yet")
+
+
+def teacher(points: list[TeacherPoint], t0: float) -> tuple[Figure, Figure]:
+    scale, unit = _time_axis(points, t0)
+    p50 = [((p.ts - t0) / scale, p.p50_ms) for p in points if p.p50_ms is not None]
+    p99 = [((p.ts - t0) / scale, p.p99_ms) for p in points if p.p99_ms is not None]
+    queue = [((p.ts - t0) / scale, float(p.queue)) for p in points]
+    flight = [((p.ts - t0) / scale, float(p.in_flight)) for p in points]
+    last = points[-1] if points else None
+    lat_title = "teacher latency (the slowest client)"
+    if last is not None and last.p50_ms is not None:
+        lat_title += f": p50 {last.p50_ms:.1f} ms, p99 {last.p99_ms or 0:.1f} ms"
+    q_title = "requests waiting at the teacher (queue) and not answered yet (in flight)"
+    if last is not None:
+        q_title += f": {last.queue} queued, {last.in_flight} in flight"
+    return (Figure(lat_title, unit, "ms", (_line("p50", p50, "series-p50"), _line("p99", p99, "series-p99")),
+                   (0.0, None), empty="no teacher latency reported yet"),
+            Figure(q_title, unit, "requests", (_line("queue", queue, "series-queue"),
+                                               _line("in flight", flight, "series-rate")),
+                   (0.0, None), empty="no teacher traffic yet"))
+
+
+def gpus(by_device: dict[str, list[GpuPoint]], mean: list[GpuPoint], t0: float) -> tuple[Figure, Figure]:
+    scale, unit = _time_axis(mean, t0)
+    out = []
+    for what, title, top, pick in (("util", "GPU utilisation", 100.0, lambda p: p.util),
+                                   ("memory", "GPU memory used", 100.0,
+                                    lambda p: None if p.mem is None else 100 * p.mem)):
+        lines = [_line(f"GPU {key}", _timed(pts, t0, scale, pick), f"series-{i % 8 + 1}")
+                 for i, (key, pts) in enumerate(sorted(by_device.items()))]
+        if len(by_device) > 1 or not by_device:
+            lines.append(_line("mean of every GPU", _timed(mean, t0, scale, pick), "series-mean"))
+        now = pick(mean[-1]) if mean else None
+        out.append(Figure(title + (f": {now:.0f} % on average now" if now is not None else ""), unit, "%",
+                          tuple(lines), (0.0, top), empty="no GPU readings (NVML has not answered on any node)"))
+    return out[0], out[1]
+
+
+def _clip(v: float) -> float:
+    return max(-LIMIT, min(LIMIT, v))
+
+
+def _span(lo: float, hi: float, keep_low: bool = False) -> tuple[float, float]:
+    hi = max(lo, hi)
+    if hi - lo >= _MIN_SPAN * max(1.0, abs(lo), abs(hi)):
+        return lo, hi
+    pad = max(1.0, abs(lo), abs(hi)) * 0.1
+    return (lo, lo + 2 * pad) if keep_low else (lo - pad, hi + pad)
+
+
+def _secs(seconds: float) -> str:
+    """A sync or a step is often under a second: in ms then."""
+    return f"{1000 * seconds:.0f} ms" if 0 <= seconds < 1 else compact(seconds)
+
+
+def _origin(st: RunState, points: list) -> float:
+    """Where a time axis starts: the run's start, or its first point where the start is not known."""
+    return st.started or (points[0].ts if points else 0.0)
+
+
+def _line(label: str, pts: Iterable[tuple[float, float]], colour: str,
+          kind: Literal["line", "bar", "points"] = "line") -> Line:
+    pts = [(_clip(x), _clip(y)) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
+    return Line(label, tuple(float(x) for x, _ in pts), tuple(float(y) for _, y in pts), colour, kind)
+
+
+def _timed(points: list[GpuPoint], t0: float, scale: float, pick) -> list[tuple[float, float]]:
+    return [((p.ts - t0) / scale, v) for p in points if (v := pick(p)) is not None]
+
+
+def _time_axis(points: list, t0: float) -> tuple[float, str]:
+    """Seconds since the run began, or minutes when the series is longer than MINUTES_AFTER_S."""
+    if points and points[-1].ts - t0 > MINUTES_AFTER_S:
+        return 60.0, "minutes since the run began"
+    return 1.0, "seconds since the run began"

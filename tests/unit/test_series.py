@@ -1,0 +1,138 @@
+"""What the plots draw: the state's series (syncs, teacher, GPUs) and the figures made of them."""
+
+import pytest
+
+from gkd_core.state import RunState, decode_state, encode_state
+from gkd_core.state.series import GPU_DEVICES_DRAWN, SERIES_KEEP
+from gkd_core.telemetry import events as ev
+from gkd_tui import figures
+
+
+def gpu(node, index, util, used, ts, total=100):
+    return ev.GpuEvent(src=f"agent/{node}", node=node, index=index, util=util, mem_used=used, mem_total=total, ts=ts)
+
+
+def test_each_finished_sync_is_a_point_once_with_its_step_time_and_timeout():
+    st = RunState()
+    for i, (state, elapsed) in enumerate([("done", 0.2), ("done", 0.4), ("timed_out", 60.0)], 1):
+        st.apply(ev.SyncEvent(src="driver", sync_id=i, state="started", step=i, timeout_s=60, ts=100.0 * i))
+        st.apply(ev.SyncEvent(src="driver", sync_id=i, state="progress", step=i, elapsed_s=elapsed / 2, ts=100.0 * i + 1))
+        st.apply(ev.SyncEvent(src="driver", sync_id=i, state=state, step=i, elapsed_s=elapsed, ts=100.0 * i + 2))
+    assert [(p.sync_id, p.step, p.elapsed_s, p.timeout_s, p.state) for p in st.series.syncs] == [
+        (1, 1, 0.2, 60, "done"), (2, 2, 0.4, 60, "done"), (3, 3, 60.0, 60, "timed_out")]
+    against, to_scale = figures.syncs(st.series.syncs)
+    assert against.lines[-1].label == "timeout 1m00s" and against.lines[-1].y == (60.0, 60.0)
+    assert against.ylim == (0.0, 63.0)
+    assert "the longest 1m00s, 100.0 % of 1m00s" in against.title
+    failed = next(line for line in against.lines if line.label == "failed")
+    assert failed.x == (3.0,) and failed.kind == "points"
+    assert to_scale.lines[0].y == (0.2, 0.4, 60.0) and to_scale.ylim == (0.0, None)
+
+
+def test_a_sync_still_open_is_not_a_point_and_one_superseded_is():
+    st = RunState()
+    st.apply(ev.SyncEvent(src="driver", sync_id=1, state="started", timeout_s=60, ts=10.0))
+    assert st.series.syncs == []
+    st.apply(ev.SyncEvent(src="driver", sync_id=2, state="started", timeout_s=60, ts=12.0))
+    assert [p.sync_id for p in st.series.syncs] == [1]
+
+
+def test_gpu_series_keep_a_line_for_the_first_devices_and_a_mean_over_all_of_them():
+    st = RunState()
+    n = GPU_DEVICES_DRAWN + 4
+    for t in range(3):  # three rounds of readings, 2 s apart
+        for i in range(n):
+            st.apply(gpu(f"n{i // 8}", i % 8, util=10.0 * t + i, used=50, ts=100.0 + 2 * t))
+    s = st.series
+    assert len(s.gpus) == GPU_DEVICES_DRAWN
+    assert [p.util for p in s.gpus["n0/0"]] == [0.0, 10.0, 20.0]
+    mean_now = sum(20.0 + i for i in range(n)) / n
+    assert [round(p.util, 6) for p in s.gpu_mean] == [round(sum(range(n)) / n, 6), round(mean_now - 10, 6),
+                                                       round(mean_now, 6)]
+    assert all(p.mem == 0.5 for p in s.gpu_mean)
+    util, memory = figures.gpus(s.gpus, s.gpu_mean, t0=100.0)
+    assert len(util.lines) == GPU_DEVICES_DRAWN + 1 and util.lines[-1].label == "mean of every GPU"
+    assert util.lines[-1].x == (0.0, 2.0, 4.0) and memory.lines[-1].y == (50.0, 50.0, 50.0)
+    assert util.title == f"GPU utilisation: {mean_now:.0f} % on average now"
+
+
+def test_absurd_gpu_readings_keep_the_state_finite_and_round_trip():
+    st = RunState()
+    st.apply(gpu("n", 0, util=1e308, used=1 << 62, total=1, ts=1.0))
+    st.apply(gpu("n", 1, util=1e308, used=5, ts=1.5))
+    st.apply(gpu("n", 0, util=-1e308, used=0, ts=4.0))
+    assert [p.util for p in st.series.gpu_mean] == [100.0, 50.0]
+    assert decode_state(encode_state(st)) == st
+
+
+def test_the_teacher_point_is_the_slowest_clients_latency_and_the_servers_queue_once_a_second():
+    st = RunState()
+    st.apply(ev.TeacherEvent(src="rollout/0", side="client", sent=5, completed=4, in_flight=1,
+                             latency_ms={"p50": 3.0, "p99": 9.0}, ts=10.0))
+    st.apply(ev.TeacherEvent(src="rollout/1", side="client", sent=5, completed=3, in_flight=2,
+                             latency_ms={"p50": 4.0, "p99": 7.0}, ts=10.2))  # within the second: no point
+    st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=9, served=7, queue_depth=2, ts=11.0))
+    pts = st.series.teacher
+    assert [(p.ts, p.p50_ms, p.p99_ms, p.queue, p.in_flight) for p in pts] == [
+        (10.0, 3.0, 9.0, 0, 1), (11.0, 4.0, 9.0, 2, 3)]
+    latency, queue = figures.teacher(pts, t0=10.0)
+    assert latency.title.endswith("p50 4.0 ms, p99 9.0 ms")
+    assert queue.lines[0].y == (0.0, 2.0) and queue.lines[1].y == (1.0, 3.0)
+
+
+def test_series_are_bounded():
+    st = RunState()
+    for i in range(SERIES_KEEP + 10):
+        st.apply(ev.SyncEvent(src="driver", sync_id=i, state="done", elapsed_s=0.1, ts=float(i)))
+        st.apply(gpu("n", 0, util=1.0, used=1, ts=3.0 * i))
+    assert len(st.series.syncs) == SERIES_KEEP and st.series.syncs[0].sync_id == 10
+    assert len(st.series.gpus["n/0"]) == SERIES_KEEP and len(st.series.gpu_mean) == SERIES_KEEP
+
+
+def test_step_time_stacks_the_phases_in_the_order_they_happen():
+    ms = [ev.MetricsEvent(src="driver", step=s, timing={"train": 0.3, "generate": 0.1, "sync": 0.05, "teacher": 0.2},
+                          ts=float(s)) for s in (1, 2)]
+    st = RunState()
+    for m in ms:
+        st.apply(m)
+    fig = figures.step_time(st.metrics)
+    # the legend lists them top down, as they stack
+    assert [line.label for line in fig.lines] == ["sync", "train", "teacher", "generate"]
+    assert [line.y for line in fig.lines] == [pytest.approx((0.65, 0.65)), pytest.approx((0.6, 0.6)),
+                                              pytest.approx((0.3, 0.3)), (0.1, 0.1)]
+    assert fig.title.endswith("step 2 took 650 ms")
+
+
+def test_training_figures_skip_steps_without_the_value_and_say_the_last():
+    st = RunState()
+    st.apply(ev.MetricsEvent(src="driver", step=1, loss=2.0, kl=1.0, agreement=0.1, ts=1.0))
+    st.apply(ev.MetricsEvent(src="driver", step=2, loss=1.5, kl=0.8, ts=2.0))
+    st.apply(ev.MetricsEvent(src="driver", step=3, loss=float("nan"), kl=1e308, agreement=0.4, ts=3.0))
+    loss, kl, agreement = figures.training(st.metrics)
+    assert loss.lines[0].x == (1.0, 2.0)  # a NaN is not drawn
+    assert kl.lines[0].y == (1.0, 0.8, figures.LIMIT)  # nor an axis made infinite
+    assert agreement.lines[0].x == (1.0, 3.0) and agreement.lines[0].kind == "points"
+    assert agreement.title.endswith("0.4 at step 3") and agreement.ylim == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("tab", figures.TABS)
+def test_every_tab_of_an_empty_run_says_why_it_has_nothing(tab):
+    figs = figures.figures(tab, RunState())
+    assert figs and all(not f.drawn and f.empty for f in figs)
+
+
+def test_an_unknown_tab_is_an_error_naming_the_tabs():
+    with pytest.raises(ValueError, match="training, sync, step time, teacher, GPU"):
+        figures.figures("nope", RunState())
+
+
+def test_an_axis_is_never_narrower_than_a_plotting_library_can_divide_by():
+    """One step, a flat line, two subnormal values: the span would be 0 (textual-plot takes its log)."""
+    def fig(xs, ys, ylim=(None, None)):
+        return figures.Figure("t", "x", "y", (figures.Line("a", tuple(xs), tuple(ys), "series-kl"),), ylim)
+
+    assert fig([1, 2], [5e-324, 0.0], (0.0, None)).limits() == ((1.0, 2.0), (0.0, 0.2))
+    assert fig([7], [3.0]).limits() == ((6.3, 7.7), (2.7, 3.3))
+    assert fig([1, 2], [-1e15, 1e15]).limits() == ((1.0, 2.0), (-1e15, 1e15))
+    assert fig([], []).limits() == ((0.0, 1.0), (0.0, 1.0))
+    assert fig([1, 2], [0.5, 0.7], (0.0, 1.0)).limits() == ((1.0, 2.0), (0.0, 1.0))
