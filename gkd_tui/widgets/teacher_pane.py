@@ -22,10 +22,15 @@ class TeacherPane(Pane):
         t.append(f"failed {tot.failed} ", style=self.tone(FAILURE if tot.failed else None))
         t.append(f"timeout {tot.timed_out} ", style=self.tone(TROUBLE if tot.timed_out else None))
         t.append(f"in flight {tot.in_flight}\n")
-        t.append(f"server recv {tot.received} served {tot.served} ")
-        t.append(f"queue {tot.queue_depth}", style=self.tone(CAUTION if tot.queue_depth else None))
-        if tot.sent and not tot.received:
-            t.append("  server received nothing!", style=self.tone(TROUBLE))
+        if any(key.startswith("server:") for key in st.teacher.by_src):
+            t.append(f"server recv {tot.received} served {tot.served} ")
+            t.append(f"queue {tot.queue_depth}", style=self.tone(CAUTION if tot.queue_depth else None))
+        else:  # the server says its counts once a second: not yet is not nothing
+            t.append("server: no counts reported yet", style="dim")
+        # said when the diagnosis says it (requests owed past their limit, none received), not for the
+        # moment between a send and the server's next report
+        if any(a.code == "teacher_unreached" for a in st.alerts.values()):
+            t.append("  the server received none of them!", style=self.tone(TROUBLE))
         lat = tot.latency_ms
         if lat:
             t.append(f"\nlatency p50 {lat.get('p50', 0):.1f} ms p95 {lat.get('p95', 0):.1f} ms")
