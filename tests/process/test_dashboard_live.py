@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import wait_until
 from gkd_tui.app import GkdApp
 from gkd_tui.widgets.workers_table import WorkersTable
 
@@ -25,8 +26,15 @@ async def test_live_attach_follows_a_real_supervisor_and_q_leaves_it_running(sta
         assert "driver" in app.query_one(WorkersTable).order
         assert app.source.state.state == "running"
         await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+    # detaching never stops the run: nothing asked the supervisor to, and the steps go on after it
+    step = max(e["step"] for e in sup.events() if e["kind"] == "metrics")
+    wait_until(lambda: max(e["step"] for e in sup.events() if e["kind"] == "metrics") >= step + 3, 10,
+               "the run to go on stepping after q")
+    assert [e for e in sup.events() if e["kind"] == "action"] == []
     with sup.client() as c:
-        assert c.request("ping")["state"] == "running"  # detaching never stops the run
+        assert c.request("ping")["state"] == "running"
 
 
 @pytest.mark.slow
