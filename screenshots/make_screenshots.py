@@ -1,5 +1,9 @@
-"""Regenerate the dashboard screenshots (Textual SVG, and PNG) from two recorded runs of
-examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
+"""Regenerate the dashboard screenshots (Textual SVG, and PNG) from recorded runs:
+
+- ``long_run.events.jsonl.gz``: the default demo for 300 steps, healthy from end to end: the healthy
+  picture (no alert at its moment, or the script fails) and the plots view (p) at its end;
+
+and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
 
 - ``straggler_demo.events.jsonl``, with the real-world 600 s sync timeout: rollout/1 is named by its
   peer within seconds, its stack taken twice without a key press ("stuck: ... the same stack
@@ -12,6 +16,7 @@ examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
     python screenshots/make_screenshots.py            # from the recordings
     python screenshots/make_screenshots.py --record   # record the two demo runs again first (needs Ray)
     python screenshots/make_screenshots.py --record-verl .venv-verl/bin/python   # the verl job again
+    python screenshots/make_screenshots.py --record-long   # the 300-step run again (about 3 minutes)
 
 The recordings are real runs' event logs with this machine's paths replaced, so they can live in
 the repository. PNGs need cairosvg (`pip install -e ".[screenshots]"`); without it only SVGs.
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,17 +46,38 @@ from gkd_core.diagnosis import plan  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_tui.app import GkdApp  # noqa: E402
 from gkd_tui.screens.confirm import ConfirmScreen  # noqa: E402
+from gkd_tui.screens.plots import PlotsScreen  # noqa: E402
 from gkd_tui.screens.stacks import StackScreen  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
 HANG = HERE / "hang_demo.events.jsonl"
 STRAGGLER = HERE / "straggler_demo.events.jsonl"
 VERL = HERE / "verl_job.events.jsonl"
+LONG = HERE / "long_run.events.jsonl.gz"  # gzipped: 300 steps of events are a few MB of JSON
+LONG_STEPS = 300
 SIZE = (120, 36)
 
 
+def _text(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
 def _events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
+
+
+_UNPACKED: dict[Path, Path] = {}
+
+
+def _replayable(path: Path) -> Path:
+    """A recording as a replay reads it: a gzipped one unpacked into a file of its own, once."""
+    if path.suffix != ".gz":
+        return path
+    if path not in _UNPACKED:
+        out = Path(tempfile.mkdtemp(prefix="gkd-shots-")) / path.stem
+        out.write_text(_text(path))
+        _UNPACKED[path] = out
+    return _UNPACKED[path]
 
 
 def _press_d(run: Path) -> None:
@@ -71,15 +100,19 @@ def _auto_dumps(run: Path, target: str) -> int:
                for e in _events(log))
 
 
+def _fresh_home(home: Path) -> tuple[Path, dict]:
+    """A GKD_HOME of its own for a recording, sharing this one's cache (the demo's models, written once)."""
+    cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
+    if cache.is_dir():
+        (home / "cache").symlink_to(cache)
+    return home, dict(os.environ, GKD_HOME=str(home))
+
+
 def record(out: Path, timeout_s: int) -> None:
     """Run examples/hang_demo.yaml with this sync timeout. Once the diagnosis has taken rollout/1's
     stack twice, press D; with a long timeout, stop the run a few seconds later, else let it fail."""
     with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
-        home = Path(tmp)
-        env = dict(os.environ, GKD_HOME=str(home))
-        cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
-        if cache.is_dir():
-            (home / "cache").symlink_to(cache)
+        home, env = _fresh_home(Path(tmp))
         proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "examples/hang_demo.yaml",
                                  f"trainer.sync_timeout_s={timeout_s}", "--run-id", "hang-demo", "--quiet"],
                                 env=env, cwd=ROOT)
@@ -97,6 +130,16 @@ def record(out: Path, timeout_s: int) -> None:
         proc.wait(600)
         text = (run / "events.jsonl").read_text()
     out.write_text(sanitize(text, home))
+
+
+def record_long(out: Path) -> None:
+    """The default demo for LONG_STEPS steps, to its end."""
+    with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
+        home, env = _fresh_home(Path(tmp))
+        subprocess.run([sys.executable, "-m", "gkd_core", "run", f"trainer.total_steps={LONG_STEPS}", "--run-id",
+                        "long-run", "--quiet"], env=env, cwd=ROOT, check=True, timeout=1800)
+        text = (home / "runs" / "long-run" / "events.jsonl").read_text()
+    out.write_bytes(gzip.compress(sanitize(text, home).encode(), mtime=0))
 
 
 def record_verl(out: Path, python: str) -> None:
@@ -130,8 +173,8 @@ def sanitize(text: str, home: Path | None = None) -> str:
 
 def moments() -> list[tuple[str, Path, float, str]]:
     """(name, recording, when, overlay) of each picture."""
-    hang, strag, verl = _events(HANG), _events(STRAGGLER), _events(VERL)
-    metrics = [e for e in hang if e["kind"] == "metrics"]
+    hang, strag, verl, long = _events(HANG), _events(STRAGGLER), _events(VERL), _events(LONG)
+    mid = next(e for e in long if e["kind"] == "metrics" and e["step"] == LONG_STEPS // 2)
     timed_out = next(e for e in hang if e["kind"] == "sync" and e["state"] == "timed_out")
     started = next(e for e in hang if e["kind"] == "sync" and e["state"] == "started"
                    and e["sync_id"] == timed_out["sync_id"])
@@ -139,7 +182,11 @@ def moments() -> list[tuple[str, Path, float, str]]:
     grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
     verl_stacks = [e for e in verl if e["kind"] == "stack" and e["target"] == "ActorRolloutWorker/1"]
     return [
-        ("healthy-step", HANG, metrics[min(1, len(metrics) - 1)]["ts"] + 0.05, ""),
+        ("healthy-step", LONG, mid["ts"] + 0.05, "healthy"),
+        ("plots-training", LONG, long[-1]["ts"], "plots:0"),
+        ("plots-sync", LONG, long[-1]["ts"], "plots:1"),
+        ("plots-step-time", LONG, long[-1]["ts"], "plots:2"),
+        ("plots-teacher", LONG, long[-1]["ts"], "plots:3"),
         ("straggler-stuck", STRAGGLER, named[-1]["ts"] + 0.5, ""),
         ("stack-viewer", STRAGGLER, grouped + 0.1, "stacks"),
         ("restart-diff", STRAGGLER, grouped + 0.1, "restart"),
@@ -161,7 +208,7 @@ def restart_diff_screen(state) -> ConfirmScreen:
 
 
 async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Path:
-    source = ReplaySource(recording)
+    source = ReplaySource(_replayable(recording))
     app = GkdApp(source)
     async with app.run_test(size=SIZE) as pilot:
         source.seek(ts)
@@ -173,10 +220,35 @@ async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Pat
             await app.push_screen(StackScreen(stacks, "all", named))  # opens on the grouped tab
         elif overlay == "restart":
             await app.push_screen(restart_diff_screen(source.state))
+        elif overlay.startswith("plots:"):
+            await app.push_screen(PlotsScreen(int(overlay.split(":")[1])))
+            await pilot.pause(0.5)  # the plots are drawn once laid out
+        elif overlay == "healthy":
+            named = [f"{a.code} ({a.severity})" for a in source.state.alerts.values()]
+            assert not named, f"the healthy picture's moment has alerts: {', '.join(named)}"
         await pilot.pause()
         svg = HERE / f"{name}.svg"
         app.save_screenshot(filename=svg.name, path=str(HERE))
     return svg
+
+
+# A run of cells is one <text> with its width (textLength), which a browser keeps and cairosvg does not:
+# where the font lacks a glyph (the plots' block quadrants and braille), its fallback's wider glyphs push
+# the rest of the run to the right. Such runs are drawn a cell at a time for the PNG.
+_RUN = re.compile(r'<text class="([^"]*)" x="([0-9.]+)" y="([0-9.]+)" textLength="([0-9.]+)"([^>]*)>([^<]*)</text>')
+_DRIFTS = re.compile("[\u2580-\u259f\u2800-\u28ff]")
+
+
+def _cell_by_cell(svg_text: str) -> str:
+    def split(m: re.Match) -> str:
+        cls, x, y, length, rest, body = m.groups()
+        chars = html.unescape(body)
+        if not _DRIFTS.search(chars):
+            return m.group(0)
+        cell = float(length) / len(chars)
+        return "".join(f'<text class="{cls}" x="{float(x) + i * cell:.1f}" y="{y}" textLength="{cell:.1f}"{rest}>'
+                       f"{html.escape(c)}</text>" for i, c in enumerate(chars) if c not in " \u00a0")
+    return _RUN.sub(split, svg_text)
 
 
 def to_png(svg: Path) -> Path | None:
@@ -185,7 +257,7 @@ def to_png(svg: Path) -> Path | None:
     except ImportError:
         return None
     png = svg.with_suffix(".png")
-    cairosvg.svg2png(url=str(svg), write_to=str(png), output_width=1800)
+    cairosvg.svg2png(bytestring=_cell_by_cell(svg.read_text()).encode(), write_to=str(png), output_width=1800)
     return png
 
 
@@ -193,7 +265,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--record", action="store_true", help="record both runs again first")
     p.add_argument("--record-verl", metavar="PYTHON", help="record the verl job again, run by PYTHON (with verl)")
+    p.add_argument("--record-long", action="store_true", help=f"record the {LONG_STEPS}-step run again")
     a = p.parse_args()
+    if a.record_long or not LONG.exists():
+        record_long(LONG)
     if a.record_verl:
         record_verl(VERL, a.record_verl)
     if a.record or not STRAGGLER.exists():
