@@ -1,7 +1,8 @@
 """The dashboard under a synthetic run: N workers at 1 Hz heartbeats plus bursts of 20 k events/s,
 through a real supervisor, into a headless dashboard process. Prints a table.
 
-    python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30]
+    python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30] [--rounds 3]
+    python bench/bench_dashboard.py --workers 65536 --plots   # the plots view open (p) instead of the table
 
 The workers report the way a run's do: each node's heartbeats reach the supervisor as one
 ``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``);
@@ -9,10 +10,16 @@ The workers report the way a run's do: each node's heartbeats reach the supervis
 each.
 
 Measured in the dashboard process: phase-change-to-screen latency (a probe worker changes phase
-every 0.3-0.7 s with its emit time in the detail; the time is taken when the table renders its row),
-CPU (percent of one core), RSS after 10 s, half-way and at the end (flat = no growth), and the
-backlog: each second, how old the newest event it has applied is (a dashboard that falls behind
-sees that age grow), and how often it had to re-snapshot because its SUB queue overflowed. Beside
+every 0.3-0.7 s with its emit time in the detail; the time is taken when the table renders its row).
+Every probe sent counts: one overtaken by the next before a redraw showed it is on screen when a
+newer one first is, and its latency runs to then; the table prints how many were sent and how many
+were drawn themselves. Also CPU (percent of one core), RSS after 10 s, half-way and at the end
+(flat = no growth), and the backlog: each second of the load, from its first, how old the newest
+event the dashboard has applied is (one that falls behind sees that age grow), and how often it had
+to re-snapshot because its SUB queue overflowed. ``--plots``: the plots view is open instead of the
+table (no latency then: the table is not drawn), and the load adds what it plots: a step's metrics,
+a sync, the teacher's counts and 64 GPUs' readings, each second. ``--rounds``: each size measured
+that many times; the table gives the median of the rounds with min-max. Beside
 it, the supervisor's CPU over the same time and its RSS at the end, and a replay of the run's log:
 how long it takes to open at its end from the supervisor's keyframes and reading the whole log, and
 whether it shows what the live supervisor showed (every worker's phase, step and heartbeat, and the
@@ -22,9 +29,11 @@ alerts).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +66,7 @@ def rss_bytes(pid: int | str = "self") -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def dashboard_main(run: str, out: str, seconds: float) -> None:
+def dashboard_main(run: str, out: str, seconds: float, plots: bool = False) -> None:
     """The headless dashboard, timing how long a probe's phase change takes to reach the screen."""
     from gkd_tui.app import GkdApp
     from gkd_core.subscriber import RunSubscriber
@@ -66,6 +75,7 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
 
     lat: list[float] = []
     lat_t: list[float] = []  # when each was taken, in seconds of the load (whether it met a burst)
+    drawn: dict[str, int] = {}  # a probe's detail -> when its row was first drawn with it
     t_ready = {"t": 0.0}
     rss: list[int] = []
     lag: list[float] = []
@@ -96,6 +106,7 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
             detail = self._state.workers["probe/0"].detail
             if detail.startswith("t=") and detail != seen["last"]:
                 seen["last"] = detail
+                drawn[detail] = time.monotonic_ns()
                 lat.append((time.monotonic_ns() - int(detail[2:])) / 1e6)
                 lat_t.append(time.monotonic() - t_ready["t"])
                 got = arrived.pop(detail, None)  # (None: it came inside a snapshot)
@@ -112,7 +123,7 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
             table.move_to("probe/0")
         rss.append(rss_bytes())
         if newest["ts"]:
-            lag.append(time.time() - newest["ts"])
+            lag.append((time.monotonic() - t_ready["t"], time.time() - newest["ts"]))
 
     async def run_it() -> None:
         async with app.run_test(size=(160, 48), headless=True) as pilot:
@@ -121,15 +132,18 @@ def dashboard_main(run: str, out: str, seconds: float) -> None:
             deadline = time.monotonic() + seconds + 300
             while not Path(out + ".go").exists() and time.monotonic() < deadline:  # the registrations, first
                 await pilot.pause(0.1)
-            for kept in (lat, lat_t, lat_in, rss, lag):
+            for kept in (lat, lat_t, lat_in, rss, lag, drawn):
                 kept.clear()
+            if plots:
+                await pilot.press("p")
             snapshots0 = app.source.sub.snapshots
             cpu0, t0 = sum(os.times()[:2]), time.monotonic()
             t_ready["t"] = t0
             await pilot.pause(seconds)
             cpu = (sum(os.times()[:2]) - cpu0) / (time.monotonic() - t0) * 100
             Path(out).write_text(json.dumps({"lat_ms": lat, "lat_t": lat_t, "lat_in": lat_in, "rss": rss, "cpu": cpu,
-                                             "lag_s": lag, "resnapshots": app.source.sub.snapshots - snapshots0}))
+                                             "lag_s": lag, "drawn": drawn,
+                                             "resnapshots": app.source.sub.snapshots - snapshots0}))
             app.source.stop()
 
     import asyncio
@@ -141,15 +155,16 @@ CYCLE = ("generate", "teacher_wait", "train", "sync_weights")
 
 
 def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: int,
-         taken_in=lambda n: None) -> tuple[int, float]:
+         taken_in=lambda n: None, plotted: bool = False) -> tuple[int, float, list[int]]:
     """Heartbeats of ``workers`` workers at 1 Hz, ``per_node`` to a node (one batch per node a second),
     a probe phase change every 0.3-0.7 s (after 2 s), and a 1 s burst of ``burst_rate`` events every
     10 s, the way a run's steps make them: whole lanes of workers (``burst_rate`` at most, so one lane of
     4,096 and four of 16,384 at 65,536) move to their next phase together, one lane a burst, and the
     rest of the burst is progress within a phase (a new detail). A lane not moved waits in its phase or,
     before its first step, idle: no worker is late, so the diagnosis has nobody to name, as in a healthy
-    run. Returns how many messages were sent, and the CPU the load itself took (percent of a core: on a
-    small machine it competes with what is measured). ``taken_in(n)`` waits until the supervisor has
+    run. Returns how many messages were sent, the CPU the load itself took (percent of a core: on a
+    small machine it competes with what is measured), and each probe's emit time (ns). ``plotted``: a step's
+    metrics, a sync, the teacher's counts and 64 GPUs' readings each second as well. ``taken_in(n)`` waits until the supervisor has
     taken in the first ``n`` messages (the registrations: what a run's start costs is not measured)."""
     cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -172,6 +187,8 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     # probes start once the dashboard has taken in the registrations, and come at irregular
     # intervals, so they do not keep the same phase against its redraw timer
     next_probe = start + 2.0
+    probes: list[int] = []
+    next_plotted, tick = start, 0
     node = 0
     burst_at, burst_sent, lane_sent = -1, 0, 0
     while (elapsed := time.monotonic() - start) < seconds:
@@ -212,14 +229,60 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                 sent += 1
             burst_sent += max(0, share)
         if time.monotonic() >= next_probe:
+            probes.append(time.monotonic_ns())
             sock.send(wire.encode(ev.PhaseEvent(src="probe/0", phase=rnd.choice(CYCLE),
-                                              detail=f"t={time.monotonic_ns()}", ts=time.time())))
+                                              detail=f"t={probes[-1]}", ts=time.time())))
             sent += 1
             next_probe += rnd.uniform(0.3, 0.7)
+        if plotted and time.monotonic() >= next_plotted:
+            tick += 1
+            for e in plotted_events(tick, rnd):
+                sock.send(wire.encode(e))
+                sent += 1
+            next_plotted += 1.0
         time.sleep(0.01)
     load_cpu = (time.process_time() - cpu0) / (time.monotonic() - start) * 100
     sock.close(linger=2000)
-    return sent, load_cpu
+    return sent, load_cpu, probes
+
+
+def plotted_events(step: int, rnd: random.Random) -> list:
+    """A second of what the plots view draws: a step's metrics and its sync, the teacher's counts from both
+    sides, and readings of 64 GPUs (8 nodes of 8)."""
+    now = time.time()
+    out = [ev.MetricsEvent(src="driver", step=step, loss=2.0 / step, kl=1.0 / step, agreement=min(1.0, step / 100),
+                           timing={"generate": rnd.uniform(0.3, 0.5), "teacher": 0.2, "train": 0.3, "sync": 0.05},
+                           ts=now),
+           ev.SyncEvent(src="driver", sync_id=step, state="done", step=step, elapsed_s=rnd.uniform(0.04, 0.08),
+                        timeout_s=60, ts=now),
+           ev.TeacherEvent(src="driver", side="client", sent=6 * step, completed=6 * step,
+                           latency_ms={"p50": rnd.uniform(20, 40), "p99": rnd.uniform(50, 90)}, ts=now),
+           ev.TeacherEvent(src="teacher/proxy", side="server", received=6 * step, served=6 * step,
+                           queue_depth=rnd.randrange(4), ts=now)]
+    out += [ev.GpuEvent(src=f"agent/node-{g // 8}", node=f"node-{g // 8}", index=g % 8, util=rnd.uniform(40, 100),
+                        mem_used=rnd.randrange(40, 80) << 30, mem_total=80 << 30, ts=now) for g in range(64)]
+    return out
+
+
+def every_probe(sent: list[int], drawn: dict[str, int]) -> tuple[list[float], int]:
+    """Each probe's latency (ms): to when its row was drawn with it, or, overtaken by a newer one before a
+    redraw showed it, to when a newer one first was (the screen had gone past it then); and how many were
+    never on screen by the end, neither themselves nor overtaken."""
+    shown = sorted((int(d[2:]), t) for d, t in drawn.items())
+    out, missing = [], 0
+    first_after: list[int | None] = [None] * len(shown)  # from each drawn probe on: the earliest drawing
+    best = None
+    for k in range(len(shown) - 1, -1, -1):
+        best = shown[k][1] if best is None else min(best, shown[k][1])
+        first_after[k] = best
+    emits = [e for e, _ in shown]
+    for t in sent:
+        j = bisect.bisect_left(emits, t)
+        if j == len(shown):
+            missing += 1
+        else:
+            out.append((first_after[j] - t) / 1e6)
+    return out, missing
 
 
 def wait_for(path: Path, what: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
@@ -257,7 +320,8 @@ def same_state(live: RunState, replayed: RunState, heartbeat_s: float) -> list[s
     return out
 
 
-def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None) -> dict:
+def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None,
+            plots: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkdd") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")
@@ -269,8 +333,8 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfra
         wait_for(run / "endpoints.json", "the supervisor's endpoints", sup)
         ingest = json.loads((run / "endpoints.json").read_text())["ingest"]
         out = str(home / "dash.json")
-        dash = subprocess.Popen([sys.executable, __file__, "--dashboard", str(run), out, str(seconds)], cwd=ROOT,
-                                env=env)
+        dash = subprocess.Popen([sys.executable, __file__, "--dashboard", str(run), out, str(seconds),
+                                 *(["--plots"] if plots else [])], cwd=ROOT, env=env)
         wait_for(Path(out + ".ready"), "the headless dashboard", dash)
         endpoints = json.loads((run / "endpoints.json").read_text())
 
@@ -295,7 +359,7 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfra
 
         go_wall: list[float] = []
         sup_cpu0: list[float] = []
-        sent, load_cpu = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in)
+        sent, load_cpu, probes = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in, plotted=plots)
         sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0[0]) / (time.monotonic() - sup_cpu0[1]) * 100
         dash.wait(seconds + 60)
         time.sleep(1.0)  # the supervisor takes in the last of it
@@ -328,9 +392,12 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfra
         if differ:
             print(f"  replay at {workers}: {len(differ)} difference(s), e.g. "
                   + "; ".join(d[:200] for d in differ[:3]), file=sys.stderr)
-    lat, rss, lag = res["lat_ms"], res["rss"], res["lag_s"][3:-2]  # not the seconds after the load has stopped
-    return {"workers": workers, "sent": sent, "p50": pct(lat, 50), "p99": pct(lat, 99), "max": max(lat or [0]),
-            "probes": len(lat), "cpu": res["cpu"], "sup_cpu": sup_cpu, "load_cpu": load_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
+    lat, missing = every_probe(probes, res["drawn"])
+    rss = res["rss"]
+    lag = [age for t, age in res["lag_s"] if t <= seconds - 1]  # while the load ran (after it, nothing is new)
+    return {"workers": workers, "plots": plots, "sent": sent, "p50": pct(lat, 50), "p99": pct(lat, 99),
+            "max": max(lat or [0]), "probes": len(probes), "drawn": len(res["drawn"]), "missing": missing,
+            "cpu": res["cpu"], "sup_cpu": sup_cpu, "load_cpu": load_cpu, "rss0": rss[min(10, len(rss) - 1)] / 2**20,
             "rss_mid": rss[len(rss) // 2] / 2**20, "rss1": rss[-1] / 2**20, "lag_max": max(lag or [0]),
             "lag_end": max(lag[-10:] or [0]), "resnapshots": res["resnapshots"], "replay_s": replay_s,
             "whole_s": whole_s, "frames": frames, "sup_rss": sup_rss,
@@ -347,24 +414,48 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=20_000, help="events/s during a burst")
     p.add_argument("--keyframe-mb", type=float, help="the supervisor's telemetry.keyframe_mb (default: the config's; "
                                                      "0: no keyframes)")
+    p.add_argument("--plots", action="store_true", help="the plots view open (p) instead of the table: no latency")
+    p.add_argument("--rounds", type=int, default=1, help="measure each size this many times: every row, then the "
+                                                         "median (min-max) of the rounds")
     a = p.parse_args()
     if a.dashboard:
-        dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]))
+        dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]), plots=a.plots)
         return
-    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb) for n in a.workers]
-    print(f"{'workers':>8} {'msgs sent':>10} {'latency p50':>12} {'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} "
-          f"{'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} "
-          f"{'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
+    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots) for n in a.workers for _ in range(a.rounds)]
+    print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
+          f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} "
+          f"{'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
     for r in rows:
-        print(f"{r['workers']:8d} {r['sent']:10d} {r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms "
-              f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB "
-              f"{r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
+        print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} "
+              + (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"] else f"{'-':>12} {'-':>7} {'-':>7} ")
+              + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB "
+              f"{r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
               f"{r['sup_rss']:6.0f}MB {r['frames']:6d} {r['replay_s']:6.1f}s {r['whole_s']:5.1f}s "
               f"{'yes' if r['same'] else 'NO':>5}")
+    if a.rounds > 1:
+        print(f"\nmedian (min-max) of {a.rounds} rounds:")
+        for n in a.workers:
+            mine = [r for r in rows if r["workers"] == n]
+            cells = [f"{k} {spread([r[key] for r in mine], fmt)}" for k, key, fmt in (
+                ("p50", "p50", "{:.0f} ms"), ("p99", "p99", "{:.0f} ms"), ("max", "max", "{:.0f} ms"),
+                ("CPU", "cpu", "{:.0f} %"), ("sup CPU", "sup_cpu", "{:.0f} %"), ("RSS end", "rss1", "{:.0f} MB"),
+                ("lag max", "lag_max", "{:.2f} s"), ("sup RSS", "sup_rss", "{:.0f} MB"))
+                if not (a.plots and key in ("p50", "p99", "max"))]
+            print(f"{n:8d}: " + ", ".join(cells))
+    missing = sum(r["missing"] for r in rows)
     print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
-          f"{os.cpu_count()} cores; targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, "
-          "no resnapshots; replay: opening at the end from the keyframes (frames: how many the supervisor kept), "
-          "beside reading the whole log, and the same state as live")
+          f"{os.cpu_count()} cores; "
+          + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "
+             if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
+                             f"newer one was; {missing} never on screen by the end); ")
+          + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
+          "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
+          "log, and the same state as live")
+
+
+def spread(values: list[float], fmt: str) -> str:
+    v = sorted(values)
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
 
 
 if __name__ == "__main__":
