@@ -1,7 +1,7 @@
 """Chaos at random moments: kill -9 or SIGSTOP of one process of a real run, many times, and who is named first.
 
     python bench/chaos_trials.py [--trials 20] [--kinds student rollout teacher proxy driver agent]
-                                 [--seed 1] [--record bench/chaos_trials.jsonl] [--table tests/chaos/CHAOS.md]
+                                 [--seed 1] [--record bench/chaos_trials.jsonl] [--table bench/RESULTS.md]
 
 One real run of the embedded demo (the real trainer, a local Ray cluster, a checkpoint every step) takes
 every trial in turn. A trial draws, from its own recorded seed, the process (a student, a rollout, the
@@ -15,7 +15,7 @@ sync's broadcast (the phase the target was in is recorded). Then, from ``events.
 
 Then the run is brought back (SIGCONT; or it recovers by itself; or ``gkd-tui restart`` resumes it from
 its latest checkpoint) and the next trial begins at a later step. Each trial is a line of ``--record``
-(JSON); ``--table`` renders every line of the record into the table between the markers of CHAOS.md.
+(JSON); ``--table`` renders every line of the record into the table between the markers of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def main() -> int:
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--seed", default="1")
     p.add_argument("--record", default=str(ROOT / "bench" / "chaos_trials.jsonl"))
-    p.add_argument("--table", default="", help="render the whole record into this CHAOS.md")
+    p.add_argument("--table", default="", help="render the whole record into this file (bench/RESULTS.md), between its markers")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="settings for the run beside the chaos suite's (a bigger model: a longer sync to land in)")
     p.add_argument("--render-only", action="store_true", help="no trials: only --table from the record")

@@ -1,14 +1,16 @@
 """The chaos suite: every component of a real run frozen (SIGSTOP, then SIGCONT) and killed
 (SIGKILL) at a random step, and what follows measured.
 
-One run per component: first the freeze (the run must come back by itself), then the kill (the
-run recovers by itself, or ``gkd-tui restart`` resumes it from the latest checkpoint). For each
-fault: how many seconds until the supervisor (or ``gkd-tui status``) says it, how the run came
-back and from which step, how many completed steps were lost; then ``events.jsonl`` is checked
-line by line, ``gkd-tui stop`` ends the run, and no process of the run may be left.
+One run per component, with the shipped checkpoint interval: first the freeze (the run must come
+back by itself), then the kill (the run recovers by itself, or ``gkd-tui restart`` resumes it from
+the latest checkpoint). The steps to fault at are drawn from a seed that is printed (``GKD_CHAOS_SEED``
+draws them again). For each fault: how many seconds until the supervisor (or ``gkd-tui status``)
+says it, how the run came back and from which step, how many completed steps were lost (read from
+the log: the steps done before the fault and trained again after it); then ``events.jsonl`` is
+checked against the steps run, ``gkd-tui stop`` ends the run, and no process of the run may be left.
 
-The rows make the table in tests/chaos/CHAOS.md: ``GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
-tests/chaos/test_chaos.py`` writes it.
+The rows make tests/chaos/CHAOS.md: ``GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
+tests/chaos/test_chaos.py`` writes it whole (``HEAD`` below, then the table).
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ import pytest
 
 from conftest import ROOT, wait_until
 from gkd_core import rundir
+from gkd_core.config import load_config
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"
-# a real run of the embedded demo; a checkpoint every step, so that a restart can lose no completed
-# step, and a teacher timeout a test can wait out (the default is 30 s, three times)
-SETTINGS = ("trainer.total_steps=100000", "trainer.checkpoint_every=1", "trainer.keep_checkpoints=2",
-            "teacher.request_timeout_s=5", "teacher.max_retries=1")
+# a real run of the embedded demo with the shipped checkpoint interval, and a teacher timeout a test can
+# wait out (the default is 30 s, three times)
+SETTINGS = ("trainer.total_steps=100000", "teacher.request_timeout_s=5", "teacher.max_retries=1")
+CHECKPOINT_EVERY = load_config(None).trainer.checkpoint_every  # a restart loses fewer steps than this
+# the steps to fault at, drawn anew each run from this seed (printed with the table; set it to draw them again)
+SEED = int(os.environ.get("GKD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
 FREEZE_S = 8.0  # how long a SIGSTOPped process stays frozen: past the 5 s that names a frozen worker
 SAY_S = 60.0  # a fault not said within this fails the test
 
@@ -46,30 +51,91 @@ class Row:
     at_step: int
     said: str  # what said it, and after how many seconds
     outcome: str  # recovered by itself / restarted from step N
-    lost: int  # completed steps lost
-    log_ok: bool
+    lost: int  # completed steps lost: done before the fault, trained again after it (from the log)
+    log: str  # "yes", or what is wrong with events.jsonl
 
 
 ROWS: list[Row] = []
 
 
+HEAD = """# The chaos suite
+
+Written by `tests/chaos/test_chaos.py` (`GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
+tests/chaos/test_chaos.py`), which runs in CI with the rest of the suite. One real run per component:
+the embedded CPU demo on a local Ray cluster, driven by the real trainer, with the shipped settings
+but for the teacher's timeout (`teacher.request_timeout_s=5`, `teacher.max_retries=1`, so that a test
+can wait a teacher out; the default is 30 s, three times). Each component is first frozen, then
+killed, at steps drawn from a seed printed with the table:
+
+- **Frozen**: `SIGSTOP`, held for 8 s, then `SIGCONT`. The run must come back by itself, losing no step.
+- **Killed**: `SIGKILL`. The run must recover by itself, or `gkd-tui restart` must resume it from
+  the latest checkpoint (one every {every} steps, the default): the steps after it are trained
+  again, so fewer than {every} are lost.
+
+"said by, after": what says the fault (an alert, a log line, `gkd-tui status`) and how many seconds
+after it. "steps lost": read from `events.jsonl`, the steps completed before the fault that were
+trained again after it. "log intact": every line of `events.jsonl` is a JSON object, `seq` strictly
+increases, and the steps it records are the steps run: from 1 up with none missing, and a step
+twice only where a resume trained it again. Then `gkd-tui stop`, and no process of the run may be
+left: the supervisor, and every process with the run's id in its environment (the driver, Ray's
+processes it started, every Ray worker).
+
+The random trials (`bench/chaos_trials.py`: is the right process named first, at random moments)
+are in bench/RESULTS.md.
+
+## What a killed supervisor does to the training, and why
+
+The driver is the supervisor's child, and it asks the kernel for `SIGTERM` when its parent dies
+(`PR_SET_PDEATHSIG`, `gkd_core/lifeline.py`). So a killed supervisor ends the driver, and with it
+the Ray cluster the driver started (Ray ties its processes to the driver's life). Nothing is
+left running. `gkd-tui status` says at once that the supervisor is gone, and what to do next:
+
+```
+gkd-tui: its supervisor (pid N) is gone: `gkd-tui restart RUN` takes the run over and resumes it from its latest checkpoint
+```
+
+`gkd-tui restart RUN` then starts a new supervisor on the same run directory. The new supervisor:
+
+- continues `events.jsonl` where it stopped. A line torn by the kill is set aside in
+  `events.jsonl.torn`, so the log stays one JSON object per line.
+- takes `seq` and the run's state from the log;
+- writes the next `restarts/NNN.yaml`;
+- starts the driver, which resumes from the latest checkpoint.
+
+This is the right design because a run that nobody records is a run nobody can diagnose. Its
+phases, heartbeats and syncs would go nowhere. The dashboard could not name a straggler, and
+`stop` could not reach it. Letting such a run keep the GPUs is worse than stopping it at a
+checkpoint and resuming it with the record whole, in about 25 s.
+
+A frozen supervisor is different: the training does not wait for it. Workers push their events
+over ZeroMQ, and those queue until the supervisor is thawed; then the log catches up. Each
+process queues up to 10,000 events; beyond that it drops them and counts the drops in its
+heartbeat's `dropped`. Meanwhile
+`gkd-tui status` says the supervisor does not answer.
+
+## The table
+"""
+
+
 @pytest.fixture(scope="module", autouse=True)
-def chaos_table():
+def chaos_table(request):
     yield
     table = render(ROWS)
-    print("\n" + table)
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and ROWS:  # in the test run's own output, passed or failed
+        reporter.write_line("\n" + table)
     target = os.environ.get("GKD_CHAOS_TABLE")
     if target and ROWS:
-        head = Path(target).read_text().split("<!-- table -->")[0] if Path(target).exists() else ""
-        Path(target).write_text(head + "<!-- table -->\n" + table + "\n")
+        Path(target).write_text(HEAD.format(every=CHECKPOINT_EVERY) + "\n" + table + "\n")
 
 
 def render(rows: list[Row]) -> str:
-    lines = ["| component | fault | at step | said by, after | recovery | steps lost | log intact |",
+    lines = [f"Seed {SEED} (`GKD_CHAOS_SEED={SEED}` draws the same steps again).", "",
+             "| component | fault | at step | said by, after | recovery | steps lost | log intact |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.component} | {r.fault} | {r.at_step} | {r.said} | {r.outcome} | {r.lost} | "
-                     f"{'yes' if r.log_ok else '**no**'} |")
+                     f"{r.log if r.log == 'yes' else '**no**: ' + r.log} |")
     return "\n".join(lines)
 
 
@@ -123,18 +189,55 @@ class Chaos:
                 return f"run {e['state']}, {e['ts'] - t0:.1f} s"
         return ""
 
-    def intact(self) -> bool:
-        """Every line of events.jsonl is a JSON object and ``seq`` strictly increases."""
+    def where(self) -> tuple[int, int]:
+        """(the newest step completed, the newest seq): where the run stands now."""
+        evs = self.events()
+        return max((e["step"] for e in evs if e["kind"] == "metrics"), default=0), (evs[-1]["seq"] if evs else 0)
+
+    def steps_after(self, seq: int, again: int | None = None) -> list[int]:
+        """The steps completed after ``seq``, in order (not ``again``: a checkpoint's own, said again at a resume)."""
+        return [e["step"] for e in self.events() if e["seq"] > seq and e["kind"] == "metrics" and e["step"] != again]
+
+    def lost(self, done: int, seq: int, again: int | None = None) -> int:
+        """How many of the steps completed by ``seq`` (the newest ``done``) were trained again after it."""
+        after = self.steps_after(seq, again)
+        assert after, f"no step completed after seq {seq}"
+        return max(0, done - (after[0] - 1))
+
+    def log_problems(self) -> str:
+        """What is wrong with events.jsonl, or "": every line a JSON object, ``seq`` strictly increasing, and
+        the steps recorded the steps run: from 1 up with none missing, each once but where a resume trains it again."""
         data = (self.run / "events.jsonl").read_bytes()
         # a live log: the writer flushes its 64 KiB buffer where it fills, so the tail may be a line
         # it has not finished yet; every line before the last newline must be whole
         data = data[:data.rfind(b"\n") + 1]
-        last = 0
+        last, steps, resumed = 0, [], None
         for n, line in enumerate(data.splitlines(), 1):
-            e = json.loads(line)  # raises, with the line, if it is not JSON
-            assert e["seq"] > last, f"events.jsonl line {n}: seq {e['seq']} after {last}"
+            try:
+                e = json.loads(line)
+            except ValueError:
+                return f"line {n} is not JSON: {line[:80]!r}"
+            if not isinstance(e, dict) or not isinstance(e.get("seq"), int) or e["seq"] <= last:
+                return f"line {n}: seq {e.get('seq') if isinstance(e, dict) else '?'} after {last}"
             last = e["seq"]
-        return True
+            if e.get("kind") == "log" and e.get("message", "").startswith("resumed from"):
+                resumed = int(e["message"].split("(step ")[1].split(",")[0].rstrip(")"))
+            elif e.get("kind") == "run" and e.get("state") in ("starting", "restarting", "running"):
+                resumed = 0  # a driver (started again): until a resume says otherwise, from step 1
+            elif e.get("kind") == "metrics":
+                step, prev = e["step"], steps[-1] if steps else 0
+                if resumed and step == resumed:  # the checkpoint's metrics, said again by the driver resuming
+                    if step == prev + 1:
+                        steps.append(step)  # ... which the driver before it died before saying
+                    continue
+                # a driver just started trains the step after its checkpoint's (1 without one); else the next
+                expected = prev + 1 if resumed is None else resumed + 1
+                if step != expected:
+                    return f"line {n}: step {step} after step {prev}" + (
+                        f" (after a resume from step {resumed}, {resumed + 1} is next)" if resumed is not None else "")
+                steps.append(step)
+                resumed = None
+        return ""
 
     def resumed_from(self, since_seq: int) -> int:
         logs = [e for e in self.events() if e["seq"] > since_seq and e["kind"] == "log"
@@ -211,37 +314,42 @@ COMPONENTS = ["supervisor", "driver", "student/0", "rollout/0", "teacher/proxy",
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_freeze_then_kill(component, start_supervisor, gkd_home):
-    rng = random.Random(f"chaos {component}")  # a fixed seed: the same random steps in every CI run
+    rng = random.Random(f"{SEED} {component}")  # the run's seed (printed with the table), then the component
     sup = start_supervisor(*SETTINGS, "--linger", "300", driver=TRAINER)
     chaos = Chaos(sup, gkd_home)
     dash = Dashboard(sup.run, gkd_home) if component == "dashboard" else None
     name = component.rstrip("/") if component != "agent/" else "node agent"
     try:
         # -- SIGSTOP, hold, SIGCONT: the run must come back by itself ----------------------
-        at = chaos.wait_step(rng.randint(3, 8) - 1, 240, "the step to freeze at")
+        chaos.wait_step(rng.randint(3, 8) - 1, 240, "the step to freeze at")
         target = dash.proc.pid if dash else chaos.pid(component)
+        at = chaos.step()  # the table's "at step": the newest done as the signal goes (the run moved on meanwhile)
         t0 = time.time()
         os.kill(target, signal.SIGSTOP)
         said = observe(chaos, component, t0, dash)
         time.sleep(max(0.0, FREEZE_S - (time.time() - t0)))
+        stopped_at, seq = chaos.where()
         os.kill(target, signal.SIGCONT)
-        stopped_at = chaos.step()
         chaos.wait_step(stopped_at + 2, 120, f"training to go on after {component} thawed")
         if dash:
             assert dash.proc.poll() is None, "the dashboard died of being frozen"
-        ROWS.append(Row(name, "SIGSTOP 8 s, SIGCONT", at, said, "recovered by itself", 0, chaos.intact()))
+        lost = chaos.lost(stopped_at, seq)
+        ROWS.append(Row(name, "SIGSTOP 8 s, SIGCONT", at, said, "recovered by itself", lost,
+                        chaos.log_problems() or "yes"))
+        assert lost == 0, f"a freeze that the run came back from by itself lost {lost} step(s) (seed {SEED})"
 
         # -- SIGKILL: recovered by itself, or `gkd-tui restart` from the latest checkpoint ------
-        at = chaos.wait_step(chaos.step() + rng.randint(1, 4) - 1, 120, "the step to kill at")
+        chaos.wait_step(chaos.step() + rng.randint(1, 4) - 1, 120, "the step to kill at")
         target = dash.proc.pid if dash else chaos.pid(component)
-        seq0 = chaos.events()[-1]["seq"]
+        at, seq0 = chaos.where()
         t0 = time.time()
         os.kill(target, signal.SIGKILL)
         said = observe(chaos, component, t0, dash)
-        done_before = chaos.step()
-        outcome, lost = recover(chaos, component, done_before, seq0, target)
-        ROWS.append(Row(name, "SIGKILL", at, said, outcome, lost, chaos.intact()))
-        assert lost == 0
+        done_before, seq = chaos.where()
+        outcome, lost = recover(chaos, component, done_before, seq, seq0, target)
+        log = chaos.log_problems()
+        ROWS.append(Row(name, "SIGKILL", at, said, outcome, lost, log or "yes"))
+        assert not log, f"events.jsonl: {log} (seed {SEED})"
         if dash:
             dash.drain()
     except BaseException:
@@ -254,7 +362,7 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
     out = chaos.gkd("stop", str(sup.run))
     assert out.returncode == 0, out.stderr
     chaos.wait_ended(60, "every process of the run to end")
-    assert chaos.intact()
+    assert not chaos.log_problems()
 
 
 def observe(chaos: Chaos, component: str, t0: float, dash: Dashboard | None) -> str:
@@ -281,8 +389,10 @@ def observe(chaos: Chaos, component: str, t0: float, dash: Dashboard | None) -> 
     return said
 
 
-def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: int) -> tuple[str, int]:
-    """(how the run came back, completed steps lost)."""
+def recover(chaos: Chaos, component: str, done_before: int, seq: int, seq0: int, killed: int) -> tuple[str, int]:
+    """(how the run came back, completed steps lost): ``done_before`` steps were done by ``seq``, the fault
+    came after ``seq0``. Lost steps are read from the log; a run that came back by itself loses none, a
+    restart fewer than a checkpoint interval, and goes on from the step after its checkpoint's."""
     t0 = time.time()
     if component in ("teacher/proxy", "teacher/0", "agent/"):
         # started again by the driver: a new process registers under the same name
@@ -292,7 +402,9 @@ def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: i
                 and e["code"] == "restarted_by_driver" and any(t.startswith(component) for t in e["targets"])]
         assert said and not said[0].get("cleared"), said
         chaos.wait_step(done_before + 2, 120, f"training to go on after {component} was started again")
-        return f"started again by the driver, {time.time() - t0:.0f} s", 0
+        lost = chaos.lost(done_before, seq)
+        assert lost == 0, f"{component} started again by the driver, yet {lost} step(s) were trained again (seed {SEED})"
+        return f"started again by the driver, {time.time() - t0:.0f} s", lost
 
     def moving_or_failed():
         states = [e for e in chaos.events() if e["seq"] > seq0 and e["kind"] == "run"]
@@ -304,7 +416,9 @@ def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: i
         how = wait_until(moving_or_failed, 180, f"the run to go on or fail after {component} was killed",
                          every_s=0.3)
         if how == "moving":
-            return "recovered by itself", 0
+            lost = chaos.lost(done_before, seq)
+            assert lost == 0, f"the run recovered by itself, yet {lost} step(s) were trained again (seed {SEED})"
+            return "recovered by itself", lost
     else:
         # Ray's agents (dashboard, runtime env) whose raylet died without a SIGTERM try for 60 s to tell the
         # control store, gone with it, before they exit (ray/_private/process_watcher.py: publish_error, 60)
@@ -312,6 +426,44 @@ def recover(chaos: Chaos, component: str, done_before: int, seq0: int, killed: i
     seq1 = chaos.events()[-1]["seq"]
     out = chaos.gkd("restart", str(chaos.run))
     assert out.returncode == 0, out.stderr + out.stdout
-    resumed = wait_until(lambda: chaos.resumed_from(seq1), 180, "the restarted driver to resume", every_s=0.3)
-    chaos.wait_step(resumed + 1, 180, "training to go on after the restart")
-    return f"`gkd-tui restart`: from step {resumed}, {time.time() - t0:.0f} s", max(0, done_before - resumed)
+    # a step trained after the restart (not the checkpoint's own metrics, which a resume says again)
+    wait_until(lambda: chaos.steps_after(seq1, chaos.resumed_from(seq1)), 180,
+               "the restarted driver to train a step", every_s=0.3)
+    resumed = chaos.resumed_from(seq1)  # 0: no checkpoint yet, from the start
+    first = chaos.steps_after(seq1, resumed)[0]
+    assert first == resumed + 1, f"the restart resumed from step {resumed} but trained step {first} first"
+    lost = chaos.lost(done_before, seq1, resumed)
+    assert lost == max(0, done_before - resumed) < CHECKPOINT_EVERY, (
+        f"{lost} step(s) lost: {done_before} done, resumed from {resumed}, a checkpoint every {CHECKPOINT_EVERY} "
+        f"(seed {SEED})")
+    return f"`gkd-tui restart`: from step {resumed}, {time.time() - t0:.0f} s", lost
+
+
+def test_the_log_check_says_no_to_a_step_missing_or_repeated_a_seq_out_of_order_and_a_torn_line(tmp_path):
+    """log_problems, on logs written here: what the table's "log intact" rests on can say no."""
+    class Run:
+        run = tmp_path
+
+    chaos = Chaos(Run(), tmp_path)
+    run = {"kind": "run", "state": "running"}
+    resumed = {"kind": "log", "message": "resumed from ckpt/step-2 (step 2, prompt 0 of epoch 0)"}
+
+    def check(*events, tail=b""):
+        lines = [json.dumps({"seq": i, **e}).encode() for i, e in enumerate(events, 1)]
+        (tmp_path / "events.jsonl").write_bytes(b"\n".join(lines) + b"\n" + tail)
+        return chaos.log_problems()
+
+    def m(step):
+        return {"kind": "metrics", "step": step}
+
+    assert check(run, m(1), m(2), m(3)) == ""
+    assert check(run, m(1), m(2), m(3), tail=b'{"seq": 9, "kind": "me') == ""  # a line still being written
+    # killed after step 3, resumed from the checkpoint of step 2: its metrics said again, then 3 trained again
+    assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(3), m(4)) == ""
+    assert check(run, m(1), m(3)) == "line 3: step 3 after step 1"
+    assert check(run, m(1), m(2), m(2)) == "line 4: step 2 after step 2"
+    assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(4)).startswith("line 8: step 4 after step 3")
+    (tmp_path / "events.jsonl").write_bytes(b'{"seq": 1}\n{"seq": 1}\n')
+    assert chaos.log_problems() == "line 2: seq 1 after 1"
+    (tmp_path / "events.jsonl").write_bytes(b'{"seq": 1}\nnot json\n{"seq": 3}\n')
+    assert chaos.log_problems().startswith("line 2 is not JSON")
