@@ -16,13 +16,13 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.screen import ModalScreen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
-from gkd_tui.screens.plots import PlotsScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
 from gkd_tui.sources import Playback, Source
@@ -115,6 +115,8 @@ class GkdApp(App):
         if self.source.playback is not None:
             self.source.playback.tick(now_wall - self._last_tick)
         self._last_tick = now_wall
+        if not isinstance(self.screen, ModalScreen) and self.screen is not self.default_screen:
+            return  # a screen over the whole of it (the plots): the panes beneath are drawn when it closes
         with self.source.lock:
             st = self.source.state
             now = self.source.now()
@@ -161,6 +163,9 @@ class GkdApp(App):
         self.push_screen(HelpScreen())
 
     def action_plots(self) -> None:
+        # imported when first asked for: the plots bring numpy (about 25 MB a dashboard need not hold)
+        from gkd_tui.screens.plots import PlotsScreen
+
         self.push_screen(PlotsScreen())
 
     def on_workers_table_selected(self, message: WorkersTable.Selected) -> None:

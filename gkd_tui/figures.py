@@ -110,8 +110,8 @@ def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
 def step_time(metrics: list[MetricsPoint]) -> Figure:
     """A step's time split by phase, stacked: each line is the time up to the end of its phase, so
     the band under it (down to the line before) is that phase. Lines, not bars: textual-plot fills a
-    bar a pixel at a time in Python, and six phases' bars over a whole plot took 460 ms to draw
-    (bench/bench_plots.py), lines a tenth of that."""
+    bar a pixel at a time in Python, and six phases' bars over a whole plot took 463 ms to draw
+    (bench/bench_plots.py, bench/RESULTS.md), lines 35 ms."""
     timed = [m for m in metrics if m.timing]
     names = sorted({k for m in timed for k in m.timing}, key=lambda k: (PHASES.index(k) if k in PHASES else 99, k))
     lines = []
