@@ -58,9 +58,7 @@ def draw_plotext(widget, fig: figures.Figure, colour: str = "cyan") -> None:
     for line in fig.lines:
         if not line.x:
             continue
-        if line.kind == "bar":
-            plt.bar(line.x, line.y, label=line.label, color=colour)
-        elif line.kind == "points":
+        if line.kind == "points":
             plt.scatter(line.x, line.y, label=line.label, color=colour, marker="braille")
         else:
             plt.plot(line.x, line.y, label=line.label, color=colour, marker="braille")

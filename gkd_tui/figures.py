@@ -14,7 +14,7 @@ from gkd_core.state import MetricsPoint, RunState
 from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint
 from gkd_core.units import compact
 
-# a step's phases in the order they happen, each with its colour; a phase not listed goes after them
+# a step's phases in the order they happen (each a theme colour, series-phase-NAME); others go after them
 PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
 MINUTES_AFTER_S = 600.0  # a time axis longer than this is in minutes
 # a plot's axis takes the span of its values: two extreme floats (a diverged loss of 1e308, a sender's clock
@@ -28,7 +28,7 @@ class Line(NamedTuple):
     x: tuple[float, ...]
     y: tuple[float, ...]
     colour: str  # a theme variable
-    kind: Literal["line", "bar", "points"] = "line"
+    kind: Literal["line", "points"] = "line"
 
 
 class Figure(NamedTuple):
@@ -186,7 +186,7 @@ def _origin(st: RunState, points: list) -> float:
 
 
 def _line(label: str, pts: Iterable[tuple[float, float]], colour: str,
-          kind: Literal["line", "bar", "points"] = "line") -> Line:
+          kind: Literal["line", "points"] = "line") -> Line:
     pts = [(_clip(x), _clip(y)) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
     return Line(label, tuple(float(x) for x, _ in pts), tuple(float(y) for _, y in pts), colour, kind)
 

@@ -2,11 +2,11 @@
 against step), sync (each sync's time against its timeout), step time (a step's phases, stacked),
 teacher (latency p50/p99, queue and in flight), GPU (use and memory per device, and their mean).
 
-The plots are textual-plot's ``PlotWidget`` (braille lines, native Textual widgets styled by the
-theme), chosen over textual-plotext for speed: bench/bench_plots.py draws the same figures with both.
-A plot costs tens of milliseconds to draw, so the view redraws once a second, only the tab on
-screen, and only a plot whose figure changed; the main screen's ten-a-second redraw goes on
-beneath it (a replay keeps playing).
+The plots are textual-plot's ``PlotWidget`` (native Textual widgets, lines of block quadrants),
+chosen over textual-plotext for speed: bench/bench_plots.py draws the same figures with both. A plot
+costs tens of milliseconds to draw, so the view redraws once a second, only the tab on screen, and
+only a plot whose figure changed. Beneath it only a replay's clock goes on (``GkdApp._redraw``): the
+main screen's panes are drawn again when it closes.
 """
 
 from __future__ import annotations
@@ -83,9 +83,7 @@ def draw(plot: PlotWidget, fig: Figure, colour) -> None:
     drawn = [line for line in fig.lines if line.x]
     for line in drawn:
         style = colour(line.colour)
-        if line.kind == "bar":
-            plot.bar(line.x, line.y, bar_style=style, hires_mode=HiResMode.QUADRANT, label=line.label)
-        elif line.kind == "points":
+        if line.kind == "points":
             plot.scatter(line.x, line.y, marker_style=style, hires_mode=HiResMode.QUADRANT, label=line.label)
         else:
             plot.plot(line.x, line.y, line_style=style, hires_mode=HiResMode.QUADRANT, label=line.label)
