@@ -36,6 +36,13 @@ EXACT_UP_TO = 256  # more finished peers than this in a stepless call's windows:
 NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *WORKER_ENDED})
 
 
+def _set_up(phase: str) -> bool:
+    """A set-up phase (init, engine_init): each is another step under the one name (the driver's ray.init,
+    then its actors, then its agents), so its own history says nothing of the next; their deadlines
+    (trainer.init_timeout_s and the init rule) watch them instead."""
+    return phase.startswith("init") or phase.endswith("_init")
+
+
 class Late(NamedTuple):
     src: str
     phase: str
@@ -133,7 +140,7 @@ class SpanIndex:
             self.role_size[role] = self.role_size.get(role, 0) + 1
             if key is not None:
                 self.at_work.setdefault(role, {}).setdefault(key, {})[src] = w
-        hist = [span.ended - span.started for span in spans if span.phase == w.phase]
+        hist = [] if _set_up(w.phase) else [span.ended - span.started for span in spans if span.phase == w.phase]
         med = statistics.median(hist) if hist else 0.0
         thr = max(MIN_S, OWN_FACTOR * med) if len(hist) >= OWN_MIN_SAMPLES else math.inf
         self.own[src] = (thr, len(hist), med)
