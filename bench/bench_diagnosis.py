@@ -16,6 +16,7 @@ worker 30 % slower: every alert they raised, of any severity (the goal is none).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import signal
@@ -87,6 +88,15 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+def keep_log(run: Path, home: Path, out: Path) -> None:
+    """The run's event log for the screenshots of each case (screenshots/make_screenshots.py), gzipped,
+    with no path of this machine in it."""
+    text = (run / "events.jsonl").read_text().replace(str(home), "~/.gkd").replace(str(ROOT), ".")
+    text = text.replace(sys.base_prefix, "<python>").replace(sys.prefix, "<venv>").replace(str(Path.home()), "~")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(gzip.compress(text.encode(), mtime=0))
+
+
 def names(a: dict, target: str) -> bool:
     return any(t == target or (target.endswith("/") and t.startswith(target)) for t in a.get("targets") or [])
 
@@ -101,7 +111,7 @@ def fault_time(evs: list[dict], name: str) -> float | None:
 
 
 def measure(name, fault, target, code, want_verdict, timeout_only, home: Path, budget_s: float,
-            attempt: int = 0) -> dict:
+            attempt: int = 0, keep: Path | None = None) -> dict:
     run_id = f"bench-{name}-{attempt}"
     f = dict(fault, step=STEP) if fault["kind"] != "hang_nvml" else dict(fault, step=8)
     extra = [f"faults=[{json.dumps(f)}]", "agent.gpu_interval_s=0.5"]
@@ -130,6 +140,8 @@ def measure(name, fault, target, code, want_verdict, timeout_only, home: Path, b
         if proc.poll() is not None and hit is None and time.monotonic() > t_end - budget_s + 30:
             break
     stop(proc)
+    if keep is not None and attempt == 0:
+        keep_log(run, home, keep / f"{name}.events.jsonl.gz")
     evs = events(run)
     raised = [e for e in evs if e["kind"] == "alert" and not e.get("cleared") and e.get("severity") in ("warn", "critical")]
     mine = [e for e in raised if names(e, target) and t0 and e["ts"] >= t0]
@@ -179,10 +191,13 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=150.0, help="per fault run, from the start")
     p.add_argument("--rounds", type=int, default=1, help="runs of each fault; the table gives their median (min-max)")
     p.add_argument("--only", nargs="*", default=None)
+    p.add_argument("--keep", type=Path, help="keep each fault's first run's event log here, gzipped (the screenshots' "
+                                             "recordings: screenshots/seeds)")
     a = p.parse_args()
     home = Path(tempfile.mkdtemp(prefix="gkd-bench-diag-"))
     faults = [f for f in FAULTS if a.only is None or f[0] in a.only]
-    rounds = [[measure(*f, home=home, budget_s=a.budget_s, attempt=i) for f in faults] for i in range(a.rounds)]
+    rounds = [[measure(*f, home=home, budget_s=a.budget_s, attempt=i, keep=a.keep) for f in faults]
+              for i in range(a.rounds)]
     print(f"{a.rounds} round(s) of each fault; times are the median (min-max) of the rounds, 'named' counts the "
           f"rounds in which the right worker was named with the right case")
     print(f"{'fault':14s} {'named':>6s} {'case':20s} {'named in':>16s} {'stack in':>16s} {'verdict':>8s} "

@@ -3,6 +3,11 @@
 - ``long_run.events.jsonl.gz``: the default demo for 300 steps, healthy from end to end: the healthy
   picture (no alert at its moment, or the script fails) and the plots view (p) at its end;
 
+- ``seeds/FAULT.events.jsonl.gz``: one run of the default demo per fault of bench/bench_diagnosis.py
+  (the seeds' cases: a hung sync or generation, a held GIL, a killed worker or teacher, a late
+  teacher, a frozen NVML, out of memory), each shot a few seconds after it is named
+  (``python bench/bench_diagnosis.py --keep screenshots/seeds`` records them again);
+
 and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight sync at step 3):
 
 - ``straggler_demo.events.jsonl``, with the real-world 600 s sync timeout: rollout/1 is named by its
@@ -55,6 +60,8 @@ STRAGGLER = HERE / "straggler_demo.events.jsonl"
 VERL = HERE / "verl_job.events.jsonl"
 LONG = HERE / "long_run.events.jsonl.gz"  # gzipped: 300 steps of events are a few MB of JSON
 LONG_STEPS = 300
+SEEDS = HERE / "seeds"
+SEED_SHOT_S = 4.0  # after the alert that names the case: the stack taken, the verdict said
 SIZE = (120, 36)
 
 
@@ -181,7 +188,7 @@ def moments() -> list[tuple[str, Path, float, str]]:
     named = [e for e in strag if e["kind"] == "alert" and e["code"] == "straggler" and not e.get("cleared")]
     grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
     verl_stacks = [e for e in verl if e["kind"] == "stack" and e["target"] == "ActorRolloutWorker/1"]
-    return [
+    return [*seed_moments(),
         ("healthy-step", LONG, mid["ts"] + 0.05, "healthy"),
         ("plots-training", LONG, long[-1]["ts"], "plots:0"),
         ("plots-sync", LONG, long[-1]["ts"], "plots:1"),
@@ -194,6 +201,28 @@ def moments() -> list[tuple[str, Path, float, str]]:
         ("sync-timed-out", HANG, hang[-1]["ts"], ""),
         ("verl-job-stuck", VERL, verl_stacks[min(1, len(verl_stacks) - 1)]["ts"] + 0.5, ""),
     ]
+
+
+def seed_moments() -> list[tuple[str, Path, float, str]]:
+    """Each fault's recording, a few seconds after the alert that names the right worker with its case."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_diagnosis import FAULTS, names
+
+    out = []
+    for name, _, target, code, *_ in FAULTS:
+        recording = SEEDS / f"{name}.events.jsonl.gz"
+        if not recording.exists():
+            continue
+        evs = _events(recording)
+        named = [e for e in evs if e["kind"] == "alert" and not e.get("cleared") and names(e, target)
+                 and e.get("severity") in ("warn", "critical")]
+        # the case's own code, else the first alert naming the worker (a killed teacher is said dead by its
+        # silence as often as by Ray's state)
+        hit = next((e for e in named if e["code"] == code), named[0] if named else None)
+        if hit is None:
+            raise SystemExit(f"{recording.name}: no alert names {target}; record it again")
+        out.append((f"seed-{name}", recording, min(hit["ts"] + SEED_SHOT_S, evs[-1]["ts"]), ""))
+    return out
 
 
 def restart_diff_screen(state) -> ConfirmScreen:
