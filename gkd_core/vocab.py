@@ -24,6 +24,7 @@ RUN_GOING = ("starting", "running", "restarting")  # a driver is (being) started
 
 SyncStatus = Literal["started", "progress", "done", "timed_out", "failed", "cancelled"]
 SYNC_OPEN = ("started", "progress")  # a sync that has not ended
+SYNC_FAILED = ("timed_out", "failed", "cancelled")  # one that ended without its weights everywhere
 
 # a worker's phase once it has stopped working: nothing it does is late any more
 WORKER_ENDED = ("finished", "failed", "cancelled", "exited")

@@ -115,8 +115,8 @@ class GkdApp(App):
         if self.source.playback is not None:
             self.source.playback.tick(now_wall - self._last_tick)
         self._last_tick = now_wall
-        if not isinstance(self.screen, ModalScreen) and self.screen is not self.default_screen:
-            return  # a screen over the whole of it (the plots): the panes beneath are drawn when it closes
+        if any(not isinstance(s, ModalScreen) for s in self.screen_stack[1:]):
+            return  # a screen over the whole of it (the plots, a dialog on them): drawn again when it closes
         with self.source.lock:
             st = self.source.state
             now = self.source.now()

@@ -13,6 +13,7 @@ from typing import Iterable, Literal, NamedTuple
 from gkd_core.state import MetricsPoint, RunState
 from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint
 from gkd_core.units import compact
+from gkd_core.vocab import SYNC_FAILED
 
 # a step's phases in the order they happen (each a theme colour, series-phase-NAME); others go after them
 PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
@@ -44,14 +45,15 @@ class Figure(NamedTuple):
         return any(line.x for line in self.lines)
 
     def limits(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """The axes' ranges: the data's, within ``ylim`` where it is set, and never narrower than
-        ``_MIN_SPAN`` (a plotting library divides by the span: one step, a flat line or two subnormal
-        values would make it 0)."""
+        """The axes' ranges: the data's, within ``ylim`` where it is set, never wider than ``LIMIT`` and
+        never narrower than ``_MIN_SPAN`` (a plotting library divides by the span: one step, a flat line
+        or two subnormal values would make it 0)."""
         xs = [x for line in self.lines for x in line.x]
         ys = [y for line in self.lines for y in line.y]
-        return _span(min(xs, default=0.0), max(xs, default=1.0)), _span(
-            self.ylim[0] if self.ylim[0] is not None else min(ys, default=0.0),
-            self.ylim[1] if self.ylim[1] is not None else max(ys, default=1.0), keep_low=self.ylim[0] is not None)
+        low, high = self.ylim
+        return _span(_clip(min(xs, default=0.0)), _clip(max(xs, default=1.0))), _span(
+            _clip(low if low is not None else min(ys, default=0.0)),
+            _clip(high if high is not None else max(ys, default=1.0)), keep_low=low is not None)
 
 
 TABS = ("training", "sync", "step time", "teacher", "GPU")
@@ -72,7 +74,14 @@ def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
     raise ValueError(f"no plot tab {tab!r}; the tabs are {', '.join(TABS)}")
 
 
+def by_step(metrics: list[MetricsPoint]) -> list[MetricsPoint]:
+    """A point per step, in step order: a resumed driver trains steps again (and says its checkpoint's
+    again), and a line drawn in arrival order would run back and retrace them. The newest of a step wins."""
+    return sorted({m.step: m for m in metrics}.values(), key=lambda m: m.step)
+
+
 def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
+    metrics = by_step(metrics)
     out = []
     for name, title, ylim in (("loss", "loss", (None, None)), ("kl", "KL(teacher‖student)", (0.0, None)),
                               ("agreement", "agreement with the teacher (held-out prompts)", (0.0, 1.0))):
@@ -88,8 +97,9 @@ def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
 def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
     """Each sync's time against its timeout (the headroom), then to its own scale (the trend)."""
     pts = [(p.step if p.step is not None else p.sync_id, p.elapsed_s) for p in points]
-    failed = [(x, y) for (x, y), p in zip(pts, points) if p.state != "done"]
-    timeout = max((p.timeout_s for p in points), default=0.0)
+    # ended badly (a sync cut short by the next, still open when archived, is not a failure)
+    failed = [(x, y) for (x, y), p in zip(pts, points) if p.state in SYNC_FAILED]
+    timeout = _clip(max((p.timeout_s for p in points), default=0.0))
     longest = max((y for _, y in pts), default=0.0)
     xlabel = "" if any(p.step is not None for p in points) or not points else "sync"
     lines = [_line("sync", pts, "series-sync")]
@@ -112,7 +122,7 @@ def step_time(metrics: list[MetricsPoint]) -> Figure:
     the band under it (down to the line before) is that phase. Lines, not bars: textual-plot fills a
     bar a pixel at a time in Python, and six phases' bars over a whole plot took 463 ms to draw
     (bench/bench_plots.py, bench/RESULTS.md), lines 35 ms."""
-    timed = [m for m in metrics if m.timing]
+    timed = [m for m in by_step(metrics) if m.timing]
     names = sorted({k for m in timed for k in m.timing}, key=lambda k: (PHASES.index(k) if k in PHASES else 99, k))
     lines = []
     for i, name in enumerate(names):

@@ -2,8 +2,9 @@
 
 A step's metrics (loss, KL, agreement, the time of each phase) are kept already
 (``RunState.metrics``); these are the rest: each sync's duration against its timeout, the teacher's
-latency and queue, and the GPUs' use. A point is taken at most once per ``*_POINT_S`` of event time,
-so a chatty sender does not crowd the history out, and each series keeps its newest
+latency and queue, and the GPUs' use. A point is taken at most once per ``*_POINT_S`` of event time
+(or when a sender's clock went back that far: one event from the future must not stop a series), so a
+chatty sender does not crowd the history out, and each series keeps its newest
 ``SERIES_KEEP`` points. Every update is O(1) in the size of the run but the teacher's (O(its
 clients), once a second): the supervisor applies every event of 65,536 workers through here.
 """
@@ -80,7 +81,7 @@ class Series(msgspec.Struct, kw_only=True):
             _append(self.syncs, point)
 
     def teacher_due(self, ts: float) -> bool:
-        return not self.teacher or ts - self.teacher[-1].ts >= TEACHER_POINT_S
+        return not self.teacher or abs(ts - self.teacher[-1].ts) >= TEACHER_POINT_S
 
     def note_teacher(self, point: TeacherPoint) -> None:
         _append(self.teacher, point)
@@ -94,7 +95,7 @@ class Series(msgspec.Struct, kw_only=True):
             old = (_within(old[0], 100.0), _within(old[1], 1.0))
             self.gpu_sums.take(*old, sign=-1)
         self.gpu_sums.take(util, mem, sign=1)
-        if not self.gpu_mean or ts - self.gpu_mean[-1].ts >= GPU_POINT_S:
+        if not self.gpu_mean or abs(ts - self.gpu_mean[-1].ts) >= GPU_POINT_S:
             _append(self.gpu_mean, self.gpu_sums.mean(ts))
         else:  # the newest point follows the readings of its interval (a node's GPUs come one by one)
             self.gpu_mean[-1] = self.gpu_sums.mean(self.gpu_mean[-1].ts)
@@ -103,7 +104,7 @@ class Series(msgspec.Struct, kw_only=True):
             if len(self.gpus) >= GPU_DEVICES_DRAWN:
                 return
             points = self.gpus[key] = []
-        if not points or ts - points[-1].ts >= GPU_POINT_S:
+        if not points or abs(ts - points[-1].ts) >= GPU_POINT_S:
             _append(points, GpuPoint(ts, util, mem))
 
 

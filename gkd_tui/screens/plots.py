@@ -37,14 +37,15 @@ class PlotsScreen(Screen[None]):
         self._drawn: dict[str, Figure] = {}  # a plot's id -> the figure it shows
 
     def compose(self) -> ComposeResult:
-        yield Static("plots: 1-5 or tab/←→ switch, escape close; the mouse wheel zooms a plot", id="plots-title")
+        yield Static("plots: 1-5 or tab/←→ switch, escape close", id="plots-title")
         empty = RunState()
         with TabbedContent(id="plot-tabs", initial=f"plots-{self.first_tab}"):
             for i, tab in enumerate(TABS):
                 with TabPane(f"{i + 1} {tab}", id=f"plots-{i}"):
                     for j, _ in enumerate(figures(tab, empty)):
                         with Vertical(classes="plot-box"):  # the border, titled with what the plot says
-                            yield PlotWidget(id=f"plot-{i}-{j}")
+                            # no zoom: the once-a-second redraw would undo it
+                            yield PlotWidget(id=f"plot-{i}-{j}", allow_pan_and_zoom=False)
         yield Footer()
 
     def on_mount(self) -> None:

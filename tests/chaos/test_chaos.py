@@ -194,13 +194,10 @@ class Chaos:
         evs = self.events()
         return max((e["step"] for e in evs if e["kind"] == "metrics"), default=0), (evs[-1]["seq"] if evs else 0)
 
-    def steps_after(self, seq: int, again: int | None = None) -> list[int]:
-        """The steps completed after ``seq``, in order (not ``again``: a checkpoint's own, said again at a resume)."""
-        return [e["step"] for e in self.events() if e["seq"] > seq and e["kind"] == "metrics" and e["step"] != again]
-
-    def lost(self, done: int, seq: int, again: int | None = None) -> int:
-        """How many of the steps completed by ``seq`` (the newest ``done``) were trained again after it."""
-        after = self.steps_after(seq, again)
+    def lost(self, done: int, seq: int) -> int:
+        """How many of the steps completed by ``seq`` (the newest ``done``) were trained again after it (where
+        no driver started since: a restart's are counted from its checkpoint, ``after_restart``)."""
+        after = [e["step"] for e in self.events() if e["seq"] > seq and e["kind"] == "metrics"]
         assert after, f"no step completed after seq {seq}"
         return max(0, done - (after[0] - 1))
 
@@ -230,6 +227,8 @@ class Chaos:
                     if step == prev + 1:
                         steps.append(step)  # ... which the driver before it died before saying
                     continue
+                if resumed and resumed > prev:
+                    return f"line {n}: a resume from step {resumed}, but the log has steps only to {prev}"
                 # a driver just started trains the step after its checkpoint's (1 without one); else the next
                 expected = prev + 1 if resumed is None else resumed + 1
                 if step != expected:
@@ -239,10 +238,13 @@ class Chaos:
                 resumed = None
         return ""
 
-    def resumed_from(self, since_seq: int) -> int:
-        logs = [e for e in self.events() if e["seq"] > since_seq and e["kind"] == "log"
-                and e["message"].startswith("resumed from")]
-        return int(logs[0]["message"].split("(step ")[1].split(",")[0].rstrip(")")) if logs else 0
+    def after_restart(self, seq: int) -> tuple[int, list[int]]:
+        """From one read of the log: the checkpoint's step a driver started after ``seq`` resumed from (0:
+        none, from the start), and the steps trained since (not that checkpoint's own, said again)."""
+        evs = [e for e in self.events() if e["seq"] > seq]
+        said = [e["message"] for e in evs if e["kind"] == "log" and e["message"].startswith("resumed from")]
+        resumed = int(said[0].split("(step ")[1].split(",")[0].rstrip(")")) if said else 0
+        return resumed, [e["step"] for e in evs if e["kind"] == "metrics" and not (resumed and e["step"] == resumed)]
 
     def processes(self) -> list[str]:
         """Every live process of this run: its supervisors (``--run-id RUN`` or ``--resume …/RUN``
@@ -426,16 +428,15 @@ def recover(chaos: Chaos, component: str, done_before: int, seq: int, seq0: int,
     seq1 = chaos.events()[-1]["seq"]
     out = chaos.gkd("restart", str(chaos.run))
     assert out.returncode == 0, out.stderr + out.stdout
-    # a step trained after the restart (not the checkpoint's own metrics, which a resume says again)
-    wait_until(lambda: chaos.steps_after(seq1, chaos.resumed_from(seq1)), 180,
-               "the restarted driver to train a step", every_s=0.3)
-    resumed = chaos.resumed_from(seq1)  # 0: no checkpoint yet, from the start
-    first = chaos.steps_after(seq1, resumed)[0]
-    assert first == resumed + 1, f"the restart resumed from step {resumed} but trained step {first} first"
-    lost = chaos.lost(done_before, seq1, resumed)
-    assert lost == max(0, done_before - resumed) < CHECKPOINT_EVERY, (
-        f"{lost} step(s) lost: {done_before} done, resumed from {resumed}, a checkpoint every {CHECKPOINT_EVERY} "
-        f"(seed {SEED})")
+    def trained():  # a step trained after the restart (not the checkpoint's own metrics, said again)
+        resumed, steps = chaos.after_restart(seq1)  # resumed 0: no checkpoint, from the start
+        return (resumed, steps) if steps else None
+
+    resumed, steps = wait_until(trained, 180, "the restarted driver to train a step", every_s=0.3)
+    assert steps[0] == resumed + 1, f"the restart resumed from step {resumed} but trained step {steps[0]} first"
+    lost = max(0, done_before - resumed)  # the steps after the checkpoint's, trained again
+    assert lost < CHECKPOINT_EVERY, (f"{lost} step(s) lost: {done_before} done, resumed from {resumed}, a checkpoint "
+                                     f"every {CHECKPOINT_EVERY} (seed {SEED})")
     return f"`gkd-tui restart`: from step {resumed}, {time.time() - t0:.0f} s", lost
 
 
@@ -460,6 +461,12 @@ def test_the_log_check_says_no_to_a_step_missing_or_repeated_a_seq_out_of_order_
     assert check(run, m(1), m(2), m(3), tail=b'{"seq": 9, "kind": "me') == ""  # a line still being written
     # killed after step 3, resumed from the checkpoint of step 2: its metrics said again, then 3 trained again
     assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(3), m(4)) == ""
+    # the checkpoint of 2 saved and its driver killed before step 2's metrics left: said by the resumed one
+    assert check(run, m(1), run, resumed, m(2), m(3)) == ""
+    # the log lost steps before the resume (a supervisor killed with them unwritten): missing, said so
+    assert check(run, m(1), run, resumed, m(3)) == "line 5: a resume from step 2, but the log has steps only to 1"
+    late = {"kind": "log", "message": "resumed from ckpt/step-5 (step 5, prompt 0 of epoch 0)"}
+    assert check(run, m(1), m(2), run, late, m(5), m(6)) == "line 7: a resume from step 5, but the log has steps only to 2"
     assert check(run, m(1), m(3)) == "line 3: step 3 after step 1"
     assert check(run, m(1), m(2), m(2)) == "line 4: step 2 after step 2"
     assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(4)).startswith("line 8: step 4 after step 3")

@@ -136,3 +136,27 @@ def test_an_axis_is_never_narrower_than_a_plotting_library_can_divide_by():
     assert fig([1, 2], [-1e15, 1e15]).limits() == ((1.0, 2.0), (-1e15, 1e15))
     assert fig([], []).limits() == ((0.0, 1.0), (0.0, 1.0))
     assert fig([1, 2], [0.5, 0.7], (0.0, 1.0)).limits() == ((1.0, 2.0), (0.0, 1.0))
+
+
+def test_a_resumed_run_is_drawn_a_point_per_step_and_absurd_timeouts_keep_the_axes_finite():
+    st = RunState()
+    for step in (1, 2, 3, 4, 2, 3):  # killed after 4, resumed from the checkpoint of 1: 2 and 3 trained again
+        st.apply(ev.MetricsEvent(src="driver", step=step, loss=float(step), timing={"train": 0.1}, ts=float(step)))
+    loss = figures.training(st.metrics)[0]
+    assert loss.lines[0].x == (1.0, 2.0, 3.0, 4.0)
+    assert figures.step_time(st.metrics).lines[0].x == (1.0, 2.0, 3.0, 4.0)
+    st.apply(ev.SyncEvent(src="driver", sync_id=1, state="done", step=1, elapsed_s=0.1, timeout_s=1.7e308, ts=5.0))
+    st.apply(ev.SyncEvent(src="driver", sync_id=2, state="started", step=2, timeout_s=60, ts=6.0))
+    st.apply(ev.SyncEvent(src="driver", sync_id=3, state="started", step=3, timeout_s=60, ts=7.0))  # cut 2 short
+    against, _ = figures.syncs(st.series.syncs)
+    (x0, x1), (y0, y1) = against.limits()
+    assert all(abs(v) <= figures.LIMIT for v in (x0, x1, y0, y1))
+    assert [line.label for line in against.lines if line.label == "failed"] == []  # cut short is not failed
+
+
+def test_a_sender_clock_that_went_back_does_not_stop_a_series():
+    st = RunState()
+    st.apply(gpu("n", 0, util=10.0, used=1, ts=1e12))  # one reading from the far future
+    st.apply(gpu("n", 0, util=20.0, used=1, ts=100.0))
+    st.apply(gpu("n", 0, util=30.0, used=1, ts=103.0))
+    assert [p.util for p in st.series.gpus["n/0"]] == [10.0, 20.0, 30.0]
