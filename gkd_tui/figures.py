@@ -22,6 +22,7 @@ MINUTES_AFTER_S = 600.0  # a time axis longer than this is in minutes
 # at the float's end) would make it infinite; this is far past anything worth reading off a plot
 LIMIT = 1e15
 _MIN_SPAN = 1e-9  # of the larger end (or of 1): an axis narrower than this is widened
+AGREEMENT_TOP = 1.05  # textual-plot draws a value at the axis' very top a row low: 1.0 a little under it
 
 
 class Line(NamedTuple):
@@ -84,7 +85,7 @@ def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
     metrics = by_step(metrics)
     out = []
     for name, title, ylim in (("loss", "loss", (None, None)), ("kl", "KL(teacher‖student)", (0.0, None)),
-                              ("agreement", "agreement with the teacher (held-out prompts)", (0.0, 1.0))):
+                              ("agreement", "agreement with the teacher (held-out prompts)", (0.0, AGREEMENT_TOP))):
         pts = [(m.step, getattr(m, name)) for m in metrics if getattr(m, name) is not None]
         last = f": {pts[-1][1]:.4g} at step {pts[-1][0]}" if pts else ""
         # agreement is measured at evaluations only: points, so that few of them still show

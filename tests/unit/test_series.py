@@ -112,7 +112,7 @@ def test_training_figures_skip_steps_without_the_value_and_say_the_last():
     assert loss.lines[0].x == (1.0, 2.0)  # a NaN is not drawn
     assert kl.lines[0].y == (1.0, 0.8, figures.LIMIT)  # nor an axis made infinite
     assert agreement.lines[0].x == (1.0, 3.0) and agreement.lines[0].kind == "points"
-    assert agreement.title.endswith("0.4 at step 3") and agreement.ylim == (0.0, 1.0)
+    assert agreement.title.endswith("0.4 at step 3") and agreement.ylim == (0.0, figures.AGREEMENT_TOP)
 
 
 @pytest.mark.parametrize("tab", figures.TABS)
