@@ -122,8 +122,10 @@ def chaos_table(request):
     yield
     table = render(ROWS)
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and ROWS:  # in the test run's own output, passed or failed
-        reporter.write_line("\n" + table)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and ROWS:  # in the run's own output, passed or failed
+        with capture.global_and_fixture_disabled():  # (a fixture's teardown output is captured otherwise)
+            reporter.write_line("\n" + table)
     target = os.environ.get("GKD_CHAOS_TABLE")
     if target and ROWS:
         Path(target).write_text(HEAD.format(every=CHECKPOINT_EVERY) + "\n" + table + "\n")
