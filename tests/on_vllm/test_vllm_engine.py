@@ -12,7 +12,7 @@ from conftest import needs
 # under which a missing vLLM fails instead of skipping
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")
 
-from test_real_models import model as tiny_model, tokenizer  # noqa: E402
+from tiny_hf import model as tiny_model, tokenizer  # noqa: E402
 
 from gkd_core.trainer import data, torch_engine  # noqa: E402
 from gkd_core.trainer.fingerprints import fingerprint  # noqa: E402
