@@ -36,6 +36,7 @@ from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
+from gkd_core.trainer import checkpoints
 
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
@@ -259,6 +260,9 @@ class Supervisor:
                                   reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; supervisor pid "
                                          f"{os.getpid()} takes the run over and resumes it from its latest checkpoint",
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
+            done = self.state.metrics[-1].step if self.state.metrics else 0  # the newest step the log says done
+            if not self.foreign and (lost := steps_the_log_lost(self.run_dir, done, self.resumed_from_pid)):
+                self.emit(ev.LogEvent(level="warn", message=lost))
         else:
             self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
                                   total_steps=None if self.foreign else self.cfg.trainer.total_steps,
@@ -333,6 +337,22 @@ class Supervisor:
         self.life.kill_now()
         self.rec.close()
         self.sockets.close()
+
+
+def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
+    """What a run taken over says of steps its checkpoints hold and its log does not, or "".
+
+    A supervisor killed while behind (a burst, or just thawed from a freeze) takes the events it had
+    not written with it, and the driver dies with it: the steps they told of were trained, and the
+    newest checkpoint may hold them. The log says so, where a reader of its steps finds the hole."""
+    newest = checkpoints.latest(run_dir / "checkpoints")
+    if newest is None or checkpoints.step_of(newest) <= logged:
+        return ""
+    step = checkpoints.step_of(newest)
+    span = f"step {step}" if step == logged + 1 else f"steps {logged + 1}-{step}"
+    return (f"the log lost {span}: checkpoint {newest.name} holds step {step}, and the log has steps only to "
+            f"{logged}; they were trained, but supervisor pid {killed_pid or '?'} was killed before it wrote "
+            f"their events (it was behind)")
 
 
 def _targets(op: str, args: dict) -> list[str]:

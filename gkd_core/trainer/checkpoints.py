@@ -47,6 +47,11 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def step_of(folder: Path) -> int:
+    """The step a checkpoint holds, from its folder's name (``step_NNNNNN``)."""
+    return int(folder.name.removeprefix("step_"))
+
+
 def size_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 

@@ -331,6 +331,10 @@ def test_a_run_whose_supervisor_was_killed_is_taken_over_by_restart(start_superv
     with open(sup.run / "events.jsonl", "ab") as f:
         f.write(b'{"v":1,"seq":999999,"kind":"log","mess')  # killed in the middle of a line
     lines_before = (sup.run / "events.jsonl").read_bytes().split(b"\n")[:-1]
+    # a checkpoint newer than the log's steps: what a supervisor killed while behind leaves (the demo driver
+    # saves none; the trainer's chaos test makes a real one)
+    (sup.run / "checkpoints" / "step_000900").mkdir(parents=True)
+    (sup.run / "checkpoints" / "step_000900" / "COMPLETE").write_text("")
 
     r = subprocess.run([*cli, "status", str(sup.run)], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "is gone: `gkd-tui restart" in r.stderr, r.stderr
@@ -349,6 +353,10 @@ def test_a_run_whose_supervisor_was_killed_is_taken_over_by_restart(start_superv
         taken = [e for e in sup.events() if e["kind"] == "run" and e["state"] == "restarting"]
         assert taken and f"pid {sup.proc.pid}) was gone" in taken[0]["reason"] and taken[0]["restart"] == 1
         assert (sup.run / "restarts" / "001.yaml").exists()
+        logged = max(e["step"] for e in sup.events() if e["kind"] == "metrics" and e["seq"] < taken[0]["seq"])
+        said = [e for e in sup.events() if e["kind"] == "log" and e["message"].startswith("the log lost")]
+        assert said and said[0]["level"] == "warn" and said[0]["seq"] == taken[0]["seq"] + 1, said
+        assert said[0]["message"].startswith(f"the log lost steps {logged + 1}-900: checkpoint step_000900"), said
         # a second supervisor for a run that has one is refused
         r = subprocess.run([sys.executable, "-m", "gkd_core", "run", "--resume", str(sup.run)], capture_output=True,
                            text=True, timeout=30)

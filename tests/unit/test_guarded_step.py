@@ -31,6 +31,20 @@ def test_prune_keeps_the_newest_complete_and_deletes_torn_older_ones(tmp_path):
     assert checkpoints.prune(tmp_path, keep=0) == []  # 0 keeps all
 
 
+def test_a_run_taken_over_says_which_steps_its_checkpoint_holds_and_its_log_lost(tmp_path):
+    from gkd_core.supervisor.supervisor import steps_the_log_lost
+
+    assert steps_the_log_lost(tmp_path, 70, 123) == ""  # no checkpoint yet
+    _ckpt(tmp_path / "checkpoints", 70)
+    assert steps_the_log_lost(tmp_path, 70, 123) == ""  # the log has every step the checkpoint holds
+    _ckpt(tmp_path / "checkpoints", 110)
+    _ckpt(tmp_path / "checkpoints", 120, complete=False)  # a save torn by the kill holds nothing
+    said = steps_the_log_lost(tmp_path, 70, 123)
+    assert said.startswith("the log lost steps 71-110: checkpoint step_000110 holds step 110, and the log has "
+                           "steps only to 70;") and "supervisor pid 123 was killed" in said, said
+    assert steps_the_log_lost(tmp_path, 109, 0).startswith("the log lost step 110: ")
+
+
 def test_fits_compares_the_free_space_with_the_last_checkpoint(tmp_path):
     assert checkpoints.fits(tmp_path, 1000, checkpoints.FakeFreeSpace(1300)) == (True, 1300)
     assert checkpoints.fits(tmp_path, 1000, checkpoints.FakeFreeSpace(1100)) == (False, 1100)
