@@ -289,8 +289,11 @@ def test_a_cancel_or_a_dump_of_a_worker_the_run_does_not_have_is_refused_naming_
             c.request("dump_stacks", {"targets": ["driver", "rollout/99"]})
         assert str(refused.value) == "dump_stacks: no worker 'rollout/99' in this run; its workers: driver"
         assert c.request("cancel", {"target": "sync"})["forwarded"]  # the words a cancel knows still go
-    refusals = wait_until(lambda: [e for e in sup.events() if e["kind"] == "action" and not e["ok"]
-                                   and "no worker 'rollout/99'" in str(e["result"])], 5.0, "the refusals on the record")
+    def refused():  # both on the record (the log is flushed every 100 ms: the second may come a flush later)
+        said = [e for e in sup.events() if e["kind"] == "action" and not e["ok"]
+                and "no worker 'rollout/99'" in str(e["result"])]
+        return said if len(said) >= 2 else None
+    refusals = wait_until(refused, 5.0, "the two refusals on the record")
     assert [e["op"] for e in refusals] == ["cancel", "dump_stacks"]
 
 
