@@ -346,9 +346,9 @@ def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
     not written with it, and the driver dies with it: the steps they told of were trained, and the
     newest checkpoint may hold them. The log says so, where a reader of its steps finds the hole."""
     newest = checkpoints.latest(run_dir / "checkpoints")
-    if newest is None or checkpoints.step_of(newest) <= logged:
+    step = checkpoints.step_of(newest) if newest is not None else 0
+    if step <= logged:
         return ""
-    step = checkpoints.step_of(newest)
     span = f"step {step}" if step == logged + 1 else f"steps {logged + 1}-{step}"
     return (f"the log lost {span}: checkpoint {newest.name} holds step {step}, and the log has steps only to "
             f"{logged}; they were trained, but supervisor pid {killed_pid or '?'} was killed before it wrote "

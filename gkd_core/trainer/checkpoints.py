@@ -37,9 +37,15 @@ class FakeFreeSpace:
         return self.free
 
 
+def saved(root: Path) -> list[Path]:
+    """The trainer's checkpoint folders under ``root`` (RUN/checkpoints), complete or not: ``step_`` and
+    digits only, so that a copy set aside by hand (``step_000110.bak``) is neither loaded nor deleted."""
+    return [p for p in root.glob("step_*") if p.name.removeprefix("step_").isdigit()]
+
+
 def complete(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (RUN/checkpoints), oldest first."""
-    return sorted(p for p in root.glob("step_*") if (p / "COMPLETE").exists())
+    """Complete checkpoints under ``root``, oldest first."""
+    return sorted(p for p in saved(root) if (p / "COMPLETE").exists())
 
 
 def latest(root: Path) -> Path | None:
@@ -64,7 +70,7 @@ def prune(root: Path, keep: int) -> list[Path]:
         return []
     gone = done[:-keep] if keep else []
     newest = done[-1].name
-    gone += [p for p in root.glob("step_*") if p.is_dir() and p not in done and p.name < newest]
+    gone += [p for p in saved(root) if p.is_dir() and p not in done and p.name < newest]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone

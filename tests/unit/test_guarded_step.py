@@ -24,9 +24,11 @@ def test_prune_keeps_the_newest_complete_and_deletes_torn_older_ones(tmp_path):
         _ckpt(tmp_path, s)
     _ckpt(tmp_path, 5, complete=False)  # torn, older than the newest complete: goes
     _ckpt(tmp_path, 10, complete=False)  # torn, newer: may be the save under way, stays
+    (tmp_path / "step_000003.bak").mkdir()  # a copy set aside by hand: not the trainer's to delete
     gone = checkpoints.prune(tmp_path, keep=2)
     assert sorted(p.name for p in gone) == ["step_000002", "step_000004", "step_000005"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000006", "step_000008", "step_000010"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000003.bak", "step_000006", "step_000008",
+                                                           "step_000010"]
     assert checkpoints.latest(tmp_path).name == "step_000008"  # never the torn one
     assert checkpoints.prune(tmp_path, keep=0) == []  # 0 keeps all
 
@@ -43,6 +45,9 @@ def test_a_run_taken_over_says_which_steps_its_checkpoint_holds_and_its_log_lost
     assert said.startswith("the log lost steps 71-110: checkpoint step_000110 holds step 110, and the log has "
                            "steps only to 70;") and "supervisor pid 123 was killed" in said, said
     assert steps_the_log_lost(tmp_path, 109, 0).startswith("the log lost step 110: ")
+    (tmp_path / "checkpoints" / "step_000130.bak").mkdir()  # copied aside by hand, COMPLETE and all
+    (tmp_path / "checkpoints" / "step_000130.bak" / "COMPLETE").write_text("")
+    assert steps_the_log_lost(tmp_path, 70, 123).startswith("the log lost steps 71-110: ")  # not the copy
 
 
 def test_fits_compares_the_free_space_with_the_last_checkpoint(tmp_path):
