@@ -3,7 +3,7 @@
 A checkpoint is `RUN/checkpoints/step_NNNNNN/` and counts only once its `COMPLETE` file is there
 (written last), so a save torn by a crash or a full disk is never the one a restart loads. Older
 complete checkpoints are deleted only after a newer one is complete; torn ones older than the
-newest complete one are deleted with them.
+newest complete one are deleted with them. Other folders (a copy set aside by hand) are left alone.
 """
 
 from __future__ import annotations
