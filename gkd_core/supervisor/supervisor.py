@@ -11,6 +11,7 @@ diagnosis on its RunState.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -339,20 +340,26 @@ class Supervisor:
         self.sockets.close()
 
 
+# how steps_the_log_lost begins, for a reader of the log's steps: "the log lost steps 71-109: ..."
+LOST_STEPS = re.compile(r"the log lost steps? (\d+)(?:-(\d+))?: ")
+
+
 def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
-    """What a run taken over says of steps its checkpoints hold and its log does not, or "".
+    """What a run taken over says of steps its newest checkpoint comes after and its log does not have, or "".
 
     A supervisor killed while behind (a burst, or just thawed from a freeze) takes the events it had
     not written with it, and the driver dies with it: the steps they told of were trained, and the
-    newest checkpoint may hold them. The log says so, where a reader of its steps finds the hole."""
+    newest checkpoint holds them. The log says so, where a reader of its steps finds the hole. The
+    checkpoint's own step is not lost: the driver that resumes from it says its metrics again."""
     newest = checkpoints.latest(run_dir / "checkpoints")
     step = checkpoints.step_of(newest) if newest is not None else 0
-    if step <= logged:
+    if step <= logged + 1:
         return ""
-    span = f"step {step}" if step == logged + 1 else f"steps {logged + 1}-{step}"
+    first, last = logged + 1, step - 1
+    span = f"step {first}" if first == last else f"steps {first}-{last}"
     return (f"the log lost {span}: checkpoint {newest.name} holds step {step}, and the log has steps only to "
-            f"{logged}; they were trained, but supervisor pid {killed_pid or '?'} was killed before it wrote "
-            f"their events (it was behind)")
+            f"{logged}; they were trained, but supervisor pid {killed_pid or '?'} was gone before it wrote "
+            f"their events (killed while it was behind)")
 
 
 def _targets(op: str, args: dict) -> list[str]:

@@ -31,6 +31,7 @@ import pytest
 from conftest import ROOT, wait_until
 from gkd_core import rundir
 from gkd_core.config import load_config
+from gkd_core.supervisor.supervisor import LOST_STEPS
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"
@@ -105,9 +106,9 @@ gkd-tui: its supervisor (pid N) is gone: `gkd-tui restart RUN` takes the run ove
 A supervisor killed while it is behind (just thawed from a freeze, with seconds of events still
 queued) takes the events it had not written with it: steps that were trained, and that the newest
 checkpoint may hold, never reach the log. The supervisor taking over compares the two and says so
-in the log, as a warning the dashboard shows (`the log lost steps 71-110: checkpoint step_000110
+in the log, as a warning the dashboard shows (`the log lost steps 71-109: checkpoint step_000110
 holds step 110, and the log has steps only to 70; ...`), rather than leaving a silent hole in the
-steps. The table then counts the steps lost as unknown: those the killed driver trained after that
+steps (the checkpoint's own step is said again by the driver that resumes from it). The table then counts the steps lost as unknown: those the killed driver trained after that
 checkpoint went with the events.
 
 This is the right design because a run that nobody records is a run nobody can diagnose. Its
@@ -253,7 +254,7 @@ class Chaos:
         return ""
 
     def gaps(self) -> str:
-        """The steps the log says it lost, as it says them ("71-110"), or ""."""
+        """The steps the log says it lost, as it says them ("71-109"), or ""."""
         spans = [lost_span(e) for e in self.events()]
         return ", ".join(f"{a}-{b}" if a < b else str(a) for a, b in filter(None, spans))
 
@@ -302,13 +303,9 @@ class Chaos:
 
 
 def lost_span(e: dict) -> tuple[int, int] | None:
-    """(first, last) of the steps a take-over says the log lost ("the log lost steps 71-110: ..."), else None."""
-    said = e.get("message", "") if e.get("kind") == "log" else ""
-    if not said.startswith("the log lost step"):
-        return None
-    span = said.split(":")[0].split()[-1]
-    first, _, last = span.partition("-")
-    return int(first), int(last or first)
+    """(first, last) of the steps a take-over says the log lost ("the log lost steps 71-109: ..."), else None."""
+    said = LOST_STEPS.match(e.get("message", "")) if e.get("kind") == "log" else None
+    return (int(said[1]), int(said[2] or said[1])) if said else None
 
 
 class Dashboard:
@@ -502,10 +499,12 @@ def test_the_log_check_says_no_to_a_step_missing_or_repeated_a_seq_out_of_order_
     assert check(run, m(1), m(3)) == "line 3: step 3 after step 1"
     assert check(run, m(1), m(2), m(2)) == "line 4: step 2 after step 2"
     # a supervisor killed while behind: the one taking over says which steps the log lost, and they are not missing
-    said = {"kind": "log", "level": "warn", "message": "the log lost steps 3-5: checkpoint step_000005 holds step 5"}
+    said = {"kind": "log", "level": "warn", "message": "the log lost steps 3-4: checkpoint step_000005 holds step 5"}
     assert check(run, m(1), m(2), run, said, late, m(5), m(6)) == ""
-    assert check(run, m(1), run, said, late, m(5)) == "line 4: the log says it lost steps 3-5, after step 1"
-    assert check(run, m(1), m(2), run, said, late, m(7)).startswith("line 7: step 7 after step 5")
+    assert check(run, m(1), run, said, late, m(5)) == "line 4: the log says it lost steps 3-4, after step 1"
+    assert check(run, m(1), m(2), run, said, late, m(5), m(7)).startswith("line 8: step 7 after step 5")
+    # ... and the checkpoint's own step, which the take-over does not call lost, must be said by the driver
+    assert check(run, m(1), m(2), run, said, late, m(6)) == "line 7: a resume from step 5, but the log has steps only to 4"
     assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(4)).startswith("line 8: step 4 after step 3")
     (tmp_path / "events.jsonl").write_bytes(b'{"seq": 1}\n{"seq": 1}\n')
     assert chaos.log_problems() == "line 2: seq 1 after 1"

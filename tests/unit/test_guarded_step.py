@@ -34,7 +34,7 @@ def test_prune_keeps_the_newest_complete_and_deletes_torn_older_ones(tmp_path):
 
 
 def test_a_run_taken_over_says_which_steps_its_checkpoint_holds_and_its_log_lost(tmp_path):
-    from gkd_core.supervisor.supervisor import steps_the_log_lost
+    from gkd_core.supervisor.supervisor import LOST_STEPS, steps_the_log_lost
 
     assert steps_the_log_lost(tmp_path, 70, 123) == ""  # no checkpoint yet
     _ckpt(tmp_path / "checkpoints", 70)
@@ -42,12 +42,16 @@ def test_a_run_taken_over_says_which_steps_its_checkpoint_holds_and_its_log_lost
     _ckpt(tmp_path / "checkpoints", 110)
     _ckpt(tmp_path / "checkpoints", 120, complete=False)  # a save torn by the kill holds nothing
     said = steps_the_log_lost(tmp_path, 70, 123)
-    assert said.startswith("the log lost steps 71-110: checkpoint step_000110 holds step 110, and the log has "
-                           "steps only to 70;") and "supervisor pid 123 was killed" in said, said
-    assert steps_the_log_lost(tmp_path, 109, 0).startswith("the log lost step 110: ")
+    assert said.startswith("the log lost steps 71-109: checkpoint step_000110 holds step 110, and the log has "
+                           "steps only to 70;") and "supervisor pid 123 was gone" in said, said
+    assert LOST_STEPS.match(said).groups() == ("71", "109")
+    assert steps_the_log_lost(tmp_path, 108, 0).startswith("the log lost step 109: ")
+    assert LOST_STEPS.match(steps_the_log_lost(tmp_path, 108, 0)).groups() == ("109", None)
+    # the checkpoint's own step is not lost: the driver that resumes from it says its metrics again
+    assert steps_the_log_lost(tmp_path, 109, 0) == ""
     (tmp_path / "checkpoints" / "step_000130.bak").mkdir()  # copied aside by hand, COMPLETE and all
     (tmp_path / "checkpoints" / "step_000130.bak" / "COMPLETE").write_text("")
-    assert steps_the_log_lost(tmp_path, 70, 123).startswith("the log lost steps 71-110: ")  # not the copy
+    assert steps_the_log_lost(tmp_path, 70, 123).startswith("the log lost steps 71-109: ")  # not the copy
 
 
 def test_fits_compares_the_free_space_with_the_last_checkpoint(tmp_path):
