@@ -97,7 +97,9 @@ def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
 
 def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
     """Each sync's time against its timeout (the headroom), then to its own scale (the trend)."""
-    pts = [(p.step if p.step is not None else p.sync_id, p.elapsed_s) for p in points]
+    # a point per step, in step order (a resumed driver syncs its steps again): the newest of a step wins
+    points = sorted({_sync_x(p): p for p in points}.values(), key=_sync_x)
+    pts = [(_sync_x(p), p.elapsed_s) for p in points]
     # ended badly (a sync cut short by the next, still open when archived, is not a failure)
     failed = [(x, y) for (x, y), p in zip(pts, points) if p.state in SYNC_FAILED]
     timeout = _clip(max((p.timeout_s for p in points), default=0.0))
@@ -116,6 +118,10 @@ def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
                    empty="no sync finished yet"),
             Figure(f"each step's sync, to scale{f': the last {_secs(pts[-1][1])}' if pts else ''}", xlabel,
                    "seconds", tuple(lines), (0.0, None), empty="no sync finished yet"))
+
+
+def _sync_x(p: SyncPoint) -> int:
+    return p.step if p.step is not None else p.sync_id
 
 
 def step_time(metrics: list[MetricsPoint]) -> Figure:
@@ -147,7 +153,7 @@ def teacher(points: list[TeacherPoint], t0: float) -> tuple[Figure, Figure]:
     last = points[-1] if points else None
     lat_title = "teacher latency (the slowest client)"
     if last is not None and last.p50_ms is not None:
-        lat_title += f": p50 {last.p50_ms:.1f} ms, p99 {last.p99_ms or 0:.1f} ms"
+        lat_title += f": p50 {last.p50_ms:.1f} ms" + (f", p99 {last.p99_ms:.1f} ms" if last.p99_ms is not None else "")
     q_title = "requests waiting at the teacher (queue) and not answered yet (in flight)"
     if last is not None:
         q_title += f": {last.queue} queued, {last.in_flight} in flight"

@@ -43,7 +43,9 @@ from gkd_core.lifeline import die_with_parent
 from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.runlog.eventlog import EventLog
 
-FORMAT = 1
+# 2: the state carries its plots' series, whose GPU sums a keyframe without them would start wrong (a
+# reading's predecessor taken away that was never added): a keyframe of 1 is passed over, the log read
+FORMAT = 2
 KEEP = 8  # keyframes kept: a seek before the oldest reads the log from its start
 DEADLINE_S = 120.0  # a child not done by then is killed, and says so
 HEADER_MAX = 64 * 1024

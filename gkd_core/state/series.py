@@ -3,8 +3,9 @@
 A step's metrics (loss, KL, agreement, the time of each phase) are kept already
 (``RunState.metrics``); these are the rest: each sync's duration against its timeout, the teacher's
 latency and queue, and the GPUs' use. A point is taken at most once per ``*_POINT_S`` of event time
-(or when a sender's clock went back that far: one event from the future must not stop a series), so a
-chatty sender does not crowd the history out, and each series keeps its newest
+(or when the clock went back by over ``CLOCK_BACK_S``: one event from the future must not stop a series,
+while senders whose clocks differ by seconds must not take a point each), so a chatty sender does not
+crowd the history out, and each series keeps its newest
 ``SERIES_KEEP`` points. Every update is O(1) in the size of the run but the teacher's (O(its
 clients), once a second): the supervisor applies every event of 65,536 workers through here.
 """
@@ -16,6 +17,7 @@ import msgspec
 SERIES_KEEP = 512
 TEACHER_POINT_S = 1.0
 GPU_POINT_S = 2.0
+CLOCK_BACK_S = 60.0  # a newest point this far ahead of an event: a clock that jumped, not nodes' skew
 # devices with a line of their own (the first seen): past a node or two, a line per device is a
 # smear; every GPU counts in the mean
 GPU_DEVICES_DRAWN = 16
@@ -81,7 +83,7 @@ class Series(msgspec.Struct, kw_only=True):
             _append(self.syncs, point)
 
     def teacher_due(self, ts: float) -> bool:
-        return not self.teacher or abs(ts - self.teacher[-1].ts) >= TEACHER_POINT_S
+        return not self.teacher or _due(ts, self.teacher[-1].ts, TEACHER_POINT_S)
 
     def note_teacher(self, point: TeacherPoint) -> None:
         _append(self.teacher, point)
@@ -95,7 +97,7 @@ class Series(msgspec.Struct, kw_only=True):
             old = (_within(old[0], 100.0), _within(old[1], 1.0))
             self.gpu_sums.take(*old, sign=-1)
         self.gpu_sums.take(util, mem, sign=1)
-        if not self.gpu_mean or abs(ts - self.gpu_mean[-1].ts) >= GPU_POINT_S:
+        if not self.gpu_mean or _due(ts, self.gpu_mean[-1].ts, GPU_POINT_S):
             _append(self.gpu_mean, self.gpu_sums.mean(ts))
         else:  # the newest point follows the readings of its interval (a node's GPUs come one by one)
             self.gpu_mean[-1] = self.gpu_sums.mean(self.gpu_mean[-1].ts)
@@ -104,12 +106,16 @@ class Series(msgspec.Struct, kw_only=True):
             if len(self.gpus) >= GPU_DEVICES_DRAWN:
                 return
             points = self.gpus[key] = []
-        if not points or abs(ts - points[-1].ts) >= GPU_POINT_S:
+        if not points or _due(ts, points[-1].ts, GPU_POINT_S):
             _append(points, GpuPoint(ts, util, mem))
 
 
 def mem_share(used: int | None, total: int | None) -> float | None:
     return used / total if used is not None and total else None
+
+
+def _due(ts: float, last: float, every_s: float) -> bool:
+    return ts - last >= every_s or last - ts > CLOCK_BACK_S
 
 
 def _within(x: float | None, top: float) -> float | None:

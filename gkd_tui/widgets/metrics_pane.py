@@ -30,8 +30,9 @@ class MetricsPane(Pane):
             cur = getattr(last, name)
             if cur is None:
                 continue
-            t.append(f"{name:9s} {cur:8.4f} ")
-            t.append(sparkline(vals, width), style=self.tone(SERIES[name]))
+            label = f"{name:9s} {cur:8.4f} "  # wider than LABEL past 1000 (or -100): the sparkline gives way
+            t.append(label)
+            t.append(sparkline(vals, max(8, self.content_size.width - len(label))), style=self.tone(SERIES[name]))
             t.append("\n")
         if last.tokens_per_s:
             t.append(f"tokens/s  {last.tokens_per_s:8.0f}")

@@ -109,7 +109,7 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
         beats = max((w.last_heartbeat for w in kf.load(f).workers.values()), default=0.0)
         assert h.max_ts == max(logged, beats), (h.max_ts, logged, beats)
         head, state, end = f.read_bytes().split(b"\n")  # the header, then the state as a snapshot has it
-        assert head.startswith(b'{"format":1,') and state.startswith(b'{"run":') and end == b""
+        assert head.startswith(b'{"format":2,') and state.startswith(b'{"run":') and end == b""
     assert [h.seq for h in headers] == sorted(h.seq for h in headers)
     # about one per 10 KB of log; more were written than kept
     assert headers[-1].offset >= log.stat().st_size // 2

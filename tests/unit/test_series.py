@@ -152,6 +152,12 @@ def test_a_resumed_run_is_drawn_a_point_per_step_and_absurd_timeouts_keep_the_ax
     (x0, x1), (y0, y1) = against.limits()
     assert all(abs(v) <= figures.LIMIT for v in (x0, x1, y0, y1))
     assert [line.label for line in against.lines if line.label == "failed"] == []  # cut short is not failed
+    for step, sync_id in ((4, 4), (5, 5), (6, 6), (3, 3), (4, 4)):  # killed after 6, resumed from 2's checkpoint
+        st.apply(ev.SyncEvent(src="driver", sync_id=sync_id, state="done", step=step, elapsed_s=step / 10,
+                              timeout_s=60, ts=10.0 + step))
+    against, scaled = figures.syncs(st.series.syncs)
+    assert scaled.lines[0].x == (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    assert against.lines[-1].label.startswith("timeout") and against.lines[-1].x == (1.0, 6.0)  # the whole run
 
 
 def test_a_sender_clock_that_went_back_does_not_stop_a_series():
@@ -160,3 +166,13 @@ def test_a_sender_clock_that_went_back_does_not_stop_a_series():
     st.apply(gpu("n", 0, util=20.0, used=1, ts=100.0))
     st.apply(gpu("n", 0, util=30.0, used=1, ts=103.0))
     assert [p.util for p in st.series.gpus["n/0"]] == [10.0, 20.0, 30.0]
+
+
+def test_senders_whose_clocks_differ_by_seconds_take_a_teacher_point_a_second_not_one_each():
+    st = RunState()
+    for k in range(10):  # two clients, 1.5 s apart in their clocks, 20 events in one second
+        st.apply(ev.TeacherEvent(src="rollout/0", side="client", sent=k, ts=100.0 + 0.1 * k))
+        st.apply(ev.TeacherEvent(src="rollout/1", side="client", sent=k, ts=98.5 + 0.1 * k))
+    assert [p.ts for p in st.series.teacher] == [100.0]
+    st.apply(ev.TeacherEvent(src="rollout/0", side="client", sent=10, ts=101.0))  # a second on: the next point
+    assert [p.ts for p in st.series.teacher] == [100.0, 101.0]
