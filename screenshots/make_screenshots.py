@@ -74,6 +74,8 @@ def _events(path: Path) -> list[dict]:
 
 
 _UNPACKED: dict[Path, Path] = {}
+# where they are unpacked: one folder for the whole script, removed when it exits
+_UNPACK_DIR = tempfile.TemporaryDirectory(prefix="gkd-shots-")
 
 
 def _replayable(path: Path) -> Path:
@@ -81,7 +83,8 @@ def _replayable(path: Path) -> Path:
     if path.suffix != ".gz":
         return path
     if path not in _UNPACKED:
-        out = Path(tempfile.mkdtemp(prefix="gkd-shots-")) / path.stem
+        out = Path(_UNPACK_DIR.name) / str(len(_UNPACKED)) / path.stem  # a folder each, as a run has
+        out.parent.mkdir()
         out.write_text(_text(path))
         _UNPACKED[path] = out
     return _UNPACKED[path]

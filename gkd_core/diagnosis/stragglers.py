@@ -37,9 +37,10 @@ NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *WORKER_ENDED})
 
 
 def _set_up(phase: str) -> bool:
-    """A set-up phase (init, engine_init): each is another step under the one name (the driver's ray.init,
-    then its actors, then its agents), so its own history says nothing of the next; their deadlines
-    (trainer.init_timeout_s and the init rule) watch them instead."""
+    """A set-up phase (ours: init, init_model, init_engine; a foreign job's method may end in _init): each
+    is another step under the one name (the driver's ray.init, then its actors, then its agents), so its
+    own history says nothing of the next; their deadlines (trainer.init_timeout_s and the init rule)
+    watch them instead."""
     return phase.startswith("init") or phase.endswith("_init")
 
 

@@ -29,7 +29,7 @@ async def test_live_attach_follows_a_real_supervisor_and_q_leaves_it_running(sta
         await pilot.pause()
         assert not app.is_running
     # detaching never stops the run: nothing asked the supervisor to, and the steps go on after it
-    step = max(e["step"] for e in sup.events() if e["kind"] == "metrics")
+    step = max((e["step"] for e in sup.events() if e["kind"] == "metrics"), default=0)
     wait_until(lambda: max(e["step"] for e in sup.events() if e["kind"] == "metrics") >= step + 3, 10,
                "the run to go on stepping after q")
     assert [e for e in sup.events() if e["kind"] == "action"] == []
