@@ -98,6 +98,7 @@ def test_the_engines_own_counts_while_it_generates_and_after(student, engine):
     """What the rollout worker's `engine` events carry: read from another thread while a batch runs
     (requests running, KV cache in use), then the tokens it generated, counted exactly."""
     import threading
+    import time
 
     import numpy as np
 
@@ -106,12 +107,17 @@ def test_the_engines_own_counts_while_it_generates_and_after(student, engine):
     assert before["running"] == before["waiting"] == 0 and before["engine"] == "vllm"
     ids = np.full((48, 16), 7, dtype=np.int32)
     out: list = []
+    # 48 requests are added one by one while the engine already steps the first: each must outlive the
+    # adding of the last for all 48 to be in flight at once. So each asks for 100 tokens (a step is some
+    # 7 ms here), and the reader sleeps between reads: reading without a pause kept the GIL from the
+    # thread that adds them, and in CI the first requests finished before the last were added (32 at most)
     job = threading.Thread(target=lambda: out.append(engine.generate(
-        ids, np.zeros(48, dtype=np.int64), temperature=1.0, max_new_tokens=48, seed=1)))
+        ids, np.zeros(48, dtype=np.int64), temperature=1.0, max_new_tokens=100, seed=1)))
     job.start()
-    seen = []
-    while job.is_alive() and len(seen) < 2000:
+    seen, deadline = [], time.monotonic() + 60
+    while job.is_alive() and time.monotonic() < deadline:
         seen.append(engine.stats())
+        time.sleep(0.002)
     job.join(60)
     busy = [s for s in seen if s["running"] > 0]
     assert busy, seen[-3:]
