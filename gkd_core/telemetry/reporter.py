@@ -138,6 +138,17 @@ class Reporter:
     def log(self, message: str, level: str = "info") -> None:
         self.emit(ev.LogEvent(level=level, message=message))
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait, up to ``timeout_s``, until what is queued and where this process stands in its collectives
+        have gone to the socket: for a process about to stop itself, whose last word must leave first."""
+        end = time.monotonic() + timeout_s
+        self._wake.set()
+        while time.monotonic() < end:
+            if not self._queue and self._tracker_seen == collectives.TRACKER.version:
+                return True
+            time.sleep(0.01)
+        return False
+
     def close(self, timeout_s: float = 1.0) -> None:
         """Send what is queued (up to ``timeout_s``), then stop the thread."""
         self._closing = True

@@ -176,7 +176,10 @@ class WorkerBase:
         work = dist.broadcast(vec, src=0, async_op=True)
         if self.ctx.faults.take("stop_in_sync", step):
             self.rep.log(f"fault injected: {self.src} stops itself (SIGSTOP) inside broadcast #{seq}", level="warn")
-            time.sleep(0.3)  # its word that it entered leaves first: frozen a moment after entering, as in life
+            # its word that it entered leaves first (under load a fixed pause was not always enough, and the
+            # rank was then called one that had not joined), then ZeroMQ's own thread a moment to send it
+            self.rep.flush(10.0)
+            time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGSTOP)
         self._wait_work(work, timeout_s)
         TRACKER.leave(SYNC_GROUP, seq)

@@ -188,3 +188,29 @@ def test_collectives_switched_off_record_nothing():
     off.joined("weight_sync", 1, 4)
     assert off.enter("weight_sync", "broadcast", 4096) == 0 and off.snapshot() == [] and off.version == 0
     assert tracking({}) and tracking({"GKD_COLLECTIVES": "1"})
+
+
+def test_flush_returns_once_the_queue_and_the_collectives_have_gone_to_the_socket():
+    """A process about to stop itself (the `stop_in_sync` fault) flushes first: its word that it entered
+    the broadcast must leave, or the run calls it a rank that never joined."""
+    from gkd_core.telemetry.collectives import Tracker
+    import gkd_core.telemetry.collectives as collectives
+
+    sock, addr = pull_socket()
+    tracker, saved = Tracker(), collectives.TRACKER
+    collectives.TRACKER = tracker
+    try:
+        rep = Reporter("rollout/1", ingest=addr, run="r1", heartbeat_s=10, queue_max=20000, sndhwm=20000)
+        tracker.joined("weight_sync", 1, 3)
+        for i in range(5000):
+            rep.emit(ev.LogEvent(message=f"{i} " + "x" * 500))
+        tracker.enter("weight_sync", "broadcast", 4096)
+        assert rep.flush(10.0)
+        assert not rep._queue and rep.sent >= 5001 and rep._tracker_seen == tracker.version
+        got = collect(sock, 2.0)
+        rep.close()
+        assert len([e for e in got if e.kind == "log"]) == 5000
+        assert [g.entered for g in [e for e in got if e.kind == "collectives"][-1].groups] == [1]
+    finally:
+        collectives.TRACKER = saved
+        sock.close()
