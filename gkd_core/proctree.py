@@ -69,6 +69,17 @@ def cpu_seconds(pid: int) -> tuple[str, float] | None:
     return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tracer(pid: int) -> int:
+    """The pid tracing this process (a debugger, a py-spy reading it), 0 when none or gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def title(pid: int) -> str:
     """What the process calls itself (vLLM retitles its engine "VLLM::EngineCore"), else its command."""
     for name in ("cmdline", "comm"):

@@ -92,21 +92,56 @@ def run_bounded(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]
         return None, out or "", err or ""
 
 
+def py_spy_error(said: str) -> str:
+    """py-spy's error in one line: its ``Error:`` line and the causes under it, without the Rust backtrace
+    that follows when RUST_BACKTRACE is set (whose last line, ``9: main``, said nothing)."""
+    lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("Error:")), None)
+    if start is None:
+        return lines[-1] if lines else ""
+    parts = [lines[start].removeprefix("Error:").strip()]
+    for ln in lines[start + 1:]:
+        if ln.startswith("Stack backtrace"):
+            break
+        if ln != "Caused by:":
+            parts.append(ln.split(": ", 1)[1] if ln[:1].isdigit() and ": " in ln else ln)
+    return ": ".join(dict.fromkeys(parts))  # EPERM said twice, once
+
+
 def via_py_spy(pid: int, timeout_s: float, stopped: bool = False) -> tuple[str, str]:
-    """(text, error). A stopped process is read without attaching (--nonblocking): attaching waits
-    for it to run, which it will not."""
+    """(text, error or a note beside the text). A stopped process is read without attaching
+    (--nonblocking): attaching waits for it to run, which it will not.
+
+    Two readers of one process at once (the dashboard's automatic dump and a user's ``d``, or a node
+    agent's): ptrace lets one suspend it, and the other gets EPERM. So a failed suspend is tried again
+    until the deadline. Native frames that py-spy cannot merge with the Python ones (a known py-spy
+    failure on some builds) leave the Python frames, read again without ``--native``, with a note."""
     exe = py_spy_path()
     if exe is None:
         return "", "py-spy is not installed (pip install py-spy)"
-    cmd = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else ["--native"])
-    code, out, err = run_bounded(cmd, timeout_s)
-    if code is None:
-        return "", f"py-spy did not finish within {timeout_s:g} s"
-    if code != 0 or not out.strip():
-        detail = (err.strip() or out.strip()).splitlines()[-1:] or [f"exit code {code}"]
+    end = time.monotonic() + timeout_s
+    native, note, retried = not stopped, "", False
+    while True:
+        cmd = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else ["--native"] if native else [])
+        code, out, err = run_bounded(cmd, max(0.5, end - time.monotonic()))
+        if code is None:
+            return "", f"py-spy did not finish within {timeout_s:g} s"
+        if code == 0 and out.strip():
+            return out, note
+        why = py_spy_error(err) or py_spy_error(out) or f"exit code {code}"
+        if "Failed to suspend process" in why:
+            holder = proctree.tracer(pid)
+            if (holder or not retried) and time.monotonic() + 0.2 < end:
+                retried = True
+                time.sleep(0.1)  # another reader holds it: it lets go within a dump
+                continue
+            if holder:
+                why += f" (process {holder}, {proctree.title(holder)[:60]}, is tracing it: a debugger?)"
+        if native and "native" in why:
+            native, note = False, f"native frames not read (py-spy: {why[:200]}): Python frames only"
+            continue
         hint = " (ptrace is denied here: run with CAP_SYS_PTRACE, or use faulthandler)" if "ermission" in err else ""
-        return "", f"py-spy failed: {detail[0][:200]}{hint}"
-    return out, ""
+        return "", f"py-spy failed: {why[:300]}{hint}"
 
 
 def via_faulthandler(pid: int, folder: Path, timeout_s: float) -> tuple[str, str]:
@@ -167,7 +202,7 @@ def _capture_one(pid: int, timeout_s: float, faulthandler_dir: Path | None) -> C
                        seconds=time.monotonic() - t0)
     text, err = via_py_spy(pid, timeout_s)
     if text:
-        return Capture(pid=pid, method="py-spy", text=text, seconds=time.monotonic() - t0)
+        return Capture(pid=pid, method="py-spy", text=text, error=err, seconds=time.monotonic() - t0)
     errors = [err]
     if faulthandler_dir is not None:
         left = max(0.5, timeout_s - (time.monotonic() - t0))

@@ -148,3 +148,72 @@ def test_a_process_is_read_with_its_children_but_not_rays(procs):
         assert proctree.cpu_seconds(parent.pid)[1] - own_before < 0.2
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_two_readers_at_once_both_get_its_stack(procs):
+    """The dashboard's automatic dump and a user's `d` on one process: ptrace lets one py-spy suspend it,
+    and the other got EPERM ("py-spy failed: 9: main", the last line of Rust's backtrace). Both read it."""
+    import threading
+
+    p = start(SLEEPER.format(root=root()))
+    procs.append(p)
+    for _ in range(3):
+        go, caps = threading.Barrier(2), []
+
+        def read():
+            go.wait(5)
+            caps.append(stacks.capture(p.pid, timeout_s=4.0))
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for r in readers:
+            r.start()
+        for r in readers:
+            r.join(10)
+        assert [(c.method, c.error) for c in caps] == [("py-spy", "")] * 2
+        assert all("sleeping_beauty" in c.text for c in caps)
+
+
+SEIZE = textwrap.dedent("""
+    import ctypes, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    # PTRACE_SEIZE (0x4206): traced, as a debugger holds it, but not stopped
+    if libc.ptrace(0x4206, int(sys.argv[1]), None, None) != 0:
+        print("seize failed", ctypes.get_errno(), flush=True)
+        sys.exit(1)
+    print("ready", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_a_process_another_tracer_holds_names_the_tracer(procs):
+    p = start(SLEEPER.format(root=root()))
+    procs.append(p)
+    holder = start(SEIZE, str(p.pid))  # (ptrace: root here and in CI)
+    procs.insert(0, holder)  # let go first: a traced process that is killed waits for its tracer
+    t0 = time.monotonic()
+    cap = stacks.capture(p.pid, timeout_s=2.0)
+    assert time.monotonic() - t0 < 3.0
+    assert not cap.text and "Failed to suspend process" in cap.error, cap.error
+    assert f"process {holder.pid}" in cap.error and "is tracing it" in cap.error, cap.error
+    assert "9: main" not in cap.error and "backtrace" not in cap.error
+
+
+def test_native_frames_py_spy_cannot_merge_leave_the_python_frames_with_a_note(procs, tmp_path, monkeypatch):
+    """py-spy's known failure on some builds (benfred/py-spy#634): --native cannot merge the frames. Here a
+    py-spy that fails so with --native and is the real one without it."""
+    real = stacks.py_spy_path()
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"""#!/bin/sh
+case "$*" in *--native*)
+  echo 'Error: Failed to merge native and python frames (Have 1 native and 2 python)' >&2; exit 1;;
+esac
+exec {real} "$@"
+""")
+    fake.chmod(0o755)
+    monkeypatch.setattr(stacks, "py_spy_path", lambda: str(fake))
+    p = start(SLEEPER.format(root=root()))
+    procs.append(p)
+    cap = stacks.capture(p.pid, timeout_s=4.0)
+    assert cap.method == "py-spy" and "sleeping_beauty" in cap.text
+    assert cap.error == ("native frames not read (py-spy: Failed to merge native and python frames "
+                         "(Have 1 native and 2 python)): Python frames only")
