@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -114,30 +115,35 @@ def via_py_spy(pid: int, timeout_s: float, stopped: bool = False) -> tuple[str, 
 
     Two readers of one process at once (the dashboard's automatic dump and a user's ``d``, or a node
     agent's): ptrace lets one suspend it, and the other gets EPERM. So a failed suspend is tried again
-    until the deadline. Native frames that py-spy cannot merge with the Python ones (a known py-spy
-    failure on some builds) leave the Python frames, read again without ``--native``, with a note."""
+    while another py-spy holds it (or had just let go), as long as the deadline leaves room for one more
+    try; a debugger holding it is named at once, leaving the time to the fallback. Native frames that
+    py-spy cannot merge with the Python ones (benfred/py-spy#634) leave the Python frames, read again
+    without ``--native``, with a note."""
     exe = py_spy_path()
     if exe is None:
         return "", "py-spy is not installed (pip install py-spy)"
     end = time.monotonic() + timeout_s
-    native, note, retried = not stopped, "", False
+    native, note, before, unheld = not stopped, "", "", 0
     while True:
         cmd = [exe, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else ["--native"] if native else [])
-        code, out, err = run_bounded(cmd, max(0.5, end - time.monotonic()))
-        if code is None:
-            return "", f"py-spy did not finish within {timeout_s:g} s"
+        t0 = time.monotonic()
+        code, out, err = run_bounded(cmd, max(0.5, end - t0))
+        if code is None:  # a retry's timeout says less than what the try before it met
+            return "", before or f"py-spy did not finish within {timeout_s:g} s"
         if code == 0 and out.strip():
             return out, note
         why = py_spy_error(err) or py_spy_error(out) or f"exit code {code}"
         if "Failed to suspend process" in why:
             holder = proctree.tracer(pid)
-            if (holder or not retried) and time.monotonic() + 0.2 < end:
-                retried = True
-                time.sleep(0.1)  # another reader holds it: it lets go within a dump
+            by = proctree.title(holder) if holder else ""
+            if holder and "py-spy" not in by:
+                why += f" (process {holder}, {by[:60]}, is tracing it: a debugger?)"
+            elif (holder or unheld < 3) and time.monotonic() + (time.monotonic() - t0) + 0.15 < end:
+                unheld += not holder
+                before = f"py-spy failed: {why[:300]}"
+                time.sleep(random.uniform(0.05, 0.15))  # apart from the other reader's own retries
                 continue
-            if holder:
-                why += f" (process {holder}, {proctree.title(holder)[:60]}, is tracing it: a debugger?)"
-        if native and "native" in why:
+        if native and "merge native" in why:
             native, note = False, f"native frames not read (py-spy: {why[:200]}): Python frames only"
             continue
         hint = " (ptrace is denied here: run with CAP_SYS_PTRACE, or use faulthandler)" if "ermission" in err else ""

@@ -173,15 +173,17 @@ class Reporter:
 
     def _collectives(self) -> None:
         """Where this process stands in its collectives, when that changed since it was last sent."""
-        self._tracker_seen = collectives.TRACKER.version
+        version = collectives.TRACKER.version
         try:
             groups = collectives.snapshot()
         except Exception:  # never the heartbeat's end
+            self._tracker_seen = version
             return
         if groups != self._groups_sent:
             self._groups_sent = groups
             self._queue.append(wire.encode(ev.CollectivesEvent(src=self.src, run=self.run, ts=time.time(),
                                                              groups=groups)))
+        self._tracker_seen = version  # only now: `flush` reads it as "queued"
 
     def _run(self) -> None:
         sock = self._ctx.socket(zmq.PUSH)
@@ -216,15 +218,16 @@ class Reporter:
                     self._collectives()
                 send, noblock = sock.send, int(zmq.NOBLOCK)
                 while q:
-                    data = q.popleft()
+                    data = q[0]  # taken off once sent: `flush` reads an empty queue as "all at the socket"
                     if not self.ingest:
                         self.dropped += 1
-                        continue
-                    try:
-                        send(data, noblock)
-                        self.sent += 1
-                    except zmq.Again:
-                        self.dropped += 1  # supervisor away or slow: count, never block the worker
+                    else:
+                        try:
+                            send(data, noblock)
+                            self.sent += 1
+                        except zmq.Again:
+                            self.dropped += 1  # supervisor away or slow: count, never block the worker
+                    q.popleft()  # the frame peeked (only this thread takes from the left or puts there)
                 if self._closing:
                     if not q or time.monotonic() > self._close_deadline:
                         break

@@ -178,7 +178,8 @@ class WorkerBase:
             self.rep.log(f"fault injected: {self.src} stops itself (SIGSTOP) inside broadcast #{seq}", level="warn")
             # its word that it entered leaves first (under load a fixed pause was not always enough, and the
             # rank was then called one that had not joined), then ZeroMQ's own thread a moment to send it
-            self.rep.flush(10.0)
+            if not self.rep.flush(10.0):
+                self.rep.log(f"{self.src}: its events did not leave within 10 s; it stops anyway", level="warn")
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGSTOP)
         self._wait_work(work, timeout_s)

@@ -109,7 +109,7 @@ def test_the_engines_own_counts_while_it_generates_and_after(student, engine):
     out: list = []
     # 48 requests are added one by one while the engine already steps the first: each must outlive the
     # adding of the last for all 48 to be in flight at once. So each asks for 100 tokens (a step is some
-    # 7 ms here), and the reader sleeps between reads: reading without a pause kept the GIL from the
+    # 7 ms here), and the reader sleeps 10 ms between reads: reading without a pause kept the GIL from the
     # thread that adds them, and in CI the first requests finished before the last were added (32 at most)
     job = threading.Thread(target=lambda: out.append(engine.generate(
         ids, np.zeros(48, dtype=np.int64), temperature=1.0, max_new_tokens=100, seed=1)))
@@ -117,14 +117,15 @@ def test_the_engines_own_counts_while_it_generates_and_after(student, engine):
     seen, deadline = [], time.monotonic() + 60
     while job.is_alive() and time.monotonic() < deadline:
         seen.append(engine.stats())
-        time.sleep(0.002)
+        time.sleep(0.01)
     job.join(60)
+    assert out, "generate raised: its traceback is above"
     busy = [s for s in seen if s["running"] > 0]
     assert busy, seen[-3:]
     assert max(s["running"] + s["waiting"] for s in busy) == 48
     assert all(0 < s["kv_cache"] <= 1 for s in busy)
     after = engine.stats()
     completion = out[0][:, 16:]
-    # each row: its tokens up to its first EOS (which counts), or all 48; pads follow an EOS
+    # each row: its tokens up to its first EOS (which counts), or all 100; pads follow an EOS
     made = sum(list(row).index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row) for row in completion)
     assert after["running"] == 0 and after["generated"] - before["generated"] == made
