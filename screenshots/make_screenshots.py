@@ -207,7 +207,7 @@ def moments() -> list[tuple[str, Path, float, str]]:
 
 
 def seed_moments() -> list[tuple[str, Path, float, str]]:
-    """Each fault's recording, a few seconds after the alert that names the right worker with its case."""
+    """Each fault's recording, a few seconds after the alert of its case's own code that names the right worker."""
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_diagnosis import FAULTS, names
 
@@ -217,13 +217,13 @@ def seed_moments() -> list[tuple[str, Path, float, str]]:
         if not recording.exists():
             continue
         evs = _events(recording)
-        named = [e for e in evs if e["kind"] == "alert" and not e.get("cleared") and names(e, target)
-                 and e.get("severity") in ("warn", "critical")]
-        # the case's own code, else the first alert naming the worker (a killed teacher is said dead by its
-        # silence as often as by Ray's state)
-        hit = next((e for e in named if e["code"] == code), named[0] if named else None)
+        # the case's own code naming the right worker: the screenshot shows the diagnosis the case is about,
+        # or none is made (a recording where another alert said it is not that case's picture)
+        hit = next((e for e in evs if e["kind"] == "alert" and not e.get("cleared") and e["code"] == code
+                    and names(e, target)), None)
         if hit is None:
-            raise SystemExit(f"{recording.name}: no alert names {target}; record it again")
+            raise SystemExit(f"{recording.name}: no {code} alert names {target}; record it again "
+                             f"(`python bench/bench_diagnosis.py --keep screenshots/seeds`)")
         out.append((f"seed-{name}", recording, min(hit["ts"] + SEED_SHOT_S, evs[-1]["ts"]), ""))
     return out
 

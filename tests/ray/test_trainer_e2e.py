@@ -150,6 +150,9 @@ def test_a_killed_teacher_is_timed_out_then_training_goes_on(start_supervisor):
     client = [e for e in events if e["kind"] == "teacher" and e["side"] == "client"]
     assert max(e.get("timed_out", 0) for e in client) >= 1
     assert any(e["kind"] == "log" and "teacher microbatch" in e["message"] for e in events)
+    # killed as the kernel would (SIGKILL, not a kill on purpose), it is named dead by Ray's view of it
+    assert [e["targets"] for e in events if e["kind"] == "alert" and e["code"] == "actor_dead"
+            and not e.get("cleared")][:1] == [["teacher/0"]]
     assert max(e["step"] for e in events if e["kind"] == "metrics") == 5
     assert run_states(sup)[-1]["state"] == "finished"
 
