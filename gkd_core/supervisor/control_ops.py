@@ -1,13 +1,16 @@
 """The control channel's requests: what each op takes, and how one request is answered.
 
 The supervisor owns the ops (``Supervisor._ops``); this module checks a request's arguments before an
-op sees them and turns its answer, refusal or failure into one reply line and one ``action`` event.
+op sees them and turns its answer, refusal or failure into one reply line and one ``action`` event;
+a client's retry of a request that acts is answered from ``RecentReplies``, once acted on, once recorded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
+from collections import OrderedDict
 from typing import Any, Callable, Collection
 
 import msgspec
@@ -84,11 +87,59 @@ def check_args(op: str, args: dict) -> None:
             raise Refused(f"{op}: argument {name!r} must be {what}, got {shown}")
 
 
+RECENT_REPLIES = 512  # acting requests remembered: far more than any client sends within its retries
+
+
+class RecentReplies:
+    """The answers to the latest requests that act, by id: a bounded memory, the oldest forgotten first.
+
+    A client that hears nothing within its deadline sends the same request again, with the same id
+    (``telemetry/control.py``): the supervisor may well have acted on the first try and only been late to
+    answer (busy, or frozen for a moment). The repeat gets the first answer, and nothing is done or
+    recorded again. The supervisor's loop reads a request only once it has answered the one before, so a
+    repeat never arrives while the first is still being handled: it finds the first answer here.
+    A repeat is the same id with the same bytes: two clients whose ids met by chance are two requests.
+    """
+
+    def __init__(self, size: int = RECENT_REPLIES):
+        self.size = size
+        self.repeats = 0  # repeats answered from memory (the supervisor's snapshot says how many)
+        self._replies: OrderedDict[tuple[int, bytes], bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    @staticmethod
+    def _key(req_id: int, body: bytes) -> tuple[int, bytes]:
+        return req_id, hashlib.blake2b(body, digest_size=16).digest()
+
+    def answer(self, req_id: int, body: bytes) -> bytes | None:
+        """The reply the first request with this id and body got; None when it is not a repeat."""
+        key = self._key(req_id, body)
+        reply = self._replies.get(key)
+        if reply is not None:
+            self._replies.move_to_end(key)
+            self.repeats += 1
+        return reply
+
+    def remember(self, req_id: int, body: bytes, reply: bytes) -> None:
+        """Keep ``reply`` for the request; a request without an id (0, an old client's) cannot be told
+        from its repeats and is not kept."""
+        if req_id == 0:
+            return
+        key = self._key(req_id, body)
+        self._replies[key] = reply
+        self._replies.move_to_end(key)
+        while len(self._replies) > self.size:
+            self._replies.popitem(last=False)
+
+
 def serve(sock: zmq.Socket, via: str, ops: dict[str, Callable[[dict, str], Any]],
-          emit: Callable[[ev.Event], None]) -> None:
+          emit: Callable[[ev.Event], None], recent: RecentReplies) -> None:
     """The requests waiting on ``sock`` (100 at most, so the loop moves on): each checked, handed to its op,
     answered in one line, and each action recorded (queries are not); a refusal is answered and recorded
-    too, and an op's bug is refused, never the supervisor's end."""
+    too, and an op's bug is refused, never the supervisor's end. A repeat of a request that acts (the same
+    id, a client's retry) is answered with the first answer from ``recent``: not acted on, not recorded."""
     for _ in range(100):
         try:
             frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -103,30 +154,43 @@ def serve(sock: zmq.Socket, via: str, ops: dict[str, Callable[[dict, str], Any]]
             sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e))])
             emit(ev.ActionEvent(op="invalid", by=via, ok=False, result=str(e)[:300]))
             continue
-        by = f"{req.by[:80] or 'anonymous'} via {via}"
-        handler = ops.get(req.op)
-        if handler is None:
-            err = f"unknown op {req.op[:40]!r}; this supervisor answers {', '.join(ops)}"
-            sock.send_multipart([ident, *envelope, control.encode_reply(False, error=err, req_id=req.id)])
-            emit(ev.ActionEvent(op=req.op[:40], by=by, ok=False, result=err))
+        acts = req.op not in control.QUERIES
+        if acts and (first := recent.answer(req.id, body)) is not None:
+            sock.send_multipart([ident, *envelope, first])
             continue
-        try:
-            check_args(req.op, req.args)
-            result = handler(req.args, by)
-        except (Refused, config_mod.ConfigError) as e:
-            sock.send_multipart([ident, *envelope, control.encode_reply(False, error=str(e), req_id=req.id)])
-            emit(ev.ActionEvent(op=req.op, by=by, ok=False, result=str(e)[:500]))
-            continue
-        except Exception as e:  # a bug of ours: refused and on the record, never the supervisor's death
-            log.exception("control op %s", req.op)
-            err = f"{req.op}: internal error, {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-            sock.send_multipart([ident, *envelope, control.encode_reply(False, error=err, req_id=req.id)])
-            emit(ev.ActionEvent(op=req.op, by=by, ok=False, result=err))
-            continue
-        if isinstance(result, msgspec.Raw):
-            reply = b'{"ok":true,"error":"","id":%d,"result":%s}' % (req.id, bytes(result))
-        else:
-            reply = control.encode_reply(True, result, req_id=req.id)
+        reply, action = _handle(req, via, ops)
+        if acts:
+            recent.remember(req.id, body, reply)  # before the next request is read: see RecentReplies
         sock.send_multipart([ident, *envelope, reply])
-        if req.op not in ("ping", "snapshot"):  # queries are not actions; everything else is recorded
-            emit(ev.ActionEvent(op=req.op, by=by, ok=True, result=result))
+        if action is not None:
+            emit(action)
+
+
+def _handle(req: control.Request, via: str,
+            ops: dict[str, Callable[[dict, str], Any]]) -> tuple[bytes, ev.ActionEvent | None]:
+    """One request carried out: its reply line, and its action event (None for a query answered)."""
+    by = f"{req.by[:80] or 'anonymous'} via {via}"
+    handler = ops.get(req.op)
+    if handler is None:
+        err = f"unknown op {req.op[:40]!r}; this supervisor answers {', '.join(ops)}"
+        return _refusal(req, err), ev.ActionEvent(op=req.op[:40], by=by, ok=False, result=err)
+    try:
+        check_args(req.op, req.args)
+        result = handler(req.args, by)
+    except (Refused, config_mod.ConfigError) as e:
+        return _refusal(req, str(e)), ev.ActionEvent(op=req.op, by=by, ok=False, result=str(e)[:500])
+    except Exception as e:  # a bug of ours: refused and on the record, never the supervisor's death
+        log.exception("control op %s", req.op)
+        err = f"{req.op}: internal error, {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        return _refusal(req, err), ev.ActionEvent(op=req.op, by=by, ok=False, result=err)
+    if isinstance(result, msgspec.Raw):
+        reply = b'{"ok":true,"error":"","id":%d,"result":%s}' % (req.id, bytes(result))
+    else:
+        reply = control.encode_reply(True, result, req_id=req.id)
+    if req.op in control.QUERIES:
+        return reply, None  # queries are not actions; everything else is recorded
+    return reply, ev.ActionEvent(op=req.op, by=by, ok=True, result=result)
+
+
+def _refusal(req: control.Request, error: str) -> bytes:
+    return control.encode_reply(False, error=error, req_id=req.id)

@@ -101,6 +101,8 @@ class Supervisor:
             "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
             "open_ingest": self._op_open_ingest,
         }
+        # the answers to the latest acting requests, for a client's retry of one (ipc and tcp alike)
+        self._recent_replies = control_ops.RecentReplies()
         self._poller = zmq.Poller()
 
     @property
@@ -130,6 +132,7 @@ class Supervisor:
             "rejected": dict(self.rec.rejects.counts), "rejected_recent": list(self.rec.rejects.recent),
             "driver_pid": driver.pid if driver else None,
             "driver_connected": self.life.identity is not None,
+            "control_repeats": self._recent_replies.repeats,  # retries answered from memory, not acted on
         })
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
@@ -289,9 +292,9 @@ class Supervisor:
                 if s.ingest_tcp is not None and s.ingest_tcp in ready:
                     self.rec.drain(s.ingest_tcp)
                 if s.control in ready:
-                    control_ops.serve(s.control, "ipc", self._ops, self.emit)
+                    control_ops.serve(s.control, "ipc", self._ops, self.emit, self._recent_replies)
                 if s.control_tcp is not None and s.control_tcp in ready:
-                    control_ops.serve(s.control_tcp, "tcp", self._ops, self.emit)
+                    control_ops.serve(s.control_tcp, "tcp", self._ops, self.emit, self._recent_replies)
                 if s.drivers in ready:
                     life.serve_hellos()
                 for mon in s.monitors:

@@ -1,7 +1,10 @@
 """Control requests (DESIGN §5): JSON ``{op, args, token, id}`` -> ``{ok, result, error, id}``.
 
 The client is the "lazy pirate" of the ZeroMQ guide: a DEALER with a deadline per attempt; after a
-timeout the socket is closed (linger 0) and a fresh one retries, a bounded number of times.
+timeout the socket is closed (linger 0) and a fresh one retries, a bounded number of times. Every try
+of one request carries the same id, unique across processes, and the supervisor answers a repeated id
+with its first answer without acting again (``supervisor/control_ops.RecentReplies``): a retried
+``restart`` restarts once, and its asker gets that restart's own answer.
 A tcp control endpoint is authenticated with CurveZMQ: keys are generated into ``RUN/keys`` and
 only the client key listed under ``RUN/keys/authorized`` may connect.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,37 @@ import zmq
 import zmq.auth
 
 OPS = ("ping", "snapshot", "stop", "restart", "cancel", "dump_stacks", "open_ingest")
+# Ops that only read: repeating one changes nothing, so the supervisor keeps no memory of their answers
+# (a snapshot of a large run is megabytes). Every other op acts, and a repeat of it is answered from that
+# memory.
+QUERIES = frozenset({"ping", "snapshot"})
+
+# A request id: a random prefix of this process (31 bits) above a counter (32 bits), so that two clients,
+# in two processes or on two machines, do not send the same id and have one's request taken for a repeat
+# of the other's (the id stays a positive int64: old clients send small ints, and 0 means "no id").
+_ID_COUNTER_BITS = 32
+
+
+def _new_id_prefix() -> int:
+    return (secrets.randbits(31) or 1) << _ID_COUNTER_BITS
+
+
+_id_prefix = _new_id_prefix()
 _ids = itertools.count(1)
+
+
+def _reseed_ids() -> None:
+    """A forked child starts a prefix of its own: it would otherwise repeat its parent's next ids."""
+    global _id_prefix, _ids
+    _id_prefix, _ids = _new_id_prefix(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reseed_ids)
+
+
+def new_request_id() -> int:
+    """An id for one request (all its tries), unique across processes."""
+    return _id_prefix | (next(_ids) & ((1 << _ID_COUNTER_BITS) - 1))
 
 
 class ControlError(RuntimeError):
@@ -151,9 +185,15 @@ class ControlClient:
         ControlUnreachable on no answer."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         attempts = self.retries + 1
+        # Every op is retried, and every try is the same request: the same id and the same bytes. A query
+        # (QUERIES) is safe to repeat by itself. An op that acts (stop, restart, cancel, dump_stacks) is
+        # safe to repeat because the supervisor remembers the ids it has answered and answers a repeat
+        # with the first answer, acting once. A user who pressed restart once expects one restart and to
+        # be told about it; giving up after one try would leave them with "no answer" for a late reply
+        # (a supervisor busy or briefly frozen) and tempt them to press it again, under a new id.
+        req_id = new_request_id()
+        payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
         for attempt in range(attempts):
-            req_id = next(_ids)
-            payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
             sock = self._socket()
             sock.send_multipart([b"", payload])
             deadline = time.monotonic() + timeout
@@ -166,13 +206,15 @@ class ControlClient:
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     continue
                 if reply.id != req_id:
-                    continue  # a late answer to an earlier attempt
+                    continue  # a late answer to an earlier request of this client (one that gave up)
                 if not reply.ok:
                     raise ControlError(reply.error or f"{op} refused")
                 return bytes(reply.result) if raw else msgspec.json.decode(reply.result)
             self._reset()  # lazy pirate: a fresh socket for the next attempt
+        maybe = ("" if op in QUERIES else
+                 "; the request may still reach it and be carried out once (`gkd-tui status` shows the run)")
         raise ControlUnreachable(
-            f"no answer to '{op}' from {self.address} within {timeout:g} s ({attempts} attempts)"
+            f"no answer to '{op}' from {self.address} within {timeout:g} s ({attempts} attempts){maybe}"
         )
 
     def close(self) -> None:
