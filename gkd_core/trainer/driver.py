@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import sys
 import time
@@ -43,8 +42,8 @@ from gkd_core.trainer import data, inputs
 from gkd_core.trainer.actions import Actions
 from gkd_core.trainer.cluster import CLOSE_S, QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
-from gkd_core.trainer.faults import FaultPlan
-from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed, guarded_wait
+from gkd_core.trainer.faults import FaultPlan, kill_as_the_kernel_would
+from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
 from gkd_core.trainer.saver import Saver
 from gkd_core.trainer.schedulers import SCHEDULERS, Scheduler
 from gkd_core.trainer.step_result import EvalResult, StepResult
@@ -215,7 +214,7 @@ class Driver:
         if f:
             self.rep.log(f"fault injected: killing {', '.join(teachers)} at step {step}", level="warn")
             for n in teachers:
-                self._kill_as_the_kernel_would(n, c.actors.pop(n))  # popped: the driver does not start it again
+                kill_as_the_kernel_would(n, c.actors.pop(n), self.rep)  # popped: the driver does not start it again
             if f.seconds:
                 self._teacher_back_at = time.monotonic() + f.seconds
         f = self.faults.at("delay_teacher", step)
@@ -227,17 +226,6 @@ class Driver:
         if self.faults.ends("delay_teacher", step):
             for n in c.teacher_workers():
                 c.actors[n].set_delay.remote(0.0)
-
-    def _kill_as_the_kernel_would(self, name: str, actor) -> None:
-        """SIGKILL, as the OOM killer or a crash ends a process: ``ray.kill`` would be on record as a kill on
-        purpose, which the diagnosis rightly does not call a death. Another node's process is out of reach of
-        a signal from here: that one goes by ``ray.kill``, and the log says so."""
-        info = guarded_wait({name: actor.ready.remote()}, 10.0, phase="fault")[name]
-        if info["node"] == socket.gethostname():
-            os.kill(info["pid"], signal.SIGKILL)
-        else:
-            self.rep.log(f"fault: {name} is on {info['node']}, out of a signal's reach: ray.kill instead", level="warn")
-            ray.kill(actor, no_restart=True)
 
     def maybe_teacher_back(self) -> None:
         if self._teacher_back_at is not None and time.monotonic() >= self._teacher_back_at:

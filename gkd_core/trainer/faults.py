@@ -7,6 +7,9 @@ Faults fire in the first incarnation of a run only: a restart is how you get pas
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -73,3 +76,19 @@ class FaultPlan:
         """`hang_nvml` swaps in the test GPU backend, hanging on that sample."""
         f = next((f for f in self.faults if f.kind == "hang_nvml"), None)
         return f"fake:gpus=1,hang_at={f.step}" if f else configured
+
+
+def kill_as_the_kernel_would(name: str, actor, rep) -> None:
+    """SIGKILL an actor's process, as the OOM killer or a crash ends one: ``ray.kill`` would be on record as a
+    kill on purpose, which the diagnosis rightly does not call a death. Another node's process is out of reach
+    of a signal from here: that one goes by ``ray.kill``, and the log says so."""
+    import ray  # here, not at the top: the plan itself is read without Ray (the config's checks, tests)
+
+    from gkd_core.trainer.guarded import guarded_wait
+
+    info = guarded_wait({name: actor.ready.remote()}, 10.0, phase="fault")[name]
+    if info["node"] == socket.gethostname():
+        os.kill(info["pid"], signal.SIGKILL)
+    else:
+        rep.log(f"fault: {name} is on {info['node']}, out of a signal's reach: ray.kill instead", level="warn")
+        ray.kill(actor, no_restart=True)
