@@ -195,12 +195,13 @@ class EngineEvent(Event, tag="engine"):
     metrics), sent when it changed, at most once a second: what is running and waiting, and how full
     the KV cache is."""
 
+    # each count None where the engine has no metric for it (renamed by another version): unknown, not 0
     engine: str = ""  # vllm
-    running: Int = 0  # requests being generated
-    waiting: Int = 0  # requests queued (no room in the KV cache, or past the batch's limit)
+    running: Int | None = 0  # requests being generated
+    waiting: Int | None = 0  # requests queued (no room in the KV cache, or past the batch's limit)
     kv_cache: float | None = None  # the share of the KV cache in use, 0 to 1
-    preemptions: Int = 0  # requests evicted for lack of KV cache since the engine started
-    generated: Int = 0  # tokens generated since the engine started
+    preemptions: Int | None = 0  # requests evicted for lack of KV cache since the engine started
+    generated: Int | None = 0  # tokens generated since the engine started
 
 
 class StackEvent(Event, tag="stack"):

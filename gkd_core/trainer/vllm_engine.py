@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gkd_core.trainer.engine_stats import MISSING
+
 ALIGN = 64  # bytes: every tensor in the weights file starts here, so that a view of any dtype is aligned
 READY_S = 300.0  # the engine's weights made readable (one reload from disk) at its start, at most this
 
@@ -53,21 +55,28 @@ def make_llm(model_path: str, *, dtype: str, gpu_memory_utilization: float, max_
                disable_log_stats=False, **kw)
 
 
+# each field of an ``engine`` event, and the vLLM metric it is read from (vLLM 0.32/0.33's names)
+METRICS = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+           "kv_cache": "vllm:kv_cache_usage_perc",  # a share, 0 to 1, despite its name
+           "preemptions": "vllm:num_preemptions", "generated": "vllm:generation_tokens"}
+
+
 def engine_counts(llm) -> dict:
     """The engine's own counts, from vLLM's metrics in this process (a few ms; no call into the engine's
-    processes, so it answers while they are busy or frozen): the fields of an ``engine`` event."""
+    processes, so it answers while they are busy or frozen): the fields of an ``engine`` event, each None
+    where vLLM has no metric of that name (renamed in another version: unknown, not a measured 0), and
+    under ``missing`` the names not found, for the watch to say (engine_stats)."""
     got = {m.name: m for m in llm.get_metrics()}
-
-    def value(name: str) -> float:
+    out: dict = {"engine": "vllm", MISSING: []}
+    for field, name in METRICS.items():
         m = got.get(name)
-        return float(getattr(m, "value", 0) or 0) if m is not None else 0.0
-
-    kv = got.get("vllm:kv_cache_usage_perc")  # a share, 0 to 1, despite its name
-    return {"engine": "vllm", "running": int(value("vllm:num_requests_running")),
-            "waiting": int(value("vllm:num_requests_waiting")),
-            "kv_cache": round(float(kv.value), 4) if kv is not None else None,
-            "preemptions": int(value("vllm:num_preemptions")),
-            "generated": int(value("vllm:generation_tokens"))}
+        value = getattr(m, "value", None) if m is not None else None
+        if value is None:
+            out[MISSING].append(name)
+            out[field] = None
+        else:
+            out[field] = round(float(value), 4) if field == "kv_cache" else int(value)
+    return out
 
 
 def write_weights(path: Path, tensors: dict) -> list[tuple[str, str, tuple[int, ...], int, int]]:

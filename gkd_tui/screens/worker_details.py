@@ -70,7 +70,11 @@ class WorkerDetails(ModalScreen[None]):
 
 
 def engine_line(e: ev.EngineEvent) -> str:
-    kv = f"KV cache {100 * e.kv_cache:.0f} %" if e.kv_cache is not None else "KV cache -"
+    """A count the engine does not have (None: its metric renamed) reads "?", never 0."""
+    def n(count: int | None) -> str:
+        return "?" if count is None else str(count)
+
+    kv = f"KV cache {100 * e.kv_cache:.0f} %" if e.kv_cache is not None else "KV cache ?"
     full = " (full: requests wait for room)" if e.kv_cache is not None and e.kv_cache >= 0.99 and e.waiting else ""
-    return (f"engine {e.engine}: {e.running} running, {e.waiting} waiting, {kv}{full}, "
-            f"{e.preemptions} preempted, {e.generated} tokens generated")
+    return (f"engine {e.engine}: {n(e.running)} running, {n(e.waiting)} waiting, {kv}{full}, "
+            f"{n(e.preemptions)} preempted, {n(e.generated)} tokens generated")

@@ -114,18 +114,42 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
 
 def test_verls_own_single_controller_tests_pass_with_the_plugin_active(tmp_path):
     """The plugin loaded and asked (a run's variables and Ray's hook set): every CPU test of verl's worker
-    groups and decorators (tests/single_controller/*cpu*.py, as verl ships them)."""
+    groups and decorators (tests/single_controller/*cpu*.py, as verl ships them) passes, and ran with our
+    patches in place: asked (verl_probe) in the process that ran them and in every worker of every group they
+    made, since a patch that fails to install says so only on stderr and the job runs on unpatched."""
     import verl
 
     tests = Path(verl.__file__).resolve().parent.parent / "tests" / "single_controller"
     chosen = sorted(str(t) for t in tests.glob("*cpu*.py"))
     assert len(chosen) >= 6, f"verl's CPU tests are not installed beside it ({tests}): {chosen}"
+    probe_out = tmp_path / "patches.jsonl"
+    # the probe is imported by verl's pytest and, to answer, by each Ray worker (which inherits PYTHONPATH)
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, GKD_REPORT="1", GKD_RUN_ID="verl-own-tests", GKD_INGEST=f"ipc://{tmp_path}/nobody.sock",
-               RAY_RUNTIME_ENV_HOOK="gkd_core.integrations.ray_hook.runtime_env_hook")
-    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *chosen],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+               RAY_RUNTIME_ENV_HOOK="gkd_core.integrations.ray_hook.runtime_env_hook", PYTHONPATH=path,
+               VERL_PROBE_OUT=str(probe_out))
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "verl_probe",
+                          *chosen], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert got.returncode == 0, got.stdout[-4000:]
     assert " passed" in got.stdout and " failed" not in got.stdout
+
+    reports = [json.loads(line) for line in probe_out.read_text().splitlines()]
+    [tests_process] = [r for r in reports if r["where"] == "tests"]
+    workers = [r for r in reports if r["where"] == "worker"]
+    assert tests_process["part"] == "driver" and tests_process["verl_plugin"], tests_process
+    # verl's timers and metrics (its plugin), Ray's calls and waits (our Ray part) everywhere; an actor's methods
+    # in the workers, which host the actors
+    everywhere = {"verl _timer": "verl", "verl Tracking.log": "verl", "ray ActorClass._remote": "ray_hook",
+                  "ray ActorMethod._remote": "ray_hook", "ray.get": "ray_hook", "ray.wait": "ray_hook"}
+    in_workers = {**everywhere, "ray actor methods": "ray_hook"}
+    assert tests_process["patched"] == {**everywhere, "ray actor methods": ""}, tests_process
+    # verl's test files make 7 worker groups of 2 to 4 workers (20 in all), each worker a process of its own
+    assert len({r["group"] for r in workers}) >= 6 and len({r["pid"] for r in workers}) == len(workers) >= 10, workers
+    for r in workers:
+        assert r["part"] == "worker" and r["verl_plugin"] and r["patched"] == in_workers, r
+        assert r["pid"] != tests_process["pid"], r
+    # nor did any part of ours say it failed (on stderr, where a failed install is said)
+    assert "gkd:" not in got.stdout + got.stderr, "a part of ours said it failed: " + (got.stdout + got.stderr)[-3000:]
 
 
 def test_verls_pool_that_can_never_be_placed_through_the_ray_state_api_alone(job_env):

@@ -49,11 +49,14 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert sup.wait_exit(600) == 0, sup.events()[-5:]
     events = sup.events()
     assert [e["step"] for e in events if e["kind"] == "metrics"] == list(range(1, 21))
-    done = {e["step"]: e for e in events if e["kind"] == "sync" and e["state"] == "done"}
-    # a sync before step 1 and after each step; the push skipped at the sync of step 12
-    assert set(range(1, 21)) <= set(done)
-    assert [s for s, e in done.items() if not e.get("fingerprint_ok", True)] == [12]
-    assert done[12]["differ"] == ["rollout/1"]
+    syncs = [e for e in events if e["kind"] == "sync" and e["state"] == "done"]
+    # one sync before step 1 (step 0) and one after each step, the last's too (an evaluation follows it)
+    assert [e["step"] for e in syncs] == list(range(0, 21))
+    done = {e["step"]: e for e in syncs}
+    # every sync compared the engines' weights with the student's, and found them equal, but the sync of step 12,
+    # whose push into rollout/1's engine the fault skipped: compared too, and found to differ there alone
+    assert {s: e.get("fingerprint_ok") for s, e in done.items() if s != 12} == {s: True for s in done if s != 12}
+    assert done[12].get("fingerprint_ok") is False and done[12]["differ"] == ["rollout/1"], done[12]
     # critical while the mismatch is the newest sync's, then a warning once the next one matched (the two
     # may fall between the supervisor's looks: then only the warning is said)
     alerts = [e for e in events if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch" and not e.get("cleared")]
