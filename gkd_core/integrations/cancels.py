@@ -23,6 +23,16 @@ from gkd_core.telemetry.commands import Command, CommandInbox
 POLL_S = 0.2
 
 
+def start_commands(process: Any, emit: Callable[[ev.Event], None], address: str) -> list[Callable[[list[dict]], None]]:
+    """The driver's command inbox started, where the supervisor gave it one (``address``); returns what must
+    hear of the cluster's nodes: the stacks helpers it starts on each other node with the job, so that a
+    first dump there does not wait for a Ray worker process to start (remote_stacks)."""
+    if not address:
+        return []
+    DriverCommands(process, emit, address).start()
+    return [remote_stacks.HELPERS.start_on]
+
+
 class DriverCommands:
     def __init__(self, process: Any, emit: Callable[[ev.Event], None], address: str):
         self.process, self.emit = process, emit

@@ -4,15 +4,16 @@ A worker group that never starts (verl's ``RayResourcePool`` asking 10 CPUs a wo
 seed 003) has no process to report anything: its driver sits in ``ray.get(pg.ready())``. The driver's
 part polls Ray's control store (GCS: no dashboard needed) every ``POLL_S`` for the nodes' resources
 and the placement groups, and sends each change, so the diagnosis can say "can never be placed"
-with the numbers, or "waits for resources others hold". The nodes also go to ``on_nodes`` (routes:
-the ingest for workers on other nodes). The first poll is as soon as the job has called ``ray.init``.
+with the numbers, or "waits for resources others hold". The nodes also go to each of ``on_nodes``
+(routes: the ingest for workers on other nodes; remote_stacks: a stacks helper started on each). The
+first poll is as soon as the job has called ``ray.init``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from gkd_core.node.ray_watch import placement_group_event
 from gkd_core.telemetry import events as ev
@@ -22,7 +23,7 @@ POLL_S = 2.0
 
 class ClusterWatch:
     def __init__(self, emit: Callable[[ev.Event], None], poll_s: float = POLL_S,
-                 on_nodes: Callable[[list[dict]], None] | None = None):
+                 on_nodes: Sequence[Callable[[list[dict]], None]] = ()):
         self.emit, self.poll_s, self.on_nodes = emit, poll_s, on_nodes
         self._nodes: dict[str, tuple] = {}
         self._pgs: dict[str, tuple] = {}
@@ -42,8 +43,8 @@ class ClusterWatch:
                 continue
             try:
                 nodes = ray.nodes()
-                if self.on_nodes is not None:
-                    self.on_nodes(nodes)
+                for listener in self.on_nodes:
+                    listener(nodes)
                 self.poll_once(nodes, ray.util.placement_group_table())
                 self.error = ""
             except Exception as e:  # the cluster going away with the job: said once, tried again

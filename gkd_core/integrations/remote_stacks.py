@@ -6,10 +6,14 @@ their nodes, a helper actor of no CPU pinned to that node (``NodeAffinitySchedul
 soft): py-spy there, else the faulthandler file the worker keeps on that node (routes.stacks_dir). The
 stacks come back to the run as ``stack`` events, under the supervisor's dump id.
 
-A node's helper is made at the first dump that needs it and kept for the job's life: a task per dump
-starts a worker process each time, seconds on a loaded node, and two dumps at once (an alert's own and
-the user's) started two. The helper is not one of the job's workers: it is not named, and it does not
-report (its ``GKD_REPORT`` is "0").
+A node's helper is started with the job: at the driver's first look at the cluster that shows the node
+(cluster_watch calls ``HELPERS.start_on``), before the job's own actors land there, and kept for the
+job's life. Made at the first dump instead, the first dump on a loaded node waited for a Ray worker
+process to start (over 15 s in CI), longer than the supervisor waits for the answer. A dump that still
+finds its helper starting (a node that joined a moment ago) waits for it up to ``FIRST_WAIT_S``, and
+the stack follows on the record when the helper answers later (within ``START_GIVE_UP_S`` of its start).
+The helper is not one of the job's workers: it is not named, and it does not report (its
+``GKD_REPORT`` is "0").
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from gkd_core.integrations import job_env
 from gkd_core.integrations.routes import KV_NAMESPACE, stacks_dir
 from gkd_core.telemetry import events as ev
 
-FIRST_WAIT_S = 7.0  # a new helper: a worker process started on its node, then the capture
-START_GIVE_UP_S = 60.0  # a helper not up by then is made again
+# The supervisor waits 8 s from a dump's start for the stacks of other nodes (supervisor/local_stacks.py
+# REMOTE_WAIT_S), then says they did not come: the driver's waits stay inside it.
 CAPTURE_S = 4.0
-WARM_WAIT_S = CAPTURE_S + 2.0  # a helper already there: the capture alone
+WARM_WAIT_S = CAPTURE_S + 2.0  # a helper that is up: the capture alone
+FIRST_WAIT_S = 7.0  # a helper still starting: its Ray worker process, then the capture
+START_GIVE_UP_S = 60.0  # a helper not up by then is made again; a late stack is awaited as long
 
 
 def node_key(run: str, actor_id: str) -> str:
@@ -43,56 +49,102 @@ def _capture_here(pids: dict[str, int], run: str, run_dir: str) -> dict[str, tup
 class GkdStacksHelper:
     """One node's helper (made an actor by ``_Helpers``; Ray imports this module on that node)."""
 
+    def ready(self) -> bool:
+        """Answered once the helper's process is up: the driver's sign that a dump will not wait for it."""
+        return True
+
     def capture(self, pids: dict[str, int], run: str, run_dir: str) -> dict[str, tuple[str, str, str]]:
         return _capture_here(pids, run, run_dir)
 
 
+class _Helper:
+    """A node's helper as the driver knows it: its handle, when it was made, and whether it is up."""
+
+    def __init__(self, handle: Any, ready: Any):
+        self.handle = handle
+        self.made = time.monotonic()
+        self.ready = ready  # the ref of its ``ready`` call: done once its process is up
+        self.up = False
+
+    def is_up(self) -> bool:
+        if not self.up:
+            import ray
+
+            done, _ = ray.wait([self.ready], timeout=0, fetch_local=False)
+            self.up = bool(done)
+        return self.up
+
+
 class _Helpers:
-    """The driver's helpers, by Ray node id; one made at a time, shared by dumps that come together."""
+    """The driver's helpers, by Ray node id: one per node of the cluster but the driver's own (the
+    supervisor's, whose stacks it takes itself), shared by dumps that come together."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._actor_class: Any = None
-        self._by_node: dict[str, tuple[Any, float]] = {}  # node -> (handle, made at; 0 once it has answered)
+        self._here = ""  # the driver's node id: a new one is a new Ray cluster, whose helpers these are not
+        self._by_node: dict[str, _Helper] = {}
+        self._started: set[str] = set()  # nodes given a helper with the job: not again (a dump remakes one)
 
-    def get(self, node: str) -> tuple[Any, float]:
-        """(the node's helper, how long to wait for its answer)."""
+    def start_on(self, nodes: list[dict]) -> None:
+        """A helper on every live node of ``nodes`` (``ray.nodes()``) not seen before, but the driver's own;
+        the helpers of nodes gone are forgotten (they went with their node). Never raises: it runs in the
+        job's driver, whose job goes on whatever becomes of its helpers."""
+        try:
+            import ray
+
+            here = ray.get_runtime_context().get_node_id()
+            alive = {n.get("NodeID", "") for n in nodes if n.get("Alive")}
+            with self._lock:
+                if here != self._here:
+                    self._here, self._by_node, self._started = here, {}, set()
+                for node in [n for n in self._by_node if n not in alive]:
+                    del self._by_node[node]
+                # once per node: a helper that cannot start there (gkd-tui not installed on it) is not
+                # made again every poll, only by the next dump that needs it
+                for node in sorted(alive - {here, ""} - self._started):
+                    if node not in self._by_node:
+                        self._make(node)
+                    self._started.add(node)
+        except Exception:
+            pass  # Ray refused to make it: tried again at the next look, and a dump there says what failed
+
+    def _make(self, node: str) -> _Helper:
+        """(under the lock) The node's helper, started now; its ``ready`` call says when it is up."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        with self._lock:
-            if node not in self._by_node:
-                if self._actor_class is None:
-                    self._actor_class = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(GkdStacksHelper)
-                handle = self._actor_class.options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                    runtime_env={"env_vars": {job_env.REPORT: "0"}}).remote()
-                self._by_node[node] = (handle, time.monotonic())
-            handle, made = self._by_node[node]
-        return handle, FIRST_WAIT_S if made else WARM_WAIT_S
+        if self._actor_class is None:
+            self._actor_class = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(GkdStacksHelper)
+        handle = self._actor_class.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            runtime_env={"env_vars": {job_env.REPORT: "0"}}).remote()
+        helper = self._by_node[node] = _Helper(handle, handle.ready.remote())
+        return helper
 
-    def answered(self, node: str, handle: Any) -> None:
+    def get(self, node: str) -> tuple[_Helper, float]:
+        """(the node's helper, how long to wait for its answer)."""
         with self._lock:
-            if self._by_node.get(node, (None,))[0] is handle:
-                self._by_node[node] = (handle, 0.0)
+            helper = self._by_node.get(node) or self._make(node)
+        return helper, WARM_WAIT_S if helper.is_up() else FIRST_WAIT_S
 
-    def late(self, node: str, handle: Any) -> None:
-        """A helper that did not answer in time: one still starting is kept for the next dump (a minute at
-        most); one that had answered before, or starts no more, is replaced."""
-        with self._lock:
-            made = self._by_node.get(node, (None, 0.0))[1]
-        if not made or time.monotonic() - made > START_GIVE_UP_S:
-            self.drop(node, handle)
+    def late(self, node: str, helper: _Helper) -> bool:
+        """A helper that did not answer in time: True when it is still starting (kept, a minute at most,
+        and its answer still awaited); one that was up, or starts no more, is replaced."""
+        starting = not helper.is_up() and time.monotonic() - helper.made < START_GIVE_UP_S
+        if not starting:
+            self.drop(node, helper)
+        return starting
 
-    def drop(self, node: str, handle: Any) -> None:
+    def drop(self, node: str, helper: _Helper) -> None:
         """A helper that failed: the next dump on its node makes a new one."""
         import ray
 
         with self._lock:
-            if self._by_node.get(node, (None,))[0] is handle:
+            if self._by_node.get(node) is helper:
                 del self._by_node[node]
         try:
-            ray.kill(handle, no_restart=True)
+            ray.kill(helper.handle, no_restart=True)
         except Exception:
             pass  # already gone with its node
 
@@ -113,29 +165,49 @@ def take(targets: dict[str, list], dump_id: str, run: str, run_dir: str, emit: C
             emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"{target}'s node is not known to the driver"))
             continue
         by_node.setdefault(node.decode(), {})[target] = int(pid)
-    pending: dict[Any, tuple[str, Any, dict[str, int]]] = {}
+    pending: dict[Any, tuple[str, _Helper, dict[str, int]]] = {}
     wait_s = 0.0
     for node, pids in by_node.items():
         helper, limit = HELPERS.get(node)
-        pending[helper.capture.remote(pids, run, run_dir)] = (node, helper, pids)
+        pending[helper.handle.capture.remote(pids, run, run_dir)] = (node, helper, pids)
         wait_s = max(wait_s, limit)
     done, late = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, t0 + wait_s - time.monotonic()))
     for ref in done:
-        node, helper, pids = pending[ref]
-        try:
-            caps = ray.get(ref, timeout=1.0)
-        except Exception as e:
-            HELPERS.drop(node, helper)
-            for target in pids:
-                emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"the stacks helper on its node failed: "
-                                                                          f"{type(e).__name__}: {e}"[:300]))
-            continue
-        HELPERS.answered(node, helper)
-        for target, (method, text, error) in caps.items():
-            emit(ev.StackEvent(dump_id=dump_id, target=target, method=method, text=text, error=error))
+        _answer(ref, pending[ref], dump_id, emit)
+    still_starting = []
     for ref in late:
         node, helper, pids = pending[ref]
-        HELPERS.late(node, helper)
+        starting = HELPERS.late(node, helper)
+        if starting:
+            still_starting.append(ref)
+        why = (f"its node's stacks helper is still starting ({time.monotonic() - helper.made:.0f} s so far); the "
+               "stack follows when it answers" if starting else f"the stacks helper on its node did not answer "
+                                                                f"within {wait_s:g} s")
         for target in pids:
-            emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"the stacks helper on its node did not answer "
-                                                                      f"within {wait_s:g} s"))
+            emit(ev.StackEvent(dump_id=dump_id, target=target, error=why))
+    if still_starting:
+        # the same dump's stack, later: on the record (and the dashboard) once the helper is up
+        give_up = max(pending[ref][1].made for ref in still_starting) + START_GIVE_UP_S
+        done, _ = ray.wait(still_starting, num_returns=len(still_starting),
+                           timeout=max(0.0, give_up - time.monotonic()))
+        for ref in done:
+            _answer(ref, pending[ref], dump_id, emit)
+
+
+def _answer(ref: Any, asked: tuple[str, _Helper, dict[str, int]], dump_id: str,
+            emit: Callable[[ev.Event], None]) -> None:
+    """A helper's answer as stack events: its stacks, or why it failed."""
+    import ray
+
+    node, helper, pids = asked
+    try:
+        caps = ray.get(ref, timeout=1.0)
+    except Exception as e:
+        HELPERS.drop(node, helper)
+        for target in pids:
+            emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"the stacks helper on its node failed: "
+                                                                      f"{type(e).__name__}: {e}"[:300]))
+        return
+    helper.up = True
+    for target, (method, text, error) in caps.items():
+        emit(ev.StackEvent(dump_id=dump_id, target=target, method=method, text=text, error=error))

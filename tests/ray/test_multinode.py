@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, logged_events, wait_until
+from gkd_core.supervisor import local_stacks
 
 pytestmark = pytest.mark.slow
 
@@ -213,9 +214,27 @@ def stop(run_dir, proc: subprocess.Popen, log) -> None:
     log.close()
 
 
-def alert_dump(evs: list[dict]) -> str:
-    """The dump the diagnosis took of its own when it named the straggler."""
-    return next(e["dump_id"] for e in evs if e["kind"] == "stack" and e["dump_id"].startswith("auto-"))
+# The supervisor answers a dump once its own node's captures are done and the other nodes' stacks are in,
+# or REMOTE_WAIT_S after the dump's start: by then every target has its stack or a note on record.
+DUMP_ANSWERED_S = local_stacks.TIMEOUT_S + local_stacks.REMOTE_WAIT_S
+
+
+def dump_answered(evs: list[dict], target: str, by: str = "", dump_id: str = "") -> dict | None:
+    """The first dump of ``target`` (asked by ``by``, or the dump ``dump_id``) that the supervisor has
+    answered: its ``action`` event."""
+    def answer(e: dict) -> bool:
+        result = e.get("result")
+        return (e["kind"] == "action" and e.get("op") == "dump_stacks" and bool(e.get("ok"))
+                and isinstance(result, dict) and target in result.get("targets", [])
+                and e.get("by") == (by or e.get("by")) and result.get("dump_id") == (dump_id or result.get("dump_id")))
+    return next((e for e in evs if answer(e)), None)
+
+
+def stacks_before(evs: list[dict], answer: dict, target: str) -> list[dict]:
+    """``target``'s stack events of the dump ``answer`` closes, recorded before that answer."""
+    dump_id = answer["result"]["dump_id"]
+    return [e for e in evs if e["kind"] == "stack" and e["dump_id"] == dump_id and e["target"] == target
+            and e["seq"] < answer["seq"]]
 
 
 def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(gkd_home, monkeypatch):
@@ -254,30 +273,36 @@ def test_a_plain_ray_job_on_two_nodes_reports_from_the_other_node_under_launch(g
 
             alert = wait_until(named, 60, "Worker/1 named as the straggler", every_s=0.5)
             assert "work" in alert["message"], alert
+            named_at = min(a["ts"] for a in events() if a["kind"] == "alert" and a.get("targets") == ["Worker/1"])
 
-            # the alert's own dump first (it makes the driver's stacks helper on node 2), then ours (the same helper)
-            wait_until(lambda: [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"], 30,
-                       "the alert's own stack of Worker/1", every_s=0.5)
+            # py-spy's `file:line`, or faulthandler's `file", line N` when two dumps' py-spy met on one pid
+            shows = (f"ray_two_nodes.py:{stuck_line}", f'ray_two_nodes.py", line {stuck_line}')
+            # the alert's own dump, the first on node 2: its stack there is in before the supervisor stops
+            # waiting, taken by the helper the driver started with the job (not one it starts now)
+            auto = wait_until(lambda: dump_answered(events(), "Worker/1", "diagnosis"), DUMP_ANSWERED_S,
+                              "the alert's own dump of Worker/1 answered", every_s=0.5)
+            print(f"the alert's own dump of Worker/1 on node 2 answered {auto['ts'] - named_at:.1f} s after "
+                  "the alert")
+            first = stacks_before(events(), auto, "Worker/1")
+            assert first and {e["src"] for e in first} == {"driver"}, first
+            assert any(s in first[-1]["text"] for s in shows), first
             t0 = time.monotonic()
             out = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "dump-stacks", "--run", str(run_dir), "--json",
-                                  "Worker/1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                                  "--timeout", f"{DUMP_ANSWERED_S:g}", "Worker/1"], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT)
             took = time.monotonic() - t0
             dump = json.loads(out.stdout)
             assert out.returncode == 0, (out.stderr, dump, f"{took:.1f} s")
             print(f"the stack of Worker/1 on node 2 in {took:.1f} s")
             [group] = dump["groups"]
-            assert f"ray_two_nodes.py:{stuck_line}" in group["stack"], group
-            # the alert's own dump and ours: each taken by the driver's helper on node 2, not by the supervisor
-            def both():
-                taken = [e for e in events() if e["kind"] == "stack" and e["target"] == "Worker/1"]
-                return taken if len(taken) == 2 else None
-
-            taken = wait_until(both, 15, "the stacks of both dumps on record", every_s=0.5)
-            assert {e["src"] for e in taken} == {"driver"}, taken
-            assert {e["dump_id"] for e in taken} == {dump["dump_id"], alert_dump(events())}, taken
-            # py-spy's `file:line`, or faulthandler's `file", line N` when two dumps' py-spy met on one pid
-            shows = (f"ray_two_nodes.py:{stuck_line}", f'ray_two_nodes.py", line {stuck_line}')
-            assert all(any(s in e["text"] for s in shows) for e in taken), taken
+            assert any(s in group["stack"] for s in shows), group
+            # ours on record as well (the CLI returned once the supervisor answered): taken by the driver's
+            # helper on node 2, not by the supervisor
+            answered = dump_answered(events(), "Worker/1", dump_id=dump["dump_id"])
+            assert answered, f"no answer to {dump['dump_id']} on record though the CLI had one"
+            ours = stacks_before(events(), answered, "Worker/1")
+            assert ours and {e["src"] for e in ours} == {"driver"}, ours
+            assert any(s in ours[-1]["text"] for s in shows), ours
             # the helper is the run's, not a worker of the job
             assert not [e["src"] for e in events() if e["kind"] == "worker" and "Stacks" in e["src"]]
         finally:
