@@ -28,9 +28,9 @@ import time
 import weakref
 from typing import Any
 
-from gkd_core.integrations import job_env, opt_in, remote_stacks, routes
+from gkd_core.integrations import job_env, opt_in, remote_stacks, routes, torchrun
 from gkd_core.integrations.activity import Activity
-from gkd_core.integrations.cancels import DriverCommands
+from gkd_core.integrations.cancels import start_commands
 from gkd_core.integrations.cluster_watch import ClusterWatch
 from gkd_core.integrations.routes import KV_NAMESPACE
 from gkd_core.integrations.waits import RefBook, Wait
@@ -136,8 +136,9 @@ class _Process:
 
     def _identify(self) -> Reporter | None:
         if self.kind == "driver":
-            r = Reporter("driver", heartbeat_s=job_env.heartbeat_s(), with_children=True)
-            r.register("driver")
+            src, (role, rank) = torchrun.driver_src()  # each rank of a torchrun job is a driver: rank/<RANK>
+            r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), with_children=True)
+            r.register(role, rank)
             return r
         if not self.actor_id:
             return None  # a task worker until an actor's __init__ runs here
@@ -272,10 +273,10 @@ def _install(kind: str) -> None:
             route = routes.RoutePublisher(_process.run, os.environ.get(job_env.RUN_DIR, ""),
                                           os.environ.get(job_env.INGEST, ""), os.environ.get(job_env.CONTROL, ""),
                                           _process.emit)
-            # a worker group that never starts has nobody else to say so; and the route to other nodes
-            ClusterWatch(_process.emit, on_nodes=route.update).start()
-            if os.environ.get(job_env.COMMANDS):
-                DriverCommands(_process, _process.emit, os.environ[job_env.COMMANDS]).start()
+            # a worker group that never starts has nobody else to say so; the route to other nodes; and, for a
+            # driver with a command inbox, a stacks helper on each, started with the job (cancels, remote_stacks)
+            on_nodes = start_commands(_process, _process.emit, os.environ.get(job_env.COMMANDS, ""))
+            ClusterWatch(_process.emit, on_nodes=[route.update, *on_nodes]).start()
 
 
 def _patch_actor_creation() -> None:
