@@ -1,6 +1,7 @@
 """What tracking collectives costs: a gloo broadcast bare, with our wrapper, and with the Flight Recorder on.
 
     python bench/bench_collectives.py [--ranks 4] [--rounds 7] [--per-round 200]
+    python bench/bench_collectives.py --smoke   # for CI: 2 ranks, one round of 5, the smaller tensor
 
 Real processes in one gloo group broadcast a flat float tensor (512 KiB and 8 MiB), as the trainer's
 weight sync does. Each rank runs a Reporter that sends to a real
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -32,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 SIZES = {"131 k floats (512 KiB)": 131_072, "2.1 M floats (8 MiB)": 2_097_152}
 
 
-def rank_main(rank: int, world: int, rendezvous: str, modes: list[str], rounds: int, per_round: int, out) -> None:
+def rank_main(rank: int, world: int, rendezvous: str, modes: list[str], rounds: int, per_round: int, out,
+              sizes: dict[str, int]) -> None:
     import torch
     import torch.distributed as dist
     import zmq
@@ -47,7 +50,7 @@ def rank_main(rank: int, world: int, rendezvous: str, modes: list[str], rounds: 
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world)
     collectives.TRACKER.joined("bench", rank, world)
     results: dict[tuple[str, str], list[float]] = {}
-    for label, n in SIZES.items():
+    for label, n in sizes.items():
         t = torch.zeros(n)
         for _ in range(20):  # warm up the pairs
             dist.broadcast(t, src=0)
@@ -77,7 +80,7 @@ def rank_main(rank: int, world: int, rendezvous: str, modes: list[str], rounds: 
         out.put(results)
 
 
-def run(world: int, modes: list[str], rounds: int, per_round: int, fr: bool) -> dict:
+def run(world: int, modes: list[str], rounds: int, per_round: int, fr: bool, sizes: dict[str, int]) -> dict:
     import torch.multiprocessing as mp
 
     if fr:
@@ -87,13 +90,27 @@ def run(world: int, modes: list[str], rounds: int, per_round: int, fr: bool) -> 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
-    procs = [ctx.Process(target=rank_main, args=(r, world, rendezvous, modes, rounds, per_round, out))
+    procs = [ctx.Process(target=rank_main, args=(r, world, rendezvous, modes, rounds, per_round, out, sizes))
              for r in range(world)]
     for p in procs:
         p.start()
-    results = out.get(timeout=1800)
-    for p in procs:
-        p.join(60)
+    deadline = time.monotonic() + 1800
+    results = None
+    try:
+        while results is None:  # a rank that failed leaves the others waiting in a collective: stop at once
+            try:
+                results = out.get(timeout=1.0)
+            except queue.Empty:
+                failed = {r: p.exitcode for r, p in enumerate(procs) if p.exitcode not in (None, 0)}
+                if failed or time.monotonic() > deadline:
+                    raise SystemExit(f"bench_collectives: no results from rank 0 within 1800 s or a rank failed "
+                                     f"(rank: exit code {failed}); the ranks' errors are above") from None
+    finally:
+        for p in procs:
+            p.join(60 if results is not None else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(10)
     return results
 
 
@@ -106,14 +123,20 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--per-round", type=int, default=200)
+    p.add_argument("--smoke", action="store_true", help="2 ranks, one round of 5 broadcasts of the smaller tensor, "
+                                                        "for CI")
     a = p.parse_args()
-    ours = run(a.ranks, ["bare", "gkd"], a.rounds, a.per_round, fr=False)
-    theirs = run(a.ranks, ["flight recorder"], a.rounds, a.per_round, fr=True)
+    sizes = SIZES
+    if a.smoke:
+        a.ranks, a.rounds, a.per_round = 2, 1, 5
+        sizes = dict(list(SIZES.items())[:1])
+    ours = run(a.ranks, ["bare", "gkd"], a.rounds, a.per_round, fr=False, sizes=sizes)
+    theirs = run(a.ranks, ["flight recorder"], a.rounds, a.per_round, fr=True, sizes=sizes)
     results = {**ours, **theirs}
     print(f"{a.ranks} ranks, gloo, {a.rounds} rounds of {a.per_round} broadcasts; ms per broadcast on rank 0, "
           "median (min-max) of the rounds")
     print(f"{'tensor':28} {'way':16} {'ms / broadcast':>26} {'vs bare':>8}")
-    for label in SIZES:
+    for label in sizes:
         bare = statistics.median(results[(label, "bare")])
         for mode in ("bare", "gkd", "flight recorder"):
             xs = results[(label, mode)]

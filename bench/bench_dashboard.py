@@ -3,6 +3,7 @@ through a real supervisor, into a headless dashboard process. Prints a table.
 
     python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30] [--rounds 3]
     python bench/bench_dashboard.py --workers 65536 --plots   # the plots view open (p) instead of the table
+    python bench/bench_dashboard.py --smoke   # for CI: 64 workers for 8 s, one 2 k/s burst, keyframes every 0.2 MB
 
 The workers report the way a run's do: each node's heartbeats reach the supervisor as one
 ``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``);
@@ -23,7 +24,7 @@ that many times; the table gives the median of the rounds with min-max. Beside
 it, the supervisor's CPU over the same time and its RSS at the end, and a replay of the run's log:
 how long it takes to open at its end from the supervisor's keyframes and reading the whole log, and
 whether it shows what the live supervisor showed (every worker's phase, step and heartbeat, and the
-alerts).
+alerts). ``--smoke`` fails if no probe reached the screen or the replay differs from the live state.
 """
 
 from __future__ import annotations
@@ -417,10 +418,14 @@ def main() -> None:
     p.add_argument("--plots", action="store_true", help="the plots view open (p) instead of the table: no latency")
     p.add_argument("--rounds", type=int, default=1, help="measure each size this many times: every row, then the "
                                                          "median (min-max) of the rounds")
+    p.add_argument("--smoke", action="store_true", help="64 workers for 8 s (a burst of 2 k events/s at 5 s), "
+                                                        "keyframes every 0.2 MB, one round: for CI")
     a = p.parse_args()
     if a.dashboard:
         dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]), plots=a.plots)
         return
+    if a.smoke:  # 8 s: probes from 2 s in, the burst second at 5 s, the load stopping at 7 s
+        a.workers, a.seconds, a.burst, a.keyframe_mb, a.rounds = [64], 8.0, 2_000, 0.2, 1
     rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots) for n in a.workers for _ in range(a.rounds)]
     print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
           f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} "
@@ -451,6 +456,12 @@ def main() -> None:
           + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
           "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
           "log, and the same state as live")
+    if a.smoke:
+        wrong = [f"{r['workers']} workers: {why}" for r in rows for why, bad in (
+            ("none of the probes reached the screen", not r["drawn"] and not r["plots"]),
+            ("the replay differs from the live state (the differences are above)", not r["same"])) if bad]
+        if wrong:
+            sys.exit("bench_dashboard: " + "; ".join(wrong))
 
 
 def spread(values: list[float], fmt: str) -> str:

@@ -1,6 +1,7 @@
 """Diagnosis in seconds: the real trainer with its shipped defaults, one run per injected fault.
 
     python bench/bench_diagnosis.py [--healthy-s 600] [--slow-s 120] [--only hang_sync ...]
+    python bench/bench_diagnosis.py --smoke   # for CI: hang_sync once
 
 Every run is the default config (`examples/tiny_cpu.yaml`, whose deadlines are the shipped
 defaults: sync 60 s, step 300 s, heartbeat stall 10 s, teacher request 30 s, NVML 3 s, read from
@@ -10,7 +11,8 @@ right worker with the one right case; the workers named by any other warn or cri
 the run's start (false alarms: one before the fault counts too); seconds until that worker's stack
 is on record; the stuck-or-slow verdict; and when the shipped default deadline that would catch the
 fault without this diagnosis runs out, as a ratio. Then a healthy run and a run with one rollout
-worker 30 % slower: every alert they raised, of any severity (the goal is none).
+worker 30 % slower: every alert they raised, of any severity (the goal is none). ``--smoke`` fails
+if its fault was not injected or not named with its case.
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ def measure(name, fault, target, code, want_verdict, timeout_only, home: Path, b
     verdicts = [e.get("evidence", {}).get("verdict") for e in mine if e.get("evidence", {}).get("verdict")]
     dt = hit["ts"] - t0 if hit and t0 else None
     limit, rule = timeout_only
-    return {"fault": name, "named": target if hit else "-", "case": hit["code"] if hit else "-",
+    return {"fault": name, "injected": t0 is not None, "named": target if hit else "-",
+            "case": hit["code"] if hit else "-",
             "seconds": dt, "others": others, "stack_s": stack["ts"] - t0 if stack and t0 else None,
             "verdict": verdicts[-1] if verdicts else "", "want": want_verdict,
             "timeout_only_s": limit, "timeout_rule": rule,
@@ -193,8 +196,26 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None)
     p.add_argument("--keep", type=Path, help="keep each fault's first run's event log here, gzipped (the screenshots' "
                                              "recordings: screenshots/seeds)")
+    p.add_argument("--smoke", action="store_true", help="hang_sync once: for CI (no healthy or slow run: their "
+                                                        "minutes are what they measure)")
     a = p.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="gkd-bench-diag-"))
+    if a.smoke:
+        a.only, a.rounds = ["hang_sync"], 1
+    with tempfile.TemporaryDirectory(prefix="gkd-bench-diag-") as tmp:
+        home = Path(tmp)
+        cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
+        if cache.is_dir():
+            (home / "cache").symlink_to(cache)  # reuse a prepared teacher
+        rounds, runs = measure_all(a, home)
+    if a.smoke:
+        missed = [f"{r['fault']} {'named by no alert' if r['injected'] else 'never injected'}"
+                  for r in rounds[0] if r["named"] == "-"]
+        if missed:
+            sys.exit(f"bench_diagnosis: {', '.join(missed)} within {a.budget_s:g} s of the run's start")
+
+
+def measure_all(a: argparse.Namespace, home: Path) -> tuple[list[list[dict]], list[dict]]:
+    """Every fault's rounds, then the alert-counting runs; prints their tables."""
     faults = [f for f in FAULTS if a.only is None or f[0] in a.only]
     rounds = [[measure(*f, home=home, budget_s=a.budget_s, attempt=i, keep=a.keep) for f in faults]
               for i in range(a.rounds)]
@@ -227,6 +248,7 @@ def main() -> None:
         print(f"{r['run']:12s} {r['seconds']:8.0f} {r['steps']:7d} {r['alerts']:22d} {r['stuck']:11d}  "
               f"{', '.join(r['codes']) or '-'}")
     print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    return rounds, runs
 
 
 if __name__ == "__main__":

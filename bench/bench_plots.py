@@ -3,6 +3,7 @@ side in one run, drawing the same figures of a 300-step run. Prints a table.
 
     pip install textual-plotext   # the alternative; not a dependency of the dashboard
     python bench/bench_plots.py [--steps 300] [--frames 20] [--size 160x48] [--rounds 3]
+    python bench/bench_plots.py --smoke   # for CI: 30 steps, 2 redraws, 80x24, one round
 
 For each tab of the plots view (gkd_tui/figures.py: training, sync, step time, teacher, GPU), a
 headless app lays its figures out the way the view does (one plot each, stacked) and redraws all of
@@ -119,7 +120,10 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--size", default="160x48")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="30 steps, 2 redraws, 80x24, one round: for CI")
     a = p.parse_args()
+    if a.smoke:
+        a.steps, a.frames, a.size, a.rounds = 30, 2, "80x24", 1
     size = tuple(int(x) for x in a.size.split("x"))
     try:
         import textual_plotext  # noqa: F401

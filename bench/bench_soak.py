@@ -3,6 +3,7 @@ scheduler, every process's memory sampled as it goes. Prints a table per run and
 
     python bench/bench_soak.py [--steps 3000] [--losses forward_kl reverse_kl jsd]
                                [--schedulers sync one_step_off] [--no-dashboard] [--json OUT]
+    python bench/bench_soak.py --smoke   # for CI: one run of 20 steps (jsd, one_step_off), the dashboard attached
 
 Each run is `python -m gkd_core run examples/tiny_cpu.yaml trainer.total_steps=N actor.loss=L
 trainer.scheduler=S` in a fresh GKD_HOME, with a headless dashboard attached (the real app, a
@@ -15,6 +16,7 @@ run's summary prints), each process's RSS at the start (its first sample once st
 reported), the middle and the end, with the slope in MB per 1,000 steps fitted over the samples
 from 10 % of the steps on (the first steps allocate: caches, the optimiser's state, Ray's pools),
 events.jsonl bytes per step, heartbeat lines as a share of it, and checkpoint bytes on disk.
+The bench fails if a run did not finish all its steps.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 def rss_mb(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * PAGE / 2**20
+            resident = int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         return None  # gone
+    return resident * PAGE / 2**20 if resident else None  # 0: exited, not yet reaped (a zombie's statm)
 
 
 def dashboard_main(run: str) -> None:
@@ -121,6 +124,9 @@ def soak(steps: int, loss: str, scheduler: str, dashboard: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkds") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home))
+        cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
+        if cache.is_dir():
+            (home / "cache").symlink_to(cache)  # reuse a prepared teacher
         run_id = f"soak-{loss}-{scheduler}"
         run = home / "runs" / run_id
         t0 = time.monotonic()
@@ -197,7 +203,7 @@ def print_run(r: dict) -> None:
           f"checkpoints {r['ckpts']} on disk, {r['ckpt_bytes'] / 2**20:.1f} MB")
     print(f"  {'process':<16} {'RSS start':>10} {'middle':>8} {'end':>8} {'MB/1k steps':>12}")
     for name, t in sorted(r["procs"].items()):
-        flag = "" if abs(t["slope"]) < SLOPE_LIMIT_MB else "  <- grows"
+        flag = "  <- grows" if abs(t["slope"]) >= SLOPE_LIMIT_MB else ""  # nan (under 3 samples): not fitted
         print(f"  {name:<16} {t['start']:8.0f}MB {t['mid']:6.0f}MB {t['end']:6.0f}MB {t['slope']:+12.2f}{flag}")
 
 
@@ -209,10 +215,14 @@ def main() -> None:
     p.add_argument("--schedulers", nargs="+", default=["sync", "one_step_off"])
     p.add_argument("--no-dashboard", action="store_true", help="no headless dashboard attached")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--smoke", action="store_true", help="one run of 20 steps (jsd, one_step_off), the dashboard "
+                                                        "attached: for CI")
     a = p.parse_args()
     if a.dashboard:
         dashboard_main(a.dashboard)
         return
+    if a.smoke:  # 20 steps: RSS sampled every 2 s a few times, two evaluations and checkpoints
+        a.steps, a.losses, a.schedulers = 20, ["jsd"], ["one_step_off"]
     runs = []
     for loss in a.losses:
         for scheduler in a.schedulers:
@@ -223,7 +233,8 @@ def main() -> None:
     print(f"\n{'loss':<11} {'scheduler':<13} {'state':<9} {'wall':>6} {'bad':>4} {'agreement':>9} {'KL':>6} "
           f"{'KB/step':>8} {'ckpt MB':>8} {'worst RSS slope (MB/1k steps)':>30}")
     for r in runs:
-        worst = max(r["procs"].items(), key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0)
+        worst = max(r["procs"].items(), key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0,
+                    default=("no process sampled", {"slope": float("nan")}))
         f = r["final"]
         print(f"{r['loss']:<11} {r['scheduler']:<13} {r['state']:<9} {r['wall_s']:5.0f}s {r['bad_steps']:4d} "
               f"{100 * f.get('agreement', float('nan')):8.1f}% {f.get('kl', float('nan')):6.3f} "
@@ -233,6 +244,10 @@ def main() -> None:
           f"slope fitted from {100 * WARMUP:.0f} % of the steps on; flat: under {SLOPE_LIMIT_MB:g} MB per 1,000 steps")
     if a.json:
         Path(a.json).write_text(json.dumps(runs, indent=1))
+    unfinished = [f"{r['loss']}/{r['scheduler']}: {r['state']} (exit {r['exit']}) at step {r['last_step']}"
+                  for r in runs if r["exit"] != 0 or r["last_step"] < r["steps"]]
+    if unfinished:
+        sys.exit(f"bench_soak: runs that did not finish their {a.steps} steps: {'; '.join(unfinished)}")
 
 
 if __name__ == "__main__":

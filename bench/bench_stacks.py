@@ -1,9 +1,11 @@
 """Dumping the stacks of N workers: the agent's parallel capture against N sequential py-spy calls.
 
     python bench/bench_stacks.py [--workers 16] [--rounds 3]
+    python bench/bench_stacks.py --smoke   # for CI: 2 workers, one round
 
 The workers are real Python processes, half asleep in a function and half holding the GIL in a
 C loop (the two cases a hung GKD run has). Each way is timed over several rounds, side by side.
+The bench fails if a way missed a worker's stack: its time would not be a dump's.
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="2 workers (one of each kind), one round, for CI")
     a = p.parse_args()
+    if a.smoke:
+        a.workers, a.rounds = 2, 1
     procs = start_workers(a.workers)
     pids = [pr.pid for pr in procs]
     try:
@@ -88,6 +93,10 @@ def main() -> None:
         print(f"{name:34s} {med:7.2f}s {min(times):7.2f}s {found[name]:>7d}/{a.workers:<5d} {base / med:22.1f}x")
     print(f"\n{a.workers} workers (half sleeping, half holding the GIL in C), {a.rounds} rounds, "
           f"{os.cpu_count()} cores")
+    missed = {name: a.workers - n for name, n in found.items() if n < a.workers}
+    if missed:
+        sys.exit(f"bench_stacks: stacks missed (way: workers without one, in the last round): {missed}; "
+                 f"try `{py_spy_path()} dump --pid PID` on a sleeping python to see py-spy's own error")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ Flight Recorder is off and not read) and once as every run is (the wrapper aroun
 broadcast, the recorder on with 2,000 entries, a ``collectives`` event at each change); which goes
 first alternates round by round. A run's step time is the median gap between consecutive ``metrics``
 events after a warm-up; the table gives, per way, the median of the rounds with min and max, and the
-``collectives`` events each run sent (0 with it off: the switch did switch it off).
+``collectives`` events each run sent (0 with it off: the switch did switch it off; the bench fails if it
+did not, or if tracking on sent none). ``--smoke``: one round of 5 steps, for CI.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--smoke", action="store_true", help="one round of 5 steps, for CI")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
+    if a.smoke:
+        a.rounds, a.steps = 1, 5  # 5: the fewest with a step-to-step gap after the warm-up (3 steps)
     res: dict[str, list[dict]] = {w: [] for w in WAYS}
     with tempfile.TemporaryDirectory(prefix="gkd-bench-") as tmp:
         home = Path(tmp)
@@ -68,6 +72,11 @@ def main() -> None:
               f"{spread([x['sync_s'] for x in rs], 1000):>22s} {'/'.join(str(x['collectives']) for x in rs):>19s}")
     print(f"\n{a.rounds} rounds of {a.steps} steps each way, median (min-max) of the rounds; {os.cpu_count()} cores, "
           f"Python {sys.version.split()[0]}; overrides: {' '.join(a.overrides) or '(none)'}")
+    off = [x["collectives"] for x in res["off"]]
+    on = [x["collectives"] for x in res["on"]]
+    if any(off) or not all(on):
+        sys.exit(f"bench_step_tracking: GKD_COLLECTIVES=0 did not switch tracking off, or tracking on sent nothing "
+                 f"({off} collectives events with it off, {on} with it on); see gkd_core/telemetry/collectives.py")
 
 
 if __name__ == "__main__":

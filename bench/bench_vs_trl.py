@@ -1,6 +1,8 @@
 """This trainer side by side with TRL's GKDTrainer, on the same models, prompts and hyper-parameters.
 
 Run: ``pip install -e ".[bench]" && python bench/bench_vs_trl.py [--steps 30] [--sizes tiny larger]``.
+``--smoke`` (for CI): the tiny pair, 6 steps of 8 prompts, TRL and ``sync`` only; where TRL is not
+installed, this trainer alone, said in one line.
 
 For each model size the bench builds a Qwen2-architecture teacher/student pair that shares one
 byte-level BPE tokenizer with a ChatML template (the teacher trained briefly on a toy chat task,
@@ -27,6 +29,7 @@ vocabulary.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -73,7 +76,7 @@ def chat_pair(rnd: random.Random) -> tuple[str, str]:
     return q, f"{a} + {b} = {a + b}. the answer is {a + b}."
 
 
-def build_pair(out: Path, size: str, n_train: int = 512, n_val: int = 64) -> dict:
+def build_pair(out: Path, size: str, n_train: int = 512, n_val: int = 64, teacher_steps: int = 200) -> dict:
     """Tokenizer, trained teacher, untrained student (Hugging Face folders) and verl parquet files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -105,7 +108,7 @@ def build_pair(out: Path, size: str, n_train: int = 512, n_val: int = 64) -> dic
     opt = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
     texts = [tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
                                      tokenize=False) for q, a in pairs[:n_train]]
-    for step in range(200):
+    for step in range(teacher_steps):
         batch = tok([texts[(step * 32 + i) % len(texts)] for i in range(32)], return_tensors="pt", padding=True)
         labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
         loss = teacher(**batch, labels=labels).loss
@@ -260,24 +263,37 @@ def main() -> None:
                    help="torch threads of the TRL process (its default: every core)")
     p.add_argument("--keep", help="a folder for the models and runs (default: a temporary one)")
     p.add_argument("--trl-child", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--smoke", action="store_true", help="the tiny pair, 6 steps of 8 prompts, TRL and sync only: "
+                                                        "for CI; without TRL, this trainer alone")
     a = p.parse_args()
     os.environ.update(HF_HUB_DISABLE_PROGRESS_BARS="1", TRANSFORMERS_VERBOSITY="error", TRL_EXPERIMENTAL_SILENCE="1")
     if a.trl_child:
         pair, hp, out = a.trl_child
         return trl_child(json.loads(pair), Hyper(**json.loads(hp)), Path(out))
+    with_trl = importlib.util.find_spec("trl") is not None
+    if not with_trl:
+        if not a.smoke:
+            sys.exit('bench_vs_trl: TRL is not installed: pip install -e ".[bench]" (or --smoke for this trainer alone)')
+        print("bench_vs_trl: TRL is not installed (the bench extra): this trainer alone, no TRL row")
+    schedulers = ("sync",) if a.smoke else ("sync", "one_step_off")
+    pair_size = dict(n_train=64, n_val=8, teacher_steps=20) if a.smoke else {}
+    if a.smoke:
+        a.sizes = ["tiny"]
 
     with tempfile.TemporaryDirectory(prefix="gkd-vs-trl-") as tmp:
         work = Path(a.keep or tmp)
         lines = []
         for size in a.sizes:
             hp = Hyper(steps=a.steps, lr=3e-3 if size == "tiny" else 1e-3)
-            pair = build_pair(work / size / "models", size)
+            if a.smoke:  # warm-up 2 of 6 steps: 2 gaps between the steps left (the last one evaluates and saves)
+                hp = Hyper(steps=6, batch=8, max_new_tokens=8, warmup=2, lr=hp.lr)
+            pair = build_pair(work / size / "models", size, **pair_size)
             out = work / size
-            res = {"TRL GKDTrainer": run_trl(pair, hp, out, a.trl_threads)}
-            for sched in ("sync", "one_step_off"):
+            res = {"TRL GKDTrainer": run_trl(pair, hp, out, a.trl_threads)} if with_trl else {}
+            for sched in schedulers:
                 res[f"gkd-tui {sched}"] = run_ours(pair, hp, sched, out / f"home-{sched}")
             start_kl = held_out_kl(pair["student"], pair, hp.max_new_tokens)
-            base = res["TRL GKDTrainer"]
+            base = res.get("TRL GKDTrainer")
             lines.append(f"\n{size}: student {pair['student_params'] / 1e6:.2f} M parameters "
                          f"({SIZES[size][2]} hidden, {SIZES[size][3]} layers), teacher {SIZES[size][0]} hidden, "
                          f"{SIZES[size][1]} layers, vocabulary {pair['vocab']}; {hp.steps} steps of {hp.batch} "
@@ -291,14 +307,18 @@ def main() -> None:
                 phases = "  ".join(f"{k} {v:.3f}" for k, v in r["timing"].items())
                 if "threads" in r:
                     phases += f"  (one process, {r['threads']} torch threads)"
-                lines.append(f"{name:22s} {r['step_s']:7.3f} {r['tok_s']:12.0f} {r['tok_s'] / base['tok_s']:6.2f}x "
+                vs = f"{r['tok_s'] / base['tok_s']:6.2f}x" if base else f"{'-':>7s}"
+                lines.append(f"{name:22s} {r['step_s']:7.3f} {r['tok_s']:12.0f} {vs} "
                              f"{r['wall_s']:7.1f} {r['kl']:9.3f}  {phases}")
             print("\n".join(lines[-len(res) - 2:]), flush=True)
-    import trl
     import transformers
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    if with_trl:
+        import trl
+
+        versions += f", trl {trl.__version__}"
     print("\n".join(["\n=== bench_vs_trl ==="] + lines))
-    print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"trl {trl.__version__}")
+    print(f"\n{os.cpu_count()} cores, {versions}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name
+# and wall time printed, then chaos_trials' table rendered from its record and checked. Run from the
+# repository root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, .ci/run).
+# A bench that fails does not stop the others; the script fails at the end, naming every one that did.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# One GKD_HOME for them all: the benches that run the trainer link its cache, so the built-in teacher is
+# trained once here rather than once per bench (and nothing is written under the user's ~/.gkd).
+GKD_HOME="$(mktemp -d -t gkd-smoke-XXXXXX)"
+export GKD_HOME
+trap 'rm -rf "$GKD_HOME"' EXIT
+mkdir -p "$GKD_HOME/cache"
+
+# A smoke run is seconds to a minute; one still going after this is stuck, not slow.
+LIMIT_S=600
+failed=()
+times=()
+all_start=$(date +%s%N)
+for bench in bench/bench_*.py; do
+    name=$(basename "$bench" .py)
+    echo "== $name --smoke"
+    start=$(date +%s%N)
+    rc=0
+    timeout --kill-after=30 "$LIMIT_S" python "$bench" --smoke || rc=$?
+    took=$(( ($(date +%s%N) - start) / 1000000 ))
+    line=$(printf '%-22s %6d.%01d s' "$name" $(( took / 1000 )) $(( took % 1000 / 100 )))
+    if (( rc != 0 )); then
+        why="exit $rc"
+        (( rc == 124 || rc == 137 )) && why="still running after $LIMIT_S s"
+        line="$line  FAILED ($why)"
+        failed+=("$name ($why)")
+    fi
+    times+=("$line")
+    echo "== $line"
+done
+all=$(( ($(date +%s%N) - all_start) / 1000 ))
+
+echo
+echo "bench smoke runs, wall time each:"
+printf '  %s\n' "${times[@]}"
+printf '  %-22s %6d.%01d s\n' "all" $(( all / 1000000 )) $(( all % 1000000 / 100000 ))
+if (( ${#failed[@]} )); then
+    list=$(printf '%s, ' "${failed[@]}")
+    echo "bench/smoke.sh: ${#failed[@]} bench(es) failed their --smoke: ${list%, }; each one's error is above" >&2
+    exit 1
+fi
+
+echo "== chaos_trials --render-only --check"
+python bench/chaos_trials.py --render-only --check
