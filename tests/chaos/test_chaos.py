@@ -45,7 +45,10 @@ CHECKPOINT_EVERY = load_config(None).trainer.checkpoint_every  # a restart loses
 SEED = int(os.environ.get("GKD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
 FREEZE_S = 8.0  # how long a SIGSTOPped process stays frozen: past the 5 s that names a frozen worker
 SAY_S = 60.0  # a fault not said within this fails the test
-NAME_WITHIN_S = 10.0  # the first critical alert after a fault names the process hit within this
+NAME_WITHIN_S = 10.0  # the first critical alert after a fault names the process hit within this, but:
+# a worker frozen outside the sync is warned at 5 s (its peers' heartbeats still come) and critical only at the
+# heartbeat's stall limit, counted from its last beat (up to one before the freeze) and judged twice a second
+FROZEN_WITHIN_S = load_config(None).telemetry.stall_s + 2.0
 # bench/chaos_trials.py writes its table between these in CHAOS.md; the suite, writing the file whole, keeps it
 RANDOM_TRIALS = ("<!-- random trials -->", "<!-- /random trials -->")
 
@@ -78,8 +81,12 @@ killed, at steps drawn from a seed printed with the table:
   the latest checkpoint (one every {every} steps, the default): the steps after it are trained
   again, so fewer than {every} are lost.
 
-"said by, after": what says the fault (an alert, a log line, `gkd-tui status`) and how many seconds
-after it. "steps lost": read from `events.jsonl`, the steps completed before the fault that were
+"said by, after": what names the fault and how many seconds after it: the first critical alert (or
+the driver's word that it started the process again, `restarted_by_driver`), which must have the process
+hit in its targets, not only in its message, within 10 s; a worker frozen outside the sync within 12 s
+(it is warned at 5 s while its peers' heartbeats come, critical at `telemetry.stall_s`, 10 s, from its
+last beat); "(diagnosis)" when a rule inferred it, "(driver)" when it is the driver's own report. For
+the supervisor, `gkd-tui status` says it. "steps lost": read from `events.jsonl`, the steps completed before the fault that were
 trained again after it. "log intact": every line of `events.jsonl` is a JSON object, `seq` strictly
 increases, and the steps it records are the steps run: from 1 up with none missing, and a step
 twice only where a resume trained it again. Then `gkd-tui stop`, and no process of the run may be
@@ -202,7 +209,7 @@ class Chaos:
     def wait_step(self, beyond: int, timeout_s: float, what: str) -> int:
         return wait_until(lambda: self.step() if self.step() > beyond else 0, timeout_s, what, every_s=0.2)
 
-    def named(self, t0: float, src: str) -> str:
+    def named(self, t0: float, src: str, within_s: float = NAME_WITHIN_S) -> str:
         """The first naming of the fault (chaos_naming: a critical alert, or the driver's word that it started
         ``src`` again) after ``t0``, as the table says it; "" while there is none. AssertionError when it
         names another process (one that only mentions ``src`` in its message included) or comes too late."""
@@ -212,7 +219,7 @@ class Chaos:
         said = f"alert {naming.code} ({naming.by}), {naming.after_s:.1f} s"
         assert naming.right, (f"the first critical alert after the fault on {src} named {', '.join(naming.targets)}: "
                               f"{naming.code}: {naming.message[:200]} (seed {SEED})")
-        assert naming.after_s <= NAME_WITHIN_S, f"{src} named only after {naming.after_s} s: {said} (seed {SEED})"
+        assert naming.after_s <= within_s, f"{src} named only after {naming.after_s} s: {said} (seed {SEED})"
         return said
 
     def where(self) -> tuple[int, int]:
@@ -369,7 +376,7 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
         at = chaos.step()  # the table's "at step": the newest done as the signal goes (the run moved on meanwhile)
         t0 = time.time()
         os.kill(target, signal.SIGSTOP)
-        said = observe(chaos, component, t0, dash)
+        said = observe(chaos, component, t0, dash, within_s=FROZEN_WITHIN_S)
         time.sleep(max(0.0, FREEZE_S - (time.time() - t0)))
         stopped_at, seq = chaos.where()
         os.kill(target, signal.SIGCONT)
@@ -387,7 +394,7 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
         at, seq0 = chaos.where()
         t0 = time.time()
         os.kill(target, signal.SIGKILL)
-        said = observe(chaos, component, t0, dash)
+        said = observe(chaos, component, t0, dash, within_s=NAME_WITHIN_S)
         done_before, seq = chaos.where()
         outcome, lost = recover(chaos, component, done_before, seq, seq0, target, t0)
         log, gaps = chaos.log_problems(), chaos.gaps()
@@ -411,8 +418,8 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
     assert not chaos.log_problems()
 
 
-def observe(chaos: Chaos, component: str, t0: float, dash: Dashboard | None) -> str:
-    """What says the fault, and after how many seconds."""
+def observe(chaos: Chaos, component: str, t0: float, dash: Dashboard | None, within_s: float) -> str:
+    """What says the fault, and after how many seconds: the process hit named within ``within_s``."""
     if dash is not None:
         # a viewer is not part of the run: nothing to say; the run must not feel it
         step = chaos.step()
@@ -430,7 +437,7 @@ def observe(chaos: Chaos, component: str, t0: float, dash: Dashboard | None) -> 
             return f"`gkd-tui status`: the supervisor is gone, `restart` takes over; {took:.1f} s"
         assert "no answer" in out.stderr, out.stderr
         return f"`gkd-tui status`: no answer from the supervisor; {took:.1f} s"
-    return wait_until(lambda: chaos.named(t0, component), SAY_S,
+    return wait_until(lambda: chaos.named(t0, component, within_s), SAY_S,
                       f"the run to name {component}, frozen or gone", every_s=0.2)
 
 
