@@ -5,6 +5,7 @@ and as long again of healthy running, to count the alarms no fault explains.
                                  [--seed 1] [--record bench/chaos_trials.jsonl] [--table tests/chaos/CHAOS.md]
                                  [--set KEY=VALUE ...]
     python bench/chaos_trials.py --render-only [--check]
+    python bench/chaos_trials.py --smoke     # one trial and its healthy window, into a scratch record (CI)
 
 One real run of the embedded demo (the real trainer, a local Ray cluster, the chaos suite's settings:
 tests/chaos/test_chaos.py ``SETTINGS``, the shipped checkpoint interval) takes every trial in turn. A trial
@@ -463,8 +464,15 @@ def main() -> int:
                    help="settings for the run beside the chaos suite's (a bigger model: a longer sync to land in)")
     p.add_argument("--render-only", action="store_true", help="no trials: only the table, from the record")
     p.add_argument("--check", action="store_true", help="with --render-only: fail if the table is not the record's")
+    p.add_argument("--smoke", action="store_true",
+                   help="one real trial (a killed teacher) and its healthy window, into a record and table of its own")
     a = p.parse_args()
     record, table = Path(a.record), Path(a.table)
+    if a.smoke:  # the same code path, on the smallest size; the committed record and table are left alone
+        scratch = Path(tempfile.mkdtemp(prefix="gkd-chaos-smoke-"))
+        record, table = scratch / "trials.jsonl", scratch / "CHAOS.md"
+        table.write_text("# smoke\n")
+        a.trials, a.kinds, a.seed = 1, ["teacher"], "smoke"
     if a.render_only:
         rendered = block(read_record(record))
         if a.check:
@@ -481,6 +489,12 @@ def main() -> int:
         run_trials(a, record, "python bench/chaos_trials.py " + " ".join(sys.argv[1:]))
     finally:
         write_table(table, read_record(record))
+    if a.smoke:
+        done, unfinished, _ = trials_of(read_record(record))
+        print(table_in(table.read_text()))
+        if len(done) != 2 or unfinished or not done[0]["right"]:
+            print("smoke: the trial did not name the killed teacher, or did not end", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -18,7 +18,7 @@ LIMIT_S=600
 failed=()
 times=()
 all_start=$(date +%s%N)
-for bench in bench/bench_*.py; do
+for bench in bench/bench_*.py bench/chaos_trials.py; do
     name=$(basename "$bench" .py)
     echo "== $name --smoke"
     start=$(date +%s%N)
