@@ -24,6 +24,7 @@ import threading
 import weakref
 from typing import NamedTuple
 
+from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import PhaseSpan, RunState, WorkerState
 from gkd_core.vocab import WORKER_ENDED
 
@@ -33,14 +34,14 @@ OWN_FACTOR = 5.0
 OWN_MIN_SAMPLES = 3
 SAME_CALL_S = 5.0  # phases without a step: started within this of each other is the same call
 EXACT_UP_TO = 256  # more finished peers than this in a stepless call's windows: counted once per window
-NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", *WORKER_ENDED})
+NOT_WORK = frozenset({"", "idle", "serve", "ready", "watching", NODE_BUSY, *WORKER_ENDED})
 
 
-def _set_up(phase: str) -> bool:
+def set_up(phase: str) -> bool:
     """A set-up phase (ours: init, init_model, init_engine; a foreign job's method may end in _init): each
     is another step under the one name (the driver's ray.init, then its actors, then its agents), so its
-    own history says nothing of the next; their deadlines (trainer.init_timeout_s and the init rule)
-    watch them instead."""
+    own history says nothing of the next; their deadlines (trainer.init_timeout_s, the phase's own, and
+    ``heartbeat_stale``'s set-up deadline) watch them instead."""
     return phase.startswith("init") or phase.endswith("_init")
 
 
@@ -141,7 +142,7 @@ class SpanIndex:
             self.role_size[role] = self.role_size.get(role, 0) + 1
             if key is not None:
                 self.at_work.setdefault(role, {}).setdefault(key, {})[src] = w
-        hist = [] if _set_up(w.phase) else [span.ended - span.started for span in spans if span.phase == w.phase]
+        hist = [] if set_up(w.phase) else [span.ended - span.started for span in spans if span.phase == w.phase]
         med = statistics.median(hist) if hist else 0.0
         thr = max(MIN_S, OWN_FACTOR * med) if len(hist) >= OWN_MIN_SAMPLES else math.inf
         self.own[src] = (thr, len(hist), med)

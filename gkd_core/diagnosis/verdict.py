@@ -20,6 +20,22 @@ NO_PROGRESS_S = 5.0
 BUSY_PCT = 50.0
 
 
+def heard_from(w: WorkerState) -> float:
+    """When the process was last heard from (0.0: never a heartbeat): its newest heartbeat, or the start of
+    its phase when that is newer. A phase is said by the process itself, through the thread that sends
+    its heartbeats, so it is a sign of life too; and a worker that registers under the name of one that
+    died (a restart, a teacher started again) is heard from at its own start, not judged by the dead
+    one's last beat while its first is still on the way (a node's relay sends heartbeats once a second,
+    everything else at once)."""
+    return max(w.last_heartbeat, w.phase_since) if w.last_heartbeat else 0.0
+
+
+def silent_for(w: WorkerState, now: float) -> float | None:
+    """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
+    heard = heard_from(w)
+    return now - heard if heard else None
+
+
 class Verdict(NamedTuple):
     word: str  # frozen, stuck, busy, waiting, or "" while there is nothing to go on
     text: str
@@ -37,7 +53,7 @@ def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZE
     if w.ray_state == "DEAD":
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
                                                                     if w.ray_death_cause else ""), line)
-    age = now - w.last_heartbeat if w.last_heartbeat else None
+    age = silent_for(w, now)
     if age is not None and age > frozen_s:
         return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"
                        + suffix, line)

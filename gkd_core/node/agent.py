@@ -1,4 +1,5 @@
-"""One agent per Ray node: the GPU sampler for that node, and stacks of that node's workers.
+"""One agent per Ray node: the GPU sampler for that node, stacks of that node's workers, and the word
+that the node's CPU is held by processes outside the run (``cpu_load``).
 
 The agent is a Ray actor pinned to its node (node affinity, no CPU reserved), threaded so a dump
 is answered while the sampler runs. It reports through its own Reporter as ``agent/<node>``. The
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from gkd_core.node.cpu_load import NODE_WATCHING, CpuLoad, NodeLoadWatch
 from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.node.stacks import Capture, capture_many
 from gkd_core.telemetry.ingest import IngestRoute
@@ -35,7 +37,7 @@ class NodeAgent:
         address, curve = route.direct(ray.get_runtime_context().get_node_id())
         self.rep = Reporter(src_of("agent", label), ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
         self.rep.register("agent", node=label)
-        self.rep.set_phase("watching")
+        self.rep.set_phase(NODE_WATCHING)
         # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
         self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label), run=run_id,
                                          curve=curve, interval_s=heartbeat_s)
@@ -47,6 +49,9 @@ class NodeAgent:
             self.relay = None
         self.sampler = GpuSampler(label, self.rep.emit, backend=gpu_backend, interval_s=gpu_interval_s,
                                   deadline_s=nvml_deadline_s).start()
+        # the agent is a Ray worker: its parent is the node's raylet, under which the run's workers are
+        self.load = NodeLoadWatch(label, self.rep, CpuLoad(run_id, ray_root=os.getppid()),
+                                  interval_s=gpu_interval_s).start()
 
     def ready(self) -> dict:
         import ray
@@ -62,6 +67,7 @@ class NodeAgent:
 
     def stop(self) -> None:
         self.sampler.stop()
+        self.load.stop()
         if self.relay is not None:
             self.relay.stop()
         self.rep.close()

@@ -14,8 +14,9 @@ from gkd_core.telemetry.events import AlertEvent
 from gkd_core.telemetry.wire import RejectCounter
 
 
-def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0) -> list[AlertEvent]:
-    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s))
+def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
+             setup_s: float = diagnosis.Settings().setup_s) -> list[AlertEvent]:
+    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s, setup_s=setup_s))
 
 
 def diff(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:

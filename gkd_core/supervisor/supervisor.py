@@ -217,7 +217,8 @@ class Supervisor:
     # --- the loop ------------------------------------------------------------------------
 
     def _evaluate_alerts(self) -> None:
-        wanted = alerts.evaluate(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s)
+        wanted = alerts.evaluate(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
+                                 setup_s=self.cfg.trainer.init_timeout_s)
         wanted += alerts.refusals(self.rec.rejects, self._auth_refused)
         for a in alerts.diff(self.state, wanted):
             if a.code == "ingest_rejected" and self.rec.rejects.total == self._rejects_reported:

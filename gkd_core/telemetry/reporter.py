@@ -3,7 +3,11 @@
 A background thread owns a PUSH socket and sends what ``emit`` queued plus a heartbeat every
 ``heartbeat_s``. ZeroMQ and ``threading.Event.wait`` release the GIL, so heartbeats keep flowing
 while the main thread is blocked in C (NCCL, CUDA, a socket): "phase=sync_weights for 412 s"
-stays visible, and a missing heartbeat means the process is dead or frozen.
+stays visible, and a missing heartbeat means the process is dead or frozen. A call that keeps the GIL
+(a C extension's import, some model loads) silences it too: a process that is starting is judged
+against its set-up deadline instead (``diagnosis.rules.workers``). Its first heartbeat goes at once
+(before its registration); through a node's relay, which batches heartbeats, it may arrive a second
+after, so the diagnosis counts a new process's silence from its own first word, not its name's.
 
 ``emit`` never blocks: it encodes, appends to a bounded queue and returns. When the queue is
 full or the supervisor is away (the socket's high-water mark reached), events are dropped and

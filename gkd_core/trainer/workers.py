@@ -36,7 +36,8 @@ class StudentActor(WorkerBase):
         super().__init__("student/0", "student", 0, ctx)
         self.cfg = msgspec.convert(cfg, Config)
         m = self.cfg.model
-        with self.rep.phase("init_model", detail=m.path):
+        # the set-up deadline the diagnosis judges a silence in it by: the driver's own for the actors
+        with self.rep.phase("init_model", timeout_s=self.cfg.trainer.init_timeout_s, detail=m.path):
             self.model, self.tok = models.load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
             self.model.to(self.device)
             if m.gradient_checkpointing:
@@ -158,7 +159,7 @@ class StudentActor(WorkerBase):
         return True
 
     def load(self, folder: str) -> str:
-        with self.rep.phase("init_model", detail=f"resume from {folder}"):
+        with self.rep.phase("init_model", timeout_s=self.cfg.trainer.init_timeout_s, detail=f"resume from {folder}"):
             state = load_file(str(Path(folder) / "model.safetensors"), device=str(self.device))
             self.model.load_state_dict(state, strict=False)
             self.model.tie_weights()
@@ -178,7 +179,8 @@ class RolloutWorker(WorkerBase):
         super().__init__(src_of("rollout", rank), "rollout", rank, ctx)
         self.cfg = msgspec.convert(cfg, Config)
         m = self.cfg.model
-        with self.rep.phase("init_engine", detail=f"engine {self.cfg.rollout.engine}"):
+        with self.rep.phase("init_engine", timeout_s=self.cfg.trainer.init_timeout_s,
+                            detail=f"engine {self.cfg.rollout.engine}"):
             self.model, self.tok = models.load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
             self.model.to(self.device).eval()
             self.eos = models.eos_ids(self.model, self.tok)

@@ -516,3 +516,149 @@ def test_a_rollout_whose_weights_differ_after_a_sync_is_named():
     [a] = [a for a in diagnosis.diagnose(st, T0 + 2) if a.code == "fingerprint_mismatch"]
     assert a.targets == ["rollout/1"] and a.severity == "warn" and "(the syncs since matched)" in a.message
     assert not [a for a in diagnosis.diagnose(st, T0 + 61) if a.code == "fingerprint_mismatch"]
+
+
+def _restarted_at_t0_plus_50():
+    """A run whose driver was restarted at T0 + 1 (every worker beat until then), under load: its new
+    rollout/0 (another pid) registers 49 s later and says init_engine; its first heartbeat, batched by its
+    node's relay, is not in yet."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("driver", "driver"), ("rollout/0", "rollout"), ("teacher/proxy", "teacher")):
+        st.apply(ev.WorkerEvent(src=src, role=role, node="n1", pid=100, ts=T0 - 50))
+        phase(st, src, "idle", T0 - 50)
+        beat(st, src, T0, cpu=30.0)
+    st.apply(ev.RunEvent(state="restarting", restart=1, ts=T0 + 1))
+    st.apply(ev.RunEvent(state="running", restart=1, ts=T0 + 3))
+    st.apply(ev.WorkerEvent(src="driver", role="driver", node="n1", pid=200, ts=T0 + 4))
+    for t in range(4, 51):
+        beat(st, "driver", T0 + t, cpu=5.0)
+    st.apply(ev.WorkerEvent(src="rollout/0", role="rollout", node="n1", pid=201, via="agent/n1", ts=T0 + 50))
+    phase(st, "rollout/0", "init_engine", T0 + 50)
+    st.apply(ev.WorkerEvent(src="teacher/proxy", role="teacher", node="n1", pid=202, via="agent/n1", ts=T0 + 50.2))
+    phase(st, "teacher/proxy", "serve", T0 + 50.2)
+    return st
+
+
+def test_a_worker_started_again_is_not_judged_by_the_last_heartbeat_of_the_one_before():
+    """The false alarm of issue #38: `gkd-tui restart` on a loaded node named the new workers critical,
+    "no heartbeat for 49-52 s": the silence of the processes that the restart ended, not theirs."""
+    st = _restarted_at_t0_plus_50()
+    assert named(st, T0 + 50.5, "heartbeat_stale") == []
+    beat(st, "rollout/0", T0 + 50.1, cpu=90.0)  # its first beat, a moment late
+    beat(st, "teacher/proxy", T0 + 50.3, cpu=1.0)
+    assert named(st, T0 + 51.5, "heartbeat_stale") == []
+    for t in range(51, 58):  # the new processes fall silent themselves: named from their own last word
+        beat(st, "driver", T0 + t, cpu=5.0)
+    # the proxy serves: a silence of five beats while the driver's arrive is this process, critical at once;
+    # rollout/0 is starting (an import may hold the GIL): warned, critical only past its set-up deadline
+    assert named(st, T0 + 55, "heartbeat_stale") == []
+    assert sorted(named(st, T0 + 56, "heartbeat_stale")) == [("heartbeat_stale", ["rollout/0"], "warn"),
+                                                             ("heartbeat_stale", ["teacher/proxy"], "critical")]
+    assert sorted(named(st, T0 + 61, "heartbeat_stale")) == [("heartbeat_stale", ["rollout/0"], "warn"),
+                                                             ("heartbeat_stale", ["teacher/proxy"], "critical")]
+
+
+def _starting(deadline=None):
+    """rollout/1 in init_engine since T0, its last heartbeat at T0 + 2 (an import holds the GIL); its
+    peers and its node's agent beat on."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    st.apply(ev.WorkerEvent(src="agent/n1", role="agent", node="n1", pid=90, ts=T0 - 10))
+    phase(st, "agent/n1", "watching", T0 - 10)
+    for src in ("driver", "rollout/0", "rollout/1"):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], node="n1", pid=100, via="agent/n1", ts=T0))
+    st.apply(ev.PhaseEvent(src="rollout/1", phase="init_engine", started=T0, deadline=deadline, ts=T0))
+    beat(st, "rollout/1", T0 + 2, cpu=95.0)
+    return st
+
+
+def _beat_on(st, until):
+    for t in range(1, int(until - T0) + 1):
+        for src in ("driver", "rollout/0", "agent/n1"):
+            beat(st, src, T0 + t, cpu=20.0)
+
+
+def test_a_starting_worker_is_judged_against_its_set_up_deadline_not_the_heartbeat():
+    st = _starting()
+    _beat_on(st, T0 + 400)
+    assert named(st, T0 + 6.5, "heartbeat_stale") == []
+    assert named(st, T0 + 7.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "warn")]  # at FROZEN_S
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 13) if a.code == "heartbeat_stale"]  # past stall_s: still warn
+    assert (a.severity, a.targets, a.evidence["verdict"]) == ("warn", ["rollout/1"], "starting")
+    assert "in its set-up (phase init_engine" in a.message and "its set-up deadline is in 4.8 min" in a.message
+    assert named(st, T0 + 299, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "warn")]
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 301) if a.code == "heartbeat_stale"]  # Settings.setup_s: 300 s
+    assert a.severity == "critical" and "past its set-up deadline (5.0 min from the phase's start)" in a.message
+    assert "engine init far too long" in a.hint
+
+    st = _starting(deadline=T0 + 60)  # the phase's own deadline wins
+    _beat_on(st, T0 + 70)
+    assert named(st, T0 + 59, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "warn")]
+    assert named(st, T0 + 61, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "critical")]
+
+    st = _starting()  # the same silence outside a set-up phase, its peers heard from: critical at FROZEN_S
+    phase(st, "rollout/1", "generate", T0 + 1, step=3)
+    _beat_on(st, T0 + 13)
+    assert named(st, T0 + 6.5, "heartbeat_stale") == []
+    assert named(st, T0 + 7.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "critical")]
+
+
+def test_a_silence_in_a_phase_slow_on_purpose_or_on_a_busy_node_is_critical_only_at_stall_s():
+    st = _starting()
+    phase(st, "rollout/1", "checkpoint", T0 + 1)  # a checkpoint's pickling may hold the GIL
+    _beat_on(st, T0 + 13)
+    assert named(st, T0 + 7.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "warn")]
+    assert named(st, T0 + 12.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "critical")]
+
+    st = _starting()
+    phase(st, "rollout/1", "generate", T0 + 1, step=3)
+    st.apply(ev.PhaseEvent(src="agent/n1", phase="node_busy", started=T0 + 1, detail="node n1: busy", ts=T0 + 1))
+    _beat_on(st, T0 + 13)
+    assert named(st, T0 + 7.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "warn")]
+    assert named(st, T0 + 12.5, "heartbeat_stale") == [("heartbeat_stale", ["rollout/1"], "critical")]
+
+
+def test_a_silence_on_a_node_its_agent_calls_busy_says_so_and_is_no_death():
+    st = _starting()
+    _beat_on(st, T0 + 20)
+    busy = ("node n1: 2.0 of its 2 cores busy, 1.9 of them held by processes outside this run (pid 7 python (96 %)); "
+            "workers here may start slowly and their heartbeats come late")
+    st.apply(ev.PhaseEvent(src="agent/n1", phase="node_busy", started=T0 + 5, detail=busy, ts=T0 + 5))
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 20) if a.code == "heartbeat_stale"]
+    assert (a.severity, a.evidence["verdict"], a.evidence["node_busy"]) == ("warn", "starved", True)
+    assert a.message.endswith(busy) and "on a busy node" in a.hint
+    # the agent's phase is no work of its own: no straggler, no slower-than-usual of it
+    assert [x for x in diagnosis.diagnose(st, T0 + 20) if "agent/n1" in x.targets] == []
+    phase(st, "rollout/1", "generate", T0 + 1, step=3)  # outside set-up: still named critical, the load said with it
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 20) if a.code == "heartbeat_stale"]
+    assert a.severity == "critical" and a.message.endswith(busy)
+
+
+def test_after_a_restart_the_old_drivers_teacher_requests_and_its_set_up_are_no_alarm():
+    """Seen on a healthy `gkd-tui restart` with no load: the driver that was stopped had 2 teacher requests in
+    flight, and they read as "unreached" until the new driver's client said its own counts; and the moment
+    between its join_group and its resume read as 35 s without a step, naming the node agent."""
+    st = _teacher_run()
+    st.apply(ev.WorkerEvent(src="agent/n1", role="agent", node="n1", ts=T0))
+    phase(st, "agent/n1", "watching", T0)
+    for step in range(1, 11):
+        st.apply(ev.MetricsEvent(step=step, ts=T0 + 0.2 * step))
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=54, completed=52, in_flight=2, ts=T0 + 2))
+    st.apply(ev.RunEvent(state="restarting", restart=1, ts=T0 + 3))
+    st.apply(ev.RunEvent(state="running", restart=1, ts=T0 + 6))
+    st.apply(ev.WorkerEvent(src="driver", role="driver", pid=7, ts=T0 + 9))
+    for name, t in (("load_data", 9), ("init", 13), ("join_group", 40), ("idle", 40.02), ("resume", 40.05)):
+        phase(st, "driver", name, T0 + t)
+    st.apply(ev.WorkerEvent(src="agent/n1", role="agent", node="n1", pid=8, ts=T0 + 23))
+    phase(st, "agent/n1", "watching", T0 + 23)
+    for t in range(9, 45):
+        beat(st, "driver", T0 + t, 5.0)
+        if t >= 23:
+            beat(st, "agent/n1", T0 + t, 1.0)
+    assert named(st, T0 + 30) == [] and named(st, T0 + 40.03) == []
+    phase(st, "driver", "generate", T0 + 40.1, step=11)
+    assert named(st, T0 + 44) == []
+    # the new driver's own requests, unanswered with no server to take them, are still named
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=2, completed=0, in_flight=2, ts=T0 + 41))
+    assert named(st, T0 + 47, "teacher_unreached") == [("teacher_unreached", ["teacher/proxy"], "critical")]

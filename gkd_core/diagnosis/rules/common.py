@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from gkd_core.config import TrainerConfig
 from gkd_core.diagnosis.verdict import FROZEN_S
 from gkd_core.state import RunState
 
@@ -12,6 +13,11 @@ from gkd_core.state import RunState
 class Settings(NamedTuple):
     stall_s: float = 10.0  # a heartbeat older than this is stale
     heartbeat_s: float = 1.0  # how often workers send one: a silence is judged against it
+    # a worker in a set-up phase (init, init_model, init_engine) that set no deadline of its own: how long it
+    # may go without a heartbeat before that is critical (an import or a model load holds the GIL in C, a
+    # busy node starves it); the driver's own wait for it ends then too (the supervisor passes the run's
+    # trainer.init_timeout_s; this is its default)
+    setup_s: float = TrainerConfig().init_timeout_s
 
 
 BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it

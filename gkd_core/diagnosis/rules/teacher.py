@@ -26,7 +26,9 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     workers serve none while its queue grows (the teacher workers)."""
     if state.state not in ("running", ""):
         return []
-    sides = state.teacher.by_src
+    # what a side said before the driver was (re)started is of the driver that is gone and of its teacher:
+    # the requests its client had in flight died with it (a restart is no teacher that went unreached)
+    sides = {k: s for k, s in state.teacher.by_src.items() if s.ts >= state.running_since}
     clients = [s for k, s in sides.items() if k.startswith("client:") and s.in_flight]
     servers = [s for k, s in sides.items() if k.startswith("server:")]
     out = []

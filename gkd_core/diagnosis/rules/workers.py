@@ -6,53 +6,104 @@ from __future__ import annotations
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
-from gkd_core.diagnosis.stragglers import Late, late_workers
-from gkd_core.diagnosis.verdict import verdict
-from gkd_core.state import RunState
+from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
+from gkd_core.diagnosis.verdict import silent_for, verdict
+from gkd_core.node.cpu_load import NODE_BUSY
+from gkd_core.state import RunState, WorkerState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 from gkd_core.vocab import WORKER_ENDED
 
+# phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
+# preparation): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
+SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
+
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A worker that sends no heartbeat: frozen or dead. Named at ``stall_s``, or sooner (FROZEN_S)
-    when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor."""
+    when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor, and
+    the heartbeat thread, which waits with the GIL released, has not run for five of its periods. That is
+    critical at once, unless its node's CPU is held outside the run (a starved thread: critical at
+    ``stall_s``) or it is in a phase slow on purpose (a checkpoint's pickling can hold the GIL).
+    A worker in a set-up phase is critical only past its set-up deadline (``_silent_in_set_up``). Silence
+    counts from when the process was last heard from (``heard_from``)."""
     fresh, frozen = frozen_limits(cfg)
     others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
     limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
-    stale = state.stale_workers(now, limit)
+    silent = {w.src: age for w in state.workers.values()
+              if w.phase not in WORKER_ENDED and (age := silent_for(w, now)) is not None and age > limit}
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
     # its own go quiet, so a relay that is nearly stale counts too.
-    quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.last_heartbeat
-                    and now - w.last_heartbeat > limit - 2 * cfg.heartbeat_s and w.phase not in WORKER_ENDED}
+    quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.phase not in WORKER_ENDED
+                    and (age := silent_for(w, now)) is not None and age > limit - 2 * cfg.heartbeat_s}
     behind: dict[str, list[str]] = {}
-    for w in stale:
+    for src in silent:
+        w = state.workers[src]
         if w.via in quiet_relays:
             behind.setdefault(w.via, []).append(w.src)
     out = []
-    for w in stale:
+    for src, age in silent.items():
+        w = state.workers[src]
         if w.via in quiet_relays:
             continue
-        age = now - w.last_heartbeat
         where = f"pid {w.pid} on {w.node}" if w.pid else "no pid registered"
-        v = verdict(state, w, now, frozen)
+        busy = node_busy(state, w)
         relayed = len(behind.get(w.src, ()))
+        if set_up(w.phase) and not relayed:
+            out.append(_silent_in_set_up(w, age, now, where, busy, cfg))
+            continue
+        v = verdict(state, w, now, frozen)
         with_it = (f"; the {relayed} worker(s) whose events it relays are silent with it (they may be working: "
                    "their events wait in their own queues)") if relayed else ""
         out.append(AlertEvent(
-            severity="critical" if w.phase == "sync_weights" or age > cfg.stall_s or relayed else "warn",
+            severity="critical" if age > cfg.stall_s or relayed or (others_fresh and not busy
+                                                                    and w.phase not in SLOW_ON_PURPOSE) else "warn",
             code="heartbeat_stale",
             message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
-                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}{with_it}",
+                    f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}{with_it}"
+                    + (f"; {busy}" if busy else ""),
             hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
                  f"`gkd-tui dump-stacks {w.src}`" + ("; the driver starts a dead node agent again between steps"
                                                      if relayed else ""),
             targets=[w.src], evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
                                        "verdict": v.word or "frozen", "where": v.where, "relayed_silent": relayed,
+                                       "node_busy": bool(busy),
                                        **({"blocked": sorted(behind[w.src])[:BLOCKED_MAX]} if relayed else {})},
         ))
     return out
+
+
+def _silent_in_set_up(w: WorkerState, age: float, now: float, where: str, busy: str, cfg: Settings) -> AlertEvent:
+    """A starting process is judged against its set-up deadline (the phase's own, else ``setup_s`` from its
+    start), not the heartbeat's: an import or a model load can hold the GIL in C for seconds, a busy node
+    starves it. Said (warn) as any silence is, critical only past the deadline. A process that died while
+    starting is named at once by the driver, whose wait for it ends with its death (``driver_failed``)."""
+    deadline = w.deadline or w.phase_since + cfg.setup_s
+    past = now > deadline
+    said = (f"{w.src} sent no heartbeat for {spoken(age)} in its set-up (phase {w.phase} for "
+            f"{spoken(now - w.phase_since)}, {where})")
+    if past:
+        said += f", past its set-up deadline ({spoken(deadline - w.phase_since)} from the phase's start)"
+    else:
+        said += (f"; its set-up deadline is in {spoken(deadline - now)}: a starting process can hold the GIL in an "
+                 "import or a model load for a while")
+    return AlertEvent(
+        severity="critical" if past else "warn", code="heartbeat_stale", message=said + (f"; {busy}" if busy else ""),
+        hint=phase_hint(w.phase) if past else (
+            "nothing to do yet: it is starting" + (" on a busy node" if busy else "") + "; its stack (d) says where"),
+        targets=[w.src],
+        evidence={"heartbeat_age_s": round(age, 1), "phase": w.phase, "elapsed_s": round(age, 1),
+                  "verdict": "frozen" if past else ("starved" if busy else "starting"), "where": "",
+                  "relayed_silent": 0, "node_busy": bool(busy), "set_up_deadline_in_s": round(deadline - now, 1)},
+    )
+
+
+def node_busy(state: RunState, w: WorkerState) -> str:
+    """What the agent of ``w``'s node says of its CPU when it is held by processes outside the run, else ""."""
+    agent = state.workers.get(w.via) if w.via else next(
+        (a for a in state.workers.values() if a.role == "agent" and a.node == w.node and w.node), None)
+    return agent.detail if agent is not None and agent.phase == NODE_BUSY and agent is not w else ""
 
 
 def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -114,9 +165,6 @@ def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     return out
 
 
-SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
-
-
 NO_STEP_FACTOR = 3.0
 
 
@@ -131,15 +179,19 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         return []
     gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:]))
     median = gaps[len(gaps) // 2]
-    since = now - max(ms[-1].ts, state.running_since)  # a restarted driver's init is not a stall
     driver = state.workers.get("driver")
-    if driver is not None and (driver.phase.startswith("init") or driver.phase in SLOW_ON_PURPOSE):
+    if driver is not None and (set_up(driver.phase) or driver.phase in SLOW_ON_PURPOSE):
         return []
+    # a restarted driver's set-up is not a stall: counted from its end (the moment between two of its
+    # set-up phases included), not from the restart
+    set_up_ended = max((s.ended for s in driver.spans if set_up(s.phase) or s.phase in SLOW_ON_PURPOSE),
+                       default=0.0) if driver is not None else 0.0
+    since = now - max(ms[-1].ts, state.running_since, set_up_ended)
     limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
-    alive = [w for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < cfg.stall_s]
+    alive = [w for w in state.workers.values() if (age := silent_for(w, now)) is not None and age < cfg.stall_s]
     if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
         return []
-    busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in ("idle", "serve")),
+    busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in NOT_WORK),
                   reverse=True)[:3]
     return [AlertEvent(
         severity="warn", code="no_progress",
