@@ -1,6 +1,6 @@
 """The random trials' fault matrix (bench/chaos_trials.py), rendered from records written here: precision counts
 every naming of a kind (a wrong one in another kind's trial, a false alarm in a healthy window), recall every
-trial of it; a trial started and never ended is in the table; the older runner's rows are left out, said so."""
+trial of it; a trial started and never ended is in the table; older runners' rows are left out, said so."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ COMMAND = "python bench/chaos_trials.py --trials 2"
 def fault(seed, kind, target, named, after_s=2.0, by="diagnosis", code="heartbeat_stale", moment="after_step",
           phase="idle", student_phase="train"):
     right = bool(named) and target in named and after_s <= 10
-    return [{"runner": 2, "command": COMMAND, "seed": seed, "kind": kind, "status": "started"},
-            {"runner": 2, "command": COMMAND, "seed": seed, "kind": kind, "status": "done", "target": target,
+    return [{"runner": 3, "command": COMMAND, "seed": seed, "kind": kind, "status": "started"},
+            {"runner": 3, "command": COMMAND, "seed": seed, "kind": kind, "status": "done", "target": target,
              "fault": "stop", "moment": moment, "phase": phase, "student_phase": student_phase, "named": named,
              "code": code if named else "", "by": by if named else "", "message": "", "after_s": after_s if named
              else None, "right": right}]
@@ -35,18 +35,21 @@ def row_of(table: str, kind: str) -> list[str]:
 def test_the_matrix_counts_every_naming_against_the_kind_it_names():
     record = [
         {"seed": "25/0", "kind": "student", "right": True, "command": "old"},  # the first runner's: left out
+        {"runner": 2, "command": "older", "seed": "38/0", "kind": "student", "status": "started"},  # so are runner 2's
+        {"runner": 2, "command": "older", "seed": "38/0", "kind": "student", "status": "done", "right": False},
         *fault("1/0", "student", "student/0", ["student/0"], 4.0),
         *fault("1/1", "student", "student/0", ["student/0"], 1.0, by="driver", code="driver_failed",
                moment="in_sync", phase="sync_weights"),
         *fault("1/2", "rollout", "rollout/1", ["student/0"], 3.0),  # the wrong process: against the student's precision
         *fault("1/3", "rollout", "rollout/0", ["rollout/0"], 12.0),  # right, but too late: a miss
         *fault("1/4", "agent", "agent/vm", []),  # nothing named
-        {"runner": 2, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "started"},
-        {"runner": 2, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "done", "window_s": 60.0,
-         "steps": 100, "alarms": [{"code": "heartbeat_stale", "targets": ["rollout/0"], "message": "", "after_s": 3.0}]},
-        {"runner": 2, "command": COMMAND, "seed": "1/6", "kind": "driver", "status": "started"},  # the runner died in it
-        {"runner": 2, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "started"},
-        {"runner": 2, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "crashed", "error": "TimeoutError: x"},
+        {"runner": 3, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "started"},
+        {"runner": 3, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "done", "window_s": 60.0,
+         "steps": 100, "alarms": [{"code": "heartbeat_stale", "targets": ["rollout/0"], "message": "", "after_s": 3.0}],
+         "warnings": {"slower_than_usual": 2, "heartbeat_stale": 1}},
+        {"runner": 3, "command": COMMAND, "seed": "1/6", "kind": "driver", "status": "started"},  # the runner died in it
+        {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "started"},
+        {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "crashed", "error": "TimeoutError: x"},
     ]
     table = chaos_trials.render(record)
     student = row_of(table, "student")
@@ -60,8 +63,9 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
     assert everyone[7:10] == ["**0.60**", "**0.40**", "**0.48**"]  # 3 of 5 namings on target; 2 of 5 trials right
     assert "8 trials started" in table and "2 did not end" in table
     assert "`1/6` driver: no end: the runner died in it" in table and "`1/7` proxy: crashed: TimeoutError: x" in table
-    assert "Left out: the 1 rows of the first runner (`--seed` 25)" in table
-    assert "false alarms (a critical alert with no fault): 1" in table
+    assert "Left out: the 1 trials of runner 1 (`--seed` 25)" in table
+    assert "Left out: the 1 trials of runner 2 (`--seed` 38). It ran against the diagnosis before" in table
+    assert "false alarms (a critical alert with no fault): 1; warnings: heartbeat_stale 1, slower_than_usual 2." in table
     assert "`1/5` heartbeat_stale on rollout/0, 3.0 s into the window" in table
     assert "`1/2` stop of rollout/1 (after_step, in idle; student in train): heartbeat_stale named student/0" in table
     assert "Here: not met." in table
