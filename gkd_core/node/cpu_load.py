@@ -180,6 +180,8 @@ class NodeLoadWatch:
             except Exception as e:  # a /proc this reader does not know: said once, and the agent goes on
                 self.rep.log(f"agent on {self.node}: the node's CPU load cannot be read ({type(e).__name__}: {e})",
                              level="warn")
+                if self.busy:  # not left saying a load it no longer reads
+                    self.rep.set_phase(NODE_WATCHING)
                 return
             if load is not None:
                 self.note(load)

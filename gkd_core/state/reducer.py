@@ -168,6 +168,9 @@ def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
     t = st.teacher
     key = f"{e.side}:{e.src}"
     old = t.by_src.get(key)
+    if old is not None and (e.sent < old.sent or e.completed < old.completed or e.received < old.received
+                            or e.served < old.served):
+        old = None  # counts that went down are a new process's (a restarted driver, a teacher started again)
     side = TeacherSide(
         sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out or 0, in_flight=e.in_flight,
         received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),

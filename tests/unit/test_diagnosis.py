@@ -659,6 +659,22 @@ def test_after_a_restart_the_old_drivers_teacher_requests_and_its_set_up_are_no_
     assert named(st, T0 + 30) == [] and named(st, T0 + 40.03) == []
     phase(st, "driver", "generate", T0 + 40.1, step=11)
     assert named(st, T0 + 44) == []
-    # the new driver's own requests, unanswered with no server to take them, are still named
+    # the new driver's own requests, unanswered with no server to take them, are still named: from when it
+    # sent them (its counts start again under the old name: the old driver's moments are not its own)
     st.apply(ev.TeacherEvent(src="driver", side="client", sent=2, completed=0, in_flight=2, ts=T0 + 41))
+    assert named(st, T0 + 41.5, "teacher_unreached") == []
     assert named(st, T0 + 47, "teacher_unreached") == [("teacher_unreached", ["teacher/proxy"], "critical")]
+
+
+def test_a_teacher_proxy_started_again_counts_from_its_own_first_word():
+    """A proxy started again reports under the old name with counts from zero: its receipts are of this
+    moment, not of the old one's last (which would read as "received nothing since the client sent")."""
+    st = _teacher_run()
+    st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=50, served=50, ts=T0 + 1))
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=50, completed=50, in_flight=0, ts=T0 + 1))
+    st.apply(ev.TeacherEvent(src="teacher/proxy", side="server", received=3, served=1, queue_depth=2, ts=T0 + 20))
+    st.apply(ev.TeacherEvent(src="driver", side="client", sent=53, completed=51, in_flight=2, ts=T0 + 20.5))
+    server = st.teacher.by_src["server:teacher/proxy"]
+    assert (server.received_at, server.progress_at) == (T0 + 20, T0 + 20)
+    assert named(st, T0 + 21, "teacher_unreached") == []
+

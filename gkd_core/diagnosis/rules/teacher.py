@@ -33,7 +33,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     servers = [s for k, s in sides.items() if k.startswith("server:")]
     out = []
     for c in clients:
-        waited = now - c.progress_at
+        waited = now - max(c.progress_at, state.running_since)
         if waited < _stall_limit(c):
             continue
         # the newest sends never arrived: fewer received than sent, and nothing received since
