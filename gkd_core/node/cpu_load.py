@@ -128,7 +128,10 @@ class CpuLoad:
         used = {key: p.cpu_s - prev[key].cpu_s if key in prev else p.cpu_s for key, p in procs.items()}
         outside = sorted(((u, key[0], procs[key].name) for key, u in used.items() if key[0] not in inside and u > 0),
                          reverse=True)
-        return Load(cores=cores, busy=(busy_s - busy0) / wall, outside=sum(u for u, _, _ in outside) / wall,
+        busy = (busy_s - busy0) / wall
+        # the processes' times and the node's are read a moment apart: what they add up to may pass the
+        # node's busy time by a few clock ticks, which no process outside can have held
+        return Load(cores=cores, busy=busy, outside=min(busy, sum(u for u, _, _ in outside) / wall),
                     top=[(pid, name, u / wall) for u, pid, name in outside[:TOP_NAMED] if u / wall >= TOP_MIN])
 
     def run_pids(self, procs: dict[tuple[int, int], _Proc]) -> set[int]:
