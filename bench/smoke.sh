@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name
-# and wall time printed, then chaos_trials' table rendered from its record and checked. Run from the
-# repository root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, .ci/run).
+# and wall time printed, then the tables rendered from records (chaos_trials', bench_restart_load's)
+# checked against them. Run from the repository root with the main venv active: `bash bench/smoke.sh`
+# (CI runs it after the suite, .ci/run).
 # A bench that fails does not stop the others; the script fails at the end, naming every one that did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,5 +48,6 @@ if (( ${#failed[@]} )); then
     exit 1
 fi
 
-echo "== chaos_trials --render-only --check"
+echo "== the tables rendered from records, checked against them"
 python bench/chaos_trials.py --render-only --check
+python bench/bench_restart_load.py --render-only --check
