@@ -85,3 +85,17 @@ def test_the_table_check_says_no_when_the_file_is_not_the_record(tmp_path):
 def test_p90_is_a_time_that_was_measured():
     assert chaos_trials.nearest_rank(list(range(1, 21)), 0.9) == 18
     assert chaos_trials.nearest_rank([5.0], 0.9) == 5.0
+
+
+def test_the_readmes_figures_are_the_records():
+    """README quotes the matrix's totals: they must be what the committed record renders."""
+    table = chaos_trials.render(chaos_trials.read_record(ROOT / "bench" / "chaos_trials.jsonl"))
+    everyone = row_of(table, "**all**")
+    precision, recall, f1 = (x.strip("*") for x in everyone[7:10])
+    p50, p90 = everyone[10].split(", ")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    faults = everyone[1]
+    alarms = table.split("false alarms (a critical alert with no fault): ")[1].split(";")[0]
+    said = (f"Over {faults} faults", f"precision {precision}, recall {recall}, F1 {f1}",
+            f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms")
+    assert all(s in readme for s in said), f"README's random-trial figures are not the record's: {said}"
