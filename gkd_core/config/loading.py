@@ -175,6 +175,8 @@ def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) 
         value = get_path(tree, where.split(".")) if where else None
         src = sources.get(where, source)
         reason = msg.split(" - at ")[0]
+        if len(reason) > 200:  # msgspec quotes the value whole ("Invalid enum value '999…'"): cut, as _show cuts it
+            reason = reason[:197] + "..."
         raise ConfigError(f"{src}: bad value for '{where or '(top level)'}': {_show(value)}: {reason}") from None
     _check_numbers(msgspec.to_builtins(cfg), "", sources, source)
     _check_semantics(cfg, source)

@@ -79,3 +79,11 @@ def test_a_retired_key_of_an_older_config_loads_with_a_warning_and_is_not_writte
     assert "tiny-student" not in C.to_yaml(cfg) and "tiny-teacher" not in C.to_yaml(cfg)
     with pytest.raises(C.ConfigError, match="unknown key 'model.nme'"):  # other unknown keys are still refused
         C.load_config(None, ["model.nme=x"])
+
+
+def test_a_long_value_outside_a_choice_is_refused_in_one_short_line():
+    """Found by the fuzz test: msgspec quotes the bad value whole in its reason; the error is cut like the value."""
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(None, ["data.truncation='" + "9" * 5000 + "'"])
+    assert "bad value for 'data.truncation'" in str(e.value) and "Invalid enum value" in str(e.value)
+    assert len(str(e.value)) < 500
