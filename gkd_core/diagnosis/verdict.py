@@ -14,26 +14,11 @@ from typing import NamedTuple
 
 from gkd_core.stack_text import signature, where
 from gkd_core.state import RunState, WorkerState
+from gkd_core.state.views import silent_for
 
 FROZEN_S = 5.0  # a heartbeat older than this (at 1 Hz) means the whole process has stopped
 NO_PROGRESS_S = 5.0
 BUSY_PCT = 50.0
-
-
-def heard_from(w: WorkerState) -> float:
-    """When the process was last heard from (0.0: never a heartbeat): its newest heartbeat, or the start of
-    its phase when that is newer. A phase is said by the process itself, through the thread that sends
-    its heartbeats, so it is a sign of life too; and a worker that registers under the name of one that
-    died (a restart, a teacher started again) is heard from at its own start, not judged by the dead
-    one's last beat while its first is still on the way (a node's relay sends heartbeats once a second,
-    everything else at once)."""
-    return max(w.last_heartbeat, w.phase_since) if w.last_heartbeat else 0.0
-
-
-def silent_for(w: WorkerState, now: float) -> float | None:
-    """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
-    heard = heard_from(w)
-    return now - heard if heard else None
 
 
 class Verdict(NamedTuple):

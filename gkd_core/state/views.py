@@ -12,6 +12,22 @@ from gkd_core.state.records import (
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
 
+def heard_from(w: WorkerState) -> float:
+    """When the process was last heard from (0.0: never a heartbeat): its newest heartbeat, or the start of
+    its phase when that is newer. A phase is said by the process itself, through the thread that sends
+    its heartbeats, so it is a sign of life too; and a worker that registers under the name of one that
+    died (a restart, a teacher started again) is heard from at its own start, not judged by the dead
+    one's last beat while its first is still on the way (a node's relay sends heartbeats once a second,
+    everything else at once)."""
+    return max(w.last_heartbeat, w.phase_since) if w.last_heartbeat else 0.0
+
+
+def silent_for(w: WorkerState, now: float) -> float | None:
+    """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
+    heard = heard_from(w)
+    return now - heard if heard else None
+
+
 class StateViews:
     """Mixed into ``RunState`` (no fields of its own, so the Struct stays one encoded object)."""
 
@@ -30,12 +46,11 @@ class StateViews:
             out.setdefault(w.role, []).append(w)
         return out
 
-    def stale_workers(self, now: float, stall_s: float) -> list[WorkerState]:
-        """Workers whose heartbeats stopped while they were not finished: frozen or dead."""
-        return [
-            w for w in self.workers.values()
-            if w.last_heartbeat and w.phase not in WORKER_ENDED and now - w.last_heartbeat > stall_s
-        ]
+    def stale_workers(self, now: float, stall_s: float) -> dict[str, float]:
+        """Workers not finished and silent for more than ``stall_s`` (``silent_for``): frozen or dead.
+        src -> seconds silent."""
+        return {w.src: age for w in self.workers.values()
+                if w.phase not in WORKER_ENDED and (age := silent_for(w, now)) is not None and age > stall_s}
 
     def sync_view(self, now: float) -> SyncView | None:
         s = self.sync

@@ -7,9 +7,10 @@ from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
-from gkd_core.diagnosis.verdict import silent_for, verdict
+from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import RunState, WorkerState
+from gkd_core.state.views import silent_for
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 from gkd_core.vocab import WORKER_ENDED
@@ -30,8 +31,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     fresh, frozen = frozen_limits(cfg)
     others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
     limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
-    silent = {w.src: age for w in state.workers.values()
-              if w.phase not in WORKER_ENDED and (age := silent_for(w, now)) is not None and age > limit}
+    silent = state.stale_workers(now, limit)
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
     # its own go quiet, so a relay that is nearly stale counts too.
