@@ -203,22 +203,30 @@ class Cluster:
             self.rep.log(f"no node agent on {', '.join(missing)} within the deadline", level="warn")
 
     def start_teacher(self) -> None:
-        """The teacher proxy (once, or again after it died) and its workers (those not running)."""
+        """The teacher proxy (once, or again after it died) and its workers (those not running). The workers
+        start beside a new proxy, not after it: each loads its model while the proxy's process starts (the
+        proxy's start-up was added to the teacher's, before the first step), and is handed the proxy's
+        backend address to come."""
         t = self.cfg.teacher
+        backend: str | list[ray.ObjectRef] = self.teacher_backend
+        addresses = None
         if "teacher/proxy" not in self.actors:
             proxy = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
                 self.context("teacher/proxy"), self.teacher_host)
             self.actors["teacher/proxy"] = proxy
-            addrs = self.wait({"teacher/proxy": proxy.addresses.remote()}, self.cfg.trainer.init_timeout_s,
-                              "init")["teacher/proxy"]
-            self.teacher_backend = addrs["backend"]
-            self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
+            addresses = proxy.addresses.remote()
+            backend = [addresses]  # in a list: Ray hands the worker the reference, not a wait before it starts
         worker = ray.remote(workers.TeacherWorkerActor).options(num_gpus=self.gpus_per_actor, **self.opts("teacher"))
         for i in range(t.n_server_workers):
             if src_of("teacher", i) in self.actors:
                 continue
             self.actors[src_of("teacher", i)] = worker.remote(i, self.context(src_of("teacher", i)), t.path,
-                                                        self.teacher_backend, t.trust_remote_code, t.engine, t.topk)
+                                                        backend, t.trust_remote_code, t.engine, t.topk,
+                                                        self.cfg.trainer.init_timeout_s)
+        if addresses is not None:
+            addrs = self.wait({"teacher/proxy": addresses}, self.cfg.trainer.init_timeout_s, "init")["teacher/proxy"]
+            self.teacher_backend = addrs["backend"]
+            self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
 
     def dead(self, handles: dict[str, ActorHandle]) -> list[str]:
         """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked

@@ -269,8 +269,10 @@ class TeacherProxyActor(WorkerBase):
 
 
 class TeacherWorkerActor(WorkerBase):
-    def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str,
-                 trust_remote_code: bool = False, engine: str = "torch", topk: int = 16):
+    def __init__(self, rank: int, ctx: WorkerContext, teacher_path: str, backend: str | list[ray.ObjectRef],
+                 trust_remote_code: bool = False, engine: str = "torch", topk: int = 16, init_timeout_s: float = 300.0):
+        """``backend``: the proxy's backend address, or (a proxy starting beside this worker) a one-element list
+        of the reference to its ``addresses()``, taken once the model is loaded, within ``init_timeout_s``."""
         super().__init__(src_of("teacher", rank), "teacher", rank, ctx)
         with self.rep.phase("init_model", detail=f"{teacher_path} (engine {engine})"):
             if engine == "vllm":
@@ -282,6 +284,9 @@ class TeacherWorkerActor(WorkerBase):
                                                   trust_remote_code=trust_remote_code)
                 self.model.eval()
                 score = functools.partial(torch_engine.score, self.model)
+        if not isinstance(backend, str):
+            with self.rep.phase("init", timeout_s=init_timeout_s, detail="waiting for the teacher proxy's address"):
+                backend = ray.get(backend[0], timeout=init_timeout_s)["backend"]
         self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
         self.loop.start()
         self.closers.insert(0, self.loop.stop)  # no request reaches an engine that is closing
