@@ -69,7 +69,6 @@ KINDS = {"student": ["student/0"], "rollout": ["rollout/0", "rollout/1"], "teach
          "proxy": ["teacher/proxy"], "driver": ["driver"], "agent": ["agent/"]}
 MOMENTS = ("after_step", "in_sync")
 WINDOW_S = NAME_WITHIN_S + 5  # a trial waits this long for its naming; the healthy windows add up to as long
-QUIET_S = 8.0  # longer than any rule takes to say a fault (5 s), so a late finding is not the next trial's
 MARK = ("<!-- random trials -->", "<!-- /random trials -->")
 TABLE = ROOT / "tests" / "chaos" / "CHAOS.md"
 GOAL = {"precision": 0.97, "recall": 0.95, "p90_s": 6.0}
@@ -140,35 +139,6 @@ class SyncStarts:
         self.sock.close(linger=0)
 
 
-def named_now(chaos: Chaos) -> list[str]:
-    """The alerts that name a worker and hold now (not cleared)."""
-    active: dict[tuple, str] = {}
-    for e in chaos.events():
-        if e["kind"] == "alert" and e.get("targets"):
-            key = (e["code"], tuple(e["targets"]))
-            if e.get("cleared"):
-                active.pop(key, None)
-            else:
-                active[key] = f"{e['code']} {', '.join(e['targets'])}"
-    return sorted(active.values())
-
-
-def quiet(chaos: Chaos, for_s: float = QUIET_S) -> None:
-    """Until no alert names a worker, for ``for_s``: the last fault's findings (some come seconds late) and a
-    restart's (workers still starting) must not be taken for the next one's."""
-    since = None
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if named_now(chaos):
-            since = None
-        elif since is None:
-            since = time.monotonic()
-        elif time.monotonic() - since >= for_s:
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"the run did not settle within 180 s: {named_now(chaos)}")
-
-
 def phase_of(chaos: Chaos, src: str, t0: float) -> str:
     return next((e["phase"] for e in reversed(chaos.events())
                  if e["kind"] == "phase" and e["src"].startswith(src) and e["ts"] <= t0), "?")
@@ -219,7 +189,7 @@ def fault_trial(chaos: Chaos, syncs: SyncStarts, seed: str, kind: str) -> dict:
     fault = rng.choice(["kill", "stop"])
     moment = rng.choice(MOMENTS)
     delay = rng.uniform(0.0, 0.6)  # about a step of the demo
-    quiet(chaos)
+    chaos.quiet()
     chaos.wait_step(chaos.step(), 240, "a step to end")
     pid = chaos.pid(src)
     src = next(e["src"] for e in reversed(chaos.events()) if e["kind"] == "worker" and e["src"].startswith(src))
@@ -252,7 +222,7 @@ def fault_trial(chaos: Chaos, syncs: SyncStarts, seed: str, kind: str) -> dict:
 
 def healthy_window(chaos: Chaos, window_s: float) -> dict:
     """``window_s`` of the run left alone: every critical alert in it is a false alarm."""
-    quiet(chaos)
+    chaos.quiet()
     t0, before = time.time(), chaos.step()
     time.sleep(window_s)
     time.sleep(0.3)  # the window's last events flushed to the log

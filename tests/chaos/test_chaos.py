@@ -1,7 +1,8 @@
 """The chaos suite: every component of a real run frozen (SIGSTOP, then SIGCONT) and killed
 (SIGKILL) at a random step, and what follows measured.
 
-One run per component, with the shipped checkpoint interval: first the freeze (the run must come
+A real run for each component, with the shipped checkpoint interval (the components whose kill the run
+recovers from by itself share one, ``SHARED``): first the freeze (the run must come
 back by itself), then the kill (the run recovers by itself, or ``gkd-tui restart`` resumes it from
 the latest checkpoint). The steps to fault at are drawn from a seed that is printed (``GKD_CHAOS_SEED``
 draws them again). For each fault: how many seconds until the supervisor (or ``gkd-tui status``)
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from chaos_naming import first_naming
-from conftest import ROOT, wait_until
+from conftest import ROOT, RunningSupervisor, wait_until
 from gkd_core import rundir
 from gkd_core.config import load_config
 from gkd_core.diagnosis.rules.workers import SLOW_ON_PURPOSE
@@ -52,6 +53,7 @@ NAME_WITHIN_S = 10.0  # the first critical alert after a fault names the process
 # CPU is held outside the run (node_busy), is warned at 5 s and critical only at the heartbeat's stall
 # limit, counted from its last beat (up to one before the freeze) and judged twice a second
 SLOW_FROZEN_WITHIN_S = load_config(None).telemetry.stall_s + 2.0
+QUIET_S = 8.0  # longer than any rule takes to say a fault (5 s): a late finding is not the next fault's
 # bench/chaos_trials.py writes its table between these in CHAOS.md; the suite, writing the file whole, keeps it
 RANDOM_TRIALS = ("<!-- random trials -->", "<!-- /random trials -->")
 
@@ -73,7 +75,9 @@ ROWS: list[Row] = []
 HEAD = """# The chaos suite
 
 Written by `tests/chaos/test_chaos.py` (`GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
-tests/chaos/test_chaos.py`), which runs in CI with the rest of the suite. One real run per component:
+tests/chaos/test_chaos.py`), which runs in CI with the rest of the suite. A real run for each component
+(the dashboard, the node agent, the teacher worker and the teacher proxy, whose kill the run recovers from
+by itself, share one, in that order, each once the findings of the one before have settled):
 the embedded CPU demo on a local Ray cluster, driven by the real trainer, with the shipped settings
 but for the teacher's timeout (`teacher.request_timeout_s=5`, `teacher.max_retries=1`, so that a test
 can wait a teacher out; the default is 30 s, three times). Each component is first frozen, then
@@ -227,6 +231,33 @@ class Chaos:
         return subprocess.run([sys.executable, "-m", "gkd_tui.cli", *args], env=env, cwd=ROOT, text=True,
                               capture_output=True, timeout=timeout_s)
 
+    def named_now(self) -> list[str]:
+        """The alerts that name a worker and hold now (not cleared)."""
+        active: dict[tuple, str] = {}
+        for e in self.events():
+            if e["kind"] == "alert" and e.get("targets"):
+                key = (e["code"], tuple(e["targets"]))
+                if e.get("cleared"):
+                    active.pop(key, None)
+                else:
+                    active[key] = f"{e['code']} {', '.join(e['targets'])}"
+        return sorted(active.values())
+
+    def quiet(self, for_s: float = QUIET_S) -> None:
+        """Until no alert names a worker, for ``for_s``: the last fault's findings (some come seconds late) and a
+        restart's (workers still starting) must not be taken for the next one's."""
+        since = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.named_now():
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= for_s:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"the run did not settle within 180 s: {self.named_now()}")
+
     def wait_step(self, beyond: int, timeout_s: float, what: str) -> int:
         return wait_until(lambda: self.step() if self.step() > beyond else 0, timeout_s, what, every_s=0.2)
 
@@ -379,20 +410,53 @@ class Dashboard:
         os.close(self.master)
 
 
-COMPONENTS = ["supervisor", "driver", "student/0", "rollout/0", "teacher/proxy", "teacher/0", "agent/",
-              "dashboard"]
+COMPONENTS = ["supervisor", "driver", "student/0", "rollout/0", "dashboard", "agent/", "teacher/0",
+              "teacher/proxy"]
+# A fault the run comes back from by itself, driver and every worker still running, leaves a run the next
+# component's faults can be made in: these share one run (a run's start is most of a test's time), each
+# after the last one's findings have settled (``quiet``). The proxy is the last: a new proxy counts its
+# requests from zero, and its client's count goes on. The others are started again by `gkd-tui restart`
+# (every process anew) or are the supervisor, one run each.
+SHARED = ("dashboard", "agent/", "teacher/0", "teacher/proxy")
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory, teacher_cache):
+    """The run of the SHARED components, started by the first that asks; started again after a test that
+    failed in it (whose run was killed). The last component stops it, as every other test stops its own."""
+    home = tmp_path_factory.mktemp("chaos-shared") / "gkd"
+    home.mkdir()
+    (home / "cache").symlink_to(teacher_cache)
+    runs: list[RunningSupervisor] = []
+
+    def live() -> RunningSupervisor:
+        if not runs or runs[-1].proc.poll() is not None:
+            env = dict(os.environ, GKD_HOME=str(home))
+            runs.append(RunningSupervisor(home, [*SETTINGS, "--linger", "300", "--driver", TRAINER], env))
+        return runs[-1]
+
+    yield live, home
+    for sup in runs:
+        sup.kill()
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
-def test_freeze_then_kill(component, start_supervisor, gkd_home):
+def test_freeze_then_kill(component, request, gkd_home):
     rng = random.Random(f"{SEED} {component}")  # the run's seed (printed with the table), then the component
-    sup = start_supervisor(*SETTINGS, "--linger", "300", driver=TRAINER)
-    chaos = Chaos(sup, gkd_home)
-    dash = Dashboard(sup.run, gkd_home) if component == "dashboard" else None
+    if component in SHARED:
+        live, home = request.getfixturevalue("shared_run")
+        sup = live()
+        chaos = Chaos(sup, home)
+        chaos.wait_step(0, 240, "the run's first step")
+        chaos.quiet()  # the faults of the component before, said and settled
+    else:
+        sup = request.getfixturevalue("start_supervisor")(*SETTINGS, "--linger", "300", driver=TRAINER)
+        chaos = Chaos(sup, gkd_home)
+    dash = Dashboard(sup.run, chaos.home) if component == "dashboard" else None
     name = component.rstrip("/") if component != "agent/" else "node agent"
     try:
         # -- SIGSTOP, hold, SIGCONT: the run must come back by itself ----------------------
-        chaos.wait_step(rng.randint(3, 8) - 1, 240, "the step to freeze at")
+        chaos.wait_step(chaos.step() + rng.randint(3, 8) - 1, 240, "the step to freeze at")
         target = dash.proc.pid if dash else chaos.pid(component)
         at = chaos.step()  # the table's "at step": the newest done as the signal goes (the run moved on meanwhile)
         t0 = time.time()
@@ -440,6 +504,8 @@ def test_freeze_then_kill(component, start_supervisor, gkd_home):
         if dash:
             dash.close()
     # -- the end: `gkd-tui stop` leaves nothing behind --------------------------------------
+    if component in SHARED and component != SHARED[-1]:
+        return  # the next component's faults are made in this run
     out = chaos.gkd("stop", str(sup.run))
     assert out.returncode == 0, out.stderr
     chaos.wait_ended(60, "every process of the run to end")
