@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 SIZES = {"131 k floats (512 KiB)": 131_072, "2.1 M floats (8 MiB)": 2_097_152}
 
 
@@ -133,19 +135,21 @@ def main() -> None:
     ours = run(a.ranks, ["bare", "gkd"], a.rounds, a.per_round, fr=False, sizes=sizes)
     theirs = run(a.ranks, ["flight recorder"], a.rounds, a.per_round, fr=True, sizes=sizes)
     results = {**ours, **theirs}
-    print(f"{a.ranks} ranks, gloo, {a.rounds} rounds of {a.per_round} broadcasts; ms per broadcast on rank 0, "
-          "median (min-max) of the rounds")
-    print(f"{'tensor':28} {'way':16} {'ms / broadcast':>26} {'vs bare':>8}")
-    for label in sizes:
-        bare = statistics.median(results[(label, "bare")])
-        for mode in ("bare", "gkd", "flight recorder"):
-            xs = results[(label, mode)]
-            print(f"{label:28} {mode:16} {fmt(xs):>26} {statistics.median(xs) / bare:7.3f}x")
-    print(f"\none heartbeat's snapshot(), µs, median (min-max) of 200:")
-    print(f"{'our wrapper only':45} {fmt(results[('snapshot', 'gkd')], 1e6)}")
-    print(f"{'Flight Recorder, buffer of 2000 full':45} {fmt(results[('snapshot', 'flight recorder')], 1e6)}")
-    print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
-
+    with records.kept("collectives", smoke=a.smoke) as kept_run:
+        print(f"{a.ranks} ranks, gloo, {a.rounds} rounds of {a.per_round} broadcasts; ms per broadcast on rank 0, "
+              "median (min-max) of the rounds")
+        print(f"{'tensor':28} {'way':16} {'ms / broadcast':>26} {'vs bare':>8}")
+        for label in sizes:
+            bare = statistics.median(results[(label, "bare")])
+            for mode in ("bare", "gkd", "flight recorder"):
+                xs = results[(label, mode)]
+                print(f"{label:28} {mode:16} {fmt(xs):>26} {statistics.median(xs) / bare:7.3f}x")
+                if mode != "bare":
+                    kept_run.figure(f"{mode}, {label}: against bare", statistics.median(xs) / bare, "x")
+        print(f"\none heartbeat's snapshot(), µs, median (min-max) of 200:")
+        print(f"{'our wrapper only':45} {fmt(results[('snapshot', 'gkd')], 1e6)}")
+        print(f"{'Flight Recorder, buffer of 2000 full':45} {fmt(results[('snapshot', 'flight recorder')], 1e6)}")
+        print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,8 @@ from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
@@ -427,35 +429,45 @@ def main() -> None:
     if a.smoke:  # 8 s: probes from 2 s in, the burst second at 5 s, the load stopping at 7 s
         a.workers, a.seconds, a.burst, a.keyframe_mb, a.rounds = [64], 8.0, 2_000, 0.2, 1
     rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots) for n in a.workers for _ in range(a.rounds)]
-    print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
-          f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} "
-          f"{'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
-    for r in rows:
-        print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} "
-              + (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"] else f"{'-':>12} {'-':>7} {'-':>7} ")
-              + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB "
-              f"{r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
-              f"{r['sup_rss']:6.0f}MB {r['frames']:6d} {r['replay_s']:6.1f}s {r['whole_s']:5.1f}s "
-              f"{'yes' if r['same'] else 'NO':>5}")
-    if a.rounds > 1:
-        print(f"\nmedian (min-max) of {a.rounds} rounds:")
+    with records.kept("dashboard_plots" if a.plots else "dashboard", smoke=a.smoke) as kept_run:
+        print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
+              f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} "
+              f"{'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
+        for r in rows:
+            print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} "
+                  + (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"] else f"{'-':>12} {'-':>7} {'-':>7} ")
+                  + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB "
+                  f"{r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
+                  f"{r['sup_rss']:6.0f}MB {r['frames']:6d} {r['replay_s']:6.1f}s {r['whole_s']:5.1f}s "
+                  f"{'yes' if r['same'] else 'NO':>5}")
+        if a.rounds > 1:
+            print(f"\nmedian (min-max) of {a.rounds} rounds:")
+            for n in a.workers:
+                mine = [r for r in rows if r["workers"] == n]
+                cells = [f"{k} {spread([r[key] for r in mine], fmt)}" for k, key, fmt in (
+                    ("p50", "p50", "{:.0f} ms"), ("p99", "p99", "{:.0f} ms"), ("max", "max", "{:.0f} ms"),
+                    ("CPU", "cpu", "{:.0f} %"), ("sup CPU", "sup_cpu", "{:.0f} %"), ("RSS end", "rss1", "{:.0f} MB"),
+                    ("lag max", "lag_max", "{:.2f} s"), ("sup RSS", "sup_rss", "{:.0f} MB"))
+                    if not (a.plots and key in ("p50", "p99", "max"))]
+                print(f"{n:8d}: " + ", ".join(cells))
+        missing = sum(r["missing"] for r in rows)
+        print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
+              f"{os.cpu_count()} cores; "
+              + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "
+                 if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
+                                 f"newer one was; {missing} never on screen by the end); ")
+              + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
+              "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
+              "log, and the same state as live")
         for n in a.workers:
             mine = [r for r in rows if r["workers"] == n]
-            cells = [f"{k} {spread([r[key] for r in mine], fmt)}" for k, key, fmt in (
-                ("p50", "p50", "{:.0f} ms"), ("p99", "p99", "{:.0f} ms"), ("max", "max", "{:.0f} ms"),
-                ("CPU", "cpu", "{:.0f} %"), ("sup CPU", "sup_cpu", "{:.0f} %"), ("RSS end", "rss1", "{:.0f} MB"),
-                ("lag max", "lag_max", "{:.2f} s"), ("sup RSS", "sup_rss", "{:.0f} MB"))
-                if not (a.plots and key in ("p50", "p99", "max"))]
-            print(f"{n:8d}: " + ", ".join(cells))
-    missing = sum(r["missing"] for r in rows)
-    print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
-          f"{os.cpu_count()} cores; "
-          + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "
-             if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
-                             f"newer one was; {missing} never on screen by the end); ")
-          + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
-          "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
-          "log, and the same state as live")
+            for label, key, unit in (("p99", "p99", " ms"), ("the dashboard's CPU", "cpu", " % of a core"),
+                                     ("the supervisor's CPU", "sup_cpu", " % of a core"),
+                                     ("the dashboard's RSS at the end", "rss1", " MB"),
+                                     ("the backlog's worst second", "lag_max", " s")):
+                if not (a.plots and key == "p99"):
+                    kept_run.figure(f"{n:,} workers, {label} (median of the rounds)",
+                                    statistics.median(r[key] for r in mine), unit)
     if a.smoke:
         wrong = [f"{r['workers']} workers: {why}" for r in rows for why, bad in (
             ("none of the probes reached the screen", not r["drawn"] and not r["plots"]),

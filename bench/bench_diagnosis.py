@@ -34,6 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from gkd_core.config import load_config  # noqa: E402
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 BASE = ["examples/tiny_cpu.yaml", "trainer.total_steps=100000"]
 SHIPPED = load_config(None)  # the deadlines a run has unless its config says otherwise
 STEP = 6  # the faults fire at this step: the peers' times and each worker's own history are there
@@ -206,7 +208,8 @@ def main() -> None:
         cache = Path(os.environ.get("GKD_HOME") or "~/.gkd").expanduser() / "cache"
         if cache.is_dir():
             (home / "cache").symlink_to(cache)  # reuse a prepared teacher
-        rounds, runs = measure_all(a, home)
+        with records.kept("diagnosis", smoke=a.smoke):
+            rounds, runs = measure_all(a, home)
     if a.smoke:
         missed = [f"{r['fault']} {'named by no alert' if r['injected'] else 'never injected'}"
                   for r in rounds[0] if r["named"] == "-"]

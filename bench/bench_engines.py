@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 
 def build(root: Path) -> None:
     import pyarrow as pa
@@ -183,31 +185,38 @@ def main() -> None:
         gen = generation(root, a.rounds, a.prompts, a.new, engines)
         score = scoring(root, a.rounds, a.prompts, engines)
         runs = {e: gkd_run(root / "home", root, e, a.steps) for e in engines}
-    tps = gen["tokens_per_s"]
-    base = statistics.median(tps["torch"])
-    print(f"generation: {a.prompts} prompts, greedy, up to {a.new} new tokens; {a.rounds} rounds, median (min-max)")
-    print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
-    for w, xs in tps.items():
-        print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
-    if gen["same_tokens"] is not None:
-        print(f"same tokens from both: {'yes' if gen['same_tokens'] else 'NO'}")
-    tps = score["tokens_per_s"]
-    base = statistics.median(tps["torch"])
-    print(f"\nteacher scoring: the {a.prompts} prompts with 24 completion tokens each, top-16 at every position; "
-          f"{a.rounds} rounds, median (min-max)")
-    print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
-    for w, xs in tps.items():
-        print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
-    if score["max_logp_diff"] is not None:
-        print(f"largest log-prob difference between the two: {score['max_logp_diff']:.2e}")
-    print(f"\nGKD step ({a.steps} steps each, batch 8, 32 new tokens; median after a warm-up)")
-    # the next batch is generated while the student trains: the step waits for it in "generate" (its start)
-    # and "wait" (its end, before the sync)
-    print(f"{'engine':8s} {'s/step':>8s} {'vs torch':>9s} {'waits on generation s':>22s} {'sync s':>8s}")
-    for e, r in runs.items():
-        print(f"{e:8s} {r['step_s']:8.3f} {r['step_s'] / runs['torch']['step_s']:8.2f}x "
-              f"{r['generate'] + r['wait']:22.3f} {r['sync']:8.3f}")
-    print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    with records.kept("engines", smoke=a.smoke) as kept_run:
+        tps = gen["tokens_per_s"]
+        base = statistics.median(tps["torch"])
+        print(f"generation: {a.prompts} prompts, greedy, up to {a.new} new tokens; {a.rounds} rounds, median (min-max)")
+        print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
+        for w, xs in tps.items():
+            print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
+        if gen["same_tokens"] is not None:
+            print(f"same tokens from both: {'yes' if gen['same_tokens'] else 'NO'}")
+        tps = score["tokens_per_s"]
+        base = statistics.median(tps["torch"])
+        print(f"\nteacher scoring: the {a.prompts} prompts with 24 completion tokens each, top-16 at every position; "
+              f"{a.rounds} rounds, median (min-max)")
+        print(f"{'engine':8s} {'tokens/s':>18s} {'vs torch':>9s}")
+        for w, xs in tps.items():
+            print(f"{w:8s} {spread(xs):>18s} {statistics.median(xs) / base:8.2f}x")
+        if score["max_logp_diff"] is not None:
+            print(f"largest log-prob difference between the two: {score['max_logp_diff']:.2e}")
+        print(f"\nGKD step ({a.steps} steps each, batch 8, 32 new tokens; median after a warm-up)")
+        # the next batch is generated while the student trains: the step waits for it in "generate" (its start)
+        # and "wait" (its end, before the sync)
+        print(f"{'engine':8s} {'s/step':>8s} {'vs torch':>9s} {'waits on generation s':>22s} {'sync s':>8s}")
+        for e, r in runs.items():
+            print(f"{e:8s} {r['step_s']:8.3f} {r['step_s'] / runs['torch']['step_s']:8.2f}x "
+                  f"{r['generate'] + r['wait']:22.3f} {r['sync']:8.3f}")
+        print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
+        if "vllm" in engines:
+            kept_run.figure("generation, vLLM against torch", statistics.median(gen["tokens_per_s"]["vllm"])
+                            / statistics.median(gen["tokens_per_s"]["torch"]), "x")
+            kept_run.figure("teacher scoring, vLLM against torch", statistics.median(score["tokens_per_s"]["vllm"])
+                            / statistics.median(score["tokens_per_s"]["torch"]), "x")
+            kept_run.figure("a GKD step, vLLM against torch", runs["vllm"]["step_s"] / runs["torch"]["step_s"], "x")
     if gen["same_tokens"] is False:
         sys.exit("bench_engines: vLLM's greedy tokens differ from the torch engine's for the same weights "
                  "(tests/on_vllm/test_vllm_engine.py checks the same)")

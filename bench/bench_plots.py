@@ -29,6 +29,8 @@ from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_tui import figures  # noqa: E402
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 
 def run_state(steps: int) -> RunState:
     """A run of ``steps`` steps: metrics with a step's phases, a sync a step, the teacher's counts and
@@ -137,19 +139,22 @@ def main() -> None:
         for tab in figures.TABS:
             for lib in libs:
                 per.setdefault((lib, tab), []).append(statistics.median(asyncio.run(redraws(lib, tab, st, a.frames, size))))
-    print(f"CPU per redraw of a tab's figures, {a.steps} steps, {size[0]}x{size[1]}, median of {a.rounds} rounds "
-          f"(min-max), each the median of {a.frames} redraws")
-    print(f"{'tab':10s} {'plots':>5s} " + "".join(f"{lib:>26s}" for lib in libs) + ("   plotext/plot" if len(libs) > 1 else ""))
-    for tab in figures.TABS:
-        n = len(figures.figures(tab, st))
-        cells = []
-        for lib in libs:
-            v = per[(lib, tab)]
-            cells.append(f"{1000 * statistics.median(v):7.1f} ms ({1000 * min(v):.1f}-{1000 * max(v):.1f})")
-        ratio = ""
-        if len(libs) > 1:
-            ratio = f"   {statistics.median(per[(libs[1], tab)]) / statistics.median(per[(libs[0], tab)]):.2f}x"
-        print(f"{tab:10s} {n:5d} " + "".join(f"{c:>26s}" for c in cells) + ratio)
+    with records.kept("plots", smoke=a.smoke) as kept_run:
+        print(f"CPU per redraw of a tab's figures, {a.steps} steps, {size[0]}x{size[1]}, median of {a.rounds} rounds "
+              f"(min-max), each the median of {a.frames} redraws")
+        print(f"{'tab':10s} {'plots':>5s} " + "".join(f"{lib:>26s}" for lib in libs) + ("   plotext/plot" if len(libs) > 1 else ""))
+        for tab in figures.TABS:
+            n = len(figures.figures(tab, st))
+            cells = []
+            for lib in libs:
+                v = per[(lib, tab)]
+                cells.append(f"{1000 * statistics.median(v):7.1f} ms ({1000 * min(v):.1f}-{1000 * max(v):.1f})")
+            ratio = ""
+            if len(libs) > 1:
+                ratio = f"   {statistics.median(per[(libs[1], tab)]) / statistics.median(per[(libs[0], tab)]):.2f}x"
+            print(f"{tab:10s} {n:5d} " + "".join(f"{c:>26s}" for c in cells) + ratio)
+            kept_run.figure(f"{tab} tab: CPU per redraw with textual-plot", 1000 * statistics.median(per[(libs[0], tab)]),
+                            " ms")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import records  # bench/records.py, beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -53,12 +55,15 @@ def main() -> None:
         schedulers = ("sync",) if a.smoke else ("sync", "one_step_off")
         res = {s: run(home, s, a.steps, a.overrides) for s in schedulers}
     base = res["sync"]["step_s"]
-    print(f"{'scheduler':14s} {'s/step (median)':>16s} {'vs sync':>8s} {'final agreement':>16s}  phases (median s)")
-    for name, r in res.items():
-        phases = "  ".join(f"{k} {v:.3f}" for k, v in r["timing"].items())
-        print(f"{name:14s} {r['step_s']:16.3f} {r['step_s'] / base:7.2f}x {r['agreement']:16.3f}  {phases}")
-    print(f"\n{a.steps} steps each, {os.cpu_count()} cores; overrides: {' '.join(a.overrides) or '(none)'}")
-
+    with records.kept("scheduler", smoke=a.smoke) as kept_run:
+        print(f"{'scheduler':14s} {'s/step (median)':>16s} {'vs sync':>8s} {'final agreement':>16s}  phases (median s)")
+        for name, r in res.items():
+            phases = "  ".join(f"{k} {v:.3f}" for k, v in r["timing"].items())
+            print(f"{name:14s} {r['step_s']:16.3f} {r['step_s'] / base:7.2f}x {r['agreement']:16.3f}  {phases}")
+            kept_run.figure(f"{name}: a step", r["step_s"], " s")
+        if "one_step_off" in res:
+            kept_run.figure("one_step_off against sync", res["one_step_off"]["step_s"] / base, "x")
+        print(f"\n{a.steps} steps each, {os.cpu_count()} cores; overrides: {' '.join(a.overrides) or '(none)'}")
 
 if __name__ == "__main__":
     main()

@@ -39,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 from gkd_core.__main__ import summary  # noqa: E402
 from gkd_core.runlog.reader import replay  # noqa: E402
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 SAMPLE_S = 2.0
 WARMUP = 0.10  # the share of the steps left out of the slope
 SLOPE_LIMIT_MB = 5.0  # per 1,000 steps: what "flat" means here
@@ -223,25 +225,30 @@ def main() -> None:
         return
     if a.smoke:  # 20 steps: RSS sampled every 2 s a few times, two evaluations and checkpoints
         a.steps, a.losses, a.schedulers = 20, ["jsd"], ["one_step_off"]
-    runs = []
-    for loss in a.losses:
-        for scheduler in a.schedulers:
-            r = soak(a.steps, loss, scheduler, not a.no_dashboard)
-            print_run(r)
-            runs.append(r)
-            sys.stdout.flush()
-    print(f"\n{'loss':<11} {'scheduler':<13} {'state':<9} {'wall':>6} {'bad':>4} {'agreement':>9} {'KL':>6} "
-          f"{'KB/step':>8} {'ckpt MB':>8} {'worst RSS slope (MB/1k steps)':>30}")
-    for r in runs:
-        worst = max(r["procs"].items(), key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0,
-                    default=("no process sampled", {"slope": float("nan")}))
-        f = r["final"]
-        print(f"{r['loss']:<11} {r['scheduler']:<13} {r['state']:<9} {r['wall_s']:5.0f}s {r['bad_steps']:4d} "
-              f"{100 * f.get('agreement', float('nan')):8.1f}% {f.get('kl', float('nan')):6.3f} "
-              f"{r['log_bytes'] / max(r['last_step'], 1) / 1024:8.2f} {r['ckpt_bytes'] / 2**20:8.1f} "
-              f"{worst[1]['slope']:+20.2f} ({worst[0]})")
-    print(f"\n{a.steps} steps per run, default config; {os.cpu_count()} cores; RSS sampled every {SAMPLE_S:g} s, "
-          f"slope fitted from {100 * WARMUP:.0f} % of the steps on; flat: under {SLOPE_LIMIT_MB:g} MB per 1,000 steps")
+    with records.kept("soak", smoke=a.smoke) as kept_run:
+        runs = []
+        for loss in a.losses:
+            for scheduler in a.schedulers:
+                r = soak(a.steps, loss, scheduler, not a.no_dashboard)
+                print_run(r)
+                runs.append(r)
+                sys.stdout.flush()
+        print(f"\n{'loss':<11} {'scheduler':<13} {'state':<9} {'wall':>6} {'bad':>4} {'agreement':>9} {'KL':>6} "
+              f"{'KB/step':>8} {'ckpt MB':>8} {'worst RSS slope (MB/1k steps)':>30}")
+        for r in runs:
+            worst = max(r["procs"].items(), key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0,
+                        default=("no process sampled", {"slope": float("nan")}))
+            f = r["final"]
+            print(f"{r['loss']:<11} {r['scheduler']:<13} {r['state']:<9} {r['wall_s']:5.0f}s {r['bad_steps']:4d} "
+                  f"{100 * f.get('agreement', float('nan')):8.1f}% {f.get('kl', float('nan')):6.3f} "
+                  f"{r['log_bytes'] / max(r['last_step'], 1) / 1024:8.2f} {r['ckpt_bytes'] / 2**20:8.1f} "
+                  f"{worst[1]['slope']:+20.2f} ({worst[0]})")
+        print(f"\n{a.steps} steps per run, default config; {os.cpu_count()} cores; RSS sampled every {SAMPLE_S:g} s, "
+              f"slope fitted from {100 * WARMUP:.0f} % of the steps on; flat: under {SLOPE_LIMIT_MB:g} MB per 1,000 steps")
+        for r in runs:
+            worst = max((abs(t["slope"]) for t in r["procs"].values() if t["slope"] == t["slope"]), default=None)
+            if worst is not None:
+                kept_run.figure(f"{r['loss']} / {r['scheduler']}: the steepest RSS slope", worst, " MB per 1k steps")
     if a.json:
         Path(a.json).write_text(json.dumps(runs, indent=1))
     unfinished = [f"{r['loss']}/{r['scheduler']}: {r['state']} (exit {r['exit']}) at step {r['last_step']}"

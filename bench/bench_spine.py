@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,8 @@ from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.reporter import Reporter  # noqa: E402
+
+import records  # noqa: E402  (bench/records.py, beside this file)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -255,13 +258,22 @@ def main() -> None:
     rows += bench_latency_and_cpu(rates, 1.0 if a.smoke else 2.0 if a.quick else a.seconds)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    print(f"{'what':{w0}}  {'measured':{w1}}  against")
-    print(f"{'-' * w0}  {'-' * w1}  {'-' * 30}")
-    for what, measured, against in rows:
-        print(f"{what:{w0}}  {measured:{w1}}  {against}")
-    print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}, pyzmq {zmq.pyzmq_version()} "
-          f"(libzmq {zmq.zmq_version()})")
-
+    with records.kept("spine", smoke=a.smoke) as kept_run:
+        print(f"{'what':{w0}}  {'measured':{w1}}  against")
+        print(f"{'-' * w0}  {'-' * w1}  {'-' * 30}")
+        for what, measured, against in rows:
+            print(f"{what:{w0}}  {measured:{w1}}  {against}")
+        print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}, pyzmq {zmq.pyzmq_version()} "
+              f"(libzmq {zmq.zmq_version()})")
+        # the figures to follow over runs, read back from the rows as printed ("p50 0.40 ms  p99 2.25 ms": 3rd of 4)
+        measured = {what: [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", m)] for what, m, _ in rows}
+        for what, index, label, unit in (
+                ("reducer: RunState.apply", 0, "the reducer's apply", " k events/s"),
+                ("reducer: decode + apply", 0, "decode and apply", " k events/s"),
+                ("emit -> subscriber apply @ 1 k/s", 3, "emit to a subscriber's apply at 1 k/s, p99", " ms"),
+                ("supervisor CPU @ 1 k events/s", 0, "the supervisor's CPU at 1 k events/s", " % of a core")):
+            if what in measured:
+                kept_run.figure(label, measured[what][index], unit)
 
 if __name__ == "__main__":
     main()

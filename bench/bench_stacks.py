@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gkd_core.node.stacks import capture_many, py_spy_path  # noqa: E402
+import records  # noqa: E402  (bench/records.py, beside this file)
 
 WORKER = textwrap.dedent("""
     import re, sys, time
@@ -87,12 +88,17 @@ def main() -> None:
             pr.kill()
             pr.wait()
     base = statistics.median(rows["sequential py-spy dump --native"])
-    print(f"{'way':34s} {'median':>8s} {'min':>8s} {'stacks found':>13s} {'vs sequential --native':>23s}")
-    for name, times in rows.items():
-        med = statistics.median(times)
-        print(f"{name:34s} {med:7.2f}s {min(times):7.2f}s {found[name]:>7d}/{a.workers:<5d} {base / med:22.1f}x")
-    print(f"\n{a.workers} workers (half sleeping, half holding the GIL in C), {a.rounds} rounds, "
-          f"{os.cpu_count()} cores")
+    agent = statistics.median(rows["gkd agent (parallel, --native)"])
+    with records.kept("stacks", smoke=a.smoke) as run:
+        print(f"{'way':34s} {'median':>8s} {'min':>8s} {'max':>8s} {'stacks found':>13s} {'vs sequential --native':>23s}")
+        for name, times in rows.items():
+            med = statistics.median(times)
+            print(f"{name:34s} {med:7.2f}s {min(times):7.2f}s {max(times):7.2f}s {found[name]:>7d}/{a.workers:<5d} "
+                  f"{base / med:22.1f}x")
+        print(f"\n{a.workers} workers (half sleeping, half holding the GIL in C), {a.rounds} rounds, "
+              f"{os.cpu_count()} cores")
+        run.figure("a node's stacks through the agent (median of a run's rounds)", agent, " s")
+        run.figure("the agent against sequential `py-spy dump --native`", base / agent, "x")
     missed = {name: a.workers - n for name, n in found.items() if n < a.workers}
     if missed:
         sys.exit(f"bench_stacks: stacks missed (way: workers without one, in the last round): {missed}; "

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import records  # bench/records.py, beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
 WAYS = {"off": {"GKD_COLLECTIVES": "0"}, "on": {}}
 
@@ -65,13 +67,16 @@ def main() -> None:
                 res[way].append(run(home, f"bench-{way}-{r}", way, a.steps, a.overrides))
                 print(f"round {r + 1}/{a.rounds} {way}: {res[way][-1]}", file=sys.stderr, flush=True)
     base = statistics.median(x["step_s"] for x in res["off"])
-    print(f"{'tracking':10s} {'ms / step':>22s} {'vs off':>7s} {'ms in the sync':>22s} {'collectives events':>19s}")
-    for way, rs in res.items():
-        steps = [x["step_s"] for x in rs]
-        print(f"{way:10s} {spread(steps, 1000):>22s} {statistics.median(steps) / base:6.3f}x "
-              f"{spread([x['sync_s'] for x in rs], 1000):>22s} {'/'.join(str(x['collectives']) for x in rs):>19s}")
-    print(f"\n{a.rounds} rounds of {a.steps} steps each way, median (min-max) of the rounds; {os.cpu_count()} cores, "
-          f"Python {sys.version.split()[0]}; overrides: {' '.join(a.overrides) or '(none)'}")
+    with records.kept("step_tracking", smoke=a.smoke) as kept_run:
+        print(f"{'tracking':10s} {'ms / step':>22s} {'vs off':>7s} {'ms in the sync':>22s} {'collectives events':>19s}")
+        for way, rs in res.items():
+            steps = [x["step_s"] for x in rs]
+            print(f"{way:10s} {spread(steps, 1000):>22s} {statistics.median(steps) / base:6.3f}x "
+                  f"{spread([x['sync_s'] for x in rs], 1000):>22s} {'/'.join(str(x['collectives']) for x in rs):>19s}")
+        print(f"\n{a.rounds} rounds of {a.steps} steps each way, median (min-max) of the rounds; {os.cpu_count()} "
+              f"cores, Python {sys.version.split()[0]}; overrides: {' '.join(a.overrides) or '(none)'}")
+        kept_run.figure("a step with tracking on against off", statistics.median(x["step_s"] for x in res["on"]) / base,
+                        "x")
     off = [x["collectives"] for x in res["off"]]
     on = [x["collectives"] for x in res["on"]]
     if any(off) or not all(on):

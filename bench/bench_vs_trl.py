@@ -52,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 from gkd_core.trainer import data, loss as L  # noqa: E402
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 WORDS = "one two three four five six seven eight nine".split()
@@ -317,8 +319,9 @@ def main() -> None:
         import trl
 
         versions += f", trl {trl.__version__}"
-    print("\n".join(["\n=== bench_vs_trl ==="] + lines))
-    print(f"\n{os.cpu_count()} cores, {versions}")
+    with records.kept("vs_trl", smoke=a.smoke):
+        print("\n".join(["=== bench_vs_trl ==="] + lines))
+        print(f"\n{os.cpu_count()} cores, {versions}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name
-# and wall time printed, then the tables rendered from records (chaos_trials', bench_restart_load's)
-# checked against them. Run from the repository root with the main venv active: `bash bench/smoke.sh`
+# and wall time printed, then the tables rendered from records (bench/records.py's, chaos_trials',
+# bench_restart_load's) checked against them. Run from the repository root with the main venv active: `bash bench/smoke.sh`
 # (CI runs it after the suite, .ci/run).
 # A bench that fails does not stop the others; the script fails at the end, naming every one that did.
 set -euo pipefail
@@ -49,5 +49,6 @@ if (( ${#failed[@]} )); then
 fi
 
 echo "== the tables rendered from records, checked against them"
+python bench/records.py --check
 python bench/chaos_trials.py --render-only --check
 python bench/bench_restart_load.py --render-only --check
