@@ -45,7 +45,11 @@ def command() -> str:
     """The command that is running, as a user types it from the repository root."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script.name
-    return " ".join(["python", str(shown), *sys.argv[1:]])
+    # the main venv's python is `python` (README: activated); another of the repository's venvs is named
+    venv = Path(sys.prefix).resolve()
+    python = (f"{venv.relative_to(ROOT)}/bin/python" if venv.is_relative_to(ROOT) and venv.name != ".venv"
+              else "python")
+    return " ".join([python, str(shown), *sys.argv[1:]])
 
 
 def save(name: str, command: str, table: str, figures: dict[str, float] | None = None,
@@ -139,8 +143,8 @@ def render(name: str, runs: list[dict]) -> str:
         out += ["", "```", newest["table"], "```"]
         spreads = [f"- {label}: {said}" for label, said in figures_of(mine)]
         if spreads:
-            out += ["", "Over " + ("the run" if len(mine) == 1 else f"the {len(mine)} runs, median (min-max)") + ":",
-                    *spreads]
+            over = {1: "the run", 2: "the 2 runs, each"}.get(len(mine), f"the {len(mine)} runs, median (min-max)")
+            out += ["", f"Over {over}:", *spreads]
         out.append("")
     return "\n".join(out).rstrip("\n")
 
@@ -155,6 +159,8 @@ def figures_of(runs: list[dict]) -> list[tuple[str, str]]:
         places = decimals(middle)
         if len(values) == 1:
             out.append((label, f"{number(middle, places)}{unit}, one run"))
+        elif len(values) == 2:  # no median of two: both, as they are
+            out.append((label, f"{number(values[0], places)}{unit} and {number(values[1], places)}{unit}, 2 runs"))
         else:
             out.append((label, f"{number(middle, places)}{unit} ({number(min(values), places)}-"
                                f"{number(max(values), places)}), {len(values)} runs"))
@@ -163,7 +169,7 @@ def figures_of(runs: list[dict]) -> list[tuple[str, str]]:
 
 def summary(results_text: str) -> str:
     """README's table: every recorded figure, with its command and its count of runs, in RESULTS' order."""
-    lines = ["| figure | median (min-max), runs | command |", "|---|---|---|"]
+    lines = ["| figure | over the runs: median (min-max), or each of one or two | command |", "|---|---|---|"]
     for m in BLOCK.finditer(results_text):
         runs = read(m["name"])
         for command in dict.fromkeys(r["command"] for r in runs):
