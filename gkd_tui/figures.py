@@ -128,7 +128,7 @@ def step_time(metrics: list[MetricsPoint]) -> Figure:
     """A step's time split by phase, stacked: each line is the time up to the end of its phase, so
     the band under it (down to the line before) is that phase. Lines, not bars: textual-plot fills a
     bar a pixel at a time in Python, and six phases' bars over a whole plot took about ten times as
-    long to draw as the lines (bench/bench_plots.py, one run; bench/HISTORY.md)."""
+    long to draw as the lines (bench/bench_plots.py on an early version, one run)."""
     timed = [m for m in by_step(metrics) if m.timing]
     names = sorted({k for m in timed for k in m.timing}, key=lambda k: (PHASES.index(k) if k in PHASES else 99, k))
     lines = []
