@@ -75,9 +75,10 @@ ROWS: list[Row] = []
 HEAD = """# The chaos suite
 
 Written by `tests/chaos/test_chaos.py` (`GKD_CHAOS_TABLE=tests/chaos/CHAOS.md python -m pytest
-tests/chaos/test_chaos.py`), which runs in CI with the rest of the suite. A real run for each component
-(the dashboard, the node agent, the teacher worker and the teacher proxy, whose kill the run recovers from
-by itself, share one, in that order, each once the findings of the one before have settled):
+tests/chaos/test_chaos.py`), which runs in CI with the rest of the suite. Two real runs: one for the
+supervisor, whose kill ends its run's supervisor, and one the other components share in the table's
+order, each once the findings of the one before have settled (a run that `gkd-tui restart` brought back,
+or that came back by itself, is the next component's run). Each is
 the embedded CPU demo on a local Ray cluster, driven by the real trainer, with the shipped settings
 but for the teacher's timeout (`teacher.request_timeout_s=5`, `teacher.max_retries=1`, so that a test
 can wait a teacher out; the default is 30 s, three times). Each component is first frozen, then
@@ -107,9 +108,10 @@ how often is a process named when no fault was made) are at the end of this file
 ## What a killed supervisor does to the training, and why
 
 The driver is the supervisor's child, and it asks the kernel for `SIGTERM` when its parent dies
-(`PR_SET_PDEATHSIG`, `gkd_core/lifeline.py`). So a killed supervisor ends the driver, and with it
-the Ray cluster the driver started (Ray ties its processes to the driver's life). Nothing is
-left running. `gkd-tui status` says at once that the supervisor is gone, and what to do next:
+(`PR_SET_PDEATHSIG`, `gkd_core/lifeline.py`), and passes it to its process group, where the Ray
+cluster its `ray.init` started lives (as `gkd-tui stop` signals the group). So a killed supervisor
+ends the driver and its Ray within seconds; Ray's workers end with their raylet. Nothing is left
+running. `gkd-tui status` says at once that the supervisor is gone, and what to do next:
 
 ```
 gkd-tui: its supervisor (pid N) is gone: `gkd-tui restart RUN` takes the run over and resumes it from its latest checkpoint
@@ -412,12 +414,12 @@ class Dashboard:
 
 COMPONENTS = ["supervisor", "driver", "student/0", "rollout/0", "dashboard", "agent/", "teacher/0",
               "teacher/proxy"]
-# A fault the run comes back from by itself, driver and every worker still running, leaves a run the next
-# component's faults can be made in: these share one run (a run's start is most of a test's time), each
-# after the last one's findings have settled (``quiet``). The proxy is the last: a new proxy counts its
-# requests from zero, and its client's count goes on. The others are started again by `gkd-tui restart`
-# (every process anew) or are the supervisor, one run each.
-SHARED = ("dashboard", "agent/", "teacher/0", "teacher/proxy")
+# Every component but the supervisor leaves a run the next component's faults can be made in: the run
+# came back by itself, or `gkd-tui restart` started every process anew under the same supervisor. These
+# share one run (a run's start is most of a test's time), each after the last one's findings have settled
+# (``quiet``). The proxy is the last: a new proxy counts its requests from zero, and its client's count
+# goes on. The supervisor's kill ends its run's supervisor: a run of its own.
+SHARED = ("driver", "student/0", "rollout/0", "dashboard", "agent/", "teacher/0", "teacher/proxy")
 
 
 @pytest.fixture(scope="module")
@@ -567,9 +569,9 @@ def recover(chaos: Chaos, component: str, done_before: int, seq: int, seq0: int,
             assert lost == 0, f"the run recovered by itself, yet {lost} step(s) were trained again (seed {SEED})"
             return "recovered by itself", lost
     else:
-        # Ray's agents (dashboard, runtime env) whose raylet died without a SIGTERM try for 60 s to tell the
-        # control store, gone with it, before they exit (ray/_private/process_watcher.py: publish_error, 60)
-        chaos.wait_ended(90, "the driver and its Ray to end with the supervisor")
+        # the driver's SIGTERM (the kernel's, its parent gone) goes to its process group, Ray's head
+        # processes and agents with it (gkd_core/lifeline.py); without it Ray's agents spent 60 s more
+        chaos.wait_ended(45, "the driver and its Ray to end with the supervisor")
     seq1 = chaos.events()[-1]["seq"]
     out = chaos.gkd("restart", str(chaos.run))
     assert out.returncode == 0, out.stderr + out.stdout
