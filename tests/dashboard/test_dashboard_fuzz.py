@@ -1,6 +1,6 @@
 """The dashboard fuzzed: any state the reducer makes, from events that decode, is drawn and driven
 through every pane and screen (the plots view's tabs too) under Textual's pilot without an exception
-(12 examples, a Textual app each, about 9 s apiece here: CI runs the suite within its hour)."""
+(8 examples, a Textual app each, about 9 s apiece here: CI runs the suite within its hour)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fuzzing import EXTREMES, _drive, encode, event_objects, fuzz, write_log
 
 
 @pytest.mark.slow
-@fuzz(12)
+@fuzz(8)
 @given(objs=st.lists(event_objects(hostile=False), min_size=1, max_size=40),
        size=st.sampled_from([(80, 24), (160, 48)]))
 def test_the_dashboard_shows_any_state_the_reducer_makes(objs, size):
