@@ -52,6 +52,20 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def init_ray(cfg: Config) -> None:
+    """``ray.init``: a new local cluster, or the one RAY_ADDRESS names."""
+    # A local raylet starts one idle worker per CPU for the first driver. Every process of ours is an actor
+    # with a worker of its own, so those sit idle, and their starts take the cores the actors' imports
+    # need: a run's first step came about 4 s sooner without them (2 cores, median of four runs each).
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1, token-protected):
+    # about a second more at start, so only when the watcher is on
+    ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
+             runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
+    if threading.current_thread() is threading.main_thread():
+        pass_sigterm_to_group()  # a supervisor killed -9 takes Ray's head processes with it
+
+
 class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
         self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
@@ -98,18 +112,9 @@ class Cluster:
         cfg = self.cfg
         where = os.environ.get("RAY_ADDRESS") or "a new local cluster"
         limit = cfg.trainer.init_timeout_s
-        # A local raylet starts one idle worker per CPU for the first driver. Every process of ours is an actor
-        # with a worker of its own, so those sit idle, and their starts take the cores the actors' imports
-        # need: a run's first step came about 4 s sooner without them (2 cores, median of four runs each).
-        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
         with self.rep.phase("init", timeout_s=limit, detail=f"ray.init ({where})"):
             with watchdog(f"ray.init ({where})", limit, self.give_up, hint=RAY_INIT_HINT):
-                # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1,
-                # token-protected): about a second more at start, so only when the watcher is on
-                ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
-                         runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
-            if threading.current_thread() is threading.main_thread():
-                pass_sigterm_to_group()  # a supervisor killed -9 takes Ray's head processes with it
+                init_ray(cfg)
             with watchdog(f"the Ray GCS ({where}) listing its nodes", limit, self.give_up, hint=RAY_INIT_HINT):
                 self.route.head_node = ray.get_runtime_context().get_node_id()
                 self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
