@@ -64,9 +64,14 @@ class RunSubscriber:
             self.state.keep_spans(self.spans_keep)
         self.snapshots += 1
 
-    def connect(self, settle_s: float = 0.05) -> None:
-        # the SUB must be connected before the snapshot is taken, or events in between are lost
+    def connect(self, settle_s: float = 0.05, live_within_s: float = 1.0) -> None:
+        """Subscribe, then take the snapshot. The SUB must be subscribed before the snapshot is taken, or the
+        events in between are lost; ZeroMQ makes a subscription live a moment after ``connect`` returns, and on
+        a loaded node that moment outlasted ``settle_s`` (ZeroMQ's "slow joiner"). The first event to arrive
+        proves it live (it stays queued: the snapshot holds it, and ``pump`` skips it). A run that says nothing
+        for ``live_within_s`` is quiet: a gap after its snapshot would be caught by ``pump`` (a resnapshot)."""
         time.sleep(settle_s)
+        self.sub.poll(int(live_within_s * 1000), zmq.POLLIN)
         self.resnapshot()
 
     def pump(self, timeout_s: float = 0.1, max_events: int = 10_000) -> list[ev.Event]:
