@@ -55,8 +55,8 @@ def _loopback(host: str) -> bool:
 def init_ray(cfg: Config) -> None:
     """``ray.init``: a new local cluster, or the one RAY_ADDRESS names."""
     # A local raylet starts one idle worker per CPU for the first driver. Every process of ours is an actor
-    # with a worker of its own, so those sit idle, and their starts take the cores the actors' imports
-    # need: a run's first step came about 4 s sooner without them (2 cores, median of four runs each).
+    # with a worker of its own, so those sit idle, and their starts take the cores the actors' imports need
+    # (compare: `RAY_prestart_worker_first_driver=1 python bench/bench_launch.py` against it unset).
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1, token-protected):
     # about a second more at start, so only when the watcher is on
