@@ -15,7 +15,10 @@ import os
 import sys
 
 OUT = "VERL_PROBE_OUT"
-ASK_S = 60.0  # a worker answers in milliseconds; verl has just made it, so it is up
+# A worker answers in milliseconds once it is up, but verl's group returns before its actors have started:
+# four of them importing torch and verl beside CI's vLLM tier on two cores took over a minute (a 60 s bound
+# failed there). verl itself waits on its workers with no bound; this is the register center's default.
+ASK_S = 300.0
 _groups = itertools.count()  # the worker groups made in this run, in order
 
 
