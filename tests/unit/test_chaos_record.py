@@ -99,3 +99,27 @@ def test_the_readmes_figures_are_the_records():
     said = (f"Over {faults} faults", f"precision {precision}, recall {recall}, F1 {f1}",
             f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms")
     assert all(s in readme for s in said), f"README's random-trial figures are not the record's: {said}"
+
+
+def test_the_readmes_frozen_times_are_the_suites_table():
+    """README quotes the chaos suite's table (tests/chaos/CHAOS.md) for how soon a frozen process is named: each
+    component's seconds, their range and the supervisor's, as the committed table has them."""
+    rows = {row[0]: row for row in (row_of_line(x) for x in (ROOT / "tests" / "chaos" / "CHAOS.md").read_text()
+                                    .splitlines() if x.startswith("| ") and "| SIGSTOP" in x)}
+
+    def seconds(component: str) -> str:
+        return rows[component][3].rsplit("; ", 1)[-1].rsplit(", ", 1)[-1].removesuffix(" s")
+
+    said = {c: seconds(c) for c in ("driver", "student/0", "rollout/0", "teacher/proxy", "teacher/0", "node agent")}
+    low, high = min(said.values(), key=float), max(said.values(), key=float)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    sentence = (f"in {low}–{high} s over the six processes of the run (the table's one run of the suite: the driver "
+                f"{said['driver']} s, the student {said['student/0']}, a rollout {said['rollout/0']}, the teacher's "
+                f"proxy {said['teacher/proxy']} and worker {said['teacher/0']}, the node agent {said['node agent']}:")
+    assert sentence in readme, f"README's frozen-process times are not tests/chaos/CHAOS.md's: want {sentence!r}"
+    supervisor = seconds("supervisor")
+    assert f"a frozen supervisor is said by `gkd-tui status` in {supervisor} s" in readme
+
+
+def row_of_line(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
