@@ -131,7 +131,7 @@ def render(name: str, runs: list[dict]) -> str:
     """The block for one record: per command, its runs, the newest table, and each figure's spread."""
     if not runs:
         return (f"No run of this bench is recorded yet (bench/records/{name}.jsonl): the command in the heading "
-                "makes the first. What it printed before records were kept is in [HISTORY.md](HISTORY.md), unchecked.")
+                "makes the first.")
     out = []
     for command in dict.fromkeys(r["command"] for r in runs):
         mine = [r for r in runs if r["command"] == command]
