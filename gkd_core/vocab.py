@@ -86,6 +86,7 @@ ALERTS: dict[str, Code] = {
     "events_dropped": Code("rules"),
     "collective_not_joined": Code("rules", "not in collective", live=True, stacks=True, cause=True, late=True),
     "collective_stuck": Code("rules", "stuck in collective", live=True, stacks=True, cause=True),
+    "deadlock": Code("rules", "deadlock", live=True, stacks=True, cause=True),
     "ingest_rejected": Code("supervisor"),
     "auth_refused": Code("supervisor"),
     "restarted_by_driver": Code("driver", "restarted"),

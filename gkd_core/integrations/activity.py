@@ -31,15 +31,18 @@ IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store
 
 
 class Call:
-    __slots__ = ("name", "number", "started", "ended", "detail", "deadline", "progress", "step", "wait", "shown")
+    __slots__ = ("name", "number", "started", "ended", "detail", "deadline", "progress", "step", "wait", "shown",
+                 "waits_on")
 
     def __init__(self, name: str, number: int, detail: str = "", deadline: float | None = None,
-                 progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False):
+                 progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
+                 waits_on: Callable[[], list[str]] | None = None):
         self.name, self.number, self.detail, self.deadline, self.step = name, number, detail, deadline, step
         self.started = time.time()
         self.ended: float | None = None
         self.progress = progress  # asked from the watcher's thread: what the call has left to do
         self.wait = wait  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
+        self.waits_on = waits_on  # the calls a wait has not had answered yet (``Worker.method``), as its progress knows
         self.shown = False
 
 
@@ -62,13 +65,15 @@ class Activity:
         self.reporter: Reporter | None = None
 
     def enter(self, name: str, detail: str = "", deadline: float | None = None,
-              progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False) -> int:
+              progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
+              waits_on: Callable[[], list[str]] | None = None) -> int:
         """A call begins; ``step``: the training step it belongs to, where the job says (verl's timers);
-        ``wait``: it waits for others (``ray.get``): inside a phase it is that phase's detail."""
+        ``wait``: it waits for others (``ray.get``): inside a phase it is that phase's detail, and
+        ``waits_on`` (read after each ``progress``) the calls it still waits on, the phase's edges."""
         number = self._counts.get(name, 0) + 1
         self._counts[name] = number
         token = next(self._ids)
-        self._active[token] = Call(name, number, detail, deadline, progress, step, wait)
+        self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on)
         if self._thread is None:
             self.start()
         return token
@@ -194,4 +199,5 @@ class Activity:
                                          deadline=about.deadline or phase.deadline, step=phase.step,
                                          call=None if phase.step is not None else phase.number,
                                          detail=(f"{about.name}: {detail}" if about is not phase else detail)[:300],
+                                         waits_on=about.waits_on()[:ev.WAITS_ON_MAX] if about.waits_on else [],
                                          ts=now))

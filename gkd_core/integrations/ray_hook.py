@@ -372,11 +372,12 @@ def _patch_waits() -> None:
             if threading.current_thread() is not threading.main_thread() or (p.kind == "worker" and not p.actor_id):
                 return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
             timeout = kwargs.get("timeout")
+            deadline = time.time() + timeout if isinstance(timeout, (int, float)) else None
             try:
-                wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit,
-                            p.sync_timeout_s, p.step, whole=_name == "ray.get")
+                wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
+                            p.step, whole=_name == "ray.get", num_returns=kwargs.get("num_returns", 1))
                 token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
-                                         deadline=time.time() + timeout if isinstance(timeout, (int, float)) else None)
+                                         waits_on=wait.waits_on, deadline=deadline)
             except Exception as e:  # the job's wait goes on, unseen
                 _say_once("noting a wait", e)
                 return _original(refs, *args, **kwargs)

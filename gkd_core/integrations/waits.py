@@ -72,9 +72,11 @@ class Wait:
     _sync_ids = itertools.count(1)
 
     def __init__(self, book: RefBook, refs: list, emit: Callable[[ev.Event], None], sync_timeout_s: float | None,
-                 step: int | None, whole: bool = True):
+                 step: int | None, whole: bool = True, num_returns: int = 1):
         """``whole``: the wait returns once every ref has (``ray.get``), so its normal end is a sync's end;
-        a ``ray.wait`` may return on the first, and is never a sync."""
+        a ``ray.wait`` may return on the first, and is never a sync. A wait that needs every ref (``whole``,
+        or a ``ray.wait`` for ``num_returns`` of all of them) waits on each: each is an edge of the wait-for
+        graph; one that a part of them may end waits on no one of them."""
         # ray.get([r, r]) is allowed; ray.wait([r, r]) raises
         self.refs = list({(r.binary() if hasattr(r, "binary") else id(r)): r for r in refs}.values())
         self.emit, self.step = emit, step
@@ -86,6 +88,8 @@ class Wait:
         self.started = time.time()
         self.sync_id = next(self._sync_ids) if self.is_sync else 0
         self.pending = [c[0] for c in self.calls if c is not None]
+        self.unanswered = list(self.calls)  # as the newest ``progress`` found them
+        self.needs_all = whole or num_returns >= len(self.refs)
         self.said_sync = False
         self._over = False
         self._lock = threading.Lock()  # progress (the watcher's thread) never says a sync after its end
@@ -100,6 +104,7 @@ class Wait:
         ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
         still = {r.binary() for r in pending}
         waiting = [c for r, c in zip(self.refs, self.calls) if r.binary() in still]
+        self.unanswered = waiting
         if self.is_sync:
             with self._lock:
                 if not self._over:
@@ -108,6 +113,13 @@ class Wait:
         if not waiting:
             return f"all {len(self.refs)} answered"
         return f"{len(ready)} of {len(self.refs)} answered; waiting for {_names(waiting)}"
+
+    def waits_on(self) -> list[str]:
+        """The actor calls not answered yet, as ``Worker.method``: this wait's edges in the wait-for graph
+        (a ref this process did not make by an actor call, a task's or a put object's, leads to nobody)."""
+        if not self.needs_all:
+            return []
+        return [f"{worker}.{method}" for worker, method in dict.fromkeys(c for c in self.unanswered if c is not None)]
 
     def _sync(self, state: str, error: str = "") -> None:
         self.said_sync = True

@@ -66,6 +66,12 @@ class PhaseEvent(Event, tag="phase"):
     # the how-manieth call of this method on this worker (an actor's method, a verl worker's); with
     # no step, the same call number on peers is the same instance of the phase (the straggler rule)
     call: Int | None = None
+    # the actor calls this phase waits on that have not answered, as ``Worker.method`` (a ``ray.get`` on
+    # them): the wait-for graph's edges out of this worker (``diagnosis.rules.waits``); at most WAITS_ON_MAX
+    waits_on: list[str] = []
+
+
+WAITS_ON_MAX = 32
 
 
 class HeartbeatEvent(Event, tag="heartbeat"):

@@ -6,7 +6,8 @@ recipe/gkd hangs, a hang flow chart, a Ray self-play guide, LightRFT's troublesh
 said as what to do, not where it was read.
 
 The rules, by what they watch: ``workers``, ``sync`` (and the collectives), ``gpu`` (and memory),
-``teacher``, ``placement`` (Ray's); what they share: ``common``.
+``teacher``, ``placement`` (Ray's); what they share: ``common``. The wait-for graph's (``waits``) runs
+after them, as ``diagnose`` calls it: it prunes what they found.
 """
 
 from __future__ import annotations

@@ -1,0 +1,235 @@
+"""The wait-for graph, and a cycle in it that has stopped: a deadlock, named with every member and edge.
+
+Each worker's phase says which actor calls it waits on that have not answered (``waits_on``: the
+``ray.get`` of a watched job's driver or actor, as ``Worker.method``), and each is an edge to that
+worker. An edge to a method the worker is not running is a call queued behind the one it runs (an
+actor runs one call at a time unless it was made otherwise). A rank inside a process group's newest
+collective waits on the ranks that have not entered it. When the edges close a cycle and none of its
+members has moved for the straggler threshold (its phase, or what it waits on), nobody in it can move
+again: every member waits on the next. That is one critical alert naming all of them, with the edges
+in order; the workers whose waits lead into the cycle (a driver waiting on a member) are blocked by it,
+and nothing else names a member or a worker blocked by it while the cycle holds (``explained``): the
+rank that has not joined, the driver "slower than usual", are the cycle's symptoms.
+
+What it cannot see: a wait off a process's main thread (a threaded or async actor's calls, whose
+``ray.get`` is not followed there), a wait on a task or on an object that no actor call of the job
+made, and an actor made with ``max_concurrency`` above one that would run the queued call beside the
+running one (then the cycle moves, and is not named). A ``ray.wait`` that may return on the first of
+its refs is no edge (any one answer would end it).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from gkd_core.diagnosis.cascade import BLOCKED_MAX
+from gkd_core.diagnosis.stragglers import MIN_S
+from gkd_core.state import RunState, WorkerState
+from gkd_core.telemetry.events import AlertEvent
+from gkd_core.units import spoken
+from gkd_core.vocab import WORKER_ENDED
+
+STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
+CYCLES_MAX = 8  # cycles named at once (each is one alert)
+WAIT_PHASES = ("ray.get", "ray.wait")  # a phase that is the wait itself (a driver's): named by its worker alone
+# a collective is a node of the graph of its own (the ranks inside it wait on it, it waits on the ranks not
+# in it): edges linear in the ranks, where each rank inside to each rank outside would be their product
+COLLECTIVE = "\0collective "
+# what a member of a cycle, or a worker blocked by one, is also found to be: symptoms of the cycle
+EXPLAINED = ("straggler", "slower_than_usual", "collective_not_joined", "collective_stuck")
+
+
+class Edge(NamedTuple):
+    """One wait: an actor call not answered, or a collective not joined."""
+
+    target: str  # the worker waited on (or a collective's node)
+    what: str  # the method called on it; for a collective, "broadcast #3 of group default_pg"
+    since: float  # when this wait began, as far as the state knows
+    collective: bool = False
+
+
+Hop = tuple[str, Edge]  # (the waiter, its edge to the next member)
+
+
+def _live(state: RunState, src: str) -> bool:
+    w = state.workers.get(src)
+    return w is not None and w.phase not in WORKER_ENDED and w.ray_state != "DEAD"
+
+
+def wait_graph(state: RunState) -> dict[str, list[Edge]]:
+    """waiter -> what it waits on, for every live worker whose phase waits on a live worker of the run: its
+    unanswered calls (``waits_on``), and each rank inside a process group's newest collective on the ranks
+    that have not entered it (through the collective's own node)."""
+    graph: dict[str, list[Edge]] = {}
+    for w in state.workers.values():
+        if not w.waits_on or not _live(state, w.src):
+            continue
+        for call in w.waits_on:
+            worker, _, method = call.rpartition(".")
+            if _live(state, worker):
+                graph.setdefault(w.src, []).append(Edge(worker, method, max(w.phase_since, w.waits_since)))
+    for group, members in state.collectives.items():
+        n = max((p.entered for p in members.values()), default=0)
+        missing = sorted(src for src, p in members.items() if p.entered < n and _live(state, src))
+        if not missing:
+            continue
+        inside = [(src, p) for src, p in members.items() if p.entered == n and _inside(state, src, p)]
+        if not inside:
+            continue
+        what = f"{next((p.op for _, p in inside if p.op), 'collective')} #{n} of group {group}"
+        node = f"{COLLECTIVE}{what}"
+        since = max(p.entered_at for _, p in inside)
+        for src, p in inside:
+            graph.setdefault(src, []).append(Edge(node, what, p.entered_at, collective=True))
+        graph[node] = [Edge(m, what, since, collective=True) for m in missing]
+    return graph
+
+
+def _inside(state: RunState, src: str, p) -> bool:
+    """Whether rank ``src`` is still inside the collective it entered last. Where its source cannot say it
+    left (gloo, read from the Flight Recorder) it is taken to be inside only while it is still in the phase
+    it entered the collective in: a rank whose broadcast returned and that went on to its next call is not."""
+    if not _live(state, src):
+        return False
+    if p.left is not None:
+        return p.left < p.entered
+    return state.workers[src].phase_since <= p.entered_at
+
+
+def cycles(graph: dict[str, list[Edge]], limit: int = CYCLES_MAX) -> list[list[Hop]]:
+    """Cycles with no member in common, at most ``limit``: one through the first back edge a depth-first
+    search meets into each knot of waits (a cycle through a member of one already found is the same
+    deadlock, said once). As hops ``(waiter, edge)`` in order. Each worker is entered once and a path is
+    copied only for a cycle kept: linear in the edges, without recursion."""
+    found: list[list[Hop]] = []
+    taken: set[str] = set()
+    done: set[str] = set()
+    for root in sorted(graph):
+        if root in done:
+            continue
+        path: list[tuple[str, Edge | None]] = [(root, None)]  # (worker, the edge taken out of it)
+        on_path = {root: 0}
+        todo = [iter(graph.get(root, ()))]
+        while todo:
+            edge = next(todo[-1], None)
+            if edge is None:  # every edge out of this worker followed
+                worker, _ = path.pop()
+                del on_path[worker]
+                done.add(worker)
+                todo.pop()
+                continue
+            path[-1] = (path[-1][0], edge)
+            target = edge.target
+            if target in on_path:  # back to a worker on the path: the hops from it to here are a cycle
+                if target not in taken:
+                    cycle = [(w, e) for w, e in path[on_path[target]:] if e is not None]
+                    taken.update(w for w, _ in cycle)
+                    found.append(cycle)
+                    if len(found) >= limit:
+                        return found
+            elif target not in done:
+                on_path[target] = len(path)
+                path.append((target, None))
+                todo.append(iter(graph.get(target, ())))
+    return found
+
+
+def _through_collectives(hops: list[Hop]) -> list[Hop]:
+    """The hops between workers: a rank's edge into a collective's node and the node's edge out of it are one
+    hop, the rank waiting on the next to join."""
+    out: list[Hop] = []
+    for i, (src, edge) in enumerate(hops):
+        if src.startswith(COLLECTIVE):
+            continue
+        if edge.target.startswith(COLLECTIVE):
+            onward = hops[(i + 1) % len(hops)][1]
+            edge = Edge(onward.target, edge.what, max(edge.since, onward.since), collective=True)
+        out.append((src, edge))
+    return out
+
+
+def _call(w: WorkerState, method: str | None = None) -> str:
+    """``Inference/0.generate #3``: a worker's running call (``method`` when it is that one), with its
+    number; a driver's own wait is its name alone."""
+    if w.phase in WAIT_PHASES and method is None:
+        return w.src
+    name = f"{w.src}.{method or w.phase}"
+    return f"{name} #{w.phase_call}" if w.phase_call is not None and (method is None or method == w.phase) else name
+
+
+def _edge_name(edge: Edge) -> str:
+    return f"{edge.target}: {edge.what}" if edge.collective else f"{edge.target}.{edge.what}"
+
+
+def _hop(state: RunState, edge: Edge) -> str:
+    target = state.workers[edge.target]
+    if edge.collective:
+        return f"{target.src} to join {edge.what} (it is in {_call(target).removeprefix(target.src + '.')})"
+    if edge.what == target.phase:
+        return _call(target)
+    return f"{_call(target, edge.what)}, queued behind {_call(target)}"
+
+
+def _waiting_on(graph: dict[str, list[Edge]], members: set[str]) -> set[str]:
+    """The workers whose waits lead into ``members``, at any distance (``members`` not counted)."""
+    waiters: dict[str, list[str]] = {}
+    for src, edges in graph.items():
+        for edge in edges:
+            waiters.setdefault(edge.target, []).append(src)
+    seen, todo = set(members), list(members)
+    while todo:
+        for src in waiters.get(todo.pop(), ()):
+            if src not in seen:
+                seen.add(src)
+                todo.append(src)
+    return {s for s in seen - members if not s.startswith(COLLECTIVE)}
+
+
+class Knots(NamedTuple):
+    """A pass's cycles of waits, still or not, and who is in or behind one."""
+
+    graph: dict[str, list[Edge]]
+    cycles: list[list[Hop]]  # between workers (a collective's node folded into its hop)
+    held: set[str]  # every member of a cycle and every worker whose waits lead into one
+
+
+def knots(state: RunState) -> Knots:
+    graph = wait_graph(state)
+    found = [_through_collectives(c) for c in cycles(graph)] if graph else []
+    members = {src for c in found for src, _ in c}
+    return Knots(graph, found, members | _waiting_on(graph, members) if members else set())
+
+
+def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
+    """Each cycle none of whose members has moved for ``STILL_S``: critical, every member named."""
+    out = []
+    for hops in found.cycles:
+        members = [state.workers[src] for src, _ in hops]
+        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops))
+        if now - moved < STILL_S:
+            continue
+        # said from its longest-waiting member: the one whose call began the cycle
+        first = min(range(len(hops)), key=lambda i: (members[i].phase_since, members[i].src))
+        hops, members = hops[first:] + hops[:first], members[first:] + members[:first]
+        chain = ", which waits for ".join(_hop(state, edge) for _, edge in hops)
+        still = now - moved
+        blocked = sorted(_waiting_on(found.graph, {w.src for w in members}))
+        out.append(AlertEvent(
+            severity="critical", code="deadlock", targets=[w.src for w in members],
+            message=f"deadlock: {_call(members[0])} waits for {chain}; none of the {len(members)} has moved for "
+                    f"{spoken(still)}" + (f"; {len(blocked)} more wait on it ({', '.join(blocked[:4])})"
+                                          if blocked else ""),
+            hint="each waits on the next, so none can return: their stacks (d) show the waits. Break the cycle "
+                 "in the job: a method must not wait on a call that needs its own actor free (run that call "
+                 "before, or make the actor threaded or async), nor wait in ray.get on a peer that waits on it",
+            evidence={"cycle": [[src, _edge_name(edge)] for src, edge in hops], "elapsed_s": round(still, 1),
+                      "blocked": blocked[:BLOCKED_MAX]}))
+    return out
+
+
+def explained(alerts: list[AlertEvent], found: Knots) -> list[AlertEvent]:
+    """``alerts`` without the symptoms of a cycle of waits: a finding of an EXPLAINED code all of whose
+    targets are in a cycle or blocked by one (still or not: a cycle that moves again frees them)."""
+    if not found.held:
+        return alerts
+    return [a for a in alerts if a.code not in EXPLAINED or not a.targets or not set(a.targets) <= found.held]

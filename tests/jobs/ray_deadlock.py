@@ -1,0 +1,110 @@
+"""A plain Ray job, unmodified by gkd: two pairs of actors that call each other, healthy for a while, then each
+pair deadlocked the way RL jobs deadlock across their components.
+
+- Calls: Trainer.step asks Inference.generate for samples and waits in ray.get; Inference.generate asks
+  Trainer.weights_ready first and waits on it, queued behind the step still running (prime-rl #3016's shape).
+- A collective: Rollout.pull waits in a gloo broadcast from Learner; Learner.push sends it only after a ray.get
+  on Rollout.ready, queued behind the pull (AReaL #1439's: one side in SEND, the other never in RECV).
+
+Healthy rounds make the same calls in an order that returns (each waited-on actor is free when asked).
+
+    python ray_deadlock.py HEALTHY_S   # healthy rounds for HEALTHY_S seconds, then both deadlocks
+"""
+
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+import ray
+
+WAIT_S = 3600  # every wait of the job has a bound; the deadlock holds until the run is stopped
+
+
+@ray.remote(num_cpus=0)
+class Trainer:
+    def connect(self, inference) -> None:
+        self.inference = inference
+
+    def step(self, n: int, deadlock: bool) -> int:
+        time.sleep(0.3)  # a step's work
+        return ray.get(self.inference.generate.remote(n, ask_trainer=deadlock), timeout=WAIT_S)
+
+    def weights_ready(self) -> bool:
+        return True
+
+
+@ray.remote(num_cpus=0)
+class Inference:
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def generate(self, n: int, ask_trainer: bool) -> int:
+        if ask_trainer:  # the trainer runs the step that called this: its weights_ready waits behind it
+            ray.get(self.trainer.weights_ready.remote(), timeout=WAIT_S)
+        time.sleep(0.3)
+        return n
+
+
+@ray.remote(num_cpus=0)
+class Learner:
+    def __init__(self, rendezvous: str):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=2,
+                                timeout=timedelta(seconds=WAIT_S))
+
+    def connect(self, rollout) -> None:
+        self.rollout = rollout
+
+    def push(self, n: int, deadlock: bool) -> int:
+        import torch
+        import torch.distributed as dist
+
+        if deadlock:  # asks the rollout first, which is inside the broadcast this push has not sent
+            ray.get(self.rollout.ready.remote(), timeout=WAIT_S)
+        dist.broadcast(torch.full((1024,), float(n)), src=0)
+        return n
+
+
+@ray.remote(num_cpus=0)
+class Rollout:
+    def __init__(self, rendezvous: str):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=rendezvous, rank=1, world_size=2,
+                                timeout=timedelta(seconds=WAIT_S))
+
+    def ready(self) -> bool:
+        return True
+
+    def pull(self, n: int) -> int:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.zeros(1024)
+        dist.broadcast(t, src=0)
+        return int(t[0])
+
+
+if __name__ == "__main__":
+    healthy_s = float(sys.argv[1])
+    ray.init(num_cpus=2)
+    trainer = Trainer.remote()
+    inference = Inference.remote(trainer)
+    rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"
+    learner, rollout = Learner.remote(rendezvous), Rollout.remote(rendezvous)
+    ray.get([trainer.connect.remote(inference), learner.connect.remote(rollout)], timeout=WAIT_S)
+    n, until = 0, time.monotonic() + healthy_s
+    while time.monotonic() < until:
+        n += 1
+        # each asks the other while the other is free: waits that return
+        ray.get([inference.generate.remote(n, ask_trainer=True), rollout.ready.remote()], timeout=WAIT_S)
+        ray.get([trainer.step.remote(n, deadlock=False), learner.push.remote(n, deadlock=False),
+                 rollout.pull.remote(n)], timeout=WAIT_S)
+    print("HEALTHY ROUNDS", n, flush=True)
+    pull = rollout.pull.remote(n + 1)
+    time.sleep(1.0)  # the pull is inside its broadcast before the push asks the rollout anything
+    print("DEADLOCK AT", time.time(), flush=True)
+    ray.get([trainer.step.remote(n + 1, deadlock=True), learner.push.remote(n + 1, deadlock=True), pull],
+            timeout=WAIT_S)

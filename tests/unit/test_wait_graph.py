@@ -1,0 +1,163 @@
+"""The wait-for graph (gkd_core/diagnosis/rules/waits.py) on a RunState built from the phase events a watched
+Ray job sends: a cycle of waits that has stopped is one deadlock naming every member, edge and the worker
+blocked behind it; a cycle that moves, or a chain that ends in a worker at work, is none."""
+
+from __future__ import annotations
+
+from gkd_core import diagnosis
+from gkd_core.diagnosis.rules.waits import Edge, cycles
+from gkd_core.integrations.waits import RefBook, Wait
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+T0 = 1000.0
+
+
+def job() -> RunState:
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("driver", "driver"), ("Trainer/0", "Trainer"), ("Inference/0", "Inference")):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
+    return st
+
+
+def phase(st, src, name, ts, call=None, waits_on=()):
+    st.apply(ev.PhaseEvent(src=src, phase=name, started=ts, call=call, waits_on=list(waits_on), ts=ts,
+                           detail=f"ray.get: waiting for {', '.join(waits_on)}" if waits_on else ""))
+
+
+def deadlocked() -> RunState:
+    """Trainer/0.step waits on Inference/0.generate, which waits on Trainer/0.weights_ready, queued behind the
+    running step; the driver waits on Trainer/0.step."""
+    st = job()
+    phase(st, "driver", "ray.get", T0, waits_on=["Trainer/0.step"])
+    phase(st, "Trainer/0", "step", T0 + 0.1, call=3, waits_on=["Inference/0.generate"])
+    phase(st, "Inference/0", "generate", T0 + 0.2, call=3, waits_on=["Trainer/0.weights_ready"])
+    return st
+
+
+def deadlocks(st, now):
+    return [a for a in diagnosis.diagnose(st, now) if a.code == "deadlock"]
+
+
+def test_a_cycle_of_two_actors_is_one_deadlock_naming_each_edge_and_the_driver_behind_it():
+    st = deadlocked()
+    assert deadlocks(st, T0 + 5.1) == []  # not yet still for the straggler threshold
+    (a,) = deadlocks(st, T0 + 5.3)
+    assert a.severity == "critical" and sorted(a.targets) == ["Inference/0", "Trainer/0"]
+    assert a.message.startswith("deadlock: Trainer/0.step #3 waits for Inference/0.generate #3, which waits for "
+                                "Trainer/0.weights_ready, queued behind Trainer/0.step #3; none of the 2 has moved")
+    assert a.evidence["cycle"] == [["Trainer/0", "Inference/0.generate"], ["Inference/0", "Trainer/0.weights_ready"]]
+    assert a.evidence["blocked"] == ["driver"]
+    # the victim at the end of the chain is no finding of its own: nothing blames the driver
+    assert not [x for x in diagnosis.diagnose(st, T0 + 30) if "driver" in x.targets]
+
+
+def test_an_actor_waiting_on_its_own_method_is_a_cycle_of_one():
+    st = job()
+    phase(st, "Trainer/0", "step", T0, call=1, waits_on=["Trainer/0.weights_ready"])
+    (a,) = deadlocks(st, T0 + 6)
+    assert a.targets == ["Trainer/0"]
+    assert "Trainer/0.step #1 waits for Trainer/0.weights_ready, queued behind Trainer/0.step #1" in a.message
+
+
+def test_a_cycle_that_moves_is_no_deadlock():
+    st = deadlocked()
+    # Inference/0's wait is answered and it waits anew each 2 s (a call of its own that returns): it moved
+    for t in (2.0, 4.0, 6.0, 8.0):
+        phase(st, "Inference/0", "generate", T0 + t, call=3 + int(t), waits_on=["Trainer/0.weights_ready"])
+    assert deadlocks(st, T0 + 9) == []
+    assert len(deadlocks(st, T0 + 8 + 5.5)) == 1  # and once it stops, it is one
+
+
+def test_a_chain_that_ends_in_a_worker_at_work_is_no_cycle():
+    st = job()
+    phase(st, "driver", "ray.get", T0, waits_on=["Trainer/0.step"])
+    phase(st, "Trainer/0", "step", T0, call=1, waits_on=["Inference/0.generate"])
+    phase(st, "Inference/0", "generate", T0, call=1)
+    assert deadlocks(st, T0 + 60) == []
+
+
+def test_the_search_finds_each_knot_once_in_a_graph_of_many_and_stays_linear():
+    def to(*targets):
+        return [Edge(t, "m", 0.0) for t in targets]
+
+    graph = {"a": to("b"), "b": to("c", "a"), "c": to("a"), "d": to("d"), "e": to("a")}
+    found = cycles(graph)
+    # a, b and c are one knot (two cycles through a and b): one deadlock, said once; d waits on itself
+    assert sorted(sorted(w for w, _ in c) for c in found) == [["a", "b", "c"], ["d"]]
+    assert len(cycles(graph, limit=1)) == 1
+    # a chain of 100,000 waiters into one cycle: one pass, no recursion
+    big = {f"w{i}": to(f"w{i + 1}") for i in range(100_000)}
+    big["w100000"] = to("w99999")
+    assert [sorted(w for w, _ in c) for c in cycles(big)] == [["w100000", "w99999"]]
+
+
+def test_a_cycle_through_a_collective_is_a_deadlock_and_the_rank_not_joined_is_not_blamed_alone():
+    """Rollout/0 waits in a broadcast (gloo: entry known, completion not) that Learner/0 joins only after its
+    ray.get on Rollout/0.ready returns, queued behind Rollout/0's running pull."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("Learner/0", "Learner"), ("Rollout/0", "Rollout")):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
+
+    def entered(src, rank, n, ts):
+        st.apply(ev.CollectivesEvent(src=src, ts=ts, groups=[ev.CollectiveProgress(
+            group="default_pg", rank=rank, world=2, entered=n, op="broadcast", entered_at=ts, left=None,
+            source="flight_recorder")]))
+
+    entered("Learner/0", 0, 2, T0 - 5)
+    entered("Rollout/0", 1, 2, T0 - 5)
+    phase(st, "Rollout/0", "pull", T0, call=3)
+    entered("Rollout/0", 1, 3, T0 + 0.1)
+    phase(st, "Learner/0", "push", T0 + 0.2, call=3, waits_on=["Rollout/0.ready"])
+    (a,) = deadlocks(st, T0 + 5.5)
+    assert a.message.startswith(
+        "deadlock: Rollout/0.pull #3 waits for Learner/0 to join broadcast #3 of group default_pg (it is in push #3), "
+        "which waits for Rollout/0.ready, queued behind Rollout/0.pull #3"), a.message
+    assert a.evidence["cycle"] == [["Rollout/0", "Learner/0: broadcast #3 of group default_pg"],
+                                   ["Learner/0", "Rollout/0.ready"]]
+    # the collective rule alone would blame Learner/0 for not joining: the deadlock explains it
+    assert [x.code for x in diagnosis.diagnose(st, T0 + 12) if x.severity != "info"] == ["deadlock"]
+
+
+def test_a_gloo_rank_that_went_on_to_its_next_call_is_not_inside_the_broadcast_it_entered():
+    """gloo's Flight Recorder never says a collective completed: Learner/0's broadcast #5 returned and it went
+    on to train for 30 s, while Rollout/0 asks it something, queued behind the training. Both wait their turn."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("Learner/0", "Learner"), ("Rollout/0", "Rollout")):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
+    def entered(src, rank, n, ts):
+        st.apply(ev.CollectivesEvent(src=src, ts=ts, groups=[ev.CollectiveProgress(
+            group="default_pg", rank=rank, world=2, entered=n, op="broadcast", entered_at=ts, left=None,
+            source="flight_recorder")]))
+
+    entered("Rollout/0", 1, 4, T0 - 5)
+    phase(st, "Learner/0", "push", T0, call=5)
+    entered("Learner/0", 0, 5, T0 + 0.1)
+    phase(st, "Learner/0", "train", T0 + 0.2, call=5)
+    phase(st, "Rollout/0", "refresh", T0 + 0.3, call=5, waits_on=["Learner/0.get_version"])
+    assert deadlocks(st, T0 + 20) == []
+
+
+def test_a_dead_actors_last_wait_is_no_edge_and_a_ray_wait_for_any_one_is_none():
+    st = deadlocked()
+    st.apply(ev.RayEvent(src="driver", target="Inference/0", ts=T0 + 1, state="DEAD"))
+    assert deadlocks(st, T0 + 20) == []
+
+    class Ref:
+        def __init__(self, n: int):
+            self.n = n
+
+        def binary(self) -> bytes:
+            return bytes([self.n])
+
+    book = RefBook()
+    refs = [Ref(1), Ref(2)]
+    book.sent("Trainer/0", "weights_ready", refs[0])
+    book.sent("Inference/0", "generate", refs[1])
+    assert Wait(book, refs, lambda e: None, 60.0, None).waits_on() == ["Trainer/0.weights_ready",
+                                                                        "Inference/0.generate"]
+    assert Wait(book, refs, lambda e: None, 60.0, None, whole=False, num_returns=1).waits_on() == []
+    assert len(Wait(book, refs, lambda e: None, 60.0, None, whole=False, num_returns=2).waits_on()) == 2
