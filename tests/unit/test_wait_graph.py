@@ -161,3 +161,22 @@ def test_a_dead_actors_last_wait_is_no_edge_and_a_ray_wait_for_any_one_is_none()
                                                                         "Inference/0.generate"]
     assert Wait(book, refs, lambda e: None, 60.0, None, whole=False, num_returns=1).waits_on() == []
     assert len(Wait(book, refs, lambda e: None, 60.0, None, whole=False, num_returns=2).waits_on()) == 2
+
+
+def test_a_chain_of_waits_names_its_end_and_its_waiters_are_blocked_by_it():
+    """The driver waits on Trainer/0.step, which waits on Inference/0.generate, which hangs: each of the three
+    is slower than its own history, but the waiters are blocked by the end, not late of their own."""
+    st = job()
+    for i in range(4):  # a healthy history: each call a second
+        t = T0 - 40 + 5 * i
+        phase(st, "driver", "ray.get", t, waits_on=["Trainer/0.step"])
+        phase(st, "Trainer/0", "step", t, call=i + 1, waits_on=["Inference/0.generate"])
+        phase(st, "Inference/0", "generate", t, call=i + 1)
+        for src in ("Inference/0", "Trainer/0", "driver"):
+            phase(st, src, "idle", t + 1.0)
+    phase(st, "driver", "ray.get", T0, waits_on=["Trainer/0.step"])
+    phase(st, "Trainer/0", "step", T0, call=5, waits_on=["Inference/0.generate"])
+    phase(st, "Inference/0", "generate", T0, call=5)
+    found = [(a.code, a.targets, sorted(a.evidence.get("blocked") or [])) for a in diagnosis.diagnose(st, T0 + 20)
+             if a.severity != "info"]
+    assert found == [("slower_than_usual", ["Inference/0"], ["Trainer/0", "driver"])]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import msgspec
+
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState, WorkerState
@@ -31,6 +33,7 @@ from gkd_core.vocab import WORKER_ENDED
 
 STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
 CYCLES_MAX = 8  # cycles named at once (each is one alert)
+CHAINS_MAX = 256  # findings whose chains of waits are followed in a pass (a whole cluster late is no chain)
 WAIT_PHASES = ("ray.get", "ray.wait")  # a phase that is the wait itself (a driver's): named by its worker alone
 # a collective is a node of the graph of its own (the ranks inside it wait on it, it waits on the ranks not
 # in it): edges linear in the ranks, where each rank inside to each rank outside would be their product
@@ -228,8 +231,56 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
 
 
 def explained(alerts: list[AlertEvent], found: Knots) -> list[AlertEvent]:
-    """``alerts`` without the symptoms of a cycle of waits: a finding of an EXPLAINED code all of whose
-    targets are in a cycle or blocked by one (still or not: a cycle that moves again frees them)."""
-    if not found.held:
+    """``alerts`` without what the waits explain: a finding of an EXPLAINED code all of whose targets are in
+    a cycle or blocked by one (still or not: a cycle that moves again frees them), or that wait, along a
+    chain of waits, on a worker another finding names. That worker is the cause, nearer the chain's end
+    (the driver waits on Trainer/0.step, which waits on Inference/0.generate, named stuck): the waiters are
+    its ``blocked``, as with a death, not late of their own."""
+    if found.held:
+        alerts = [a for a in alerts if a.code not in EXPLAINED or not a.targets or not set(a.targets) <= found.held]
+    if not found.graph:
         return alerts
-    return [a for a in alerts if a.code not in EXPLAINED or not a.targets or not set(a.targets) <= found.held]
+    named = {t: i for i, a in enumerate(alerts) if a.severity != "info" for t in a.targets}
+    cause_of: dict[int, int] = {}  # a waiter's alert -> the alert naming the worker it waits on, nearest first
+    for i, a in enumerate(alerts[:CHAINS_MAX]):
+        if a.code in EXPLAINED and a.targets:
+            causes = [_named_downstream(found.graph, t, named) for t in a.targets]
+            if all(causes) and len({named[c] for c in causes}) == 1:
+                cause_of[i] = named[causes[0]]
+    behind: dict[int, set[str]] = {}  # the alert at a chain's end -> every waiter along it
+    resolved = set()  # the waiters' alerts whose chains end in a finding: dropped for it
+    for i in cause_of:
+        end, seen = cause_of[i], {i}
+        while end in cause_of and end not in seen:  # a waiter's cause that waits itself: on to the end
+            seen.add(end)
+            end = cause_of[end]
+        if end in cause_of:  # the chain came back on itself: no end to name, every finding kept
+            continue
+        behind.setdefault(end, set()).update(alerts[i].targets)
+        resolved.add(i)
+    out = []
+    for i, a in enumerate(alerts):
+        if i in resolved:
+            continue
+        if i in behind:
+            blocked = sorted(set(a.evidence.get("blocked") or ()) | behind[i])
+            a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
+        out.append(a)
+    return out
+
+
+def _named_downstream(graph: dict[str, list[Edge]], src: str, named: dict[str, int]) -> str | None:
+    """The first worker named by a finding that ``src`` waits on, at any distance (breadth first), or None."""
+    seen, todo = {src}, [src]
+    while todo:
+        nxt = []
+        for waiter in todo:
+            for edge in graph.get(waiter, ()):
+                if edge.target in seen:
+                    continue
+                if edge.target in named:
+                    return edge.target
+                seen.add(edge.target)
+                nxt.append(edge.target)
+        todo = nxt
+    return None
