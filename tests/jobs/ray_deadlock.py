@@ -40,7 +40,9 @@ class Inference:
         self.trainer = trainer
 
     def generate(self, n: int, ask_trainer: bool) -> int:
-        if ask_trainer:  # the trainer runs the step that called this: its weights_ready waits behind it
+        # asked from the trainer's own step, weights_ready waits behind that step; from the driver (the
+        # healthy rounds), the trainer is free and answers
+        if ask_trainer:
             ray.get(self.trainer.weights_ready.remote(), timeout=WAIT_S)
         time.sleep(0.3)
         return n
