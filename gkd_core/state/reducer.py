@@ -63,6 +63,7 @@ def _on_worker(st: RunState, e: ev.WorkerEvent) -> None:
         # of the one before is not of this one
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
         w.waits_on = []  # the waits were the old process's
+        st.waiting.discard(w.src)
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
     if not w.phase or w.phase in WORKER_ENDED:
         w.phase, w.phase_since, w.detail = "init", e.ts, ""
@@ -88,6 +89,10 @@ def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
     w.deadline, w.detail = e.deadline, e.detail
     if e.waits_on != w.waits_on:
         w.waits_on, w.waits_since = list(e.waits_on[:ev.WAITS_ON_MAX]), e.ts
+        if w.waits_on:
+            st.waiting.add(w.src)
+        else:
+            st.waiting.discard(w.src)
     if e.step is not None:
         w.step = e.step
         if st.step is None or e.step > st.step:

@@ -60,6 +60,9 @@ class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
     oom: list[tuple[float, str, str]] = []
     # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)
     collectives: dict[str, dict[str, ev.CollectiveProgress]] = {}
+    # the workers whose phase waits on others (``WorkerState.waits_on`` not empty): the wait-for graph's
+    # waiters, found without a look at every worker each pass (65,536 of them at the largest)
+    waiting: set[str] = set()
     series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
 
     # --- the reducer: the cases are in ``reducer`` ----------------------------------------

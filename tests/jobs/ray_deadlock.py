@@ -48,13 +48,18 @@ class Inference:
         return n
 
 
+def join_group(rendezvous: str, rank: int) -> None:
+    """The Learner (rank 0) and the Rollout (rank 1) in one gloo group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2,
+                            timeout=timedelta(seconds=WAIT_S))
+
+
 @ray.remote(num_cpus=0)
 class Learner:
     def __init__(self, rendezvous: str):
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=2,
-                                timeout=timedelta(seconds=WAIT_S))
+        join_group(rendezvous, rank=0)
 
     def connect(self, rollout) -> None:
         self.rollout = rollout
@@ -72,10 +77,7 @@ class Learner:
 @ray.remote(num_cpus=0)
 class Rollout:
     def __init__(self, rendezvous: str):
-        import torch.distributed as dist
-
-        dist.init_process_group("gloo", init_method=rendezvous, rank=1, world_size=2,
-                                timeout=timedelta(seconds=WAIT_S))
+        join_group(rendezvous, rank=1)
 
     def ready(self) -> bool:
         return True

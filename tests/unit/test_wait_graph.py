@@ -36,6 +36,22 @@ def deadlocked() -> RunState:
     return st
 
 
+def gloo_pair() -> RunState:
+    """Learner/0 (rank 0) and Rollout/0 (rank 1) of one gloo group, read from the Flight Recorder."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role in (("Learner/0", "Learner"), ("Rollout/0", "Rollout")):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
+    return st
+
+
+def entered(st, src, rank, n, ts):
+    """``src`` entered broadcast #n of the group; gloo's recorder never says it left (``left`` None)."""
+    st.apply(ev.CollectivesEvent(src=src, ts=ts, groups=[ev.CollectiveProgress(
+        group="default_pg", rank=rank, world=2, entered=n, op="broadcast", entered_at=ts, left=None,
+        source="flight_recorder")]))
+
+
 def deadlocks(st, now):
     return [a for a in diagnosis.diagnose(st, now) if a.code == "deadlock"]
 
@@ -96,20 +112,11 @@ def test_the_search_finds_each_knot_once_in_a_graph_of_many_and_stays_linear():
 def test_a_cycle_through_a_collective_is_a_deadlock_and_the_rank_not_joined_is_not_blamed_alone():
     """Rollout/0 waits in a broadcast (gloo: entry known, completion not) that Learner/0 joins only after its
     ray.get on Rollout/0.ready returns, queued behind Rollout/0's running pull."""
-    st = RunState()
-    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
-    for src, role in (("Learner/0", "Learner"), ("Rollout/0", "Rollout")):
-        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
-
-    def entered(src, rank, n, ts):
-        st.apply(ev.CollectivesEvent(src=src, ts=ts, groups=[ev.CollectiveProgress(
-            group="default_pg", rank=rank, world=2, entered=n, op="broadcast", entered_at=ts, left=None,
-            source="flight_recorder")]))
-
-    entered("Learner/0", 0, 2, T0 - 5)
-    entered("Rollout/0", 1, 2, T0 - 5)
+    st = gloo_pair()
+    entered(st, "Learner/0", 0, 2, T0 - 5)
+    entered(st, "Rollout/0", 1, 2, T0 - 5)
     phase(st, "Rollout/0", "pull", T0, call=3)
-    entered("Rollout/0", 1, 3, T0 + 0.1)
+    entered(st, "Rollout/0", 1, 3, T0 + 0.1)
     phase(st, "Learner/0", "push", T0 + 0.2, call=3, waits_on=["Rollout/0.ready"])
     (a,) = deadlocks(st, T0 + 5.5)
     assert a.message.startswith(
@@ -124,18 +131,10 @@ def test_a_cycle_through_a_collective_is_a_deadlock_and_the_rank_not_joined_is_n
 def test_a_gloo_rank_that_went_on_to_its_next_call_is_not_inside_the_broadcast_it_entered():
     """gloo's Flight Recorder never says a collective completed: Learner/0's broadcast #5 returned and it went
     on to train for 30 s, while Rollout/0 asks it something, queued behind the training. Both wait their turn."""
-    st = RunState()
-    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
-    for src, role in (("Learner/0", "Learner"), ("Rollout/0", "Rollout")):
-        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=100, ts=T0 - 50))
-    def entered(src, rank, n, ts):
-        st.apply(ev.CollectivesEvent(src=src, ts=ts, groups=[ev.CollectiveProgress(
-            group="default_pg", rank=rank, world=2, entered=n, op="broadcast", entered_at=ts, left=None,
-            source="flight_recorder")]))
-
-    entered("Rollout/0", 1, 4, T0 - 5)
+    st = gloo_pair()
+    entered(st, "Rollout/0", 1, 4, T0 - 5)
     phase(st, "Learner/0", "push", T0, call=5)
-    entered("Learner/0", 0, 5, T0 + 0.1)
+    entered(st, "Learner/0", 0, 5, T0 + 0.1)
     phase(st, "Learner/0", "train", T0 + 0.2, call=5)
     phase(st, "Rollout/0", "refresh", T0 + 0.3, call=5, waits_on=["Learner/0.get_version"])
     assert deadlocks(st, T0 + 20) == []
@@ -180,3 +179,12 @@ def test_a_chain_of_waits_names_its_end_and_its_waiters_are_blocked_by_it():
     found = [(a.code, a.targets, sorted(a.evidence.get("blocked") or [])) for a in diagnosis.diagnose(st, T0 + 20)
              if a.severity != "info"]
     assert found == [("slower_than_usual", ["Inference/0"], ["Trainer/0", "driver"])]
+
+
+def test_the_state_keeps_who_waits_so_a_pass_does_not_read_every_worker():
+    st = deadlocked()
+    assert st.waiting == {"driver", "Trainer/0", "Inference/0"}
+    phase(st, "Inference/0", "generate", T0 + 1, call=3)  # its wait answered, the method goes on
+    st.apply(ev.WorkerEvent(src="Trainer/0", role="Trainer", rank=0, node="node-a", pid=101, ts=T0 + 2))  # anew
+    assert st.waiting == {"driver"}
+    assert deadlocks(st, T0 + 30) == []

@@ -64,8 +64,9 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
     unanswered calls (``waits_on``), and each rank inside a process group's newest collective on the ranks
     that have not entered it (through the collective's own node)."""
     graph: dict[str, list[Edge]] = {}
-    for w in state.workers.values():
-        if not w.waits_on or not _live(state, w.src):
+    for src in state.waiting:
+        w = state.workers.get(src)
+        if w is None or not w.waits_on or not _live(state, src):
             continue
         for call in w.waits_on:
             worker, _, method = call.rpartition(".")
