@@ -20,7 +20,8 @@ from typing import NamedTuple
 LIBRARY = re.compile(r"site-packages|(?:^|[\s/(\"])(?:ray|torch|transformers|numpy|safetensors|tokenizers|zmq)/|"
                      r"_raylet|threading\.py|concurrent/futures|selectors\.py|queue\.py|socket\.py|asyncio/|"
                      r"gkd_core/telemetry|gkd_core/node|gkd_core/integrations|\(libc|\(libpython")
-THREAD_START = re.compile(r"^(Thread \S+|Current thread \S+)")
+# a thread's first line, in py-spy's and faulthandler's words; or an asyncio call's (integrations/task_stacks)
+THREAD_START = re.compile(r"^(Thread \S+|Current thread \S+|Task \S+)")
 FRAME = re.compile(r"\.py[:\"]|\.py, line")
 PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)\s*$")
 FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gkd_core.state import RunState
+from gkd_core.state.views import shown_phase
 from gkd_core.units import compact as fmt_duration
 from gkd_core.vocab import RUN_ENDED
 
@@ -28,13 +29,13 @@ def status_text(st: RunState, now: float, run: Path | None = None) -> str:
                      f"{fmt_duration(view.timeout_s)}{pend}")
     if st.workers:
         name_w = max(14, min(24, max(len(s) for s in st.workers)))
-        phase_w = max(14, min(24, max(len(w.phase) for w in st.workers.values())))
+        phase_w = max(14, min(24, max(len(shown_phase(w)) for w in st.workers.values())))
         lines.append(f"{'worker':{name_w}s} {'pid':>7s} {'phase':{phase_w}s} {'in phase':>9s} {'step':>5s} "
                      f"{'heartbeat':>9s}")
         for ws in st.workers_by_role().values():
             for w in ws:
                 hb = st.heartbeat_age(w, now)
-                lines.append(f"{w.src:{name_w}s} {w.pid or '-':>7} {w.phase[:phase_w]:{phase_w}s} "
+                lines.append(f"{w.src:{name_w}s} {w.pid or '-':>7} {shown_phase(w)[:phase_w]:{phase_w}s} "
                              f"{fmt_duration(st.time_in_phase(w, now)):>9s} "
                              f"{w.step if w.step is not None else '-':>5} {fmt_duration(hb):>9s}")
     if st.metrics:

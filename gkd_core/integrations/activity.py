@@ -7,6 +7,12 @@ return to ``idle`` with its real end; a call too brief for that is sent after th
 ``BRIEF_PER_TICK`` a tick. So a job of a thousand tiny calls a second costs at most a hundred events a
 second, and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
 has lasted 20 ms), with the time it began.
+
+Calls run at once in separate lanes (an async actor's coroutines, a threaded actor's threads); a lane's
+calls nest (a method, the ``ray.get`` inside it). With several lanes in flight, the phase shown is the
+oldest call's, since its start, with how many are in flight ("8 generate in flight", the oldest #17): a
+server whose one request never returns is measured by that request's age, not by the newest one's.
+Those asyncio calls' stacks (their ``await`` lines) are written when a capture asks (task_stacks).
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import itertools
 import sys
 import threading
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
+from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
@@ -28,22 +36,41 @@ PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answer
 # nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against
 BRIEF_PER_TICK = 1
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
+ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
 
 class Call:
     __slots__ = ("name", "number", "started", "ended", "detail", "deadline", "progress", "step", "wait", "shown",
-                 "waits_on")
+                 "waits_on", "lane")
 
     def __init__(self, name: str, number: int, detail: str = "", deadline: float | None = None,
                  progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
-                 waits_on: Callable[[], list[str]] | None = None):
+                 waits_on: Callable[[], list[str]] | None = None, lane: Any = None):
         self.name, self.number, self.detail, self.deadline, self.step = name, number, detail, deadline, step
+        # what runs it: its thread's ident, or the coroutine of an asyncio call (whose stack it is)
+        self.lane = lane if lane is not None else threading.get_ident()
         self.started = time.time()
         self.ended: float | None = None
         self.progress = progress  # asked from the watcher's thread: what the call has left to do
         self.wait = wait  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
         self.waits_on = waits_on  # the calls a wait has not had answered yet (``Worker.method``), as its progress knows
         self.shown = False
+
+    @property
+    def is_async(self) -> bool:
+        return not isinstance(self.lane, int)
+
+
+class View(NamedTuple):
+    """What the watcher shows: the phase, the call whose detail it shows (a wait inside it), and the calls
+    in flight at once (their lanes' outermost calls, oldest first; one when nothing runs beside the phase)."""
+
+    phase: Call | None
+    about: Call | None
+    in_flight: list[Call]
+
+
+NOTHING = View(None, None, [])
 
 
 class Activity:
@@ -62,18 +89,24 @@ class Activity:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._brief: collections.deque[Call] = collections.deque(maxlen=256)  # ended, perhaps never shown
+        self._task_stacks: TaskStackAnswer | None = None
         self.reporter: Reporter | None = None
+
+    def answer_task_stacks(self, folder: Path) -> None:
+        """Offer this process's asyncio calls' stacks to a capture, in ``folder`` (once it has one in flight)."""
+        self._task_stacks = TaskStackAnswer(folder)
 
     def enter(self, name: str, detail: str = "", deadline: float | None = None,
               progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
-              waits_on: Callable[[], list[str]] | None = None) -> int:
+              waits_on: Callable[[], list[str]] | None = None, lane: Any = None) -> int:
         """A call begins; ``step``: the training step it belongs to, where the job says (verl's timers);
         ``wait``: it waits for others (``ray.get``): inside a phase it is that phase's detail, and
-        ``waits_on`` (read after each ``progress``) the calls it still waits on, the phase's edges."""
+        ``waits_on`` (read after each ``progress``) the calls it still waits on, the phase's edges;
+        ``lane``: an asyncio call's coroutine (else the calling thread is its lane)."""
         number = self._counts.get(name, 0) + 1
         self._counts[name] = number
         token = next(self._ids)
-        self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on)
+        self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on, lane)
         if self._thread is None:
             self.start()
         return token
@@ -100,25 +133,33 @@ class Activity:
 
     # --- the watcher's thread -------------------------------------------------------------
 
-    def _view(self, now: float) -> tuple[Call | None, Call | None]:
-        """(the call shown as the phase, the call whose detail is shown): the newest call that has lasted
-        SHOW_AFTER_S; a wait inside a phase shows as that phase with the wait's detail."""
-        calls = sorted((c for c in list(self._active.values()) if now - c.started >= SHOW_AFTER_S),
-                       key=lambda c: c.started)
-        if not calls:
-            return None, None
-        newest = calls[-1]
+    def _view(self, now: float) -> View:
+        """The oldest lane's newest call that has lasted SHOW_AFTER_S is the phase (a wait inside a phase
+        shows as that phase, with the wait's detail); every lane in flight is counted."""
+        calls = sorted(list(self._active.values()), key=lambda c: c.started)
+        lanes: dict[Any, list[Call]] = {}
+        for c in calls:
+            if now - c.started >= SHOW_AFTER_S:
+                lanes.setdefault(c.lane, []).append(c)
+        if not lanes:
+            return NOTHING
+        outermost: dict[Any, Call] = {}  # each lane's outermost call, the oldest first: the calls in flight
+        for c in calls:
+            outermost.setdefault(c.lane, c)
+        in_flight = list(outermost.values())
+        oldest = next(iter(lanes.values()))
+        newest = oldest[-1]
         if newest.wait:
-            outer = [c for c in calls[:-1] if not c.wait]
+            outer = [c for c in oldest[:-1] if not c.wait]
             if outer:
-                return outer[-1], newest
-        return newest, newest
+                return View(outer[-1], newest, in_flight)
+        return View(newest, newest, in_flight)
 
     def _watch(self) -> None:
-        shown: tuple[Call | None, Call | None] = (None, None)
+        shown = NOTHING
         last_ended: float | None = None  # when the newest call shown (or sent after the fact) ended
         shown_detail = ""
-        next_progress = next_identify = 0.0
+        next_progress = next_identify = next_asked = 0.0
         failed = False
         while not self._closed.wait(TICK_S):
             if self.reporter is None:
@@ -135,41 +176,55 @@ class Activity:
             try:
                 now = time.time()
                 view = self._view(now)
-                phase, about = view
-                if view[0] is not shown[0] or view[1] is not shown[1]:
-                    gone = [c for c in shown if c is not None and c.ended]
+                phase, about = view.phase, view.about
+                if phase is not shown.phase or about is not shown.about:
+                    gone = [c for c in (shown.phase, shown.about) if c is not None and c.ended]
                     last_ended = max((c.ended for c in gone), default=last_ended)
                     if phase is None:
-                        if shown[0] is not None:
+                        if shown.phase is not None:
                             ended = last_ended or now
                             self.reporter.emit(ev.PhaseEvent(phase="idle", started=ended, ts=ended))
                         last_ended = self._send_brief(last_ended, now)
                     else:
-                        if shown[0] is None or gone:  # what began and ended between the last phase and this one
+                        if shown.phase is None or gone:  # what began and ended between the last phase and this one
                             last_ended = self._send_brief(last_ended, phase.started)
                         shown_detail = about.detail
-                        next_progress = now  # the first answer to "who has answered" at the next tick
-                        # a phase shown again once what it called has returned: from then, not from its start
-                        back = last_ended if phase is not shown[0] and gone and last_ended > phase.started else None
-                        self._show(phase, about, shown_detail, now, back)
+                        next_progress = now + (0 if about.progress is not None else PROGRESS_EVERY_S)
+                        # a phase shown again once what it called (in its own lane) has returned: from then,
+                        # not from its start
+                        returned = [c.ended for c in gone if c.lane == phase.lane]
+                        back = (max(returned) if phase is not shown.phase and returned
+                                and max(returned) > phase.started else None)
+                        self._show(view, shown_detail, now, back)
                     shown = view
                 elif phase is None:
                     last_ended = self._send_brief(last_ended, now)
                 else:
                     self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
-                    if about.progress is not None and now >= next_progress:
+                    if now >= next_progress:  # a wait's answers so far, and how many calls are in flight
                         next_progress = now + PROGRESS_EVERY_S
-                        try:
-                            detail = about.progress()
-                        except Exception as e:
-                            detail = f"{about.detail} (progress unknown: {type(e).__name__})"
-                        if detail != shown_detail:
-                            shown_detail = detail
-                            self._show(phase, about, detail, now)
+                        detail = shown_detail
+                        if about.progress is not None:
+                            try:
+                                detail = about.progress()
+                            except Exception as e:
+                                detail = f"{about.detail} (progress unknown: {type(e).__name__})"
+                        if detail != shown_detail or len(view.in_flight) != len(shown.in_flight):
+                            shown_detail, shown = detail, view
+                            self._show(view, detail, now)
+                if self._task_stacks is not None and now >= next_asked:
+                    next_asked = now + ASKED_EVERY_S
+                    self._answer_task_stacks()
             except Exception as e:  # a bug of ours: said once; the watcher goes on with the next tick
                 if not failed:
                     failed = True
                     print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
+
+    def _answer_task_stacks(self) -> None:
+        asyncs = [c for c in list(self._active.values()) if c.is_async]
+        if asyncs:
+            self._task_stacks.offer()
+        self._task_stacks.answer_if_asked((c.name, c.number, c.started, c.lane) for c in asyncs)
 
     def _send_brief(self, since: float | None, until: float) -> float | None:
         """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
@@ -192,12 +247,18 @@ class Activity:
             since = call.ended
         return since
 
-    def _show(self, phase: Call, about: Call, detail: str, now: float, since: float | None = None) -> None:
+    def _show(self, view: View, detail: str, now: float, since: float | None = None) -> None:
         # a step's phases are instances by step; a method's, by call number
+        phase, about = view.phase, view.about
         phase.shown = about.shown = True
+        detail = f"{about.name}: {detail}" if about is not phase else detail
+        if len(view.in_flight) > 1:
+            mix = collections.Counter(c.name for c in view.in_flight)
+            detail = (f"{len(view.in_flight)} in flight ({', '.join(f'{n} ×{k}' for n, k in mix.most_common(4))}); "
+                      f"the oldest #{phase.number}" + (f": {detail}" if detail else ""))
         self.reporter.emit(ev.PhaseEvent(phase=phase.name, started=since or phase.started,
                                          deadline=about.deadline or phase.deadline, step=phase.step,
                                          call=None if phase.step is not None else phase.number,
-                                         detail=(f"{about.name}: {detail}" if about is not phase else detail)[:300],
+                                         detail=detail[:300], in_flight=len(view.in_flight) if len(view.in_flight) > 1 else 0,
                                          waits_on=about.waits_on()[:ev.WAITS_ON_MAX] if about.waits_on else [],
                                          ts=now))

@@ -71,7 +71,7 @@ class DriverCommands:
                 self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, result="the driver waits on no weight sync"))
                 return
         elif target == "all":
-            names = sorted(set(p.names.values()))
+            names = sorted(set(p.actors.names.values()))
         else:
             names = [target]
         outcome = {n: self._cancel(n, force) for n in names}
@@ -83,7 +83,7 @@ class DriverCommands:
         import ray
 
         if force:
-            handle = self.process.handle_of(name)
+            handle = self.process.actors.handle_of(name)
             if handle is None:
                 return "no handle to it here (not made by this driver, and not a named actor)"
             ray.kill(handle, no_restart=True)

@@ -5,15 +5,15 @@
   hook to the job's runtime_env, so every worker of the job reports, whether the command started Ray
   or joined a running cluster. The driver reports its waits, and the cluster's nodes and placement
   groups (cluster_watch). With ``GKD_WATCH=1`` and no run yet, it starts one first (opt_in).
-- ``setup_worker`` (in every worker, before any task): each actor's method calls become its phases,
-  with their call numbers, and its waits on other actors their detail (waits).
+- ``setup_worker`` (in every worker, before any task): each actor's method calls become its phases, with
+  their call numbers (an async actor's in flight at once, activity), and its waits their detail (waits).
 
-An actor is named by its class and the order its creator made it in (``Learner/3``, the fourth
-``Learner``): the creator writes the name to Ray's key-value store, where the actor reads it. A hook
-the user had set is called first (the runtime-env hook) or kept (the setup hook). A failure of ours is
-said once on stderr, and the job runs on unwatched; but the setup hook is a name Ray imports in each
-worker: where gkd-tui is not installed (another node, a runtime_env's own environment), Ray ends the
-worker. README says to install it wherever the job's workers run.
+An actor is named by its class and the order its creator made it in (``Learner/3``, the fourth ``Learner``;
+actor_names), which it reads from Ray's key-value store. A hook the user had set is
+called first (the runtime-env hook) or kept (the setup hook). A failure of ours is said once on stderr, and
+the job runs on unwatched; but the setup hook is a name Ray imports in each worker: where gkd-tui is not
+installed (another node, a runtime_env's own environment), Ray ends the worker. README says to install it
+wherever the job's workers run.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import os
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
 from gkd_core.integrations import job_env, opt_in, remote_stacks, routes, torchrun
 from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.actor_names import ActorNames
 from gkd_core.integrations.cancels import start_commands
 from gkd_core.integrations.cluster_watch import ClusterWatch
 from gkd_core.integrations.routes import KV_NAMESPACE
@@ -125,10 +125,7 @@ class _Process:
         self.class_name = ""
         self.asked_since = 0.0
         self.activity = Activity(self._identify)
-        self.created: dict[str, int] = {}  # class -> actors this process made of it (the next index to try)
-        self.names: dict[str, str] = {}  # actor id -> its name, for the actors this process knows
-        self.handles: dict[str, weakref.ref] = {}  # name -> the handle this process made (for cancel's kill)
-        self.ray_names: dict[str, tuple[str, str | None]] = {}  # name -> (Ray's name, namespace), if named
+        self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
         self.current_wait: Wait | None = None  # what the main thread waits on now (cancel reads it)
         self.book = RefBook()  # the calls this process made, by ref
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
@@ -180,45 +177,6 @@ class _Process:
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
 
-    def name_created(self, class_name: str, handle: Any, options: dict) -> None:
-        """The name of an actor this process just made: the first free ``class_name/N`` of the run."""
-        from ray.experimental.internal_kv import _internal_kv_put
-
-        actor_id = handle._ray_actor_id.hex()
-        n = self.created.get(class_name, 0)
-        # another process may make actors of the same class: a slot is claimed, never taken twice
-        while _internal_kv_put(f"{self.run}/slot/{class_name}/{n}", actor_id, overwrite=False,
-                               namespace=KV_NAMESPACE):
-            n += 1
-        self.created[class_name] = n + 1
-        name = self.names[actor_id] = src_of(class_name, n)
-        self.handles[name] = weakref.ref(handle)
-        if options.get("name"):
-            self.ray_names[name] = (options["name"], options.get("namespace"))
-        _internal_kv_put(f"{self.run}/actor/{actor_id}", self.names[actor_id], namespace=KV_NAMESPACE)
-
-    def name_of(self, handle: Any) -> str:
-        """The name of the actor behind ``handle``: known here, else from its creator's note (once)."""
-        actor_id = handle._ray_actor_id.hex()
-        name = self.names.get(actor_id)
-        if name is None:
-            from ray.experimental.internal_kv import _internal_kv_get
-
-            got = _internal_kv_get(f"{self.run}/actor/{actor_id}", namespace=KV_NAMESPACE)
-            name = self.names[actor_id] = got.decode() if got else f"actor {actor_id[:8]}"
-        return name
-
-    def handle_of(self, name: str) -> Any:
-        """A handle to the actor ``name``: the one this process made, else by its Ray name."""
-        ref = self.handles.get(name)
-        handle = ref() if ref is not None else None
-        if handle is None and name in self.ray_names:
-            import ray
-
-            ray_name, namespace = self.ray_names[name]
-            handle = ray.get_actor(ray_name, namespace=namespace)
-        return handle
-
     def emit(self, event) -> None:
         if self.activity.reporter is not None:
             self.activity.reporter.emit(event)
@@ -262,8 +220,9 @@ def _install(kind: str) -> None:
         if _process is not None or (kind == "driver" and not _claim_driver()):
             return
         _process = _Process(kind)
-        # stacks without py-spy, on SIGUSR1: in the run's folder on its node, in a private one elsewhere
-        install_faulthandler(routes.stacks_dir(_process.run, os.environ.get(job_env.RUN_DIR, "")))
+        stacks = routes.stacks_dir(_process.run, os.environ.get(job_env.RUN_DIR, ""))  # the run's, or a private one
+        install_faulthandler(stacks)  # stacks without py-spy, on SIGUSR1
+        _process.activity.answer_task_stacks(stacks)  # an async actor's coroutines, which no thread shows
         _patch_actor_creation()
         _patch_waits()  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
         if kind == "worker":
@@ -289,7 +248,7 @@ def _patch_actor_creation() -> None:
         handle = make(self, *args, **kwargs)
         try:
             if self.__ray_metadata__.class_name != remote_stacks.GkdStacksHelper.__name__:  # ours, not the job's
-                _process.name_created(self.__ray_metadata__.class_name, handle, kwargs)
+                _process.actors.name_created(self.__ray_metadata__.class_name, handle, kwargs)
         except Exception as e:
             _say_once("naming a new actor", e)
         return handle
@@ -302,7 +261,7 @@ def _patch_actor_creation() -> None:
     def _call(self, *args, **kwargs):
         out = call(self, *args, **kwargs)
         try:
-            _process.book.sent(_process.name_of(self._actor), self._method_name, out)
+            _process.book.sent(_process.actors.name_of(self._actor), self._method_name, out)
         except Exception as e:
             _say_once("noting an actor call", e)
         return out
@@ -310,12 +269,12 @@ def _patch_actor_creation() -> None:
     ActorMethod._remote = _call
 
 
-def begin(name: str, actor: Any = None, step: int | None = None) -> int | None:
+def begin(name: str, actor: Any = None, step: int | None = None, lane: Any = None) -> int | None:
     """A call of the job's begins (an actor's method, a framework's phase): noted, never raising into it."""
     try:
         if actor is not None:
             _process.entering_actor(actor)
-        return _process.activity.enter(name, step=step)
+        return _process.activity.enter(name, step=step, lane=lane)
     except Exception as e:
         _say_once("noting a call", e)
         return None
@@ -341,9 +300,10 @@ def _patch_actor_methods() -> None:
             return executor  # Ray's own (ready checks, terminate)
         if inspect.iscoroutinefunction(method):
             async def run(__ray_actor, *args, **kwargs):
-                token = begin(method_name, __ray_actor)
+                coro = executor(__ray_actor, *args, **kwargs)
+                token = begin(method_name, __ray_actor, lane=coro)  # its lane, and the stack shown of it
                 try:
-                    return await executor(__ray_actor, *args, **kwargs)
+                    return await coro
                 finally:
                     end(token)
         else:

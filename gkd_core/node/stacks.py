@@ -8,6 +8,12 @@ Three ways in, the best first, and the answer says which one was used:
   a file on SIGUSR1, from the signal handler, even while another thread holds the GIL.
 - in-process (a thread of the worker answers): the driver's fallback, not this module's.
 
+Besides its threads, a process with asyncio calls in flight (an async Ray actor: a server with many
+requests at once) has coroutines waiting that are on no thread's stack: the event loop's thread shows
+only its idle ``select``. A watched process offers those (``task_stack_files``: it keeps a ``ready``
+file in the stacks folder); a capture asks it beside py-spy, and its watcher thread writes each call's
+chain of awaits, down to the ``await`` that has not returned (integrations/task_stacks.py).
+
 Every capture runs under a hard timeout and never waits on a process that will not die: a
 stopped or vanished process gets a note that says so, within the timeout.
 
@@ -27,6 +33,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -34,6 +41,7 @@ from gkd_core import proctree
 
 TIMEOUT_S = 4.0
 FAULTHANDLER_SIGNAL = signal.SIGUSR1
+TASKS_WAIT_S = 1.5  # a process's watcher thread answers within a tick or two, unless it cannot run at all
 
 
 class Capture(msgspec.Struct, kw_only=True):
@@ -72,6 +80,39 @@ def install_faulthandler(folder: Path) -> Path | None:
     f = open(path, "a", buffering=1)  # kept open for the life of the process, as faulthandler needs
     faulthandler.register(FAULTHANDLER_SIGNAL, file=f, all_threads=True, chain=False)
     return path
+
+
+class TaskStackFiles(NamedTuple):
+    """A process's offer to write its asyncio calls' stacks, a request for them, and its answer."""
+
+    ready: Path
+    asked: Path
+    answer: Path
+
+
+def task_stack_files(folder: Path, pid: int) -> TaskStackFiles:
+    return TaskStackFiles(*(folder / f"tasks-{pid}.{kind}" for kind in ("ready", "asked", "txt")))
+
+
+def via_task_stacks(pid: int, folder: Path, timeout_s: float) -> str:
+    """The process's asyncio calls in flight, each with its chain of awaits, as it writes them when asked
+    (``""`` when it offers none). Two readers at once share one answer: each takes any answer written
+    after it asked."""
+    files = task_stack_files(folder, pid)
+    if not files.ready.exists():
+        return ""
+    asked_at = time.time_ns()
+    files.asked.touch()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if files.answer.stat().st_mtime_ns >= asked_at:
+                return files.answer.read_text(errors="replace")
+        except FileNotFoundError:
+            pass
+        time.sleep(0.02)
+    return (f"Task stacks of process {pid}: not written within {timeout_s:g} s (its watcher thread did not run: "
+            "a thread holding the GIL?)\n")
 
 
 def run_bounded(cmd: list[str], timeout_s: float) -> tuple[int | None, str, str]:
@@ -176,14 +217,21 @@ def via_faulthandler(pid: int, folder: Path, timeout_s: float) -> tuple[str, str
 
 
 def capture(pid: int, timeout_s: float = TIMEOUT_S, faulthandler_dir: Path | None = None) -> Capture:
-    """The stack of ``pid`` by the best way available, then its children's, all within ``timeout_s``."""
+    """The stack of ``pid`` by the best way available, its asyncio calls' (where it offers them), then its
+    children's, all within ``timeout_s``."""
     kids = [c for c in proctree.descendants(pid) if proctree.is_python(c)]
-    if not kids:
+    offers_tasks = faulthandler_dir is not None and task_stack_files(faulthandler_dir, pid).ready.exists()
+    if not kids and not offers_tasks:
         return _capture_one(pid, timeout_s, faulthandler_dir)
-    with ThreadPoolExecutor(max_workers=1 + len(kids), thread_name_prefix="stack-capture-child") as pool:
+    with ThreadPoolExecutor(max_workers=2 + len(kids), thread_name_prefix="stack-capture-child") as pool:
         own = pool.submit(_capture_one, pid, timeout_s, faulthandler_dir)
+        tasks = (pool.submit(via_task_stacks, pid, faulthandler_dir, min(TASKS_WAIT_S, timeout_s))
+                 if offers_tasks else None)
         theirs = [(c, pool.submit(_capture_one, c, timeout_s, None)) for c in kids]
         cap = own.result()
+        if tasks is not None and (task_text := tasks.result()):
+            cap.text = f"{cap.text.rstrip()}\n\n{task_text}" if cap.text else task_text
+            cap.method = cap.method or "asyncio tasks"
         for child, f in theirs:
             got = f.result()
             cap.text += (f"\n\nChild process {child} ({proctree.title(child)}) of {pid}:\n"

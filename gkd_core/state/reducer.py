@@ -86,7 +86,7 @@ def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
         w.phase_step = e.step
         w.phase_call = e.call
         st.mark_moved(w)
-    w.deadline, w.detail = e.deadline, e.detail
+    w.deadline, w.detail, w.in_flight = e.deadline, e.detail, e.in_flight
     if e.waits_on != w.waits_on:
         w.waits_on, w.waits_since = list(e.waits_on[:ev.WAITS_ON_MAX]), e.ts
         if w.waits_on:

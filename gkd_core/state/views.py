@@ -22,6 +22,16 @@ def heard_from(w: WorkerState) -> float:
     return max(w.last_heartbeat, w.phase_since) if w.last_heartbeat else 0.0
 
 
+def shown_phase(w: WorkerState) -> str:
+    """Its phase as a person reads it: a worker held up by another's fault (waiting on it, or failed of it)
+    says whose instead; one with calls in flight at once says how many (its time in phase is the oldest's)."""
+    if w.blocked_by:
+        return f"blocked by {w.blocked_by}"
+    if w.in_flight > 1 and w.phase not in WORKER_ENDED:
+        return f"{w.in_flight} {w.phase} in flight"
+    return w.phase or "-"
+
+
 def silent_for(w: WorkerState, now: float) -> float | None:
     """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
     heard = heard_from(w)

@@ -69,6 +69,9 @@ class PhaseEvent(Event, tag="phase"):
     # the actor calls this phase waits on that have not answered, as ``Worker.method`` (a ``ray.get`` on
     # them): the wait-for graph's edges out of this worker (``diagnosis.rules.waits``); at most WAITS_ON_MAX
     waits_on: list[str] = []
+    # calls of this worker in flight at once (an async actor's, a threaded actor's), when more than one: the
+    # phase is then the oldest of them, ``started`` its start and ``call`` its number
+    in_flight: Int = 0
 
 
 WAITS_ON_MAX = 32

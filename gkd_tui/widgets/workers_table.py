@@ -22,6 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gkd_core.state import AlertState, RunState, WorkerState
+from gkd_core.state.views import shown_phase
 from gkd_core.vocab import WORKER_ENDED
 from gkd_tui.widgets import worker_groups
 from gkd_tui.widgets.format import fmt_duration
@@ -42,11 +43,6 @@ def cells_line(cells, widths=WIDTHS) -> list[str]:
     """The row's text a cell at a time (one segment each: a terminal does not care, but an SVG
     capture lays out each segment on its own, so a bold row cannot drift past the last column)."""
     return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths)]
-
-
-def shown_phase(w: WorkerState) -> str:
-    """Its phase; a worker held up by another's fault (waiting on it, or failed of it) says whose instead."""
-    return f"blocked by {w.blocked_by}" if w.blocked_by else (w.phase or "-")
 
 
 sort_key = worker_groups.sort_key

@@ -5,8 +5,10 @@ phase's detail; a call too brief to be shown, after the fact; a flood of them, b
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import zmq
 
@@ -125,6 +127,77 @@ def test_threads_making_brief_calls_all_the_while_do_not_stop_the_watcher(tmp_pa
     finally:
         sys.setswitchinterval(switch)
         stop.set()
+        activity.close()
+        reporter.close()
+        rx.close()
+
+
+def test_calls_in_flight_at_once_show_as_the_oldest_with_their_count_and_their_awaits_on_request(tmp_path):
+    """An async server's eight calls at once, one of which never returns: the phase is the oldest call,
+    since its start, with eight in flight; once the seven others return, the stuck one is still the phase,
+    its age unchanged; and a capture that asks gets each coroutine's chain of awaits down to the line
+    it waits at."""
+    import asyncio
+    import threading
+
+    from gkd_core.node.stacks import task_stack_files, via_task_stacks
+
+    rx = Received(tmp_path)
+    reporter = Reporter("Server/2", ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+    activity.answer_task_stacks(tmp_path / "stacks")
+    loop = asyncio.new_event_loop()
+    never = asyncio.Event()  # set only at the end, from the loop's own thread
+    returned = asyncio.Event()
+
+    async def generate(n: int) -> int:
+        if n == 0:
+            await never.wait()  # the stuck request
+        else:
+            await returned.wait()
+        return n
+
+    async def served(n: int) -> int:  # as ray_hook's wrapper: the call's coroutine is its lane
+        coro = generate(n)
+        token = activity.enter("generate", lane=coro)
+        try:
+            return await coro
+        finally:
+            activity.leave(token)
+
+    thread = threading.Thread(target=loop.run_forever, name="AsyncIO Thread: default", daemon=True)
+    thread.start()
+    try:
+        assert not task_stack_files(tmp_path / "stacks", os.getpid()).ready.exists()  # nothing async yet
+        first_at = time.time()
+        futures = [asyncio.run_coroutine_threadsafe(served(n), loop) for n in range(8)]
+        time.sleep(SHOW_AFTER_S + 5 * TICK_S)
+        shown = [p for p in rx.phases() if p["phase"] == "generate"]
+        assert shown and shown[-1]["in_flight"] == 8, shown
+        assert shown[-1]["started"] - first_at < 0.01 and shown[-1]["call"] == 1  # the oldest: the stuck one
+        assert shown[-1]["detail"].startswith("8 in flight (generate ×8); the oldest #1")
+
+        loop.call_soon_threadsafe(returned.set)  # seven return; the stuck one stays
+        for f in futures[1:]:
+            f.result(timeout=5)
+        time.sleep(1.5)  # a change of count alone is said at the next progress tick (PROGRESS_EVERY_S)
+        after = rx.phases()
+        assert after[-1]["phase"] == "generate" and after[-1]["call"] == 1
+        assert after[-1].get("in_flight", 0) == 0 and after[-1]["started"] == shown[-1]["started"]
+
+        text = via_task_stacks(os.getpid(), tmp_path / "stacks", 2.0)
+        line = next(i for i, s in enumerate(Path(__file__).read_text().splitlines(), 1) if "the stuck request" in s)
+        assert text.startswith("Task generate #1 (asyncio), in flight "), text
+        assert f'File "{__file__}", line {line} in generate' in text and "await never.wait()" in text, text
+        assert "  awaiting a Future (pending" in text, text
+        from gkd_core import stack_text
+
+        assert stack_text.where(text).startswith("`generate` (test_activity.py:"), stack_text.where(text)
+    finally:
+        loop.call_soon_threadsafe(never.set)
+        time.sleep(0.1)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
         activity.close()
         reporter.close()
         rx.close()

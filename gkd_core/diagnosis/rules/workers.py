@@ -125,6 +125,8 @@ def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> Ale
         code = "slower_than_usual"
         base = f"usually {precise(late.baseline)} (median of its last {late.n_done})"
     where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
+    if w.in_flight > 1 and w.phase == late.phase:  # an async server's: measured by its oldest call
+        at += f" (the oldest of {w.in_flight} in flight)"
     message = (f"{late.src} still in {late.phase}{at} after {spoken(late.elapsed)}; {base}"
                + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else "")
                + _before_the_teacher(state, late, w.phase_since))
@@ -134,7 +136,7 @@ def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> Ale
         evidence={"phase": late.phase, "step": late.step, "elapsed_s": round(late.elapsed, 1),
                   "threshold_s": round(late.threshold, 2), "baseline_s": round(late.baseline, 3), "by": late.by,
                   "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
-                  "where": v.where},
+                  "where": v.where, "in_flight": w.in_flight},
     )
 
 
