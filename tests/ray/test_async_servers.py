@@ -18,7 +18,7 @@ from gkd_core import rundir
 from gkd_core.diagnosis.stragglers import MIN_S
 
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "ray_async_servers.py"
-HEALTHY_S = 40  # the pool's healthy rounds before one server stalls
+HEALTHY_S = 15  # the pool's healthy rounds before one server stalls
 NAMED_WITHIN_S = MIN_S + 10
 
 
