@@ -25,6 +25,12 @@ RUN_GOING = ("starting", "running", "restarting")  # a driver is (being) started
 SyncStatus = Literal["started", "progress", "done", "timed_out", "failed", "cancelled"]
 SYNC_OPEN = ("started", "progress")  # a sync that has not ended
 SYNC_FAILED = ("timed_out", "failed", "cancelled")  # one that ended without its weights everywhere
+# the parts of a weight sync (``sync_part`` events), in the order a sync runs them, and how a person says each
+SYNC_PARTS = {
+    "pause": "pause generation", "gather": "gather the weights", "broadcast": "broadcast",
+    "load": "load into the engine", "reset_cache": "reset the engine's cache", "resume": "resume generation",
+    "verify": "read back the fingerprint",
+}
 
 # a worker's phase once it has stopped working: nothing it does is late any more
 WORKER_ENDED = ("finished", "failed", "cancelled", "exited")
@@ -69,6 +75,7 @@ ALERTS: dict[str, Code] = {
     "straggler": Code("rules", "straggler", live=True, stacks=True, late=True),
     "slower_than_usual": Code("rules", "slow", live=True, stacks=True),
     "sync_slow": Code("rules", "sync slow", live=True),
+    "sync_part_slow": Code("rules", "sync part slow", live=True, stacks=True),
     "sync_timed_out": Code("rules", "sync timed out", late=True),
     "sync_failed": Code("rules"),
     "fingerprint_mismatch": Code("rules"),

@@ -13,7 +13,7 @@ from typing import Iterable, Literal, NamedTuple
 from gkd_core.state import MetricsPoint, RunState
 from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint
 from gkd_core.units import compact
-from gkd_core.vocab import SYNC_FAILED
+from gkd_core.vocab import SYNC_FAILED, SYNC_PARTS
 
 # a step's phases in the order they happen (each a theme colour, series-phase-NAME); others go after them
 PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
@@ -114,10 +114,26 @@ def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
         xs = (pts[0][0], pts[-1][0])
         against.append(Line(f"timeout {_secs(timeout)}", xs, (timeout, timeout), "series-timeout"))
         title += f": the longest {_secs(longest)}, {100 * longest / timeout:.1f} % of {_secs(timeout)}"
+    scale_title = f"each step's sync, to scale{f': the last {_secs(pts[-1][1])}' if pts else ''}"
+    parts = _sync_parts(points)
+    if parts:
+        scale_title += " (its parts stacked: each line the time to the end of that part, the slowest member's)"
     return (Figure(title, xlabel, "seconds", tuple(against), (0.0, timeout * 1.05 if timeout else None),
                    empty="no sync finished yet"),
-            Figure(f"each step's sync, to scale{f': the last {_secs(pts[-1][1])}' if pts else ''}", xlabel,
-                   "seconds", tuple(lines), (0.0, None), empty="no sync finished yet"))
+            Figure(scale_title, xlabel, "seconds", tuple(parts) + tuple(lines), (0.0, None),
+                   empty="no sync finished yet"))
+
+
+def _sync_parts(points: list[SyncPoint]) -> list[Line]:
+    """The parts of each sync (vocab.SYNC_PARTS, in the order a sync runs them), stacked as the step time's
+    phases are, top down for the legend: which part grew, when a sync grows."""
+    names = [k for k in SYNC_PARTS if any(k in p.parts for p in points)]
+    lines = []
+    for i, name in enumerate(names):
+        upto = names[: i + 1]
+        lines.append(_line(SYNC_PARTS[name], [(_sync_x(p), sum(p.parts.get(k, 0.0) for k in upto))
+                                              for p in points if p.parts], f"series-{i % 8 + 1}"))
+    return list(reversed(lines))
 
 
 def _sync_x(p: SyncPoint) -> int:

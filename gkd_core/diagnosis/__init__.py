@@ -13,7 +13,7 @@ import math
 
 from gkd_core import vocab
 from gkd_core.diagnosis import cascade
-from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, waits
+from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, waits
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 
@@ -33,6 +33,7 @@ def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> li
     # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
         out = [a for a in out if a.code != "slower_than_usual"]
+    out = parts_explain(out)  # a member slow in one part of a sync is that finding, not late in the sync too
     # the wait-for graph's cycles, found once a pass: a still one is a deadlock, and while one holds, its
     # members' and its waiters' lateness is its symptom, not a finding of their own
     found = waits.knots(state)

@@ -27,9 +27,11 @@ class ActorNames:
         self.ray_names: dict[str, tuple[str, str | None]] = {}  # name -> (Ray's name, namespace), if named
 
     def name_created(self, class_name: str, handle: Any, options: dict) -> None:
-        """The name of an actor this process just made: the first free ``class_name/N`` of the run."""
+        """The name of an actor this process just made: the first free ``class_name/N`` of the run (a class made
+        inside a function, verl's ``create_colocated_worker_cls.<locals>.WorkerDict``, by its own name)."""
         from ray.experimental.internal_kv import _internal_kv_put
 
+        class_name = class_name.rpartition(".")[2]
         actor_id = handle._ray_actor_id.hex()
         n = self.created.get(class_name, 0)
         # another process may make actors of the same class: a slot is claimed, never taken twice

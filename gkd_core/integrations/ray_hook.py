@@ -130,6 +130,9 @@ class _Process:
         self.book = RefBook()  # the calls this process made, by ref
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
+        self.roles = ""  # a fused actor's roles (verl's WorkerDict: "actor_rollout+ref"), once its __init__ made them
+        self._registered: tuple[Reporter, int | None] | None = None  # (its reporter, rank) once it said who it is
+        self._roles_lock = threading.Lock()  # the watcher's registration and the actor's roles, in either order
 
     def _identify(self) -> Reporter | None:
         if self.kind == "driver":
@@ -154,8 +157,23 @@ class _Process:
         src = name.decode() if name else src_of(self.class_name, self.actor_id[:8])
         role, rank = WorkerId.parse(src)
         r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1], with_children=True)
-        r.register(role, rank, actor_id=self.actor_id)
+        with self._roles_lock:
+            r.register(self.roles or role, rank, actor_id=self.actor_id)
+            self._registered = (r, rank)
         return r
+
+    def initialized(self, actor: Any) -> None:
+        """After the actor's ``__init__``: a verl fused actor (``WorkerDict``, ``FusedWorker``) holds one worker
+        per role, made there; its role is then theirs (``actor_rollout+ref``), so its peers are the actors
+        fused alike, not every fused actor of the job."""
+        fused = getattr(actor, "worker_dict", None) or getattr(actor, "fused_worker_dict", None)
+        if not isinstance(fused, dict) or not fused or not all(isinstance(k, str) for k in fused):
+            return
+        with self._roles_lock:
+            self.roles = "+".join(fused)
+            if self._registered is not None:
+                reporter, rank = self._registered
+                reporter.register(self.roles, rank, actor_id=self.actor_id)
 
     def _route(self) -> tuple[str, Any] | None:
         """Where this worker's events go: the driver's route for its node (routes), once written."""
@@ -310,9 +328,15 @@ def _patch_actor_methods() -> None:
             def run(__ray_actor, *args, **kwargs):
                 token = begin(method_name, __ray_actor)
                 try:
-                    return executor(__ray_actor, *args, **kwargs)
+                    out = executor(__ray_actor, *args, **kwargs)
                 finally:
                     end(token)
+                if method_name == "__init__":
+                    try:
+                        _process.initialized(__ray_actor)
+                    except Exception as e:
+                        _say_once("reading the roles of a fused actor", e)
+                return out
         run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
         return run
 

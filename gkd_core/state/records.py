@@ -75,6 +75,13 @@ class WorkerState(msgspec.Struct, kw_only=True):
     engine: ev.EngineEvent | None = None  # its inference engine's own counts (vLLM), the newest
 
 
+class SyncPartNow(msgspec.Struct, array_like=True):
+    """Where one member is in a sync: the part it began (vocab.SYNC_PARTS) and when."""
+
+    part: str
+    since: float
+
+
 class SyncState(msgspec.Struct, kw_only=True):
     sync_id: int
     state: str
@@ -88,6 +95,8 @@ class SyncState(msgspec.Struct, kw_only=True):
     differ: list[str] = []
     error: str = ""
     step: int | None = None
+    parts_now: dict[str, SyncPartNow] = {}  # member -> the part it is in (``sync_part`` events), until it ends it
+    parts_took: dict[str, float] = {}  # part -> the longest any member took in it: the sync's time, split
 
 
 class SyncView(msgspec.Struct):

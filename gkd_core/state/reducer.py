@@ -1,16 +1,16 @@
 """The reducer's cases: how each kind of event changes a ``RunState`` (its ``apply`` looks the
-event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read."""
+event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read. The weight sync's
+and the collectives' cases are in ``sync_cases``."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
-import msgspec
-
+from gkd_core.state import sync_cases
 from gkd_core.state.records import (
-    AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, MAX_GROUPS, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
-    ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, SYNC_HISTORY_KEEP, StackRecord, SyncState,
+    AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
+    ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, StackRecord,
     TEACHER_HISTORY_KEEP, TeacherSide, TeacherState, UTIL_AVG_S, alert_key,
 )
 from gkd_core.state.series import TeacherPoint, mem_share
@@ -132,46 +132,6 @@ def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
         w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
 
 
-def _on_sync(st: RunState, e: ev.SyncEvent) -> None:
-    s = st.sync
-    if s is None or s.sync_id != e.sync_id:
-        if s is not None:
-            _archive_sync(st, s)
-        started = e.ts - e.elapsed_s
-        # a sender's absurd numbers (ts and elapsed near the float's ends) must not make an inf, which a
-        # keyframe's JSON cannot hold
-        s = st.sync = SyncState(sync_id=e.sync_id, state=e.state,
-                                  started=started if math.isfinite(started) else e.ts)
-    s.state, s.last_ts = e.state, e.ts
-    s.timeout_s = e.timeout_s or s.timeout_s
-    s.elapsed_s = e.elapsed_s
-    s.pending, s.done = list(e.pending), list(e.done)
-    if e.state == "failed" and e.pending:
-        for b in e.blocked:
-            if b in st.workers and b not in e.pending:
-                st.workers[b].blocked_by = e.pending[0]
-    if e.fingerprint_ok is not None:
-        s.fingerprint_ok, s.differ = e.fingerprint_ok, list(e.differ)
-    s.error = e.error or s.error
-    if e.step is not None:
-        s.step = e.step
-    if e.fingerprint_ok is False:
-        st.fingerprint_miss = msgspec.structs.replace(s)
-    if e.state not in SYNC_OPEN:
-        _archive_sync(st, s)
-
-
-def _archive_sync(st: RunState, s: SyncState) -> None:
-    st.series.note_sync(s.sync_id, s.step, s.elapsed_s, s.timeout_s, s.state)
-    hist = st.sync_history
-    if hist and hist[-1].sync_id == s.sync_id:
-        hist[-1] = msgspec.structs.replace(s)
-    else:
-        hist.append(msgspec.structs.replace(s))
-        if len(hist) > SYNC_HISTORY_KEEP:
-            del hist[0]
-
-
 def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
     t = st.teacher
     key = f"{e.side}:{e.src}"
@@ -290,16 +250,6 @@ def _on_ray_node(st: RunState, e: ev.RayNodeEvent) -> None:
     st.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
 
 
-def _on_collectives(st: RunState, e: ev.CollectivesEvent) -> None:
-    named = {g.group for g in e.groups}
-    for group, members in list(st.collectives.items()):
-        if group not in named and members.pop(e.src, None) is not None and not members:
-            del st.collectives[group]  # it left the group (destroyed, or a new one made)
-    for g in e.groups[:MAX_GROUPS]:
-        if g.group in st.collectives or len(st.collectives) < MAX_GROUPS * 16:
-            st.collectives.setdefault(g.group, {})[e.src] = g
-
-
 def _on_engine(st: RunState, e: ev.EngineEvent) -> None:
     w = st.workers.get(e.src)
     if w is not None:
@@ -372,7 +322,8 @@ HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     ev.PhaseEvent: _on_phase,
     ev.HeartbeatEvent: _on_heartbeat,
     ev.HeartbeatsEvent: _on_heartbeats,
-    ev.SyncEvent: _on_sync,
+    ev.SyncEvent: sync_cases.on_sync,
+    ev.SyncPartEvent: sync_cases.on_sync_part,
     ev.TeacherEvent: _on_teacher,
     ev.GpuEvent: _on_gpu,
     ev.MetricsEvent: _on_metrics,
@@ -383,6 +334,6 @@ HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     ev.RayEvent: _on_ray,
     ev.RayNodeEvent: _on_ray_node,
     ev.RayPlacementGroupEvent: _on_ray_pg,
-    ev.CollectivesEvent: _on_collectives,
+    ev.CollectivesEvent: sync_cases.on_collectives,
     ev.EngineEvent: _on_engine,
 }

@@ -31,6 +31,7 @@ class SyncPoint(msgspec.Struct, array_like=True):
     elapsed_s: float
     timeout_s: float
     state: str
+    parts: dict[str, float] = {}  # part -> the longest any member took in it (SyncState.parts_took)
 
 
 class TeacherPoint(msgspec.Struct, array_like=True):
@@ -75,8 +76,9 @@ class Series(msgspec.Struct, kw_only=True):
     gpu_mean: list[GpuPoint] = []  # over every GPU
     gpu_sums: GpuSums = msgspec.field(default_factory=GpuSums)
 
-    def note_sync(self, sync_id: int, step: int | None, elapsed_s: float, timeout_s: float, state: str) -> None:
-        point = SyncPoint(sync_id, step, elapsed_s, timeout_s, state)
+    def note_sync(self, sync_id: int, step: int | None, elapsed_s: float, timeout_s: float, state: str,
+                  parts: dict[str, float] | None = None) -> None:
+        point = SyncPoint(sync_id, step, elapsed_s, timeout_s, state, dict(parts or {}))
         if self.syncs and self.syncs[-1].sync_id == sync_id:
             self.syncs[-1] = point
         else:

@@ -4,10 +4,11 @@ sync's elapsed time): pure, ``now`` comes from the caller, nothing stored."""
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 
 from gkd_core.state.records import (
-    AlertState, CollectiveView, GpuRow, MetricsPoint, SyncView, TeacherTotals, WorkerState,
+    AlertState, CollectiveView, GpuRow, MetricsPoint, SyncState, SyncView, TeacherTotals, WorkerState,
 )
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
@@ -30,6 +31,13 @@ def shown_phase(w: WorkerState) -> str:
     if w.in_flight > 1 and w.phase not in WORKER_ENDED:
         return f"{w.in_flight} {w.phase} in flight"
     return w.phase or "-"
+
+
+def usual_part_time(hist: list[SyncState], part: str) -> tuple[float, int] | None:
+    """A sync part's usual time: the median, over the syncs that ended well (``sync_history``), of the
+    slowest member's time in it, and how many syncs that is; None when none of them had the part."""
+    took = [s.parts_took[part] for s in hist if s.state == "done" and part in s.parts_took]
+    return (statistics.median(took), len(took)) if took else None
 
 
 def silent_for(w: WorkerState, now: float) -> float | None:

@@ -123,6 +123,18 @@ class SyncEvent(Event, tag="sync"):
     blocked: list[str] = []
 
 
+class SyncPartEvent(Event, tag="sync_part"):
+    """One member's part of a weight sync (vocab.SYNC_PARTS: gather, broadcast, load into the engine ...),
+    begun or ended, said by the member itself: the sync's own events say who is pending, these say where
+    each member is in it, so that the slow part is named with its usual time."""
+
+    sync_id: Int
+    part: str
+    state: str = "began"  # began, ended
+    step: Int | None = None
+    started: float | None = None  # ended: when it began (a reader that missed the beginning still has its length)
+
+
 class CollectiveProgress(msgspec.Struct, kw_only=True, omit_defaults=True):
     group: str  # the process group's description or name ("weight_sync", "default_pg")
     rank: Int  # this process's rank in it

@@ -25,10 +25,10 @@ class WorkerFaults:
     faults: list[FaultConfig] = field(default_factory=list)
     _nan_since: dict[int, float] = field(default_factory=dict)  # id of a nan_grad fault -> when it first fired
 
-    def take(self, kind: str, step: int) -> FaultConfig | None:
-        """The fault of this kind at this step, consumed."""
+    def take(self, kind: str, step: int, part: str = "") -> FaultConfig | None:
+        """The fault of this kind at this step (and in this part of a sync), consumed."""
         for f in self.faults:
-            if f.kind == kind and f.step == step:
+            if f.kind == kind and f.step == step and f.part == part:
                 self.faults.remove(f)
                 return f
         return None

@@ -168,9 +168,14 @@ class GkdWorkerExtension:
         self.reload_weights(is_checkpoint_format=True)
         self._plain_linear()
 
-    def gkd_load_weights(self, path: str, index) -> None:
+    def gkd_load_weights(self, path: str, index, delay_s: float = 0.0) -> None:
         """vLLM's in-place reload (what it offers RL trainers): each layer back in its checkpoint layout,
-        loaded, then processed for its kernels again."""
+        loaded, then processed for its kernels again. ``delay_s``: the ``slow_sync_part`` fault, a load that
+        takes longer in the engine's own worker."""
+        if delay_s:
+            import time
+
+            time.sleep(delay_s)
         self.reload_weights(weights_iterator=iter(read_weights(path, index)), is_checkpoint_format=True)
         self._plain_linear()
 
@@ -227,13 +232,16 @@ class VllmEngine:
         width = max(len(r) for r in rows)
         return np.array([r + [self.pad_id] * (width - len(r)) for r in rows], dtype=np.int32)
 
-    def load_weights(self, tensors: dict, timeout_s: float) -> None:
+    def load_weights(self, tensors: dict, timeout_s: float, delay_s: float = 0.0) -> None:
         """The tensors (the student's names) into every vLLM worker's model, within ``timeout_s`` (vLLM
-        raises TimeoutError, naming the call, when a worker does not answer: a frozen engine)."""
+        raises TimeoutError, naming the call, when a worker does not answer: a frozen engine). Then
+        ``reset_cache``, before the engine generates again."""
         index = write_weights(self._file, tensors)
-        self.llm.collective_rpc("gkd_load_weights", args=(str(self._file), index), timeout=timeout_s)
-        # the prompts' keys and values cached under the old weights would be reused for the same prompts
-        # (the same tokens, other weights): generation would go on from stale attention
+        self.llm.collective_rpc("gkd_load_weights", args=(str(self._file), index, delay_s), timeout=timeout_s)
+
+    def reset_cache(self) -> None:
+        """The prompts' keys and values cached under the old weights would be reused for the same prompts
+        (the same tokens, other weights): generation would go on from stale attention."""
         self.llm.reset_prefix_cache()
 
     def fingerprint(self, layout: list[tuple[str, tuple[int, ...]]], timeout_s: float) -> str:

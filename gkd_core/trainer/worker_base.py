@@ -6,6 +6,7 @@ next check and raises ``Cancelled``), its faults for the chaos suite, and its pr
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -17,12 +18,14 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Iterator
 
 import ray
 import torch
 import torch.distributed as dist
 
 from gkd_core.node.stacks import install_faulthandler
+from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.collectives import TRACKER
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
@@ -169,6 +172,24 @@ class WorkerBase:
                                     rank=rank, timeout=timedelta(seconds=timeout_s))
             TRACKER.joined(SYNC_GROUP, rank, world)
         return True
+
+    @contextlib.contextmanager
+    def _sync_part(self, sync_id: int, part: str, step: int, delay_inside: bool = False) -> Iterator[float]:
+        """One part of a sync (vocab.SYNC_PARTS), said as it begins and as it ends. The ``slow_sync_part``
+        fault of this member, step and part makes it longer: here, or (``delay_inside``) where the body puts
+        the seconds it is given (a vLLM engine's load: inside the engine's own workers)."""
+        began = time.time()
+        self.rep.emit(ev.SyncPartEvent(sync_id=sync_id, part=part, step=step, started=began))
+        slow = self.ctx.faults.take("slow_sync_part", step, part)
+        if slow:
+            self.rep.log(f"fault injected: {self.src} takes {slow.seconds:g} s longer in the {part} part of "
+                         f"sync {sync_id} (step {step})", level="warn")
+        try:
+            if slow and not delay_inside:
+                time.sleep(slow.seconds)
+            yield slow.seconds if slow and delay_inside else 0.0
+        finally:
+            self.rep.emit(ev.SyncPartEvent(sync_id=sync_id, part=part, state="ended", step=step, started=began))
 
     def _broadcast(self, vec: torch.Tensor, timeout_s: float, step: int) -> None:
         """The sync's broadcast, said to the run: entered, then left (collectives: who has not joined)."""

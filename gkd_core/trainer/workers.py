@@ -143,11 +143,14 @@ class StudentActor(WorkerBase):
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
-            vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
-            if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have
-                raise NonFiniteWeights(f"{self.src}: the weights are not finite; sync {sync_id} not sent")
-            self._broadcast(vec, timeout_s, step)
-            return fingerprint(self.model.parameters())
+            with self._sync_part(sync_id, "gather", step):
+                vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
+                if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have
+                    raise NonFiniteWeights(f"{self.src}: the weights are not finite; sync {sync_id} not sent")
+            with self._sync_part(sync_id, "broadcast", step):
+                self._broadcast(vec, timeout_s, step)
+            with self._sync_part(sync_id, "verify", step):
+                return fingerprint(self.model.parameters())
 
     def save(self, folder: str) -> bool:
         with self.rep.phase("checkpoint", detail=folder):
@@ -235,15 +238,18 @@ class RolloutWorker(WorkerBase):
                 self._hang(f"{self.src} sync_weights at step {step}", f.seconds)
             params = list(self.model.parameters())
             vec = torch.nn.utils.parameters_to_vector([p.detach() for p in params]).contiguous()
-            self._broadcast(vec, timeout_s, step)
+            with self._sync_part(sync_id, "broadcast", step):
+                self._broadcast(vec, timeout_s, step)
             skip = self.ctx.faults.take("skip_weight_push", step)
             if skip:
                 self.rep.log(f"fault injected: {self.src} keeps the weights of the sync before in its "
                              f"{self.cfg.rollout.engine} engine (step {step})", level="warn")
             if self.engine is None:
-                if not skip:
-                    torch.nn.utils.vector_to_parameters(vec, params)
-                return fingerprint(params)
+                with self._sync_part(sync_id, "load", step):
+                    if not skip:
+                        torch.nn.utils.vector_to_parameters(vec, params)
+                with self._sync_part(sync_id, "verify", step):
+                    return fingerprint(params)
             # the torch copy names and shapes them; the engine's own weights are what it generates with,
             # so its fingerprint is read back from them
             torch.nn.utils.vector_to_parameters(vec, params)
@@ -251,8 +257,12 @@ class RolloutWorker(WorkerBase):
             if not skip:
                 with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s,
                                     detail=f"sync {sync_id}: into the {self.cfg.rollout.engine} engine"):
-                    self.engine.load_weights(named, timeout_s)
-            return self.engine.fingerprint([(n, tuple(t.shape)) for n, t in named.items()], timeout_s)
+                    with self._sync_part(sync_id, "load", step, delay_inside=True) as delay_s:
+                        self.engine.load_weights(named, timeout_s, delay_s=delay_s)
+                    with self._sync_part(sync_id, "reset_cache", step):
+                        self.engine.reset_cache()
+            with self._sync_part(sync_id, "verify", step):
+                return self.engine.fingerprint([(n, tuple(t.shape)) for n, t in named.items()], timeout_s)
 
 
 class TeacherProxyActor(WorkerBase):

@@ -1,4 +1,5 @@
-"""The current weight sync: elapsed against its timeout, coloured at 50 % and 80 %, who is pending."""
+"""The current weight sync: elapsed against its timeout, coloured at 50 % and 80 %, who is pending, and
+where each member that has been a while in one part of it is (load into the engine 41 s, usually 0.2 s)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ from rich.text import Text
 
 from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState
+from gkd_core.state.views import usual_part_time
+from gkd_core.units import precise
+from gkd_core.vocab import SYNC_PARTS
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
 from gkd_tui.widgets.styles import CAUTION, FAILURE, OK, TROUBLE
 
 BAR = 24
 MAX_GROUPS_SHOWN = 3
+MAX_PARTS_SHOWN = 4
+PART_SHOWN_AFTER_S = 1.0  # a member's part is shown once it has lasted this long (most take milliseconds)
 
 
 def fraction_tone(frac: float, state: str) -> str:
@@ -45,6 +51,8 @@ class SyncGauge(Pane):
             t.append("waiting for " if v.running else "stragglers: ", style="bold")
             t.append(", ".join(v.pending), style=self.tone(TROUBLE) if v.fraction >= 0.5 or not v.running else "bold")
             t.append("\n")
+        if v.running and st.sync is not None:
+            self._parts(t, st, now)
         recent = [s for s in st.sync_history if s.state == "done"][-6:]
         if recent:
             t.append("recent: " + " ".join(f"{s.elapsed_s:.2f}s" for s in recent), style="dim")
@@ -53,6 +61,17 @@ class SyncGauge(Pane):
                      style=self.tone(TROUBLE))
         self._collectives(t, st, now)
         self.put(t)
+
+    def _parts(self, t: Text, st: RunState, now: float) -> None:
+        """The members a while in one part of the sync, the longest first, each with that part's usual time."""
+        long = sorted(((now - at.since, member, at.part) for member, at in st.sync.parts_now.items()
+                       if now - at.since >= PART_SHOWN_AFTER_S), reverse=True)
+        for elapsed, member, part in long[:MAX_PARTS_SHOWN]:
+            learned = usual_part_time(st.sync_history, part)
+            usual = f" (usually {precise(learned[0])})" if learned else ""
+            t.append(f"{member}: ", style="bold")
+            t.append(f"{SYNC_PARTS.get(part, part)} {fmt_duration(elapsed)}{usual}\n",
+                     style=self.tone(TROUBLE) if elapsed >= MIN_S else None)
 
     def _collectives(self, t: Text, st: RunState, now: float) -> None:
         """Each process group's newest collective: who is in, who is out (collectives: the rank that has

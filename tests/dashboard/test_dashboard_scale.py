@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -67,13 +66,11 @@ def at_now():
 
 
 def test_two_stragglers_among_65536_are_on_the_first_screen(snap_compare, big_run):
-    t0 = time.monotonic()
+    # (how long the replay takes to open is bench_dashboard.py's to measure: "replay from keyframes")
     source = ReplaySource(big_run)
     source.seek(NOW)
-    opened = time.monotonic() - t0
     named = sorted(t for a in source.state.alerts.values() if a.code == "straggler" for t in a.targets)
     assert named == sorted(STRAGGLERS)
-    assert opened < 5.0, f"the replay took {opened:.1f} s to open"
     assert snap_compare(GkdApp(ReplaySource(big_run)), terminal_size=(80, 24), run_before=at_now())
 
 

@@ -7,7 +7,9 @@ verl's ``RayResourcePool(use_gpu=False)`` and ``RayWorkerGroup``; worker methods
 ``JOB_HANG_RANK=1`` that rank never finishes its sync at step ``JOB_HANG_STEP`` (it sleeps after the
 broadcast, loading the weights into its engine), while rank 0 returns: seed 001's hang. With
 ``JOB_MAX_COLOCATE=10`` (verl's default) each worker asks 10 CPUs of a 4-CPU node: seed 003's
-"workers never start".
+"workers never start". With ``JOB_FUSED=1`` the actor-rollout and the reference worker are fused into one
+Ray actor per rank, as verl's trainer colocates its roles (``create_colocated_worker_cls``: a ``WorkerDict``
+whose methods are the roles' with their prefixes, ``actor_rollout_generate_sequences``, ``ref_...``).
 """
 
 import os
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.base.worker import Worker
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.base import create_colocated_worker_cls
 from verl.utils.profiler import marked_timer
 from verl.utils.tracking import Tracking
 
@@ -29,6 +32,7 @@ HANG_STEP = int(os.environ.get("JOB_HANG_STEP", "3"))
 STEPS = int(os.environ.get("JOB_STEPS", "6"))
 WORLD = int(os.environ.get("JOB_WORLD", "2"))
 COLOCATE = int(os.environ.get("JOB_MAX_COLOCATE", "1"))
+FUSED = os.environ.get("JOB_FUSED") == "1"
 
 
 @ray.remote
@@ -63,11 +67,26 @@ class ActorRolloutWorker(Worker):
         return float(self.weights[0])
 
 
+@ray.remote
+class RefWorker(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def compute_ref_log_prob(self):
+        time.sleep(0.1)
+        return self.rank
+
+
 def main() -> int:
     ray.init(num_cpus=4, include_dashboard=os.environ.get("JOB_DASHBOARD") == "1")
     pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=COLOCATE)
     print("asking for the pool", flush=True)
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorRolloutWorker))
+    ref = None
+    if FUSED:  # one actor a rank holding both roles, as verl's trainer makes them
+        fused = create_colocated_worker_cls({"actor_rollout": RayClassWithInitArgs(cls=ActorRolloutWorker),
+                                             "ref": RayClassWithInitArgs(cls=RefWorker)})
+        groups = RayWorkerGroup(pool, fused).spawn(prefix_set={"actor_rollout", "ref"})
+        wg, ref = groups["actor_rollout"], groups["ref"]
+    else:
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorRolloutWorker))
     store = tempfile.mktemp(prefix="verl-gkd-store-")
     ray.get(wg.init_model(store))
     tracker = Tracking(project_name="gkd-shape", experiment_name="cpu", default_backend="console")
@@ -76,6 +95,9 @@ def main() -> int:
         with marked_timer("step", timing):
             with marked_timer("gen", timing):
                 ray.get(wg.generate_sequences())
+            if ref is not None:
+                with marked_timer("ref", timing):
+                    ray.get(ref.compute_ref_log_prob())
             with marked_timer("update_actor", timing):
                 out = ray.get(wg.update_actor())
             with marked_timer("update_weights", timing):

@@ -112,6 +112,32 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
         gkd_tui("stop", str(run))
 
 
+def test_a_fused_verl_job_shows_each_actors_roles_and_their_methods(job_env):
+    """verl's colocated roles (``create_colocated_worker_cls``): one ``WorkerDict`` actor a rank holding the
+    actor-rollout and the reference worker; each is shown with its roles, its phases the fused methods."""
+    env = {k: v for k, v in job_env.items() if k != "JOB_HANG_RANK"}
+    env.update(JOB_FUSED="1", JOB_STEPS="3")
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=env)
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        def roles():
+            snap = status_json(run)
+            ws = snap["state"]["workers"] if snap else {}
+            fused = {s: w["role"] for s, w in ws.items() if s.startswith("WorkerDict/")}
+            return fused if len(fused) == 2 and set(fused.values()) == {"actor_rollout+ref"} else None
+
+        assert wait_until(roles, 180, "both fused actors shown with their roles", every_s=0.5) == {
+            "WorkerDict/0": "actor_rollout+ref", "WorkerDict/1": "actor_rollout+ref"}
+        wait_until(lambda: "VERL JOB DONE" in (run / "logs" / "driver.log").read_text(), 180, "the job to finish",
+                   every_s=0.5)
+        phases = {e["phase"] for e in events(run) if e.get("kind") == "phase" and e["src"] == "WorkerDict/0"}
+        assert {"actor_rollout_generate_sequences", "ref_compute_ref_log_prob", "actor_rollout_update_actor"} <= \
+            phases, phases
+    finally:
+        gkd_tui("stop", str(run))
+
+
 VERLS_OWN_TESTS_S = 600  # verl's CPU tests: about 200 s alone here, over 300 beside the vLLM tier (CI runs both)
 
 

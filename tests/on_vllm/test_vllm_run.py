@@ -48,7 +48,8 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
                            "trainer.total_steps=20",
                            "data.batch_size=8", "data.eval_prompts=8", "trainer.eval_every=10",
                            "rollout.max_new_tokens=8", "trainer.checkpoint_every=100",
-                           "faults=[{kind: skip_weight_push, target: rollout/1, step: 12}]",
+                           "faults=[{kind: skip_weight_push, target: rollout/1, step: 12}, "
+                           "{kind: slow_sync_part, target: rollout/0, step: 16, part: load, seconds: 10}]",
                            driver=TRAINER, VLLM_CPU_KVCACHE_SPACE="1")
     assert sup.wait_exit(RUN_S) == 0, sup.events()[-5:]
     events = sup.events()
@@ -69,7 +70,15 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
         assert alert["targets"] == ["rollout/1"], alert
         assert alert["message"].startswith("after sync ") and "(step 12) rollout/1: its weights differ" in alert["message"]
     said = [e["message"] for e in events if e["kind"] == "log" and "fault injected" in e["message"]]
-    assert said == ["fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"]
+    assert said[0] == "fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"
+    assert said[1].startswith("fault injected: rollout/0 takes 10 s longer in the load part of sync ") and len(said) == 2
+    # the push into rollout/0's engine after step 16, 10 s longer inside vLLM's own worker: that part of that sync
+    # named with its usual time, the other parts of the push (the cache's reset, the read-back) said apart
+    slow = [e for e in events if e["kind"] == "alert" and e["code"] == "sync_part_slow" and not e.get("cleared")]
+    assert slow and slow[0]["targets"] == ["rollout/0"] and " (step 16): load into the engine " in slow[0]["message"]
+    assert "usually " in slow[0]["message"], slow[0]["message"]
+    assert {e["part"] for e in events if e["kind"] == "sync_part" and e["src"] == "rollout/0"} == {
+        "broadcast", "load", "reset_cache", "verify"}
     inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
     assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
     # the teacher, scored by vLLM: every request sent was received, served and answered, none failed
@@ -116,8 +125,10 @@ def test_a_frozen_engine_core_is_named_as_its_rollout_worker_stuck_in_its_next_e
     assert "RolloutWorker." in own, stack
     assert f"process {cores[0]} is stopped" in engine and "run_busy_loop (" in engine, engine[:2000]
     assert named["ts"] - t0 < 15, named
-    assert named["code"] in ("straggler", "slower_than_usual", "heartbeat_stale"), named
-    # whichever engine call comes next waits on the frozen core: a generate, or the weight push of a sync
-    assert "generate" in named["message"] or "sync_weights" in named["message"], named["message"]
+    assert named["code"] in ("straggler", "slower_than_usual", "heartbeat_stale", "sync_part_slow"), named
+    # whichever engine call comes next waits on the frozen core: a generate, or a sync's push into the engine
+    # (the load, the cache's reset or the fingerprint read back: that part named, as the sync's parts are)
+    pushing = named["code"] == "sync_part_slow" and named["evidence"]["part"] in ("load", "reset_cache", "verify")
+    assert pushing or "generate" in named["message"] or "sync_weights" in named["message"], named["message"]
     with sup.client(timeout_s=5) as c:
         c.request("stop")

@@ -31,6 +31,7 @@ SAMPLES = [
     ev.RayPlacementGroupEvent(pg_id="ab" * 18, name="global_pool", state="PENDING", strategy="PACK",
                               bundles=[{"CPU": 10.0}] * 2, scheduling="INFEASIBLE", created=1.25),
     ev.EngineEvent(engine="vllm", running=40, waiting=8, kv_cache=1.0, preemptions=3, generated=1200),
+    ev.SyncPartEvent(sync_id=57, part="load", state="ended", step=56, started=1.5),
     ev.RayEvent(target="rollout/1", actor_id="a1", state="PENDING_CREATION", task="generate", task_started=1.5,
                 required={"GPU": 1.0}),
     ev.RayNodeEvent(node="10.0.0.2", node_id="n" * 56, state="ALIVE", resources={"CPU": 8.0, "GPU": 2.0}),
@@ -39,7 +40,8 @@ SAMPLES = [
 
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
-                             "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine"}
+                             "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
+                             "sync_part"}
     # and each round-trips below as its own type, not as an unknown kind
     assert {type(e) for e in SAMPLES} == set(ev.KNOWN)
 

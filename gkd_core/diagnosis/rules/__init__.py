@@ -18,7 +18,7 @@ from gkd_core import vocab
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.diagnosis.rules.gpu import bad_step, gpu_danger, gpu_probe_hung, out_of_memory
 from gkd_core.diagnosis.rules.placement import placement_groups, unschedulable
-from gkd_core.diagnosis.rules.sync import collectives, sync
+from gkd_core.diagnosis.rules.sync import collectives, parts_explain, sync, sync_parts
 from gkd_core.diagnosis.rules.teacher import teacher
 from gkd_core.diagnosis.rules.workers import (
     actor_dead, driver_failed, events_dropped, heartbeat_stale, no_progress, stragglers,
@@ -26,10 +26,10 @@ from gkd_core.diagnosis.rules.workers import (
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 
-__all__ = ["CODES", "LIVE", "RULES", "Settings", "heartbeat_stale"]
+__all__ = ["CODES", "LIVE", "RULES", "Settings", "heartbeat_stale", "parts_explain"]
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, collectives, teacher, no_progress, actor_dead, unschedulable,
+    heartbeat_stale, stragglers, sync, sync_parts, collectives, teacher, no_progress, actor_dead, unschedulable,
     placement_groups, gpu_probe_hung, gpu_danger,
     bad_step, out_of_memory, driver_failed, events_dropped,
 ]

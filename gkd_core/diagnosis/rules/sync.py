@@ -1,13 +1,16 @@
-"""Rules on the weight sync and the collectives: a sync past its timeout, weights that do not match the
-student's, a rank that has not joined a collective its peers are in."""
+"""Rules on the weight sync and the collectives: a sync past its timeout, one part of a sync far over its
+usual time, weights that do not match the student's, a rank that has not joined a collective its peers
+are in."""
 
 from __future__ import annotations
 
 from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings, frozen_limits
-from gkd_core.diagnosis.stragglers import MIN_S
+from gkd_core.diagnosis.stragglers import MIN_S, OWN_FACTOR, OWN_MIN_SAMPLES
 from gkd_core.state import RunState
+from gkd_core.state.views import usual_part_time
 from gkd_core.telemetry.events import AlertEvent
-from gkd_core.units import spoken
+from gkd_core.units import precise, spoken
+from gkd_core.vocab import SYNC_OPEN, SYNC_PARTS
 
 
 def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -38,6 +41,65 @@ def sync(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             hint="see the worker's log; restart (r) resumes from the latest checkpoint", targets=list(s.pending),
         ))
     return out + fingerprint_mismatch(state, now)
+
+
+PART_HINTS = {
+    "gather": "the weights' gather (their copy into one buffer) is slow: its stack (d); memory pressure or a "
+              "device-to-host copy?",
+    "broadcast": "a broadcast that does not finish waits on a peer that has not joined or cannot take its part: "
+                 "dump the members' stacks (d); on NCCL, NCCL_DEBUG=INFO and the collectives pane",
+    "load": "the engine's load of the new weights is slow: its stack (d) shows where (a reload from disk instead "
+            "of in place, a frozen engine worker, memory pressure); cancel the sync (c) or restart smaller (r)",
+    "reset_cache": "the engine's cache reset is slow: requests still running in the engine hold it (was generation "
+                   "paused before the sync?): its stack (d)",
+    "pause": "generation does not pause for the sync: requests still in flight hold the engine; its stack (d)",
+}
+SLOW_PART_CRITICAL = 4  # over this many times its limit (its usual time times OWN_FACTOR, or MIN_S), critical
+
+
+def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A member in one part of the current sync (gather, broadcast, load into the engine ...) far over that
+    part's usual time (``usual_part_time``: the median of the syncs before, each its slowest member's): over
+    ``OWN_FACTOR`` times it, and ``MIN_S``, once ``OWN_MIN_SAMPLES`` syncs had it. Named with its usual time."""
+    s = state.sync
+    if s is None or s.state not in SYNC_OPEN or not s.parts_now:
+        return []
+    out = []
+    order = list(SYNC_PARTS)
+    # a broadcast waits for every member to join it: one still in a part before it holds the others there
+    before_broadcast = any(order.index(at.part) < order.index("broadcast")
+                           for at in s.parts_now.values() if at.part in SYNC_PARTS)
+    for member, at in sorted(s.parts_now.items()):
+        if at.part == "broadcast" and before_broadcast:
+            continue
+        elapsed = now - at.since
+        learned = usual_part_time(state.sync_history, at.part) if elapsed >= MIN_S else None
+        if learned is None or learned[1] < OWN_MIN_SAMPLES:
+            continue
+        usual, n = learned
+        limit = max(MIN_S, OWN_FACTOR * usual)
+        if elapsed <= limit:
+            continue
+        words = SYNC_PARTS.get(at.part, at.part)
+        step = f" (step {s.step})" if s.step is not None else ""
+        out.append(AlertEvent(
+            severity="critical" if elapsed > SLOW_PART_CRITICAL * limit else "warn", code="sync_part_slow",
+            message=f"sync {s.sync_id}{step}: {words} {spoken(elapsed)} on {member}, usually {precise(usual)} "
+                    f"(the median of the last {n} syncs)",
+            hint=PART_HINTS.get(at.part, "dump its stack (d); cancel the sync (c) or restart smaller (r)"),
+            targets=[member],
+            evidence={"sync_id": s.sync_id, "part": at.part, "elapsed_s": round(elapsed, 1),
+                      "usual_s": round(usual, 3), "limit_s": round(limit, 2), "syncs": n}))
+    return out
+
+
+def parts_explain(alerts: list[AlertEvent]) -> list[AlertEvent]:
+    """A member named for a slow part of the sync is not named again as late in the sync as a whole (a
+    straggler in ``sync_weights`` beside its finished peers, or slower than its usual sync): one finding."""
+    named = {t for a in alerts if a.code == "sync_part_slow" for t in a.targets}
+    if not named:
+        return alerts
+    return [a for a in alerts if not (a.code in ("straggler", "slower_than_usual") and set(a.targets) <= named)]
 
 
 MISMATCH_HOLD_S = 60.0
