@@ -3,9 +3,9 @@
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
 start and end, a few hundred nanoseconds each. A watcher thread, every ``TICK_S``, shows the newest
 call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
-return to ``idle`` with its real end; a call too brief for that is sent after the fact, at most
-``BRIEF_PER_TICK`` a tick. So a job of a thousand tiny calls a second costs at most a hundred events a
-second, and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
+return to ``idle`` with its real end; a call too brief for that is sent after the fact, the newest
+of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of a thousand tiny
+calls a second costs at most ten events a second, one of a call a second has each sent, and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
 has lasted 20 ms), with the time it began.
 
 Calls run at once in separate lanes (an async actor's coroutines, a threaded actor's threads); a lane's
@@ -33,8 +33,10 @@ TICK_S = 0.02
 SHOW_AFTER_S = 0.02
 PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answers so far) is asked
 # a call that ended before it could be shown is still sent, after the fact, while the process shows
-# nothing else, up to this many a tick: a peer's 5 ms sync is what its stuck peer is measured against
-BRIEF_PER_TICK = 1
+# nothing else, at most this many a second (a bucket that holds BRIEF_BURST): a peer's 5 ms sync is what
+# its stuck peer is measured against, and a flood of them is sampled, not sent
+BRIEF_PER_S = 5.0
+BRIEF_BURST = 5
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
@@ -90,6 +92,7 @@ class Activity:
         self._closed = threading.Event()
         self._brief: collections.deque[Call] = collections.deque(maxlen=256)  # ended, perhaps never shown
         self._task_stacks: TaskStackAnswer | None = None
+        self._brief_budget, self._brief_budget_at = float(BRIEF_BURST), time.monotonic()
         self.reporter: Reporter | None = None
 
     def answer_task_stacks(self, folder: Path) -> None:
@@ -188,8 +191,9 @@ class Activity:
                     else:
                         if shown.phase is None or gone:  # what began and ended between the last phase and this one
                             last_ended = self._send_brief(last_ended, phase.started)
-                        shown_detail = about.detail
-                        next_progress = now + (0 if about.progress is not None else PROGRESS_EVERY_S)
+                        # a wait says whom it waits for when first shown (nothing is worked out before)
+                        shown_detail = _progress_of(about) if about.progress is not None else about.detail
+                        next_progress = now + PROGRESS_EVERY_S
                         # a phase shown again once what it called (in its own lane) has returned: from then,
                         # not from its start
                         returned = [c.ended for c in gone if c.lane == phase.lane]
@@ -203,12 +207,7 @@ class Activity:
                     self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
                     if now >= next_progress:  # a wait's answers so far, and how many calls are in flight
                         next_progress = now + PROGRESS_EVERY_S
-                        detail = shown_detail
-                        if about.progress is not None:
-                            try:
-                                detail = about.progress()
-                            except Exception as e:
-                                detail = f"{about.detail} (progress unknown: {type(e).__name__})"
+                        detail = _progress_of(about) if about.progress is not None else shown_detail
                         if detail != shown_detail or len(view.in_flight) != len(shown.in_flight):
                             shown_detail, shown = detail, view
                             self._show(view, detail, now)
@@ -228,8 +227,8 @@ class Activity:
 
     def _send_brief(self, since: float | None, until: float) -> float | None:
         """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
-        phases after the fact (their start, then idle at their end), the newest BRIEF_PER_TICK. Returns the
-        end of the last one sent (else ``since``)."""
+        phases after the fact (their start, then idle at their end), the newest the budget allows
+        (BRIEF_PER_S). Returns the end of the last one sent (else ``since``)."""
         ended: list[Call] = []
         while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
             ended.append(self._brief.popleft())  # iterated while another thread appends to it)
@@ -238,7 +237,12 @@ class Activity:
         active = list(self._active.values())
         brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
                  and c.ended <= until and not any(a.started < c.started for a in active)]
-        for call in brief[-BRIEF_PER_TICK:]:
+        mono = time.monotonic()
+        self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + (mono - self._brief_budget_at) * BRIEF_PER_S)
+        self._brief_budget_at = mono
+        sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]
+        self._brief_budget -= len(sent)
+        for call in sent:
             call.shown = True
             self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,
                                              call=None if call.step is not None else call.number,
@@ -262,3 +266,11 @@ class Activity:
                                          detail=detail[:300], in_flight=len(view.in_flight) if len(view.in_flight) > 1 else 0,
                                          waits_on=about.waits_on()[:ev.WAITS_ON_MAX] if about.waits_on else [],
                                          ts=now))
+
+
+def _progress_of(call: Call) -> str:
+    """What a call has left to do (a wait: who has answered), never raising into the watcher."""
+    try:
+        return call.progress()
+    except Exception as e:
+        return f"{call.detail} (progress unknown: {type(e).__name__})".strip()

@@ -65,7 +65,8 @@ class DriverCommands:
         target, force = str(cmd.args.get("target") or "sync"), cmd.args.get("mode") == "force"
         p = self.process
         if target == "sync":
-            wait = p.current_wait
+            wait = p.current_wait  # (read once: the main thread moves on meanwhile)
+            wait = wait.resolve() if wait is not None else None
             names = list(wait.pending) if wait is not None and wait.is_sync else []
             if not names:
                 self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, result="the driver waits on no weight sync"))
@@ -91,6 +92,7 @@ class DriverCommands:
         # the calls the driver waits on now: their refs are alive in its ray.get (a ref is not ours to keep
         # alive longer: it would pin its result in the object store)
         wait = self.process.current_wait
+        wait = wait.resolve() if wait is not None else None
         book = self.process.book
         refs = [r for r in (wait.refs if wait is not None else []) if (book.who(r) or ("",))[0] == name]
         if not refs:

@@ -360,8 +360,8 @@ def _patch_waits() -> None:
             try:
                 wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
                             p.step, whole=_name == "ray.get", num_returns=kwargs.get("num_returns", 1))
-                token = p.activity.enter(_name, detail=wait.detail(), progress=wait.progress, wait=True,
-                                         waits_on=wait.waits_on, deadline=deadline)
+                token = p.activity.enter(_name, progress=wait.progress, wait=True, waits_on=wait.waits_on,
+                                         deadline=deadline)  # whom it waits for: asked once it is shown
             except Exception as e:  # the job's wait goes on, unseen
                 _say_once("noting a wait", e)
                 return _original(refs, *args, **kwargs)

@@ -67,7 +67,12 @@ def _names(calls: list[tuple[str, str] | None]) -> str:
 
 
 class Wait:
-    """One wait of the main thread on ``refs``: its phase detail and, for a weight sync, its sync events."""
+    """One wait of the main thread on ``refs``: its phase detail and, for a weight sync, its sync events.
+
+    Made on every ``ray.get`` of the job, most of which return within milliseconds: only what the wait
+    itself needs is done then (a few hundred nanoseconds). Who it waits for, and whether it is a sync, is
+    found the first time something asks (the watcher's thread, once the wait has lasted long enough to be
+    shown; a cancel), from the refs and the book of calls."""
 
     _sync_ids = itertools.count(1)
 
@@ -77,30 +82,46 @@ class Wait:
         a ``ray.wait`` may return on the first, and is never a sync. A wait that needs every ref (``whole``,
         or a ``ray.wait`` for ``num_returns`` of all of them) waits on each: each is an edge of the wait-for
         graph; one that a part of them may end waits on no one of them."""
-        # ray.get([r, r]) is allowed; ray.wait([r, r]) raises
-        self.refs = list({(r.binary() if hasattr(r, "binary") else id(r)): r for r in refs}.values())
-        self.emit, self.step = emit, step
-        self.calls = [book.who(r) for r in self.refs]
-        methods = {c[1] for c in self.calls if c is not None}
-        self.is_sync = (whole and bool(methods) and all(SYNC_METHOD.search(m) for m in methods)
-                        and None not in self.calls)
-        self.timeout_s = sync_timeout_s or _env_timeout()
+        self.book, self._given, self.emit, self.step = book, refs, emit, step
+        self.whole, self.num_returns, self.sync_timeout_s = whole, num_returns, sync_timeout_s
         self.started = time.time()
+        self.said_sync = False
+        self._over = False
+        self._resolved = False
+        self._lock = threading.Lock()  # progress (the watcher's thread) never says a sync after its end
+
+    def resolve(self) -> "Wait":
+        """Who it waits for (``refs``, ``calls``, ``pending``), and whether it is a sync: found once, on first
+        asking, by whichever thread asks first (the watcher's, a cancel's)."""
+        if not self._resolved:
+            with self._lock:
+                if not self._resolved:
+                    self._find()
+        return self
+
+    def _find(self) -> None:
+        # ray.get([r, r]) is allowed; ray.wait([r, r]) raises
+        self.refs = list({(r.binary() if hasattr(r, "binary") else id(r)): r for r in self._given}.values())
+        self.calls = [self.book.who(r) for r in self.refs]
+        methods = {c[1] for c in self.calls if c is not None}
+        self.is_sync = (self.whole and bool(methods) and all(SYNC_METHOD.search(m) for m in methods)
+                        and None not in self.calls)
+        self.timeout_s = self.sync_timeout_s or _env_timeout()
         self.sync_id = next(self._sync_ids) if self.is_sync else 0
         self.pending = [c[0] for c in self.calls if c is not None]
         self.unanswered = list(self.calls)  # as the newest ``progress`` found them
-        self.needs_all = whole or num_returns >= len(self.refs)
-        self.said_sync = False
-        self._over = False
-        self._lock = threading.Lock()  # progress (the watcher's thread) never says a sync after its end
+        self.needs_all = self.whole or self.num_returns >= len(self.refs)
+        self._resolved = True
 
     def detail(self) -> str:
+        self.resolve()
         return f"waiting for {_names(self.calls)}" if self.calls else "waiting"
 
     def progress(self) -> str:
         """Asked from the watcher's thread: who has answered, without fetching anything."""
         import ray
 
+        self.resolve()
         ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
         still = {r.binary() for r in pending}
         waiting = [c for r, c in zip(self.refs, self.calls) if r.binary() in still]
@@ -117,6 +138,7 @@ class Wait:
     def waits_on(self) -> list[str]:
         """The actor calls not answered yet, as ``Worker.method``: this wait's edges in the wait-for graph
         (a ref this process did not make by an actor call, a task's or a put object's, leads to nobody)."""
+        self.resolve()
         if not self.needs_all:
             return []
         return [f"{worker}.{method}" for worker, method in dict.fromkeys(c for c in self.unanswered if c is not None)]

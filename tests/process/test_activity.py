@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from gkd_core.integrations.activity import SHOW_AFTER_S, TICK_S, Activity
+from gkd_core.integrations.activity import BRIEF_BURST, BRIEF_PER_S, SHOW_AFTER_S, TICK_S, Activity
 from gkd_core.telemetry.reporter import Reporter
 
 
@@ -45,7 +45,7 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
         t = activity.enter("tiny")  # shorter than SHOW_AFTER_S: sent after the fact, with its start and end
         activity.leave(t)
         time.sleep(3 * TICK_S)
-        for _ in range(500):  # a flood of tiny calls within one tick: at most BRIEF_PER_TICK of them sent
+        for _ in range(500):  # a flood of tiny calls within one tick: the newest sent, within the budget
             activity.leave(activity.enter("flood"))
         time.sleep(3 * TICK_S)
         t0 = time.time()
@@ -69,7 +69,8 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
     names = [p["phase"] for p in phases]
     assert names[:2] == ["tiny", "idle"] and abs(phases[0]["started"] - tiny_at) < 0.01
     assert phases[1]["started"] >= phases[0]["started"]
-    assert 1 <= names.count("flood") <= 2 and [p["call"] for p in phases if p["phase"] == "flood"][-1] == 500
+    # the newest of the flood, as many as the bucket held (the tiny call took one), not 500
+    assert 1 <= names.count("flood") <= BRIEF_BURST and [p["call"] for p in phases if p["phase"] == "flood"][-1] == 500
     first = next(p for p in phases if p["phase"] == "update_weights")
     assert first["phase"] == "update_weights" and first["step"] == 3 and first.get("call") is None
     assert abs(first["started"] - t0) < 0.01  # its real start, not when it was first shown
@@ -80,6 +81,31 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
     train = [p for p in phases if p["phase"] == "train"]
     assert train and train[0]["call"] == 1 and train[0]["started"] >= t1
     assert names[-1] == "idle"  # after the last call, with its end
+
+
+def test_a_steady_stream_of_brief_calls_is_sampled_within_the_budget(tmp_path):
+    """A thousand calls a second, too brief to show, for two seconds: the bucket's worth and BRIEF_PER_S a
+    second after it are sent, each the newest at its tick; a call a second is sent every time."""
+    rx = Received(tmp_path)
+    reporter = Reporter("Callee/0", ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.0:  # bounded: two seconds
+            activity.leave(activity.enter("answer"))
+            time.sleep(0.001)
+        time.sleep(1.0)  # the bucket refills meanwhile; then one call a second, three times
+        for _ in range(3):
+            activity.leave(activity.enter("step_sync"))
+            time.sleep(1.0)
+        phases = rx.phases(0.3)
+    finally:
+        activity.close()
+        reporter.close()
+        rx.close()
+    answers = [p for p in phases if p["phase"] == "answer"]
+    assert 1 <= len(answers) <= BRIEF_BURST + 2.0 * BRIEF_PER_S + 1, len(answers)
+    assert [p["phase"] for p in phases].count("step_sync") == 3
 
 
 def test_a_wait_says_whom_it_waits_for():

@@ -31,7 +31,7 @@ def test_a_sync_named_twice_in_one_get_is_one_call_and_says_who_has_answered(loc
     book.sent("rollout/1", "sync_rollout_weights", slow)
     ray.get(fast)
     wait = Wait(book, [fast, slow, slow], said.append, 60.0, 7)  # ray.get([r, r]) is legal; ray.wait([r, r]) not
-    assert wait.is_sync and len(wait.refs) == 2
+    assert wait.resolve().is_sync and len(wait.refs) == 2  # (worked out when first asked: the watcher's tick)
     assert wait.progress() == "1 of 2 answered; waiting for rollout/1.sync_rollout_weights"
     assert said[-1].state == "started" and said[-1].pending == ["rollout/1"] and said[-1].done == ["rollout/0"]
     ray.get(slow)
@@ -45,7 +45,7 @@ def test_a_ray_wait_that_may_return_on_the_first_answer_is_no_sync(local_ray):
     for i, r in enumerate(refs):
         book.sent(f"rollout/{i}", "sync_rollout_weights", r)
     wait = Wait(book, refs, said.append, 60.0, None, whole=False)
-    assert not wait.is_sync
+    assert not wait.resolve().is_sync
     ray.wait(refs, num_returns=1)
     wait.progress()
     wait.ended(None)  # one answered, one not: nothing says the sync ended
