@@ -80,6 +80,7 @@ ALERTS: dict[str, Code] = {
     "sync_failed": Code("rules"),
     "fingerprint_mismatch": Code("rules"),
     "teacher_unreached": Code("rules", live=True, cause=True),
+    "teacher_owed": Code("rules", live=True),
     "teacher_not_serving": Code("rules", live=True, stacks=True, cause=True),
     "no_progress": Code("rules", "no progress", live=True),
     "actor_dead": Code("rules", "dead", cause=True, late=True),

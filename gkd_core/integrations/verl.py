@@ -11,24 +11,36 @@ already see (each actor's methods, the controller's waits by rank, weight syncs 
   ``step`` timer counts the steps, and ``gen``, ``old_log_prob``, ``update_actor``, ... inside it are
   that step's phases, so the straggler rule compares step N's ``gen`` with its peers' step N;
 - the metrics verl logs per step (``Tracking.log``) as ``metrics`` events: its losses, throughput
-  and the ``timing_s/*`` of the step.
+  and the ``timing_s/*`` of the step;
+- its teacher loop's requests (``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``, in each
+  agent-loop worker that distills from a teacher) as the teacher pane's client counts: sent, done, failed,
+  in flight and their latency, a ``teacher`` event when they changed, at most once a second. The module
+  is patched when verl imports it (post_import), never imported by us.
 
 verl logs a plugin's import error only at DEBUG, so a failure here is said on stderr, once.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import statistics
 import sys
+import threading
+import time
 
 from gkd_core.integrations import job_env, opt_in
+from gkd_core.integrations.post_import import when_imported
 from gkd_core.telemetry import events as ev
 
 STEP_TIMER = "step"
 LOSS_KEYS = ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/distill_loss")
 KL_KEYS = ("actor/kl", "actor/kl_loss", "actor/ppo_kl")
 THROUGHPUT_KEYS = ("perf/throughput",)
+TEACHER_MANAGER = "verl.experimental.teacher_loop.teacher_manager"
+TEACHER_SAY_EVERY_S = 1.0
+LATENCIES_KEPT = 512
 
 
 def _number(data: dict, keys: tuple[str, ...]) -> float | None:
@@ -99,6 +111,80 @@ def _patch_tracking() -> None:
     Tracking.log = log
 
 
+class TeacherCounts:
+    """One process's teacher requests, said as the client side of the teacher pane (``teacher`` events):
+    by a thread of its own, once a second while they change, so that requests that stop returning are seen
+    as owed (in flight, with no answer since) even when nothing else happens in the process."""
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.sent = self.completed = self.failed = 0
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCIES_KEPT)
+        self._said: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def started(self) -> float:
+        with self._lock:
+            self.sent += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._say_each_second, name="gkd-teacher-counts", daemon=True)
+                self._thread.start()
+        return time.monotonic()
+
+    def ended(self, t0: float, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self.completed += 1
+                self.latencies.append(1000 * (time.monotonic() - t0))
+            else:
+                self.failed += 1
+
+    def event(self) -> ev.TeacherEvent:
+        with self._lock:
+            lat = sorted(self.latencies)
+            quantiles = ({"p50": statistics.median(lat), "p95": lat[int(0.95 * (len(lat) - 1))],
+                          "p99": lat[int(0.99 * (len(lat) - 1))]} if lat else {})
+            return ev.TeacherEvent(side="client", sent=self.sent, completed=self.completed, failed=self.failed,
+                                   in_flight=self.sent - self.completed - self.failed, latency_ms=quantiles)
+
+    def _say_each_second(self) -> None:
+        while True:  # a daemon thread, for the life of the process
+            time.sleep(TEACHER_SAY_EVERY_S)
+            counts = (self.sent, self.completed, self.failed)
+            if counts != self._said:
+                self._said = counts
+                try:
+                    self.emit(self.event())
+                except Exception as e:
+                    _say(e)
+                    return
+
+
+def _emit(event: ev.Event) -> None:
+    p = _process()
+    if p is not None:
+        p.emit(event)
+
+
+def _patch_teacher_manager(module) -> None:
+    manager = module.AsyncTeacherLLMServerManager
+    original = manager.compute_teacher_logprobs_single
+    counts = TeacherCounts(_emit)
+
+    @functools.wraps(original)
+    async def compute_teacher_logprobs_single(self, *args, **kwargs):
+        t0, ok = counts.started(), False
+        try:
+            out = await original(self, *args, **kwargs)
+            ok = True
+            return out
+        finally:
+            counts.ended(t0, ok)
+
+    manager.compute_teacher_logprobs_single = compute_teacher_logprobs_single
+
+
 def _say(err: BaseException) -> None:
     if not getattr(_say, "said", False):
         _say.said = True
@@ -124,6 +210,7 @@ def install() -> None:
         ray_hook.ensure_installed()
         _patch_timer()
         _patch_tracking()
+        when_imported(TEACHER_MANAGER, _patch_teacher_manager)
     except Exception as e:
         _say(e)
 

@@ -9,13 +9,18 @@ broadcast, loading the weights into its engine), while rank 0 returns: seed 001'
 ``JOB_MAX_COLOCATE=10`` (verl's default) each worker asks 10 CPUs of a 4-CPU node: seed 003's
 "workers never start". With ``JOB_FUSED=1`` the actor-rollout and the reference worker are fused into one
 Ray actor per rank, as verl's trainer colocates its roles (``create_colocated_worker_cls``: a ``WorkerDict``
-whose methods are the roles' with their prefixes, ``actor_rollout_generate_sequences``, ``ref_...``).
+whose methods are the roles' with their prefixes, ``actor_rollout_generate_sequences``, ``ref_...``). With
+``JOB_TEACHER=1`` each step scores its sequences with a teacher through verl's own teacher loop client
+(``AsyncTeacherLLMServerManager``, in an async worker as verl's agent loop holds it) against a teacher
+server actor; with ``JOB_TEACHER_STALL_STEP=N`` the server never answers from step N on.
 """
 
+import asyncio
 import os
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import ray
 import torch
@@ -33,6 +38,9 @@ STEPS = int(os.environ.get("JOB_STEPS", "6"))
 WORLD = int(os.environ.get("JOB_WORLD", "2"))
 COLOCATE = int(os.environ.get("JOB_MAX_COLOCATE", "1"))
 FUSED = os.environ.get("JOB_FUSED") == "1"
+TEACHER = os.environ.get("JOB_TEACHER") == "1"
+TEACHER_STALL_STEP = int(os.environ.get("JOB_TEACHER_STALL_STEP", "0"))
+SEQUENCES = 4  # scored by the teacher each step
 
 
 @ray.remote
@@ -75,6 +83,55 @@ class RefWorker(Worker):
         return self.rank
 
 
+@ray.remote(num_cpus=0)
+class TeacherServer:
+    """A teacher's inference server as verl's teacher loop asks it: each prompt token's log-probability (here
+    under a tiny torch model; verl's are vLLM or SGLang servers)."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64))
+
+    async def generate(self, prompt_ids: list[int], step: int) -> dict:
+        if TEACHER_STALL_STEP and step >= TEACHER_STALL_STEP:
+            await asyncio.Event().wait()  # a request the server never answers
+        ids = torch.tensor(prompt_ids) % 64
+        with torch.no_grad():
+            logp = torch.log_softmax(self.model(ids), -1).gather(1, ids[:, None])
+        return {"prompt_ids": [[int(t)] for t in prompt_ids], "prompt_logprobs": logp.tolist()}
+
+
+class TeacherClient:
+    """The call verl's ``LLMServerClient.generate`` makes, to one server actor (verl's balances many)."""
+
+    def __init__(self, server, step: list[int]):
+        self.server, self.step = server, step
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **_) -> SimpleNamespace:
+        return SimpleNamespace(extra_fields=await self.server.generate.remote(prompt_ids, self.step[0]))
+
+
+@ray.remote(num_cpus=0)
+class TeacherLoopWorker:
+    """The teacher part of verl's agent-loop worker: verl's ``AsyncTeacherLLMServerManager`` over the client."""
+
+    def __init__(self, server):
+        from omegaconf import OmegaConf
+        from verl.experimental.teacher_loop.teacher_manager import AsyncTeacherLLMServerManager
+
+        config = OmegaConf.create({"distillation": {
+            "_target_": "verl.workers.config.DistillationConfig",
+            "teacher_models": {"teacher_model": {"_target_": "verl.workers.config.DistillationTeacherModelConfig"}},
+            "distillation_loss": {"_target_": "verl.workers.config.DistillationLossConfig", "loss_mode": "k3"}}})
+        self.step = [0]
+        self.manager = AsyncTeacherLLMServerManager(config, {"teacher_model": TeacherClient(server, self.step)})
+
+    async def score(self, step: int, sequences: list[list[int]]) -> list[int]:
+        self.step[0] = step
+        scored = await asyncio.gather(*(self.manager.compute_teacher_logprobs_single(s) for s in sequences))
+        return [int(logprobs.shape[0]) for _, logprobs in scored]
+
+
 def main() -> int:
     ray.init(num_cpus=4, include_dashboard=os.environ.get("JOB_DASHBOARD") == "1")
     pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=COLOCATE)
@@ -89,12 +146,17 @@ def main() -> int:
         wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ActorRolloutWorker))
     store = tempfile.mktemp(prefix="verl-gkd-store-")
     ray.get(wg.init_model(store))
+    teacher = TeacherLoopWorker.remote(TeacherServer.remote()) if TEACHER else None
     tracker = Tracking(project_name="gkd-shape", experiment_name="cpu", default_backend="console")
     for step in range(1, STEPS + 1):
         timing = {}
         with marked_timer("step", timing):
             with marked_timer("gen", timing):
                 ray.get(wg.generate_sequences())
+            if teacher is not None:
+                with marked_timer("teacher", timing):
+                    sequences = [[step, i, i + 1, i + 2] for i in range(SEQUENCES)]
+                    assert ray.get(teacher.score.remote(step, sequences)) == [4] * SEQUENCES
             if ref is not None:
                 with marked_timer("ref", timing):
                     ray.get(ref.compute_ref_log_prob())

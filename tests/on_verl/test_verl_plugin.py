@@ -138,6 +138,42 @@ def test_a_fused_verl_job_shows_each_actors_roles_and_their_methods(job_env):
         gkd_tui("stop", str(run))
 
 
+def test_verls_teacher_loop_counts_its_requests_and_a_server_that_stops_answering_leaves_them_owed(job_env):
+    """verl's own teacher client (``AsyncTeacherLLMServerManager``, in an async worker as its agent loop holds it)
+    scores 4 sequences a step: its requests as the teacher pane's counts; from step 3 the server answers none."""
+    env = {k: v for k, v in job_env.items() if k != "JOB_HANG_RANK"}
+    env.update(JOB_TEACHER="1", JOB_STEPS="4", JOB_TEACHER_STALL_STEP="3")
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=env)
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        def owed():
+            snap = status_json(run)
+            client = snap["state"]["teacher"]["by_src"].get("client:TeacherLoopWorker/0") if snap else None
+            return snap if client and client["in_flight"] == 4 else None
+
+        snap = wait_until(owed, 240, "step 3's four requests owed", every_s=0.5)
+        client = snap["state"]["teacher"]["by_src"]["client:TeacherLoopWorker/0"]
+        assert (client["sent"], client["completed"], client["failed"]) == (12, 8, 0), client
+        assert client["latency_ms"]["p50"] > 0
+        # the two steps before, each answered whole, as they were said
+        said = [(e["sent"], e["completed"]) for e in events(run) if e.get("kind") == "teacher"]
+        assert (8, 8) in said, said
+        server = snap["state"]["workers"]["TeacherServer/0"]
+        assert server["phase"] == "generate" and server["in_flight"] == 4, server
+
+        def named():
+            snap = status_json(run)
+            return [a for a in (snap["state"]["alerts"].values() if snap else [])
+                    if a["code"] == "teacher_owed" and not a.get("cleared")]
+
+        [alert] = wait_until(named, 30, "the owed requests named", every_s=0.5)
+        assert alert["targets"] == ["TeacherLoopWorker/0"], alert
+        assert alert["message"].startswith("TeacherLoopWorker/0: 4 teacher request(s) in flight for "), alert
+    finally:
+        gkd_tui("stop", str(run))
+
+
 VERLS_OWN_TESTS_S = 600  # verl's CPU tests: about 200 s alone here, over 300 beside the vLLM tier (CI runs both)
 
 

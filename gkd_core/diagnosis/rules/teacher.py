@@ -29,12 +29,15 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     # what a side said before the driver was (re)started is of the driver that is gone and of its teacher:
     # the requests its client had in flight died with it (a restart is no teacher that went unreached)
     sides = {k: s for k, s in state.teacher.by_src.items() if s.ts >= state.running_since}
-    clients = [s for k, s in sides.items() if k.startswith("client:") and s.in_flight]
+    clients = [(k.partition(":")[2], s) for k, s in sides.items() if k.startswith("client:") and s.in_flight]
     servers = [s for k, s in sides.items() if k.startswith("server:")]
     out = []
-    for c in clients:
+    for src, c in clients:
         waited = now - max(c.progress_at, state.running_since)
         if waited < _stall_limit(c):
+            continue
+        if not servers and src in state.workers and state.workers[src].role != "driver":
+            out.append(_owed(src, c, waited))  # a framework's teacher client (verl's): its servers are not ours
             continue
         # the newest sends never arrived: fewer received than sent, and nothing received since
         sent = sum(x.sent for k, x in sides.items() if k.startswith("client:"))
@@ -68,3 +71,16 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                           "elapsed_s": round(waited, 1), "verdict": ",".join(v.word for v in vs.values()),
                           "where": ";".join(v.where for v in vs.values())}))
     return out
+
+
+def _owed(src: str, c, waited: float) -> AlertEvent:
+    """A teacher client of a job that is not ours (verl's teacher loop, in its agent-loop workers): its
+    requests owed, and no server of ours to ask whether they arrived. Named on the client, the servers'
+    stacks being where to look."""
+    return AlertEvent(
+        severity="warn", code="teacher_owed", targets=[src],
+        message=f"{src}: {c.in_flight} teacher request(s) in flight for {spoken(waited)}, none answered since (sent "
+                f"{c.sent}, done {c.completed}); its teacher servers report no counts to the run",
+        hint="the teacher servers: their stacks (D) say whether they hold the requests (a server's calls in flight "
+             "in the workers table), or the path to them",
+        evidence={"sent": c.sent, "in_flight": c.in_flight, "completed": c.completed, "elapsed_s": round(waited, 1)})
