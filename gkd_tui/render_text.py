@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gkd_core.diagnosis.holds import what_holds
 from gkd_core.state import RunState
 from gkd_core.state.views import shown_phase
 from gkd_core.units import compact as fmt_duration
@@ -22,6 +23,9 @@ def status_text(st: RunState, now: float, run: Path | None = None) -> str:
         lines.append(f"{a.severity.upper():8s} {a.message}")
         if a.hint:
             lines.append(f"         -> {a.hint}")
+    held = what_holds(st, now)
+    if held:
+        lines.append(f"held by  {held}")
     view = st.sync_view(now)
     if view is not None:
         pend = f"  pending {', '.join(view.pending)}" if view.pending else ""

@@ -1,9 +1,11 @@
-"""The top line: run, state, step, elapsed, restarts, and the most severe alert with its hint."""
+"""The top line: run, state, step, elapsed, restarts, the most severe alert with its hint, and what holds
+the job when it is held (diagnosis.holds: a cycle, a collective or sync, a server's request, an external call)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from gkd_core.diagnosis.holds import what_holds
 from gkd_core.state import RunState
 from gkd_tui.widgets.format import fmt_duration
 from gkd_tui.widgets.pane import Pane
@@ -32,6 +34,9 @@ class RunHeader(Pane):
                 t.append(f"  (+{len(alerts) - 1} more)", style="dim")
             if a.hint:
                 t.append(f"\n → {a.hint}", style="italic")
+            held = what_holds(st, now)
+            if held:
+                t.append(f"\n held by {held}", style="bold")
         else:
             t.append(" no alerts", style=self.tone(NO_ALERTS))
         self.put(t)

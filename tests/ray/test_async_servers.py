@@ -52,6 +52,9 @@ def test_an_async_server_whose_requests_stop_returning_is_named_alone_with_its_c
         status = gkd_tui("status", str(run))
         row = next(line for line in status.stdout.splitlines() if line.startswith("Server/2 "))
         assert "8 generate in flight" in row, status.stdout
+        # and the header says what holds the job: the driver's wait ends in a request inside that server
+        assert "held by  an inference request in a server: Server/2, 8 generate in flight" in status.stdout, \
+            status.stdout
         age = float(re.search(r"in flight\s+(\d+(?:\.\d+)?)s", row)[1])  # the oldest's, since the stall
         assert age >= MIN_S, row
 
