@@ -1,7 +1,7 @@
 """What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
 
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
-start and end, a few hundred nanoseconds each. A watcher thread, every ``TICK_S``, shows the newest
+start and end, a microsecond or two a call. A watcher thread, every ``TICK_S``, shows the newest
 call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
 return to ``idle`` with its real end; a call too brief for that is sent after the fact, the newest
 of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of a thousand tiny
