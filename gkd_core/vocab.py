@@ -27,9 +27,8 @@ SYNC_OPEN = ("started", "progress")  # a sync that has not ended
 SYNC_FAILED = ("timed_out", "failed", "cancelled")  # one that ended without its weights everywhere
 # the parts of a weight sync (``sync_part`` events), in the order a sync runs them, and how a person says each
 SYNC_PARTS = {
-    "pause": "pause generation", "gather": "gather the weights", "broadcast": "broadcast",
-    "load": "load into the engine", "reset_cache": "reset the engine's cache", "resume": "resume generation",
-    "verify": "read back the fingerprint",
+    "gather": "gather the weights", "broadcast": "broadcast", "load": "load into the engine",
+    "reset_cache": "reset the engine's cache", "verify": "read back the fingerprint",
 }
 
 # a worker's phase once it has stopped working: nothing it does is late any more

@@ -14,6 +14,7 @@ import msgspec
 import yaml
 
 from gkd_core.config.schema import Config
+from gkd_core.vocab import SYNC_PARTS
 
 
 class ConfigError(ValueError):
@@ -241,6 +242,10 @@ def _check_semantics(cfg: Config, source: str) -> None:
         if not ok:
             value = get_path(msgspec.to_builtins(cfg), key.split("."))
             raise ConfigError(f"{source}: bad value for '{key}': {_show(value)}: {why}")
+    for i, f in enumerate(cfg.faults):
+        if f.kind == "slow_sync_part" and not f.part:
+            raise ConfigError(f"{source}: bad value for 'faults[{i}]': a slow_sync_part fault needs its part: one of "
+                              f"{', '.join(SYNC_PARTS)}")
     for rule in cfg.shrink:
         if rule.key not in valid_paths():
             raise ConfigError(f"{source}: shrink rule names unknown key '{rule.key}'{_nearest(rule.key)}")

@@ -43,8 +43,8 @@ def what_holds(state: RunState, now: float) -> str:
         return _own_wait(state, driver, now)
     end = state.workers.get(hops[-1][1].target)
     collective = next((edge for _, edge in reversed(hops) if edge.collective), None)
-    if collective is not None:
-        return f"a collective: {collective.what}, which {hops[-1][1].target} has not joined"
+    if collective is not None:  # its last edge is from the collective's node to a rank not in it
+        return f"a collective: {collective.what}, which {collective.target} has not joined"
     if end is None:
         return ""
     return _at_the_end(state, end, hops, now)
@@ -98,7 +98,7 @@ def _own_wait(state: RunState, driver: WorkerState, now: float) -> str:
 def _external(state: RunState, w: WorkerState) -> str:
     """Where ``w``'s newest stack waits, when that is outside the job (a socket, HTTP or gRPC, a subprocess)."""
     record = state.stacks.get(w.src)
-    if record is None or not record.text:
+    if record is None or not record.text or record.ts < w.phase_since:  # (one of an earlier phase says nothing)
         return ""
     frames = stack_text.user_thread(record.text)
     return stack_text.where(record.text) if any(EXTERNAL.search(file) for _, file, _ in frames[:3]) else ""

@@ -1,11 +1,12 @@
 """What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
 
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
-start and end, a microsecond or two a call. A watcher thread, every ``TICK_S``, shows the newest
-call that has lasted at least ``SHOW_AFTER_S`` as the process's phase, with its real start, and the
-return to ``idle`` with its real end; a call too brief for that is sent after the fact, the newest
-of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of a thousand tiny
-calls a second costs at most ten events a second, one of a call a second has each sent, and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
+start and end, a microsecond or two a call. A watcher thread, every ``TICK_S``, shows the newest call
+that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the process's phase, with its
+real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
+fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
+a thousand tiny calls a second costs about ten events a second, while a call made once a second is sent
+every time; and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
 has lasted 20 ms), with the time it began.
 
 Calls run at once in separate lanes (an async actor's coroutines, a threaded actor's threads); a lane's
@@ -220,10 +221,13 @@ class Activity:
                     print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
 
     def _answer_task_stacks(self) -> None:
+        answer = self._task_stacks
+        if answer is None:
+            return
         asyncs = [c for c in list(self._active.values()) if c.is_async]
         if asyncs:
-            self._task_stacks.offer()
-        self._task_stacks.answer_if_asked((c.name, c.number, c.started, c.lane) for c in asyncs)
+            answer.offer()
+        answer.answer_if_asked((c.name, c.number, c.started, c.lane) for c in asyncs)
 
     def _send_brief(self, since: float | None, until: float) -> float | None:
         """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
@@ -238,7 +242,8 @@ class Activity:
         brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
                  and c.ended <= until and not any(a.started < c.started for a in active)]
         mono = time.monotonic()
-        self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + (mono - self._brief_budget_at) * BRIEF_PER_S)
+        refill = (mono - self._brief_budget_at) * BRIEF_PER_S
+        self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + refill)
         self._brief_budget_at = mono
         sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]
         self._brief_budget -= len(sent)
@@ -260,10 +265,11 @@ class Activity:
             mix = collections.Counter(c.name for c in view.in_flight)
             detail = (f"{len(view.in_flight)} in flight ({', '.join(f'{n} ×{k}' for n, k in mix.most_common(4))}); "
                       f"the oldest #{phase.number}" + (f": {detail}" if detail else ""))
+        in_flight = len(view.in_flight)
         self.reporter.emit(ev.PhaseEvent(phase=phase.name, started=since or phase.started,
                                          deadline=about.deadline or phase.deadline, step=phase.step,
                                          call=None if phase.step is not None else phase.number,
-                                         detail=detail[:300], in_flight=len(view.in_flight) if len(view.in_flight) > 1 else 0,
+                                         detail=detail[:300], in_flight=in_flight if in_flight > 1 else 0,
                                          waits_on=about.waits_on()[:ev.WAITS_ON_MAX] if about.waits_on else [],
                                          ts=now))
 

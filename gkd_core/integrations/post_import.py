@@ -43,6 +43,10 @@ class _Loader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        # the module keeps its own loader (its resources, its source for tracebacks), not this wrapper
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
         self.loader.exec_module(module)  # the module's own errors are the importer's, as without us
         with _lock:
             hooks = _hooks.pop(module.__name__, [])

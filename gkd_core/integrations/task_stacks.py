@@ -13,6 +13,7 @@ in faulthandler's frame format so stack_text reads it as it reads a thread.
 
 from __future__ import annotations
 
+import atexit
 import linecache
 import os
 import time
@@ -80,17 +81,25 @@ class TaskStackAnswer:
             self.offered = True
             self.files.ready.parent.mkdir(parents=True, exist_ok=True)
             self.files.ready.touch()
+            atexit.register(self.files.ready.unlink, missing_ok=True)  # (a process killed leaves it: see pid reuse)
 
     def answer_if_asked(self, calls: Iterable[tuple[str, int, float, Any]]) -> bool:
-        """``calls``: (method, call number, start, coroutine) of each asyncio call in flight. Written whole
-        (a reader never sees half an answer), then the request removed."""
+        """``calls``: (method, call number, start, coroutine) of each asyncio call in flight. The request is
+        taken first (renamed: a reader asking meanwhile makes a new one, answered next), then the answer
+        written whole under the tokens it answers (a reader never sees half an answer)."""
         if not self.offered or not self.files.asked.exists():
+            return False
+        taken = self.files.asked.with_suffix(".taken")
+        try:
+            os.replace(self.files.asked, taken)
+            tokens = taken.read_text().split()
+        except FileNotFoundError:
             return False
         now = time.time()
         blocks = [describe(name, number, started, coro, now) for name, number, started, coro in calls]
         text = "\n\n".join(blocks) if blocks else f"Task stacks of process {os.getpid()}: no asyncio call in flight"
         partial = self.files.answer.with_suffix(".part")
-        partial.write_text(text + "\n")
+        partial.write_text(" ".join(tokens) + "\n" + text + "\n")
         os.replace(partial, self.files.answer)
-        self.files.asked.unlink(missing_ok=True)
+        taken.unlink(missing_ok=True)
         return True

@@ -29,6 +29,7 @@ import statistics
 import sys
 import threading
 import time
+from typing import Callable
 
 from gkd_core.integrations import job_env, opt_in
 from gkd_core.integrations.post_import import when_imported
@@ -116,8 +117,8 @@ class TeacherCounts:
     by a thread of its own, once a second while they change, so that requests that stop returning are seen
     as owed (in flight, with no answer since) even when nothing else happens in the process."""
 
-    def __init__(self, emit):
-        self.emit = emit
+    def __init__(self, emit: Callable[[ev.Event], bool]):
+        self.emit = emit  # whether it went out
         self.sent = self.completed = self.failed = 0
         self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCIES_KEPT)
         self._said: tuple[int, int, int] | None = None
@@ -153,18 +154,21 @@ class TeacherCounts:
             time.sleep(TEACHER_SAY_EVERY_S)
             counts = (self.sent, self.completed, self.failed)
             if counts != self._said:
-                self._said = counts
                 try:
-                    self.emit(self.event())
+                    if self.emit(self.event()):
+                        self._said = counts  # (else said again at the next second)
                 except Exception as e:
                     _say(e)
                     return
 
 
-def _emit(event: ev.Event) -> None:
+def _emit(event: ev.Event) -> bool:
+    """Whether it went out: not before the process knows who it is (it has no reporter until then)."""
     p = _process()
-    if p is not None:
-        p.emit(event)
+    if p is None or p.activity.reporter is None:
+        return False
+    p.emit(event)
+    return True
 
 
 def _patch_teacher_manager(module) -> None:

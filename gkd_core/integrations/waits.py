@@ -70,7 +70,7 @@ class Wait:
     """One wait of the main thread on ``refs``: its phase detail and, for a weight sync, its sync events.
 
     Made on every ``ray.get`` of the job, most of which return within milliseconds: only what the wait
-    itself needs is done then (a few hundred nanoseconds). Who it waits for, and whether it is a sync, is
+    itself needs is done then (a microsecond or two). Who it waits for, and whether it is a sync, is
     found the first time something asks (the watcher's thread, once the wait has lasted long enough to be
     shown; a cancel), from the refs and the book of calls."""
 
@@ -122,7 +122,10 @@ class Wait:
         import ray
 
         self.resolve()
-        ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        try:
+            ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        except Exception as e:  # whom it waits for is still known
+            return f"{self.detail()} (who has answered unknown: {type(e).__name__})"
         still = {r.binary() for r in pending}
         waiting = [c for r, c in zip(self.refs, self.calls) if r.binary() in still]
         self.unanswered = waiting

@@ -96,20 +96,22 @@ def task_stack_files(folder: Path, pid: int) -> TaskStackFiles:
 
 def via_task_stacks(pid: int, folder: Path, timeout_s: float) -> str:
     """The process's asyncio calls in flight, each with its chain of awaits, as it writes them when asked
-    (``""`` when it offers none). Two readers at once share one answer: each takes any answer written
-    after it asked."""
+    (``""`` when it offers none). Each reader adds a token of its own to the request; the answer's first line
+    lists the tokens it answers, so two readers at once share one answer and neither takes an old one."""
     files = task_stack_files(folder, pid)
     if not files.ready.exists():
         return ""
-    asked_at = time.time_ns()
-    files.asked.touch()
+    token = f"{os.getpid()}-{time.monotonic_ns()}-{random.getrandbits(32)}"
+    with open(files.asked, "a") as f:
+        f.write(token + "\n")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if files.answer.stat().st_mtime_ns >= asked_at:
-                return files.answer.read_text(errors="replace")
+            tokens, _, text = files.answer.read_text(errors="replace").partition("\n")
         except FileNotFoundError:
-            pass
+            tokens, text = "", ""
+        if token in tokens.split():
+            return text
         time.sleep(0.02)
     return (f"Task stacks of process {pid}: not written within {timeout_s:g} s (its watcher thread did not run: "
             "a thread holding the GIL?)\n")

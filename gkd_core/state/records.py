@@ -61,7 +61,8 @@ class WorkerState(msgspec.Struct, kw_only=True):
     phase_call: int | None = None  # the current phase's call number, for a method (PhaseEvent.call)
     waits_on: list[str] = []  # the calls its phase waits on, ``Worker.method`` (PhaseEvent.waits_on)
     waits_since: float = 0.0  # when ``waits_on`` last changed: a wait-for cycle that has not moved since
-    in_flight: int = 0  # its calls in flight at once, when more than one (PhaseEvent.in_flight; the phase is the oldest)
+    # its calls in flight at once, when more than one (PhaseEvent.in_flight): its phase is then the oldest's
+    in_flight: int = 0
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
     via: str = ""  # the relay its events go through (its node's agent), "" when they go straight

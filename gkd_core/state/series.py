@@ -79,10 +79,12 @@ class Series(msgspec.Struct, kw_only=True):
     def note_sync(self, sync_id: int, step: int | None, elapsed_s: float, timeout_s: float, state: str,
                   parts: dict[str, float] | None = None) -> None:
         point = SyncPoint(sync_id, step, elapsed_s, timeout_s, state, dict(parts or {}))
-        if self.syncs and self.syncs[-1].sync_id == sync_id:
-            self.syncs[-1] = point
-        else:
-            _append(self.syncs, point)
+        # the same sync again (its members' late words, its end after its successor began): its point, anew
+        for i in range(len(self.syncs) - 1, max(-1, len(self.syncs) - 5), -1):
+            if self.syncs[i].sync_id == sync_id:
+                self.syncs[i] = point
+                return
+        _append(self.syncs, point)
 
     def teacher_due(self, ts: float) -> bool:
         return not self.teacher or _due(ts, self.teacher[-1].ts, TEACHER_POINT_S)

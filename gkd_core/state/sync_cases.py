@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 def on_sync(st: RunState, e: ev.SyncEvent) -> None:
     s = st.sync
+    if s is not None and e.sync_id < s.sync_id:
+        _late(st, e)  # the driver's word on a sync whose next one a member has begun already
+        return
     if s is None or s.sync_id != e.sync_id:
         if s is not None:
             archive_sync(st, s)
@@ -44,6 +47,18 @@ def on_sync(st: RunState, e: ev.SyncEvent) -> None:
         st.fingerprint_miss = msgspec.structs.replace(s)
     if e.state not in SYNC_OPEN:
         archive_sync(st, s)
+
+
+def _late(st: RunState, e: ev.SyncEvent) -> None:
+    """An older sync's end, after its successor began (the members' words travel apart from the driver's):
+    its record in the history gets its end; the current sync stays current."""
+    old = next((h for h in reversed(st.sync_history) if h.sync_id == e.sync_id), None)
+    if old is None or e.state in SYNC_OPEN:
+        return
+    old.state, old.elapsed_s, old.error = e.state, e.elapsed_s, e.error or old.error
+    if e.fingerprint_ok is not None:
+        old.fingerprint_ok, old.differ = e.fingerprint_ok, list(e.differ)
+    st.series.note_sync(old.sync_id, old.step, old.elapsed_s, old.timeout_s, old.state, old.parts_took)
 
 
 def on_sync_part(st: RunState, e: ev.SyncPartEvent) -> None:

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +174,6 @@ class GkdWorkerExtension:
         loaded, then processed for its kernels again. ``delay_s``: the ``slow_sync_part`` fault, a load that
         takes longer in the engine's own worker."""
         if delay_s:
-            import time
-
             time.sleep(delay_s)
         self.reload_weights(weights_iterator=iter(read_weights(path, index)), is_checkpoint_format=True)
         self._plain_linear()

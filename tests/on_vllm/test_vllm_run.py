@@ -71,7 +71,8 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
         assert alert["message"].startswith("after sync ") and "(step 12) rollout/1: its weights differ" in alert["message"]
     said = [e["message"] for e in events if e["kind"] == "log" and "fault injected" in e["message"]]
     assert said[0] == "fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"
-    assert said[1].startswith("fault injected: rollout/0 takes 10 s longer in the load part of sync ") and len(said) == 2
+    assert len(said) == 2
+    assert said[1].startswith("fault injected: rollout/0 takes 10 s longer in the load part of sync ")
     # the push into rollout/0's engine after step 16, 10 s longer inside vLLM's own worker: that part of that sync
     # named with its usual time, the other parts of the push (the cache's reset, the read-back) said apart
     slow = [e for e in events if e["kind"] == "alert" and e["code"] == "sync_part_slow" and not e.get("cleared")]

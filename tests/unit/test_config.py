@@ -87,3 +87,17 @@ def test_a_long_value_outside_a_choice_is_refused_in_one_short_line():
         C.load_config(None, ["data.truncation='" + "9" * 5000 + "'"])
     assert "bad value for 'data.truncation'" in str(e.value) and "Invalid enum value" in str(e.value)
     assert len(str(e.value)) < 500
+
+
+def test_a_slow_sync_part_fault_names_a_part_of_the_sync_and_one_without_its_part_is_refused():
+    from typing import get_args, get_type_hints
+
+    from gkd_core.config.schema import FaultConfig
+    from gkd_core.vocab import SYNC_PARTS
+
+    assert set(get_args(get_type_hints(FaultConfig)["part"])) - {""} == set(SYNC_PARTS)
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(None, ["faults=[{kind: slow_sync_part, target: rollout/1, step: 2, seconds: 5}]"])
+    assert "a slow_sync_part fault needs its part: one of gather, broadcast, load" in str(e.value)
+    cfg = C.load_config(None, ["faults=[{kind: slow_sync_part, target: rollout/1, step: 2, part: load, seconds: 5}]"])
+    assert cfg.faults[0].part == "load"

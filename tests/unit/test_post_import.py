@@ -31,6 +31,7 @@ def test_a_hook_runs_after_the_modules_own_code_at_its_import_and_at_once_when_a
 
     when_imported("gkd_probe_broken_hook", broken)
     assert importlib.import_module("gkd_probe_broken_hook").VALUE == 1  # the import goes on
-    assert "patching gkd_probe_broken_hook after its import failed (RuntimeError: a bug of ours)" in capfd.readouterr().err
+    said = capfd.readouterr().err
+    assert "patching gkd_probe_broken_hook after its import failed (RuntimeError: a bug of ours)" in said
     for name in ("gkd_probe_later", "gkd_probe_broken_hook"):
         sys.modules.pop(name, None)

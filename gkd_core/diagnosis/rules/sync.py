@@ -52,7 +52,6 @@ PART_HINTS = {
             "of in place, a frozen engine worker, memory pressure); cancel the sync (c) or restart smaller (r)",
     "reset_cache": "the engine's cache reset is slow: requests still running in the engine hold it (was generation "
                    "paused before the sync?): its stack (d)",
-    "pause": "generation does not pause for the sync: requests still in flight hold the engine; its stack (d)",
 }
 SLOW_PART_CRITICAL = 4  # over this many times its limit (its usual time times OWN_FACTOR, or MIN_S), critical
 
@@ -66,9 +65,11 @@ def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         return []
     out = []
     order = list(SYNC_PARTS)
-    # a broadcast waits for every member to join it: one still in a part before it holds the others there
-    before_broadcast = any(order.index(at.part) < order.index("broadcast")
-                           for at in s.parts_now.values() if at.part in SYNC_PARTS)
+    # a broadcast waits for every member to join it: one still in a part before it, or pending in none (stuck
+    # before its first part), holds the others there
+    before_broadcast = (any(order.index(at.part) < order.index("broadcast")
+                            for at in s.parts_now.values() if at.part in SYNC_PARTS)
+                        or any(m not in s.parts_now for m in s.pending))
     for member, at in sorted(s.parts_now.items()):
         if at.part == "broadcast" and before_broadcast:
             continue

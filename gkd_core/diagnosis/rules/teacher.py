@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.rules.common import Settings, frozen_limits
 from gkd_core.diagnosis.verdict import verdict
-from gkd_core.state import RunState
+from gkd_core.state import RunState, TeacherSide
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED
@@ -73,7 +73,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     return out
 
 
-def _owed(src: str, c, waited: float) -> AlertEvent:
+def _owed(src: str, c: TeacherSide, waited: float) -> AlertEvent:
     """A teacher client of a job that is not ours (verl's teacher loop, in its agent-loop workers): its
     requests owed, and no server of ours to ask whether they arrived. Named on the client, the servers'
     stacks being where to look."""
