@@ -289,6 +289,7 @@ class GkdApp(App):
             self.notify("this is a live run: replay keys do nothing here", severity="warning", timeout=2)
             return
         act(self.source.playback)
+        self.query_one(WorkersTable).resort_soon()  # a jump in the recording: the rows follow at once
         self.redraw()
 
     def action_toggle_play(self) -> None:

@@ -97,6 +97,11 @@ class WorkersTable(ScrollView, can_focus=True):
             self._built_for, self._built_at = signature, mono
         self.refresh()
 
+    def resort_soon(self) -> None:
+        """Rebuild the rows at the next ``show``, not up to RESORT_S later: the state jumped (a replay's seek),
+        and the groups' lines must not show a moment the rows under them have left."""
+        self._built_at = 0.0
+
     def rebuild(self) -> None:
         selected = self.order[self.cursor] if 0 <= self.cursor < len(self.order) else None
         st = self._state
