@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import attach_plain, gkd_tui, needs, opted_in, read_until, status_json, wait_until
@@ -33,6 +35,18 @@ def job_env(gkd_home):
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", JOB_HANG_RANK="1", JOB_HANG_STEP="3", JOB_STEPS="6")
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+@contextlib.contextmanager
+def launched(env: dict) -> Iterator[Path]:
+    """The verl-shaped job under `gkd-tui launch --detach`, its run stopped at the end whatever happened."""
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=env)
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        yield run
+    finally:
+        gkd_tui("stop", str(run))
 
 
 def test_verl_plugin_is_registered_and_does_nothing_when_not_asked():
@@ -62,10 +76,7 @@ def test_a_verl_job_run_without_gkd_runs_as_before(job_env):
 
 def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sync(job_env):
     stuck_line = next(i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "the line its stack" in line)
-    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=job_env)
-    assert got.returncode == 0, got.stderr
-    run = rundir.resolve_run(None)
-    try:
+    with launched(job_env) as run:
         # step 3's sync: rank 0 returned, rank 1 never will
         def in_sync():
             snap = status_json(run)
@@ -108,8 +119,6 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
         assert got.returncode == 0, (dump.get("missing"), [e for e in events(run) if e.get("op") == "dump_stacks"
                                                            or e.get("kind") == "stack"][-6:])
         assert f"verl_gkd_job.py:{stuck_line}" in dump["groups"][0]["stack"]
-    finally:
-        gkd_tui("stop", str(run))
 
 
 def test_a_fused_verl_job_shows_each_actors_roles_and_their_methods(job_env):
@@ -117,10 +126,7 @@ def test_a_fused_verl_job_shows_each_actors_roles_and_their_methods(job_env):
     actor-rollout and the reference worker; each is shown with its roles, its phases the fused methods."""
     env = {k: v for k, v in job_env.items() if k != "JOB_HANG_RANK"}
     env.update(JOB_FUSED="1", JOB_STEPS="3")
-    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=env)
-    assert got.returncode == 0, got.stderr
-    run = rundir.resolve_run(None)
-    try:
+    with launched(env) as run:
         def roles():
             snap = status_json(run)
             ws = snap["state"]["workers"] if snap else {}
@@ -134,8 +140,6 @@ def test_a_fused_verl_job_shows_each_actors_roles_and_their_methods(job_env):
         phases = {e["phase"] for e in events(run) if e.get("kind") == "phase" and e["src"] == "WorkerDict/0"}
         assert {"actor_rollout_generate_sequences", "ref_compute_ref_log_prob", "actor_rollout_update_actor"} <= \
             phases, phases
-    finally:
-        gkd_tui("stop", str(run))
 
 
 def test_verls_teacher_loop_counts_its_requests_and_a_server_that_stops_answering_leaves_them_owed(job_env):
@@ -143,10 +147,7 @@ def test_verls_teacher_loop_counts_its_requests_and_a_server_that_stops_answerin
     scores 4 sequences a step: its requests as the teacher pane's counts; from step 3 the server answers none."""
     env = {k: v for k, v in job_env.items() if k != "JOB_HANG_RANK"}
     env.update(JOB_TEACHER="1", JOB_STEPS="4", JOB_TEACHER_STALL_STEP="3")
-    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), env=env)
-    assert got.returncode == 0, got.stderr
-    run = rundir.resolve_run(None)
-    try:
+    with launched(env) as run:
         def owed():
             snap = status_json(run)
             client = snap["state"]["teacher"]["by_src"].get("client:TeacherLoopWorker/0") if snap else None
@@ -170,8 +171,6 @@ def test_verls_teacher_loop_counts_its_requests_and_a_server_that_stops_answerin
         [alert] = wait_until(named, 30, "the owed requests named", every_s=0.5)
         assert alert["targets"] == ["TeacherLoopWorker/0"], alert
         assert alert["message"].startswith("TeacherLoopWorker/0: 4 teacher request(s) in flight for "), alert
-    finally:
-        gkd_tui("stop", str(run))
 
 
 VERLS_OWN_TESTS_S = 600  # verl's CPU tests: about 200 s alone here, over 300 beside the vLLM tier (CI runs both)
