@@ -17,13 +17,22 @@ from gkd_core.subscriber import RunSubscriber
 from conftest import wait_until
 
 
+class SteadyReporter(Reporter):
+    """Reports a steady CPU share: this test's own process (pumping the subscriber) hovers about the
+    idle line on a loaded machine, and every crossing is rightly logged, which is not what is
+    counted here (the thinning of a quiet worker's beats; crossings: tests/unit)."""
+
+    def _heartbeat(self, cpu: float) -> bytes:
+        return super()._heartbeat(50.0)
+
+
 @pytest.mark.slow
 def test_the_logged_run_ends_in_the_live_state_with_a_fraction_of_the_heartbeats(start_supervisor):
     sup = start_supervisor("trainer.total_steps=100000", "telemetry.heartbeat_s=0.2",
                            "telemetry.heartbeat_log_s=1.0", step_s=0.05)
     sub = RunSubscriber(sup.run)
     sub.connect()
-    rep = Reporter("rollout/7", ingest=sup.endpoints["ingest"], heartbeat_s=0.2)
+    rep = SteadyReporter("rollout/7", ingest=sup.endpoints["ingest"], heartbeat_s=0.2)
     rep.register("rollout", 7)
     end = time.monotonic() + 4.0
     while time.monotonic() < end:
