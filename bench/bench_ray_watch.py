@@ -7,17 +7,25 @@ The job (this file, ``--job``) makes two Caller and two Callee actors; each Call
 at a time, each a ``ray.get`` on a Callee's method that returns at once, while the driver waits on the
 Callers; then the driver itself makes CALLS calls of its own the same way. Every call is a phase and every
 ``ray.get`` a wait with its edge in the wait-for graph (the phase event's ``waits_on``), in every process
-of the job: the most the watching can cost a job, whose calls are usually far longer. The job times its
-own loop, after ``ray.init`` and its actors' start (which the watching also slows by its set-up, once).
+of the job: the most the watching can cost a job, whose calls are usually far longer.
+
+The job times three things of its own:
+- up: ``ray.init`` and its actors' start (where the watching sets itself up in every worker, once);
+- then it waits for the machine to fall quiet (every process's CPU, read from /proc, under a fifth of a
+  core for a second; at most SETTLE_MAX_S): what Ray and the watching still start after the actors
+  answer (Ray's idle workers, its agents, the supervisor's first work) would otherwise fall inside the
+  loop and be counted as the cost of each call;
+- loop: the calls, by its clock, and every process's CPU seconds over it (the job's, Ray's, ours).
 
 Without: ``python bench_ray_watch.py --job CALLS``. With: the same under ``gkd-tui launch --detach --linger 0
 --``: the supervisor, Ray's hooks in every worker, the diagnosis. Rounds alternate the two, so that both
-see the same machine; the ratio is the median of each round's with/without.
+see the same machine; each ratio is the median of each round's with/without.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import statistics
@@ -33,6 +41,127 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 600  # a round is well under a minute here; one still going after this is stuck
 
 
+SETTLE_MAX_S = 30.0  # a machine still busy after this is busy with something else: timed as it is
+QUIET_CORES = 0.2
+
+
+def cpu_by_pid() -> dict[int, tuple[float, str]]:
+    """Every process's CPU seconds so far and its command line, from /proc (Ray's, ours, the job's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:  # gone between the listing and the read
+                continue
+            out[int(pid)] = ((int(fields[11]) + int(fields[12])) / tick, cmdline)
+    return out
+
+
+def cpu_seconds() -> float:
+    return sum(t for t, _ in cpu_by_pid().values())
+
+
+def settle() -> float:
+    """Wait for the machine to fall quiet; the seconds it took."""
+    t0 = time.monotonic()
+    was, quiet_since = cpu_seconds(), None
+    while time.monotonic() - t0 < SETTLE_MAX_S:
+        time.sleep(0.25)
+        now = cpu_seconds()
+        busy = (now - was) / 0.25 > QUIET_CORES
+        was = now
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= 1.0:
+            break
+    return time.monotonic() - t0
+
+
+def our_threads_cpu() -> dict[str, float]:
+    """This process's CPU seconds in each of the watching's own threads (named gkd-…: the call watcher, the
+    heartbeat, the driver's command inbox and cluster watch), read from /proc by each thread's native id."""
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        if t.name.startswith("gkd-") and t.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            kind = t.name.split("[")[0]  # gkd-reporter[src]: one kind
+            out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def wrappers(n: int) -> None:
+    """Our code around one call, timed alone: the watching's real wrappers (ray_hook's) installed in this
+    process over stand-ins for what they wrap (Ray's call, wait and method executor, which return at once),
+    so that only our part of a call is timed. Prints the microseconds a call of each side."""
+    import ray
+    from ray._private.function_manager import FunctionActorManager
+    from ray._raylet import ActorID
+    from ray.actor import ActorMethod
+
+    from gkd_core.integrations import ray_hook
+
+    class Ref:  # an ObjectRef as the wrappers read it
+        def __init__(self, i: int):
+            self._binary = i.to_bytes(28, "little")
+
+        def binary(self) -> bytes:
+            return self._binary
+
+    bare_get = ray.get = lambda refs, *args, **kwargs: refs  # set before the hook wraps them: what it wraps
+    bare_remote = ActorMethod._remote = lambda self, *args, **kwargs: Ref(args[0][0] if args and args[0] else 0)
+    FunctionActorManager._make_actor_method_executor = lambda self, name, method: method
+    p = ray_hook._process = ray_hook._Process("driver")  # the caller's side
+    ray_hook._patch_actor_creation()
+    ray_hook._patch_waits()
+    ray_hook._patch_actor_methods()
+    handle = type("Handle", (), {"_ray_actor_id": ActorID.from_random()})()
+    p.actors.names[handle._ray_actor_id.hex()] = "Callee/0"
+    method = object.__new__(ActorMethod)
+    method._actor, method._method_name = handle, "answer"
+
+    def answer(actor, i):
+        return i
+
+    answer.name, answer.method = "answer", answer
+    run = FunctionActorManager._make_actor_method_executor(None, "answer", answer)
+    actor = object()
+    p.actor_id = "0" * 32  # as once an actor's first call has read its id
+
+    def calls(get, remote, k: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(k):
+            get(remote(method, [i], {}), timeout=60)
+        return time.perf_counter() - t0
+
+    def executed(execute, k: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(k):
+            execute(actor, i)
+        return time.perf_counter() - t0
+
+    calls(ray.get, ActorMethod._remote, 1000), executed(run, 1000)  # warm
+    p.activity.close()  # its thread's cost is measured in the job, on its own
+    # each: (with our wrappers - the stand-ins alone), the median of 5 runs of n
+    caller = statistics.median(calls(ray.get, ActorMethod._remote, n) - calls(bare_get, bare_remote, n) for _ in range(5))
+    callee = statistics.median(executed(run, n) - executed(answer, n) for _ in range(5))
+    print(f"CALLER_US {1e6 * caller / n:.2f}", flush=True)
+    print(f"CALLEE_US {1e6 * callee / n:.2f}", flush=True)
+
+
 def job(calls: int) -> None:
     import ray
 
@@ -40,6 +169,12 @@ def job(calls: int) -> None:
     class Callee:
         def answer(self, i: int) -> int:
             return i
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def threads_cpu(self) -> dict[str, float]:
+            return our_threads_cpu()
 
     @ray.remote(num_cpus=0)
     class Caller:
@@ -49,23 +184,54 @@ def job(calls: int) -> None:
         def run(self, n: int) -> int:
             return sum(ray.get(self.callee.answer.remote(i), timeout=60) for i in range(n))
 
+        def pid(self) -> int:
+            return os.getpid()
+
+        def threads_cpu(self) -> dict[str, float]:
+            return our_threads_cpu()
+
+    def threads_cpu() -> collections.Counter:
+        total = collections.Counter(our_threads_cpu())
+        for each in ray.get([a.threads_cpu.remote() for a in callers + callees], timeout=60):
+            total.update(each)
+        return total
+
+    t_up = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     callees = [Callee.remote() for _ in range(2)]
     callers = [Caller.remote(c) for c in callees]
     ray.get([c.run.remote(1) for c in callers], timeout=LIMIT_S)  # every actor up
-    t0 = time.perf_counter()
+    print(f"UP_S {time.perf_counter() - t_up:.4f}", flush=True)
+    job_pids = [os.getpid(), *ray.get([a.pid.remote() for a in callers + callees], timeout=60)]
+    print(f"SETTLE_S {settle():.2f}", flush=True)
+    threads0 = threads_cpu()
+    cpu0, t0 = cpu_by_pid(), time.perf_counter()
     ray.get([c.run.remote(calls) for c in callers], timeout=LIMIT_S)
     for i in range(calls):
         ray.get(callees[i % 2].answer.remote(i), timeout=60)
     print(f"LOOP_S {time.perf_counter() - t0:.4f}", flush=True)
+    cpu1 = cpu_by_pid()
+    threads = {k: v - threads0.get(k, 0.0) for k, v in threads_cpu().items()}
+    print(f"THREADS_CPU_S {sum(threads.values()):.3f}", flush=True)
+    print("THREADS " + " ".join(f"{k}={v:.2f}" for k, v in sorted(threads.items())), flush=True)
+    used = {pid: t - cpu0.get(pid, (0.0, ""))[0] for pid, (t, _) in cpu1.items()}
+    print(f"LOOP_CPU_S {sum(used.values()):.2f}", flush=True)
+    print(f"JOB_CPU_S {sum(used.get(pid, 0.0) for pid in job_pids):.2f}", flush=True)
+    # the supervisor, beside the job (its command line: `python -m gkd_core run ...`)
+    print(f"SUPERVISOR_CPU_S {sum(u for pid, u in used.items() if 'gkd_core run' in cpu1[pid][1]):.2f}", flush=True)
     ray.shutdown()
 
 
-def loop_s(output: str, what: str) -> float:
-    found = re.search(r"LOOP_S ([\d.]+)", output)
-    if not found:
-        raise SystemExit(f"bench_ray_watch: the job {what} printed no time: {output[-2000:]}")
-    return float(found[1])
+MEASURES = ("UP_S", "LOOP_S", "LOOP_CPU_S")  # compared, with against without
+SAID = (*MEASURES, "JOB_CPU_S", "SUPERVISOR_CPU_S", "THREADS_CPU_S")
+
+
+def measured(output: str, what: str) -> dict[str, float]:
+    got = {m: re.search(rf"^{m} ([\d.]+)$", output, re.M) for m in SAID}
+    missing = [m for m, found in got.items() if not found]
+    if missing:
+        raise SystemExit(f"bench_ray_watch: the job {what} printed no {', '.join(missing)}: {output[-2000:]}")
+    return {m: float(found[1]) for m, found in got.items()}
 
 
 def ended(run: Path) -> bool:
@@ -76,14 +242,14 @@ def ended(run: Path) -> bool:
                for line in lines)
 
 
-def without(calls: int) -> float:
+def without(calls: int) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GKD_") and k != "RAY_RUNTIME_ENV_HOOK"}
     got = subprocess.run([sys.executable, __file__, "--job", str(calls)], capture_output=True, text=True, env=env,
                          timeout=LIMIT_S, cwd=ROOT)
-    return loop_s(got.stdout + got.stderr, "unwatched")
+    return measured(got.stdout + got.stderr, "unwatched")
 
 
-def watched(calls: int, home: Path) -> float:
+def watched(calls: int, home: Path) -> dict[str, float]:
     env = dict(os.environ, GKD_HOME=str(home))
     got = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "launch", "--detach", "--linger", "0", "--",
                           sys.executable, __file__, "--job", str(calls)], capture_output=True, text=True, env=env,
@@ -93,7 +259,7 @@ def watched(calls: int, home: Path) -> float:
     run = (home / "runs" / "latest").resolve()  # the run launch just made
     log = run / "logs" / "driver.log"
     deadline = time.monotonic() + LIMIT_S
-    while time.monotonic() < deadline and "LOOP_S" not in (log.read_text() if log.exists() else ""):
+    while time.monotonic() < deadline and "LOOP_CPU_S" not in (log.read_text() if log.exists() else ""):
         if ended(run):
             break  # the job ended without its time: said below, with its output
         time.sleep(0.5)
@@ -104,18 +270,22 @@ def watched(calls: int, home: Path) -> float:
         time.sleep(0.5)
     subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run)], capture_output=True, env=env, timeout=60,
                    cwd=ROOT)
-    return loop_s(log.read_text() if log.exists() else "", f"under launch ({run.name})")
+    return measured(log.read_text() if log.exists() else "", f"under launch ({run.name})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--job", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--wrappers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=2000, help="calls by each Caller, and by the driver")
     p.add_argument("--smoke", action="store_true", help="one round each way of 200 calls: for CI; nothing recorded")
     a = p.parse_args()
     if a.job is not None:
         job(a.job)
+        return
+    if a.wrappers is not None:
+        wrappers(a.wrappers)
         return
     if a.smoke:
         a.rounds, a.calls = 1, 200
@@ -125,19 +295,51 @@ def main() -> None:
             plain = without(a.calls)
             seen = watched(a.calls, Path(tmp))
             rows.append((plain, seen))
-            print(f"round {i + 1}: without {plain:.2f} s, with {seen:.2f} s, {seen / plain:.3f}x", flush=True)
+            print(f"round {i + 1}: " + ", ".join(f"{m} {plain[m]:.2f} -> {seen[m]:.2f}" for m in MEASURES), flush=True)
+    got = subprocess.run([sys.executable, __file__, "--wrappers", "20000"], capture_output=True, text=True,
+                         timeout=LIMIT_S, cwd=ROOT)
+    found = re.search(r"CALLER_US ([\d.]+)\nCALLEE_US ([\d.]+)", got.stdout)
+    if not found:
+        raise SystemExit(f"bench_ray_watch: the wrappers' timing printed nothing: {(got.stdout + got.stderr)[-2000:]}")
+    caller_us, callee_us = float(found[1]), float(found[2])
     with records.kept("ray_watch", smoke=a.smoke) as kept_run:
-        ratios = [s / p for p, s in rows]
         print(f"\n{a.calls} calls by each of 2 actors, then {a.calls} by the driver, each a ray.get on an actor call "
-              f"that returns at once; {a.rounds} round(s), alternated")
-        print(f"{'':10s} {'without (s)':>12s} {'with (s)':>10s} {'with / without':>15s}")
+              f"that returns at once; {a.rounds} round(s), alternated; the loop timed once the machine is quiet")
+        labels = {"UP_S": "up (s)", "LOOP_S": "loop (s)", "LOOP_CPU_S": "loop CPU (s)"}
+        print(f"{'':8s}" + "".join(f"{labels[m] + ' without':>22s} {'with':>7s} {'ratio':>7s}" for m in MEASURES))
         for i, (plain, seen) in enumerate(rows, 1):
-            print(f"{'round ' + str(i):10s} {plain:12.2f} {seen:10.2f} {seen / plain:14.3f}x")
-        middle = statistics.median(ratios)
-        print(f"{'median':10s} {statistics.median(p for p, _ in rows):12.2f} "
-              f"{statistics.median(s for _, s in rows):10.2f} {middle:14.3f}x")
+            print(f"{'round ' + str(i):8s}" + "".join(f"{plain[m]:22.2f} {seen[m]:7.2f} {seen[m] / plain[m]:6.3f}x"
+                                                      for m in MEASURES))
+        ratios = {m: [s[m] / p[m] for p, s in rows] for m in MEASURES}
+        print(f"{'median':8s}" + "".join(f"{statistics.median(p[m] for p, _ in rows):22.2f} "
+                                         f"{statistics.median(s[m] for _, s in rows):7.2f} "
+                                         f"{statistics.median(ratios[m]):6.3f}x" for m in MEASURES))
+        print(f"{'min-max':8s}" + "".join(f"{'':30s}{min(ratios[m]):.2f}-{max(ratios[m]):.2f}" for m in MEASURES))
+        # the watching's own work, each part measured where it runs (the difference of two times above is
+        # within the machine's spread from round to round)
+        calls = 3 * a.calls  # each Caller's, and the driver's
+        share = {"threads": [], "wrappers": [], "supervisor": []}
+        for _, seen in rows:
+            share["threads"].append(100 * seen["THREADS_CPU_S"] / seen["JOB_CPU_S"])
+            share["wrappers"].append(100 * calls * (caller_us + callee_us) / 1e6 / seen["JOB_CPU_S"])
+            share["supervisor"].append(100 * seen["SUPERVISOR_CPU_S"] / seen["JOB_CPU_S"])
+        total = [sum(parts) for parts in zip(*share.values())]
+        print("\nthe watching's own work over the loop, as a share of the job's CPU seconds (its 5 processes; "
+              "median of the rounds, min-max):")
+        what = {"threads": "our threads in the job's processes (call watcher, heartbeat, command inbox), their CPU",
+                "wrappers": f"our wrappers: {caller_us:.1f} us a call where it is made, {callee_us:.1f} us where it "
+                            f"runs (timed alone), x {calls} calls",
+                "supervisor": "the supervisor beside the job, its CPU"}
+        for part, pcts in share.items():
+            print(f"  {statistics.median(pcts):5.2f} % ({min(pcts):.2f}-{max(pcts):.2f})  {what[part]}")
+        print(f"  {statistics.median(total):5.2f} % ({min(total):.2f}-{max(total):.2f})  in all")
         print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
-        kept_run.figure("a job of small calls, watched against not (median of the rounds)", middle, "x")
+        kept_run.figure("the loop of small calls, watched against not (median of the rounds)",
+                        statistics.median(ratios["LOOP_S"]), "x")
+        kept_run.figure("every process's CPU over that loop, watched against not", statistics.median(ratios["LOOP_CPU_S"]),
+                        "x")
+        kept_run.figure("ray.init and the actors' start, watched against not", statistics.median(ratios["UP_S"]), "x")
+        kept_run.figure("the watching's own work, against the job's CPU over the loop", statistics.median(total), " %")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 CHILDREN_MAX = 16  # a worker's engine is a few processes; a data loader with hundreds is cut here
@@ -100,24 +101,34 @@ def is_python(pid: int) -> bool:
         return False
 
 
-class TreeCpu:
-    """CPU seconds of a process and its live descendants, as deltas between calls. A child first seen
-    counts whole if it started since the last call, else from now (a long-lived child that comes back
-    under ``CHILDREN_MAX``, say). One that exits between two calls takes its last interval with it (its
-    time is no longer in /proc): an under-read once, never a negative one."""
+LIST_EVERY_S = 5.0  # how often a heartbeat's CPU looks for new children (each thread's list: a Ray worker has dozens)
 
-    def __init__(self, pid: int | None = None):
+
+class TreeCpu:
+    """CPU seconds of a process and its live descendants, as deltas between calls. The descendants are
+    listed again every ``list_every_s`` (a heartbeat a second read every thread's children file: most of
+    what a heartbeat cost); those known are read at every call. A child first seen counts whole if it
+    started since the last call, else from now (one that started between two listings, a long-lived child
+    that comes back under ``CHILDREN_MAX``). One that exits between two calls takes its last interval with
+    it (its time is no longer in /proc): an under-read once, never a negative one."""
+
+    def __init__(self, pid: int | None = None, list_every_s: float = LIST_EVERY_S):
         self.pid = pid if pid is not None else os.getpid()
+        self.list_every_s = list_every_s
         self._last: dict[int, float] = {}
         self._since = 0.0  # the last call, in seconds since boot (the clock of a process's start time)
+        self._kids: list[int] = []
+        self._listed = float("-inf")  # when the descendants were last listed (time.monotonic)
         self.delta()
 
     def delta(self) -> float:
         tick = os.sysconf("SC_CLK_TCK")
         since, self._since = self._since, _uptime()
+        if time.monotonic() - self._listed >= self.list_every_s:
+            self._kids, self._listed = descendants(self.pid), time.monotonic()
         seen: dict[int, float] = {}
         total = 0.0
-        for p in [self.pid, *descendants(self.pid)]:
+        for p in [self.pid, *self._kids]:
             fields = stat_fields(p)
             if fields is None:
                 continue

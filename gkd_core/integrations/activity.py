@@ -6,8 +6,9 @@ that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the pro
 real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
 fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
 a thousand tiny calls a second costs about ten events a second, while a call made once a second is sent
-every time; and a call that hangs is on the dashboard 20 to 40 ms after it began (the first tick after it
-has lasted 20 ms), with the time it began.
+every time; and a call that hangs is on the dashboard 20 to 70 ms after it began (the first tick after it
+has lasted 20 ms), with the time it began. The watcher sleeps while its process makes no calls, and a busy
+one's ticks cost it a few tenths of a percent of a core (bench/bench_ray_watch.py).
 
 Calls run at once in separate lanes (an async actor's coroutines, a threaded actor's threads); a lane's
 calls nest (a method, the ``ray.get`` inside it). With several lanes in flight, the phase shown is the
@@ -30,14 +31,20 @@ from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
-TICK_S = 0.02
+TICK_S = 0.05  # (at 0.02, the ticks of a busy process were most of what the watching cost it)
 SHOW_AFTER_S = 0.02
+# a process with no call for this long lets its watcher sleep until the next call begins (its wrapper wakes
+# it): an idle actor's watcher then costs nothing, where fifty ticks a second were most of what an idle
+# watched process spent; a busy one keeps ticking (waking it on every call would cost more)
+SLEEP_AFTER_S = 1.0
+SLEEP_MAX_S = 1.0  # asleep, it still looks in this often (a close, a reporter to find)
 PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answers so far) is asked
 # a call that ended before it could be shown is still sent, after the fact, while the process shows
 # nothing else, at most this many a second (a bucket that holds BRIEF_BURST): a peer's 5 ms sync is what
 # its stuck peer is measured against, and a flood of them is sampled, not sent
 BRIEF_PER_S = 5.0
 BRIEF_BURST = 5
+BRIEF_KEEP = 4 * BRIEF_BURST
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
@@ -91,9 +98,14 @@ class Activity:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._brief: collections.deque[Call] = collections.deque(maxlen=256)  # ended, perhaps never shown
+        # ended, perhaps never shown: the newest few, as at most the budget's worth (the newest) is ever sent, and
+        # a tick reads them all (a job of tiny calls ends hundreds between two ticks)
+        self._brief: collections.deque[Call] = collections.deque(maxlen=BRIEF_KEEP)
         self._task_stacks: TaskStackAnswer | None = None
         self._brief_budget, self._brief_budget_at = float(BRIEF_BURST), time.monotonic()
+        self._last_started = 0.0  # the newest call's start (time.time)
+        self._asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``)
+        self._wake = threading.Event()
         self.reporter: Reporter | None = None
 
     def answer_task_stacks(self, folder: Path) -> None:
@@ -110,8 +122,12 @@ class Activity:
         number = self._counts.get(name, 0) + 1
         self._counts[name] = number
         token = next(self._ids)
-        self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on, lane)
-        if self._thread is None:
+        call = self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on, lane)
+        self._last_started = call.started
+        if self._asleep:
+            self._asleep = False
+            self._wake.set()
+        elif self._thread is None:
             self.start()
         return token
 
@@ -126,6 +142,7 @@ class Activity:
     def close(self) -> None:
         """Stop watching (the watcher lives as long as the process otherwise)."""
         self._closed.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(1.0)
 
@@ -140,6 +157,8 @@ class Activity:
     def _view(self, now: float) -> View:
         """The oldest lane's newest call that has lasted SHOW_AFTER_S is the phase (a wait inside a phase
         shows as that phase, with the wait's detail); every lane in flight is counted."""
+        if not self._active:
+            return NOTHING
         calls = sorted(list(self._active.values()), key=lambda c: c.started)
         lanes: dict[Any, list[Call]] = {}
         for c in calls:
@@ -165,7 +184,13 @@ class Activity:
         shown_detail = ""
         next_progress = next_identify = next_asked = 0.0
         failed = False
-        while not self._closed.wait(TICK_S):
+        while True:
+            time.sleep(TICK_S)  # (an Event's wait with a timeout costs several times a sleep, fifty times a second)
+            if self._closed.is_set():
+                return
+            if shown.phase is None and self._may_sleep():
+                self._sleep()
+                continue
             if self.reporter is None:
                 if time.monotonic() < next_identify:
                     continue
@@ -220,6 +245,21 @@ class Activity:
                     failed = True
                     print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
 
+    def _may_sleep(self) -> bool:
+        """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""
+        return (self.reporter is not None and not self._active and not self._brief
+                and (self._task_stacks is None or not self._task_stacks.offered)
+                and time.time() - self._last_started > SLEEP_AFTER_S)
+
+    def _sleep(self) -> None:
+        self._wake.clear()
+        self._asleep = True
+        if self._active:  # a call began between the look and the flag: its enter saw no flag to clear
+            self._asleep = False
+            return
+        self._wake.wait(SLEEP_MAX_S)
+        self._asleep = False
+
     def _answer_task_stacks(self) -> None:
         answer = self._task_stacks
         if answer is None:
@@ -233,18 +273,21 @@ class Activity:
         """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
         phases after the fact (their start, then idle at their end), the newest the budget allows
         (BRIEF_PER_S). Returns the end of the last one sent (else ``since``)."""
-        ended: list[Call] = []
-        while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
-            ended.append(self._brief.popleft())  # iterated while another thread appends to it)
-        if not ended:
+        if not self._brief:
             return since
-        active = list(self._active.values())
-        brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
-                 and c.ended <= until and not any(a.started < c.started for a in active)]
         mono = time.monotonic()
         refill = (mono - self._brief_budget_at) * BRIEF_PER_S
         self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + refill)
         self._brief_budget_at = mono
+        if self._brief_budget < 1:  # none may go now: the next that may will be newer than these
+            self._brief.clear()
+            return since
+        ended: list[Call] = []
+        while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
+            ended.append(self._brief.popleft())  # iterated while another thread appends to it)
+        active = list(self._active.values())
+        brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
+                 and c.ended <= until and not any(a.started < c.started for a in active)]
         sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]
         self._brief_budget -= len(sent)
         for call in sent:
