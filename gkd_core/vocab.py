@@ -25,11 +25,17 @@ RUN_GOING = ("starting", "running", "restarting")  # a driver is (being) started
 SyncStatus = Literal["started", "progress", "done", "timed_out", "failed", "cancelled"]
 SYNC_OPEN = ("started", "progress")  # a sync that has not ended
 SYNC_FAILED = ("timed_out", "failed", "cancelled")  # one that ended without its weights everywhere
-# the parts of a weight sync (``sync_part`` events), in the order a sync runs them, and how a person says each
+# the parts of a weight sync (``sync_part`` events), in the order a sync runs them, and how a person says each:
+# our trainer's (gather to verify), and around them those of verl's checkpoint engine (its manager pauses the
+# rollout servers, frees their KV cache and builds the sync's process group first, and undoes it after)
 SYNC_PARTS = {
+    "pause": "pause generation (abort the engines' requests)", "release_cache": "free the engines' KV cache",
+    "group": "build the sync's process group",
     "gather": "gather the weights", "broadcast": "broadcast", "load": "load into the engine",
     "reset_cache": "reset the engine's cache", "verify": "read back the fingerprint",
+    "resume_cache": "restore the engines' KV cache", "resume": "resume generation",
 }
+TRAINER_SYNC_PARTS = ("gather", "broadcast", "load", "reset_cache", "verify")  # the ones our trainer runs
 
 # a worker's phase once it has stopped working: nothing it does is late any more
 WORKER_ENDED = ("finished", "failed", "cancelled", "exited")

@@ -14,7 +14,7 @@ import msgspec
 import yaml
 
 from gkd_core.config.schema import Config
-from gkd_core.vocab import SYNC_PARTS
+from gkd_core.vocab import TRAINER_SYNC_PARTS
 
 
 class ConfigError(ValueError):
@@ -245,7 +245,7 @@ def _check_semantics(cfg: Config, source: str) -> None:
     for i, f in enumerate(cfg.faults):
         if f.kind == "slow_sync_part" and not f.part:
             raise ConfigError(f"{source}: bad value for 'faults[{i}]': a slow_sync_part fault needs its part: one of "
-                              f"{', '.join(SYNC_PARTS)}")
+                              f"{', '.join(TRAINER_SYNC_PARTS)}")
     for rule in cfg.shrink:
         if rule.key not in valid_paths():
             raise ConfigError(f"{source}: shrink rule names unknown key '{rule.key}'{_nearest(rule.key)}")

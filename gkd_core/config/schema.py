@@ -119,8 +119,8 @@ class FaultConfig(_Section):
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
     repeat: int = 1  # nan_grad (always the student's), disk_full: this many steps in a row, from `step`
     factor: float = 0.0  # slow_worker: each generation from `step` on takes this much longer (0.3: 30 %)
-    # slow_sync_part: the part of the sync after `step` that takes `seconds` longer on `target` (vocab.SYNC_PARTS,
-    # as a test checks; `load` on a vLLM engine: inside the engine's own workers)
+    # slow_sync_part: the part of the sync after `step` that takes `seconds` longer on `target`
+    # (vocab.TRAINER_SYNC_PARTS, as a test checks; `load` on a vLLM engine: inside the engine's own workers)
     part: Literal["", "gather", "broadcast", "load", "reset_cache", "verify"] = ""
 
 

@@ -58,6 +58,9 @@ def _load(path: str):
 
 # --- the driver -----------------------------------------------------------------------------
 
+PRESTART = "RAY_prestart_worker_first_driver"
+
+
 def runtime_env_hook(runtime_env: dict | None) -> dict | None:
     """Ray's ``RAY_RUNTIME_ENV_HOOK``: the job's runtime_env with the run's reporting added."""
     theirs = os.environ.get(job_env.USER_RAY_HOOK)
@@ -85,6 +88,10 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
         else:  # a function: Ray pickles it for the workers; ours runs after it
             out["worker_process_setup_hook"] = functools.partial(_after, setup)
         out["env_vars"] = env_vars
+        # a local cluster that ray.init is about to start would prestart a worker a CPU for the default
+        # runtime_env, which the job's actors, given this one, never use: idle processes that cost a start-up
+        # each (bench/bench_ray_watch.py's "up"). The job's own setting wins.
+        os.environ.setdefault(PRESTART, "0")
     except Exception as e:
         _say_once("adding the run's reporting to the Ray job", e)
         return runtime_env
@@ -130,6 +137,7 @@ class _Process:
         self.book = RefBook()  # the calls this process made, by ref
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
+        self.sync_in_parts: int | None = None  # a sync said in parts (verl's checkpoint engine) now under way
         self.roles = ""  # a fused actor's roles (verl's WorkerDict: "actor_rollout+ref"), once its __init__ made them
         self._registered: tuple[Reporter, int | None] | None = None  # (its reporter, rank) once it said who it is
         self._roles_lock = threading.Lock()  # the watcher's registration and the actor's roles, in either order
@@ -359,7 +367,8 @@ def _patch_waits() -> None:
             deadline = time.time() + timeout if isinstance(timeout, (int, float)) else None
             try:
                 wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
-                            p.step, whole=_name == "ray.get", num_returns=kwargs.get("num_returns", 1))
+                            p.step, whole=_name == "ray.get", num_returns=kwargs.get("num_returns", 1),
+                            in_sync=p.sync_in_parts is not None)
                 token = p.activity.enter(_name, progress=wait.progress, wait=True, waits_on=wait.waits_on,
                                          deadline=deadline)  # whom it waits for: asked once it is shown
             except Exception as e:  # the job's wait goes on, unseen

@@ -15,7 +15,8 @@ already see (each actor's methods, the controller's waits by rank, weight syncs 
 - its teacher loop's requests (``AsyncTeacherLLMServerManager.compute_teacher_logprobs_single``, in each
   agent-loop worker that distills from a teacher) as the teacher pane's client counts: sent, done, failed,
   in flight and their latency, a ``teacher`` event when they changed, at most once a second. The module
-  is patched when verl imports it (post_import), never imported by us.
+  is patched when verl imports it (post_import), never imported by us;
+- its checkpoint engine's weight sync as a sync in parts (verl_weight_sync), patched the same way.
 
 verl logs a plugin's import error only at DEBUG, so a failure here is said on stderr, once.
 """
@@ -31,7 +32,7 @@ import threading
 import time
 from typing import Callable
 
-from gkd_core.integrations import job_env, opt_in
+from gkd_core.integrations import job_env, opt_in, verl_weight_sync
 from gkd_core.integrations.post_import import when_imported
 from gkd_core.telemetry import events as ev
 
@@ -215,6 +216,7 @@ def install() -> None:
         _patch_timer()
         _patch_tracking()
         when_imported(TEACHER_MANAGER, _patch_teacher_manager)
+        when_imported(verl_weight_sync.CHECKPOINT_ENGINE, verl_weight_sync.patch)
     except Exception as e:
         _say(e)
 

@@ -76,13 +76,19 @@ class Wait:
 
     _sync_ids = itertools.count(1)
 
+    @classmethod
+    def next_sync_id(cls) -> int:
+        """The next sync's number in this process (a wait's, or a sync said in parts)."""
+        return next(cls._sync_ids)
+
     def __init__(self, book: RefBook, refs: list, emit: Callable[[ev.Event], None], sync_timeout_s: float | None,
-                 step: int | None, whole: bool = True, num_returns: int = 1):
+                 step: int | None, whole: bool = True, num_returns: int = 1, in_sync: bool = False):
         """``whole``: the wait returns once every ref has (``ray.get``), so its normal end is a sync's end;
         a ``ray.wait`` may return on the first, and is never a sync. A wait that needs every ref (``whole``,
         or a ``ray.wait`` for ``num_returns`` of all of them) waits on each: each is an edge of the wait-for
-        graph; one that a part of them may end waits on no one of them."""
-        self.book, self._given, self.emit, self.step = book, refs, emit, step
+        graph; one that a part of them may end waits on no one of them. ``in_sync``: the wait is a part of a
+        sync already said (verl's checkpoint engine, in parts), never a sync of its own."""
+        self.book, self._given, self.emit, self.step, self.in_sync = book, refs, emit, step, in_sync
         self.whole, self.num_returns, self.sync_timeout_s = whole, num_returns, sync_timeout_s
         self.started = time.time()
         self.said_sync = False
@@ -104,10 +110,10 @@ class Wait:
         self.refs = list({(r.binary() if hasattr(r, "binary") else id(r)): r for r in self._given}.values())
         self.calls = [self.book.who(r) for r in self.refs]
         methods = {c[1] for c in self.calls if c is not None}
-        self.is_sync = (self.whole and bool(methods) and all(SYNC_METHOD.search(m) for m in methods)
-                        and None not in self.calls)
-        self.timeout_s = self.sync_timeout_s or _env_timeout()
-        self.sync_id = next(self._sync_ids) if self.is_sync else 0
+        self.is_sync = (not self.in_sync and self.whole and bool(methods)
+                        and all(SYNC_METHOD.search(m) for m in methods) and None not in self.calls)
+        self.timeout_s = self.sync_timeout_s or env_timeout()
+        self.sync_id = self.next_sync_id() if self.is_sync else 0
         self.pending = [c[0] for c in self.calls if c is not None]
         self.unanswered = list(self.calls)  # as the newest ``progress`` found them
         self.needs_all = self.whole or self.num_returns >= len(self.refs)
@@ -168,7 +174,7 @@ class Wait:
                 self._sync(kind, f"{type(error).__name__}: {error}")
 
 
-def _env_timeout() -> float:
+def env_timeout() -> float:
     try:
         return float(os.environ.get(SYNC_TIMEOUT_ENV, DEFAULT_SYNC_TIMEOUT_S))
     except ValueError:

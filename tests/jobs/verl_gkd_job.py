@@ -12,7 +12,11 @@ Ray actor per rank, as verl's trainer colocates its roles (``create_colocated_wo
 whose methods are the roles' with their prefixes, ``actor_rollout_generate_sequences``, ``ref_...``). With
 ``JOB_TEACHER=1`` each step scores its sequences with a teacher through verl's own teacher loop client
 (``AsyncTeacherLLMServerManager``, in an async worker as verl's agent loop holds it) against a teacher
-server actor; with ``JOB_TEACHER_STALL_STEP=N`` the server never answers from step N on.
+server actor; with ``JOB_TEACHER_STALL_STEP=N`` the server never answers from step N on. With
+``JOB_CHECKPOINT_ENGINE=1`` each step's weights go to rollout servers through verl's own
+``CheckpointEngineManager.update_weights`` (its steps: abort, free the KV cache, build the group, update,
+finalize, restore, resume) with a backend of the job's, ``job_cpu``, over two server actors; with
+``JOB_SLOW_RELEASE_STEP=N`` server 1 never frees its KV cache at step N.
 """
 
 import asyncio
@@ -40,6 +44,9 @@ COLOCATE = int(os.environ.get("JOB_MAX_COLOCATE", "1"))
 FUSED = os.environ.get("JOB_FUSED") == "1"
 TEACHER = os.environ.get("JOB_TEACHER") == "1"
 TEACHER_STALL_STEP = int(os.environ.get("JOB_TEACHER_STALL_STEP", "0"))
+CHECKPOINT_ENGINE = os.environ.get("JOB_CHECKPOINT_ENGINE") == "1"
+SLOW_RELEASE_STEP = int(os.environ.get("JOB_SLOW_RELEASE_STEP", "0"))
+SERVERS = 2
 SEQUENCES = 4  # scored by the teacher each step
 
 
@@ -66,6 +73,15 @@ class ActorRolloutWorker(Worker):
             self.weights += 1.0
         time.sleep(0.2)
         return {"actor/pg_loss": 1.0 / self.step}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def update_weights(self, global_steps=None, mode="job_cpu"):
+        time.sleep(0.05)  # the weights sent to the servers (verl's engines send them bucket by bucket)
+        return {"weights_sent": float(self.weights[0])}
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
+    def execute_checkpoint_engine(self, method, *args, **kwargs):
+        return {"rank": self.rank} if method == "prepare" else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def sync_rollout_weights(self):
@@ -132,6 +148,87 @@ class TeacherLoopWorker:
         return [int(logprobs.shape[0]) for _, logprobs in scored]
 
 
+@ray.remote(num_cpus=0)
+class RolloutServer:
+    """A rollout server's worker as verl's checkpoint engine drives it: the manager's replica steps and the
+    worker group's ``update_weights`` / ``execute_checkpoint_engine`` (verl's CheckpointEngineWorker's)."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def abort_all_requests(self, reject_request: bool = False):
+        time.sleep(0.01)
+
+    def release_kv_cache(self, step: int):
+        if self.index == 1 and step == SLOW_RELEASE_STEP:
+            time.sleep(3600)  # the engine never frees its cache: the line its stack must show
+        time.sleep(0.01)
+
+    def update_weights(self, global_steps=None):
+        time.sleep(0.05)
+
+    def execute_checkpoint_engine(self, method, *args, **kwargs):
+        return {"rank": self.index} if method == "prepare" else None
+
+    def resume_kv_cache(self):
+        time.sleep(0.01)
+
+    def resume_generation(self):
+        pass
+
+
+class Replica:
+    """The part of verl's ``RolloutReplica`` the manager uses: its workers, and the steps around a sync."""
+
+    def __init__(self, server, step: list[int]):
+        self.server, self.workers, self.step = server, [server], step
+
+    async def abort_all_requests(self, reject_request: bool = False):
+        await self.server.abort_all_requests.remote(reject_request)
+
+    async def release_kv_cache(self):
+        await self.server.release_kv_cache.remote(self.step[0])
+
+    async def resume_kv_cache(self):
+        await self.server.resume_kv_cache.remote()
+
+    async def resume_generation(self):
+        await self.server.resume_generation.remote()
+
+
+def checkpoint_manager(wg, step: list[int]):
+    """verl's CheckpointEngineManager over the trainer's worker group and two servers, with the job's backend
+    (the transfer itself is the job's stand-in; the manager's steps and their order are verl's)."""
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineManager, CheckpointEngineRegistry
+    from verl.workers.config import CheckpointEngineConfig
+
+    if "job_cpu" not in CheckpointEngineRegistry._registry:
+        @CheckpointEngineRegistry.register("job_cpu")
+        class JobCpuEngine(CheckpointEngine):
+            @classmethod
+            def build_topology(cls, trainer_world_size, rollout_world_size, metadata):
+                return {}, {}
+
+            def prepare(self):
+                return {}
+
+            def init_process_group(self, **kwargs):
+                pass
+
+            def finalize(self):
+                pass
+
+            async def send_weights(self, weights, global_steps=None):
+                pass
+
+            async def receive_weights(self, global_steps=None):
+                return
+                yield  # an async generator, as verl's are
+
+    replicas = [Replica(RolloutServer.remote(i), step) for i in range(SERVERS)]
+    return CheckpointEngineManager(CheckpointEngineConfig(backend="job_cpu"), wg, replicas)
+
+
 def main() -> int:
     ray.init(num_cpus=4, include_dashboard=os.environ.get("JOB_DASHBOARD") == "1")
     pool = RayResourcePool([WORLD], use_gpu=False, max_colocate_count=COLOCATE)
@@ -147,6 +244,8 @@ def main() -> int:
     store = tempfile.mktemp(prefix="verl-gkd-store-")
     ray.get(wg.init_model(store))
     teacher = TeacherLoopWorker.remote(TeacherServer.remote()) if TEACHER else None
+    step_now = [0]
+    manager = checkpoint_manager(wg, step_now) if CHECKPOINT_ENGINE else None
     tracker = Tracking(project_name="gkd-shape", experiment_name="cpu", default_backend="console")
     for step in range(1, STEPS + 1):
         timing = {}
@@ -164,6 +263,9 @@ def main() -> int:
                 out = ray.get(wg.update_actor())
             with marked_timer("update_weights", timing):
                 synced = ray.get(wg.sync_rollout_weights())
+                if manager is not None:
+                    step_now[0] = step
+                    manager.update_weights(global_steps=step)
         assert synced == [float(step)] * WORLD, synced
         tracker.log({**out[0], **{f"timing_s/{k}": v for k, v in timing.items()}}, step=step)
     print("VERL JOB DONE", flush=True)

@@ -173,6 +173,37 @@ def test_verls_teacher_loop_counts_its_requests_and_a_server_that_stops_answerin
         assert alert["message"].startswith("TeacherLoopWorker/0: 4 teacher request(s) in flight for "), alert
 
 
+def test_verls_checkpoint_engine_sync_in_parts_and_the_slow_one_named_with_its_usual_time(job_env):
+    """verl's own ``CheckpointEngineManager.update_weights`` each step, over two rollout servers: a sync in
+    its parts (abort, free the KV cache, build the group, send, restore, resume); at step 5 server 1 never
+    frees its KV cache: that part named, with its usual time, the manager's step as the driver's phase."""
+    env = {k: v for k, v in job_env.items() if k != "JOB_HANG_RANK"}
+    env.update(JOB_CHECKPOINT_ENGINE="1", JOB_STEPS="6", JOB_SLOW_RELEASE_STEP="5")
+    with launched(env) as run:
+        def named():
+            snap = status_json(run)
+            slow = [a for a in (snap["state"]["alerts"].values() if snap else [])
+                    if a["code"] == "sync_part_slow" and not a.get("cleared")]
+            return (snap, slow) if slow else None
+
+        snap, [alert] = wait_until(named, 240, "the slow part named", every_s=0.5)
+        assert alert["targets"] == ["driver"], alert
+        assert alert["evidence"]["part"] == "release_cache" and alert["evidence"]["syncs"] >= 3, alert
+        assert "(step 5): free the engines' KV cache" in alert["message"], alert["message"]
+        assert "usually" in alert["message"], alert["message"]
+        driver = snap["state"]["workers"]["driver"]
+        assert driver["phase"] == "release_kv_cache_replicas", driver
+        # each sync before it: one sync a step, in its parts, in verl's order (the job's own first push of the
+        # weights, a wait on sync_rollout_weights, is a sync too, in no parts)
+        in_parts = {e["sync_id"] for e in events(run) if e.get("kind") == "sync_part"}
+        done = [e for e in events(run) if e.get("kind") == "sync" and e["state"] == "done" and e["sync_id"] in in_parts]
+        assert [e["step"] for e in done] == [1, 2, 3, 4], done
+        for sync in done:
+            parts = [e["part"] for e in events(run) if e.get("kind") == "sync_part" and e["state"] == "ended"
+                     and e["sync_id"] == sync["sync_id"]]
+            assert parts == ["pause", "release_cache", "group", "broadcast", "resume_cache", "resume"], parts
+
+
 VERLS_OWN_TESTS_S = 600  # verl's CPU tests: about 200 s alone here, over 300 beside the vLLM tier (CI runs both)
 
 

@@ -93,9 +93,9 @@ def test_a_slow_sync_part_fault_names_a_part_of_the_sync_and_one_without_its_par
     from typing import get_args, get_type_hints
 
     from gkd_core.config.schema import FaultConfig
-    from gkd_core.vocab import SYNC_PARTS
+    from gkd_core.vocab import TRAINER_SYNC_PARTS
 
-    assert set(get_args(get_type_hints(FaultConfig)["part"])) - {""} == set(SYNC_PARTS)
+    assert set(get_args(get_type_hints(FaultConfig)["part"])) - {""} == set(TRAINER_SYNC_PARTS)
     with pytest.raises(C.ConfigError) as e:
         C.load_config(None, ["faults=[{kind: slow_sync_part, target: rollout/1, step: 2, seconds: 5}]"])
     assert "a slow_sync_part fault needs its part: one of gather, broadcast, load" in str(e.value)

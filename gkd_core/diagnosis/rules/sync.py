@@ -52,6 +52,14 @@ PART_HINTS = {
             "of in place, a frozen engine worker, memory pressure); cancel the sync (c) or restart smaller (r)",
     "reset_cache": "the engine's cache reset is slow: requests still running in the engine hold it (was generation "
                    "paused before the sync?): its stack (d)",
+    "pause": "the rollout servers do not finish aborting their requests: a request stuck in an engine holds the "
+             "pause (the servers' stacks, d; the driver's wait names the one it waits for)",
+    "release_cache": "an engine does not free its KV cache: requests still in it, or the engine itself stuck (its "
+                     "stack, d; the driver's wait names the server)",
+    "group": "the sync's process group waits for a worker that has not joined (prepare, then init_process_group on "
+             "every trainer and rollout worker): the driver's wait names it; its stack (d)",
+    "resume_cache": "an engine does not take its KV cache back (memory it cannot get again?): its stack (d)",
+    "resume": "a rollout server does not resume generation: its stack (d); the driver's wait names it",
 }
 SLOW_PART_CRITICAL = 4  # over this many times its limit (its usual time times OWN_FACTOR, or MIN_S), critical
 
