@@ -101,6 +101,7 @@ def is_python(pid: int) -> bool:
         return False
 
 
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 LIST_EVERY_S = 5.0  # how often a heartbeat's CPU looks for new children (each thread's list: a Ray worker has dozens)
 
 
@@ -119,6 +120,7 @@ class TreeCpu:
         self._since = 0.0  # the last call, in seconds since boot (the clock of a process's start time)
         self._kids: list[int] = []
         self._listed = float("-inf")  # when the descendants were last listed (time.monotonic)
+        self.rss = 0  # the resident bytes of the process and its descendants, as the last call read them
         self.delta()
 
     def delta(self) -> float:
@@ -128,17 +130,20 @@ class TreeCpu:
             self._kids, self._listed = descendants(self.pid), time.monotonic()
         seen: dict[int, float] = {}
         total = 0.0
+        rss = 0
         for p in [self.pid, *self._kids]:
             fields = stat_fields(p)
             if fields is None:
                 continue
             used = (int(fields[11]) + int(fields[12])) / tick
+            rss += int(fields[21]) * PAGE
             seen[p] = used
             if p in self._last:
                 total += used - self._last[p]
             elif since and int(fields[19]) / tick >= since:
                 total += used  # born since the last call: all its time is in this interval
         self._last = seen
+        self.rss = rss
         return max(total, 0.0)
 
 

@@ -74,6 +74,22 @@ class WorkerState(msgspec.Struct, kw_only=True):
     # is found by comparing one number per worker (the straggler index at 65,536 workers)
     moved: int = 0
     engine: ev.EngineEvent | None = None  # its inference engine's own counts (vLLM), the newest
+    # memory: its scope's (the newest heartbeat's), and the OOM killer's kill of it where one was found
+    mem: ev.MemoryBeat | None = None
+    oom_killed: ev.OomKilledEvent | None = None
+
+
+class ScopeMemory(msgspec.Struct, kw_only=True):
+    """A memory scope of a node (a cgroup with a limit, or the node itself): its use and limit as the newest
+    heartbeat from it said (its growth is learned by the diagnosis: diagnosis/memory_growth)."""
+
+    node: str
+    scope: str
+    used: int = 0
+    limit: int = 0
+    available: int = 0  # the node's MemAvailable
+    oom_kills: int | None = None
+    ts: float = 0.0
 
 
 class SyncPartNow(msgspec.Struct, array_like=True):

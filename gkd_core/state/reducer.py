@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
-from gkd_core.state import sync_cases
+from gkd_core.state import memory_cases, sync_cases
 from gkd_core.state.records import (
     AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
     ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, StackRecord,
@@ -109,6 +109,7 @@ def _on_heartbeat(st: RunState, e: ev.HeartbeatEvent) -> None:
         w.cpu_low_since = w.last_heartbeat or e.ts
     w.last_heartbeat = e.ts
     w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
+    memory_cases.on_memory(st, w, e.mem, e.ts)
 
 
 def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
@@ -130,6 +131,7 @@ def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
             w.cpu_low_since = w.last_heartbeat or ts
         w.last_heartbeat = ts
         w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
+        memory_cases.on_memory(st, w, b.mem, ts)
 
 
 def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
@@ -336,4 +338,5 @@ HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
     ev.RayPlacementGroupEvent: _on_ray_pg,
     ev.CollectivesEvent: sync_cases.on_collectives,
     ev.EngineEvent: _on_engine,
+    ev.OomKilledEvent: memory_cases.on_oom_killed,
 }

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 
 from gkd_core.state.records import (
-    AlertState, GpuRow, MetricsPoint, ProbeHang, RayNode, RayPlacementGroup, SPANS_KEEP, StackRecord, SyncState,
-    TeacherState, WorkerState,
+    AlertState, GpuRow, MetricsPoint, ProbeHang, RayNode, RayPlacementGroup, SPANS_KEEP, ScopeMemory, StackRecord,
+    SyncState, TeacherState, WorkerState,
 )
 from gkd_core.state.reducer import HANDLERS
 from gkd_core.state.series import Series
@@ -64,6 +64,7 @@ class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
     # waiters, found without a look at every worker each pass (65,536 of them at the largest)
     waiting: set[str] = set()
     series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
+    mem_scopes: dict[str, ScopeMemory] = {}  # "node|scope" -> its memory (memory_cases)
 
     # --- the reducer: the cases are in ``reducer`` ----------------------------------------
 

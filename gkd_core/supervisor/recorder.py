@@ -120,8 +120,7 @@ class Recorder:
         self.state.apply(e)
 
     def _write_beats(self) -> None:
-        beats = [b if type(b) is ev.Beat else ev.Beat(b.src, b.ts, b.phase, b.elapsed, b.rss, b.cpu, b.dropped)
-                 for b in self._beats_kept]
+        beats = [b if type(b) is ev.Beat else ev.beat_of_event(b) for b in self._beats_kept]
         self._beats_kept = []
         ts = max(b.ts for b in beats)
         self.log.append(wire.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",

@@ -33,6 +33,7 @@ from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.runlog import reader
 from gkd_core.supervisor.local_stacks import LocalStacks
+from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
 from gkd_core.telemetry import events as ev
@@ -93,6 +94,7 @@ class Supervisor:
                                drivers=self.sockets.drivers, driver_module=driver_module, command=command,
                                adopt=adopt, grace_s=grace_s, restarts=restarts, emit=self.emit)
         self.keyframes = KeyframeWriter(self.run_dir / "keyframes", cfg.telemetry.keyframe_mb)
+        self.oom_watch = OomWatch(self.emit, cfg.telemetry.heartbeat_s)
         self.config_path = self.run_dir / "restarts" / f"{restarts:03d}.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
         self._ops: dict[str, Callable[[dict, str], Any]] = {
@@ -217,6 +219,7 @@ class Supervisor:
     # --- the loop ------------------------------------------------------------------------
 
     def _evaluate_alerts(self) -> None:
+        self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
         wanted = alerts.evaluate(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
                                  setup_s=self.cfg.trainer.init_timeout_s)
         wanted += alerts.refusals(self.rec.rejects, self._auth_refused)

@@ -77,17 +77,43 @@ class PhaseEvent(Event, tag="phase"):
 WAITS_ON_MAX = 32
 
 
+class MemoryBeat(msgspec.Struct, array_like=True):
+    """A heartbeat's memory beyond its process (gkd_core.memory): the scope whose limit the OOM killer acts
+    on (the nearest cgroup up the process's tree with a finite limit, or "node"), that scope's use and limit
+    in bytes, the node's MemAvailable, and the OOM killer's kills in the scope so far (None: not counted).
+    ``[scope, used, limit, available, oom_kills]``."""
+
+    scope: str
+    used: Int
+    limit: Int
+    available: Int = 0
+    oom_kills: Int | None = None
+
+
 class HeartbeatEvent(Event, tag="heartbeat"):
     phase: str = ""
     elapsed: float = 0.0  # seconds in the current phase
-    rss: Int = 0  # bytes
+    rss: Int = 0  # bytes, its child processes' included where its CPU is (proctree)
     cpu: float = 0.0  # percent of one core since the last heartbeat, its child processes' included (proctree)
     dropped: Int = 0  # events this process could not send (queue full or supervisor away)
+    mem: MemoryBeat | None = None  # None: not read (an older sender, or nothing readable)
+
+
+class OomKilledEvent(Event, tag="oom_killed"):
+    """A worker that fell silent or died while the OOM killer's count in its memory scope went up since its
+    last heartbeat: killed by the kernel for memory, not a plain death. Said by whoever can read the scope
+    (the supervisor, on the worker's node) once, with the count before and after."""
+
+    worker: str
+    scope: str
+    kills_before: Int
+    kills_after: Int
 
 
 class Beat(msgspec.Struct, array_like=True):
     """One worker's heartbeat inside a ``heartbeats`` batch, as an array:
-    ``[src, ts, phase, elapsed, rss, cpu, dropped]`` (the fields of a ``heartbeat`` event)."""
+    ``[src, ts, phase, elapsed, rss, cpu, dropped, mem]`` (the fields of a ``heartbeat`` event).
+    ``beat_of_event`` and ``event_of_beat`` turn one into the other: the one place that knows both shapes."""
 
     src: str
     ts: float
@@ -96,6 +122,17 @@ class Beat(msgspec.Struct, array_like=True):
     rss: Int = 0
     cpu: float = 0.0
     dropped: Int = 0
+    mem: MemoryBeat | None = None
+
+
+def beat_of_event(e: HeartbeatEvent) -> Beat:
+    return Beat(e.src, e.ts, e.phase, e.elapsed, e.rss, e.cpu, e.dropped, e.mem)
+
+
+def event_of_beat(b: Beat, **fields) -> HeartbeatEvent:
+    """``fields``: the event's own (its ``run``, ``seq``) where the beat's batch had them."""
+    return HeartbeatEvent(src=b.src, ts=b.ts, phase=b.phase, elapsed=b.elapsed, rss=b.rss, cpu=b.cpu,
+                          dropped=b.dropped, mem=b.mem, **fields)
 
 
 class HeartbeatsEvent(Event, tag="heartbeats"):

@@ -25,7 +25,7 @@ from typing import Iterator
 
 import zmq
 
-from gkd_core import proctree
+from gkd_core import memory, proctree
 from gkd_core.telemetry import collectives, events as ev, wire
 from gkd_core.telemetry.ingest import Curve, client_socket
 
@@ -55,6 +55,7 @@ class Reporter:
         (a node agent's GPU probe, a test's supervisor)."""
         self.src = src
         self.with_children = with_children
+        self._memory = memory.MemoryProbe()
         self.run = run if run is not None else os.environ.get("GKD_RUN_ID", "")
         self.ingest = ingest if ingest is not None else os.environ.get("GKD_INGEST", "")
         self.curve = curve
@@ -168,12 +169,22 @@ class Reporter:
 
     # --- the background thread -------------------------------------------------------------
 
-    def _heartbeat(self, cpu: float) -> bytes:
+    def _heartbeat(self, cpu: float, rss: int | None = None) -> bytes:
         now = time.time()
         return wire.encode(ev.HeartbeatEvent(
             src=self.src, run=self.run, ts=now, phase=self._phase, elapsed=now - self._phase_since,
-            rss=_rss_bytes(), cpu=cpu, dropped=self.dropped,
+            rss=_rss_bytes() if rss is None else rss, cpu=cpu, dropped=self.dropped, mem=self._memory_beat(),
         ))
+
+    def _memory_beat(self) -> ev.MemoryBeat | None:
+        """The scope that limits this process, its use, the node's available memory (gkd_core.memory)."""
+        try:
+            limit, available = self._memory.sample()
+        except Exception:  # (it raises nothing by design) never the heartbeat's end
+            return None
+        if limit is None:
+            return None
+        return ev.MemoryBeat(limit.where, limit.used, limit.limit, available, limit.oom_kills)
 
     def _collectives(self) -> None:
         """Where this process stands in its collectives, when that changed since it was last sent."""
@@ -215,7 +226,7 @@ class Reporter:
                         used, last_cpu = cpu_t - last_cpu, cpu_t
                     cpu = 100.0 * used / max(wall - last_wall, 1e-6)
                     last_wall = wall
-                    q.appendleft(self._heartbeat(round(cpu, 1)))
+                    q.appendleft(self._heartbeat(round(cpu, 1), tree.rss if tree is not None else None))
                     self._collectives()
                     next_beat = now + self.heartbeat_s
                 elif collectives.TRACKER.version != self._tracker_seen:

@@ -14,7 +14,7 @@ import msgspec
 
 from gkd_core.telemetry.events import (
     ENVELOPE, INT64, KINDS, MAX_DEPTH, MAX_EVENT_BYTES, PROTOCOL_VERSION, AnyEvent, Beat, Event, HeartbeatEvent,
-    HeartbeatsEvent, UnknownEvent,
+    HeartbeatsEvent, UnknownEvent, beat_of_event, event_of_beat,
 )
 
 
@@ -145,13 +145,12 @@ def beat_of(data: bytes) -> Beat | None:
         e = _heartbeat.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
-    return Beat(e.src, e.ts, e.phase, e.elapsed, e.rss, e.cpu, e.dropped) if e.v == PROTOCOL_VERSION else None
+    return beat_of_event(e) if e.v == PROTOCOL_VERSION else None
 
 
 def heartbeat_of(b: Beat) -> HeartbeatEvent:
     """A Beat as a single ``heartbeat`` event (the supervisor restates a silent worker's this way)."""
-    return HeartbeatEvent(src=b.src, ts=b.ts, phase=b.phase, elapsed=b.elapsed, rss=b.rss, cpu=b.cpu,
-                          dropped=b.dropped)
+    return event_of_beat(b)
 
 
 def encode_dict(obj: dict) -> bytes:

@@ -22,8 +22,8 @@ class SteadyReporter(Reporter):
     idle line on a loaded machine, and every crossing is rightly logged, which is not what is
     counted here (the thinning of a quiet worker's beats; crossings: tests/unit)."""
 
-    def _heartbeat(self, cpu: float) -> bytes:
-        return super()._heartbeat(50.0)
+    def _heartbeat(self, cpu: float, rss: int | None = None) -> bytes:
+        return super()._heartbeat(50.0, rss)
 
 
 @pytest.mark.slow

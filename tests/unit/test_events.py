@@ -11,8 +11,11 @@ SAMPLES = [
     ev.WorkerEvent(role="rollout", rank=1, node="n0", pid=42, gpus=[0, 1], actor_id="a1"),
     ev.PhaseEvent(phase="sync_weights", step=3, started=1.0, deadline=61.0, detail="x"),
     ev.HeartbeatEvent(phase="train", elapsed=1.5, rss=1 << 20, cpu=12.5, dropped=2),
+    ev.HeartbeatEvent(phase="grow", rss=1 << 30, mem=ev.MemoryBeat("/sys/fs/cgroup/job_42", 2 << 30, 3 << 30, 5 << 30, 1)),
     ev.HeartbeatsEvent(node="n0", beats=[ev.Beat("rollout/0", 1.5, "generate", 0.5, 1 << 20, 80.0, 0),
-                                         ev.Beat("rollout/1", 1.6, "train")]),
+                                         ev.Beat("rollout/1", 1.6, "train"),
+                                         ev.Beat("rollout/2", 1.7, "train", mem=ev.MemoryBeat("node", 1, 2))]),
+    ev.OomKilledEvent(worker="Grower/0", scope="/sys/fs/cgroup/job_42", kills_before=0, kills_after=1),
     ev.SyncEvent(sync_id=7, state="progress", timeout_s=60, elapsed_s=3.0, pending=["rollout/1"], done=["student/0"]),
     ev.TeacherEvent(side="server", received=10, served=9, queue_depth=1, workers={"teacher/0": 9},
                     latency_ms={"p50": 1.0, "p95": 2.0}),
@@ -41,7 +44,7 @@ SAMPLES = [
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
                              "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
-                             "sync_part"}
+                             "sync_part", "oom_killed"}
     # and each round-trips below as its own type, not as an unknown kind
     assert {type(e) for e in SAMPLES} == set(ev.KNOWN)
 

@@ -5,7 +5,7 @@ The hints are the fixes that the hang write-ups this project grew from give for 
 recipe/gkd hangs, a hang flow chart, a Ray self-play guide, LightRFT's troubleshooting guide),
 said as what to do, not where it was read.
 
-The rules, by what they watch: ``workers``, ``sync`` (and the collectives), ``gpu`` (and memory),
+The rules, by what they watch: ``workers``, ``sync`` (and the collectives), ``gpu``, ``memory``,
 ``teacher``, ``placement`` (Ray's); what they share: ``common``. The wait-for graph's (``waits``) runs
 after them, as ``diagnose`` calls it: it prunes what they found.
 """
@@ -17,6 +17,7 @@ from typing import Callable
 from gkd_core import vocab
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.diagnosis.rules.gpu import bad_step, gpu_danger, gpu_probe_hung, out_of_memory
+from gkd_core.diagnosis.rules.memory import memory_growing, oom_killed
 from gkd_core.diagnosis.rules.placement import placement_groups, unschedulable
 from gkd_core.diagnosis.rules.sync import collectives, parts_explain, sync, sync_parts
 from gkd_core.diagnosis.rules.teacher import teacher
@@ -31,7 +32,7 @@ __all__ = ["CODES", "LIVE", "RULES", "Settings", "heartbeat_stale", "parts_expla
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
     heartbeat_stale, stragglers, sync, sync_parts, collectives, teacher, no_progress, actor_dead, unschedulable,
     placement_groups, gpu_probe_hung, gpu_danger,
-    bad_step, out_of_memory, driver_failed, events_dropped,
+    bad_step, out_of_memory, memory_growing, oom_killed, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = vocab.codes(by="rules")

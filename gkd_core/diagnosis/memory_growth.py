@@ -1,0 +1,106 @@
+"""How fast each memory scope grows, and who in it: learned by the diagnosis from the state at each pass.
+
+Learned here, not in the state: the live state has every heartbeat and a replay only the log's, so a rate
+learned from their sequence would differ between the two; a pass a second reads each scope's newest use,
+as the heartbeats said it. A scope's growth is measured window by window (GROWTH_WINDOW_S) and smoothed,
+and ``rising_since`` says since when every window grew, so a start-up's climb of a few seconds is not a
+leak and a big flat scope never grows. While a scope rises, each worker in it is measured from its RSS when
+the rise began (or it was first seen in it): who grew is who to name. O(scopes) a pass, and O(workers) a
+pass while a scope rises.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from gkd_core.state import RunState
+
+GROWTH_WINDOW_S = 3.0
+RISING = 1 << 20  # bytes a second over a window: growing (less is noise: a cache, an allocator's breath)
+
+
+@dataclass
+class Growth:
+    anchor_ts: float  # the reading the current window is measured from
+    anchor: int
+    rate: float = 0.0  # bytes a second, smoothed
+    rising_since: float | None = None  # since when every window grew (None: the last did not)
+
+    def add(self, ts: float, value: int) -> None:
+        dt = ts - self.anchor_ts
+        if dt < GROWTH_WINDOW_S:
+            if dt < 0:  # a clock that went back: measured from here
+                self.anchor_ts, self.anchor = ts, value
+            return
+        now = (value - self.anchor) / dt
+        if now < RISING:
+            self.rising_since = None
+        elif self.rising_since is None:
+            self.rising_since = self.anchor_ts
+        self.rate = now if self.rate == 0.0 else 0.5 * (self.rate + now)
+        self.anchor_ts, self.anchor = ts, value
+
+
+@dataclass
+class ScopeGrowth:
+    growth: Growth
+    # while it rises: each worker's (ts, rss) at the rise's start, to measure who grew
+    baseline: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+
+class GrowthIndex:
+    def __init__(self):
+        self.scopes: dict[str, ScopeGrowth] = {}
+        self.lock = threading.Lock()
+
+    def observe(self, state: RunState) -> None:
+        for key, s in state.mem_scopes.items():
+            got = self.scopes.get(key)
+            if got is None:
+                self.scopes[key] = ScopeGrowth(Growth(s.ts, s.used))
+                continue
+            got.growth.add(s.ts, s.used)
+            if got.growth.rising_since is None:
+                got.baseline = {}
+                continue
+            # each worker of the scope from when it is first seen in the rise (one may start after it began)
+            base = got.baseline
+            for w in state.workers.values():
+                if w.src not in base and w.mem is not None and w.mem.scope == s.scope and w.node == s.node:
+                    base[w.src] = (w.last_heartbeat, w.rss)
+        for key in [k for k in self.scopes if k not in state.mem_scopes]:
+            del self.scopes[key]
+
+    def growers(self, state: RunState, key: str) -> list[tuple[float, str]]:
+        """(bytes a second since the rise began, worker) of the scope's workers, the fastest first."""
+        got = self.scopes.get(key)
+        out = []
+        for src, (ts0, rss0) in (got.baseline.items() if got is not None else ()):
+            w = state.workers.get(src)
+            if w is not None and w.last_heartbeat > ts0:
+                out.append(((w.rss - rss0) / (w.last_heartbeat - ts0), src))
+        return sorted(out, reverse=True)
+
+
+# by the state's id, with a weak reference to tell a new state from one gone (a RunState is no dict key), as
+# the straggler index is kept
+_INDEXES: dict[int, tuple[weakref.ref, GrowthIndex]] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def index_of(state: RunState) -> GrowthIndex:
+    """The state's growth index (``observe`` brings it up to date with the state)."""
+    with _INDEXES_LOCK:
+        got = _INDEXES.get(id(state))
+        if got is None or got[0]() is not state:
+            got = _INDEXES[id(state)] = (weakref.ref(state), GrowthIndex())
+            weakref.finalize(state, _forget, id(state), got[0])
+        return got[1]
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    with _INDEXES_LOCK:
+        if key in _INDEXES and _INDEXES[key][0] is ref:
+            del _INDEXES[key]

@@ -1,0 +1,96 @@
+"""Rules on memory: a scope growing toward its limit, named before the OOM killer acts; a worker the OOM
+killer ended, named as that after.
+
+A scope is what the kernel's OOM killer acts on (gkd_core.memory): a cgroup with a limit (a container's,
+a Slurm job's), else the node. Its use's growth is learned from its own readings (memory_growth), so a
+scope that is big and flat is never warned; the worker named is the one in it that grew most since the
+rise began.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gkd_core.diagnosis.rules.common import Settings
+from gkd_core.state import RunState
+from gkd_core.diagnosis import memory_growth
+from gkd_core.state.records import ScopeMemory
+from gkd_core.telemetry.events import AlertEvent
+from gkd_core.units import size, spoken
+from gkd_core.vocab import WORKER_ENDED
+
+GROWING_MIN = 4 << 20  # bytes a second: slower than this is no growth worth a warning (a cache settling)
+SUSTAINED_S = 9.0  # growing in every window for this long: a start-up's climb of a few seconds is not a leak
+WARN_WITHIN_S = 90.0  # the limit this near at its growth: warned
+CRITICAL_WITHIN_S = 20.0  # ... this near, or CRITICAL_FULL of it used: critical (either: a growth that slows
+CRITICAL_FULL = 0.8  # as the kernel reclaims near the limit would flap a warning on the time alone)
+FRESH_S = 5.0  # a scope or worker not heard from for longer says nothing of now
+NAMED_MAX = 3
+
+HINT = ("it grows toward its limit: its stack (d) shows what allocates; if it is expected, give the job more "
+        "memory or restart smaller (r: the OOM ladder: micro-batch, the engine's memory share, offload)")
+
+
+def where(s: ScopeMemory) -> str:
+    return "the node's memory" if s.scope == "node" else f"its cgroup {short(s.scope)}"
+
+
+def short(scope: str) -> str:
+    """A cgroup's folder as a person names it: its own name (the whole path is in the evidence)."""
+    return os.path.basename(scope.rstrip("/")) or scope
+
+
+def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A scope whose use has grown for SUSTAINED_S toward its limit, named by the worker in it that grew
+    fastest since the rise began: warned with the projected time, critical when close."""
+    index = memory_growth.index_of(state)
+    with index.lock:
+        index.observe(state)
+        out = []
+        for key, s in state.mem_scopes.items():
+            got = index.scopes.get(key)
+            g = got.growth if got is not None else None
+            if (g is None or g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
+                    or s.limit <= 0 or now - s.ts > FRESH_S):
+                continue
+            within = max(s.limit - s.used, 0) / g.rate
+            full = s.used / s.limit
+            if within > WARN_WITHIN_S and full < CRITICAL_FULL:
+                continue
+            growers = [(r, state.workers[src]) for r, src in index.growers(state, key) if r >= GROWING_MIN / 2]
+            growers = [(r, w) for r, w in growers if w.phase not in WORKER_ENDED
+                       and now - w.last_heartbeat <= FRESH_S][:NAMED_MAX]
+            if not growers:
+                continue  # growth by something that is not the job's
+            (top_rate, top), others = growers[0], growers[1:]
+            out.append(AlertEvent(
+                severity="critical" if within <= CRITICAL_WITHIN_S or full >= CRITICAL_FULL else "warn",
+                code="memory_growing",
+                message=f"{top.src}: {size(top.rss)}, +{size(top_rate)}/s; {where(s)} {size(s.used)} of "
+                        f"{size(s.limit)}: the limit in about {spoken(within)}"
+                        + "".join(f"; {w.src} +{size(r)}/s" for r, w in others),
+                hint=HINT, targets=[top.src],  # one: the alert stays one alert while the others' rates move
+                evidence={"scope": s.scope, "node": s.node, "used": s.used, "limit": s.limit,
+                          "rate": round(g.rate), "within_s": round(within, 1), "growers": [w.src for _, w in growers]}))
+    return out
+
+
+def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A worker the OOM killer ended (its scope's count of kills went up after its last heartbeat), with
+    its memory then and the phase it was in: the cause of what failed after it, not a plain death."""
+    out = []
+    for w in state.workers.values():
+        k = w.oom_killed
+        if k is None:
+            continue
+        phase = w.ended_in if w.phase == "exited" and w.ended_in else w.phase
+        limit = f" of {size(w.mem.limit)}" if w.mem is not None and w.mem.limit else ""
+        scope = "the node" if k.scope == "node" else f"cgroup {short(k.scope)}"
+        out.append(AlertEvent(
+            severity="critical", code="oom_killed",
+            message=f"{w.src} was killed by the OOM killer ({scope}: its kills {k.kills_before} -> {k.kills_after}) "
+                    f"at {size(w.rss)}{limit}, in {phase or 'no phase'}",
+            hint="out of memory: restart smaller (r: the OOM ladder: micro-batch, the engine's memory share, "
+                 "offload) or give the job more memory; its growth before the kill is in the memory plot",
+            targets=[w.src], evidence={"verdict": "dead", "scope": k.scope, "rss": w.rss}))
+    return out

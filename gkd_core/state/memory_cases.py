@@ -1,0 +1,43 @@
+"""The reducer's memory cases: each heartbeat's memory (its scope's use and limit) kept with the worker and
+its scope, and a worker the OOM killer ended. O(1) a heartbeat: 65,536 of them a second at the largest.
+
+Only the newest readings are kept: a replay has the log's heartbeats, not every one the live state had, so
+anything learned from their sequence (the growth) is the diagnosis's own (diagnosis/memory_growth), and
+the state a replay rebuilds is the live one's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gkd_core.state.records import ScopeMemory, WorkerState
+from gkd_core.telemetry import events as ev
+
+if TYPE_CHECKING:
+    from gkd_core.state.run_state import RunState
+
+SCOPES_KEEP = 4096  # scopes remembered (a node's cgroups, each node): far more than a cluster has
+
+
+def scope_key(node: str, scope: str) -> str:
+    return f"{node}|{scope}"
+
+
+def on_memory(st: RunState, w: WorkerState, mem: ev.MemoryBeat | None, ts: float) -> None:
+    if mem is None:
+        return
+    w.mem = mem
+    key = scope_key(w.node, mem.scope)
+    s = st.mem_scopes.get(key)
+    if s is None:
+        if len(st.mem_scopes) >= SCOPES_KEEP:
+            st.mem_scopes.pop(min(st.mem_scopes, key=lambda k: st.mem_scopes[k].ts))
+        s = st.mem_scopes[key] = ScopeMemory(node=w.node, scope=mem.scope)
+    if ts >= s.ts:  # (else an older word of the scope than one already taken: another worker's, later)
+        s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts
+
+
+def on_oom_killed(st: RunState, e: ev.OomKilledEvent) -> None:
+    w = st.workers.get(e.worker)
+    if w is not None:
+        w.oom_killed = e
