@@ -31,7 +31,7 @@ from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
-TICK_S = 0.05  # (at 0.02, the ticks of a busy process were most of what the watching cost it)
+TICK_S = 0.1  # (at 0.02, the ticks of a busy process were most of what the watching cost it)
 SHOW_AFTER_S = 0.02
 # a process with no call for this long lets its watcher sleep until the next call begins (its wrapper wakes
 # it): an idle actor's watcher then costs nothing, where fifty ticks a second were most of what an idle

@@ -33,6 +33,15 @@ class WorkerDetails(ModalScreen[None]):
             + (f", deadline in {fmt_duration(w.deadline - now)}" if w.deadline else ""),
             f"heartbeat {fmt_duration(age)} ago, rss {fmt_bytes(w.rss)}, cpu {w.cpu:.0f}%, dropped {w.dropped}",
         ]
+        if w.mem is not None:
+            m = w.mem
+            scope = "the node" if m.scope == "node" else f"its cgroup {m.scope}"
+            lines.append(f"memory: {scope} {fmt_bytes(m.used)} of {fmt_bytes(m.limit)}, "
+                         f"{fmt_bytes(m.available)} available on the node"
+                         + (f", {m.oom_kills} OOM kill(s) in it so far" if m.oom_kills else ""))
+        if w.oom_killed is not None:
+            k = w.oom_killed
+            lines.append(f"killed by the OOM killer: its scope's kills {k.kills_before} -> {k.kills_after}")
         if w.blocked_by:
             lines.append(f"blocked by {w.blocked_by}: it waits on {w.blocked_by}, or failed only because of it; "
                          f"the alert names {w.blocked_by} as the cause")
