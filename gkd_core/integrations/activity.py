@@ -6,7 +6,7 @@ that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the pro
 real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
 fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
 a thousand tiny calls a second costs about ten events a second, while a call made once a second is sent
-every time; and a call that hangs is on the dashboard 20 to 70 ms after it began (the first tick after it
+every time; and a call that hangs is on the dashboard 20 to 120 ms after it began (the first tick after it
 has lasted 20 ms), with the time it began. The watcher sleeps while its process makes no calls, and a busy
 one's ticks cost it a few tenths of a percent of a core (bench/bench_ray_watch.py).
 
@@ -31,11 +31,11 @@ from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
-TICK_S = 0.1  # (at 0.02, the ticks of a busy process were most of what the watching cost it)
+TICK_S = 0.1  # (at 0.02, the ticks of a busy process were most of what watching cost it)
 SHOW_AFTER_S = 0.02
 # a process with no call for this long lets its watcher sleep until the next call begins (its wrapper wakes
-# it): an idle actor's watcher then costs nothing, where fifty ticks a second were most of what an idle
-# watched process spent; a busy one keeps ticking (waking it on every call would cost more)
+# it): an idle actor's watcher then costs nothing, where its ticks were most of what an idle watched
+# process spent; a busy one keeps ticking (waking it on every call would cost more)
 SLEEP_AFTER_S = 1.0
 SLEEP_MAX_S = 1.0  # asleep, it still looks in this often (a close, a reporter to find)
 PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answers so far) is asked
@@ -185,7 +185,7 @@ class Activity:
         next_progress = next_identify = next_asked = 0.0
         failed = False
         while True:
-            time.sleep(TICK_S)  # (an Event's wait with a timeout costs several times a sleep, fifty times a second)
+            time.sleep(TICK_S)  # (an Event's wait with a timeout costs several times a sleep, at every tick)
             if self._closed.is_set():
                 return
             if shown.phase is None and self._may_sleep():
