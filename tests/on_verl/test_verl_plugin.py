@@ -77,11 +77,14 @@ def test_a_verl_job_run_without_gkd_runs_as_before(job_env):
 def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sync(job_env):
     stuck_line = next(i for i, line in enumerate(JOB.read_text().splitlines(), 1) if "the line its stack" in line)
     with launched(job_env) as run:
-        # step 3's sync: rank 0 returned, rank 1 never will
+        # step 3's sync: rank 0 returned, rank 1 never will (and its own watcher, which ticks every 100 ms,
+        # has shown it in the sync: the driver's wait may be shown a tick before)
         def in_sync():
             snap = status_json(run)
             view = snap and snap["sync_view"]
-            return snap if view and view["running"] and view["pending"] == ["ActorRolloutWorker/1"] else None
+            rank1 = snap and snap["state"]["workers"].get("ActorRolloutWorker/1")
+            return snap if (view and view["running"] and view["pending"] == ["ActorRolloutWorker/1"]
+                            and rank1 and rank1["phase"] == "sync_rollout_weights") else None
 
         snap = wait_until(in_sync, 180, "the driver's wait on sync_rollout_weights, rank 1 pending", every_s=0.25)
         st = snap["state"]
@@ -96,8 +99,9 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
         # verl's timers as the driver's phases, by step; its metrics per step
         ev = events(run)
         timers = {(e["phase"], e.get("step")) for e in ev if e.get("kind") == "phase" and e["src"] == "driver"}
-        # (a sync of a few ms is never shown: calls under 20 ms send nothing)
-        assert {("step", 1), ("gen", 1), ("update_actor", 1), ("gen", 2), ("update_weights", 3)} <= timers
+        # (a sync of a few ms is never shown: calls under 20 ms send nothing; the `step` timer is shown only
+        # in the moments between the timers inside it, which a tick may or may not meet: its count is the step)
+        assert {("gen", 1), ("update_actor", 1), ("gen", 2), ("update_weights", 3)} <= timers
         metrics = [e for e in ev if e.get("kind") == "metrics"]
         assert [m["step"] for m in metrics][:2] == [1, 2]
         assert metrics[1]["loss"] == pytest.approx(0.5) and "gen" in metrics[1]["timing"]
