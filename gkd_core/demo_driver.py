@@ -47,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     def serve_commands(timeout_s: float) -> None:
         for cmd in inbox.poll(timeout_s):
             if cmd.op == "dump_stacks":
-                rep.emit(ev.StackEvent(dump_id=str(cmd.args.get("dump_id", cmd.id)), target="driver",
-                                       method="in-process", text=thread_stacks()))
-                rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True, result={"targets": ["driver"]}))
+                dump_id = str(cmd.args.get("dump_id", cmd.id))
+                rep.emit(ev.StackEvent(dump_id=dump_id, target="driver", method="in-process", text=thread_stacks()))
+                # the answer, as the trainer's driver gives it: which dump, whose stacks (none saved to files here)
+                rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True,
+                                        result={"targets": ["driver"], "dump_id": dump_id}))
             else:
                 rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False,
                                         result=f"this driver ({__name__}) has nothing to {cmd.op}"))

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import msgspec
+
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -38,6 +40,7 @@ from gkd_tui.widgets.workers_table import WorkersTable
 
 REFRESH_S = 0.1  # a phase change is on screen within this plus one frame
 STACK_WAIT_S = 6.0
+BUNDLE_STACK_WAIT_S = 20.0  # every worker on every node, with their children
 
 
 def titled(widget, title: str):
@@ -245,16 +248,40 @@ class GkdApp(App):
 
     @action_worker("bundle", group="bundle")
     def bundle(self) -> None:
-        from gkd_core.bundle import write_bundle
+        """A bug report: on a live run, every worker's stacks are taken for it first (as `D` does)."""
+        from gkd_core.bundle import StacksTaken, write_bundle
+        from gkd_tui.commands.stacks import stacks_of_dump
         from gkd_tui.render_text import status_text
 
         run = self.source.run
         if run is None or not Path(run).is_dir():
             raise Refused("this view has no run directory")
+        live = self.source.control is not None
+        stacks = StacksTaken(note="a replay: none were taken for this bundle; those taken before are in stacks/")
+        if live:
+            self.call_from_thread(self.notify, "bundle: taking every worker's stacks first…", timeout=4)
+            asked_at, dump_id = time.time(), f"bundle-{int(time.time() * 1000)}"
+            self.request("dump_stacks", {"targets": [], "dump_id": dump_id})
+            answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
+            with self.source.lock:
+                stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
         with self.source.lock:
-            status = status_text(self.source.state, self.source.now(), Path(run))
-        out = write_bundle(Path(run), status=status)
+            # a copy: the source goes on changing its state while the report is written (seconds)
+            state = msgspec.json.decode(msgspec.json.encode(self.source.state), type=type(self.source.state))
+            status = status_text(state, self.source.now(), Path(run))
+        out = write_bundle(Path(run), status=status, state=state, stacks=stacks, live=live)
         self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8, markup=False)
+
+    def _wait_for_dump(self, dump_id: str, timeout_s: float) -> dict:
+        """The driver's answer to a dump (its action's result), or {} at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.source.lock:
+                answer = self.source.state.dump_answer(dump_id)
+            if answer is not None:
+                return answer
+            time.sleep(0.1)
+        return {}
 
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""

@@ -83,9 +83,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-backend", default="nvml", help=argparse.SUPPRESS)  # the test backend, for tests
     s.set_defaults(func=cmd_doctor)
 
-    s = sub.add_parser("bundle", help="one archive to share: config, events, logs, stacks (never keys)")
+    s = sub.add_parser("bundle", help="a bug report in one archive: summary.md, stacks taken for it, versions, "
+                                      "command, environment, Ray's view, logs (never keys or tokens)")
     add_run(s)
     s.add_argument("-o", "--output", help="the archive's path (default: RUN/bundles/bundle-TIME.tar.gz)")
+    s.add_argument("--stacks-timeout", type=float, default=20.0,
+                   help="seconds to wait for every worker's stacks (default 20)")
+    s.add_argument("--no-stacks", action="store_true", help="take no stacks for it (those taken before go in)")
     s.set_defaults(func=cmd_bundle)
 
     s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")

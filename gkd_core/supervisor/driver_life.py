@@ -20,6 +20,7 @@ import msgspec
 import zmq
 
 from gkd_core import config as config_mod
+from gkd_core.bundle import environment
 from gkd_core.integrations import job_env
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.supervisor.driver_process import AdoptedProcess, DriverProcess, describe_exit
@@ -64,6 +65,7 @@ class DriverLife:
         argv = [sys.executable, "-m", self.driver_module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
         self.identity = None
         self.driver = DriverProcess(argv, env, self.run_dir / "logs" / "driver.log")
+        self._record(argv, env, "our trainer")
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
                               total_steps=cfg.trainer.total_steps, reason=f"driver pid {self.driver.pid}"))
 
@@ -74,6 +76,7 @@ class DriverLife:
             self.emit(ev.RunEvent(state="failed", exit_code=0, reason=f"{e}: it ended before its run began"))
             self.ended_at = time.monotonic()
             return
+        self._record(self.driver.argv, environment.process_environ(self.adopt), "adopted")
         self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
                               reason=f"watching pid {self.adopt}, started by its user: "
                                      f"{shlex.join(self.driver.argv)}"[:500]))
@@ -93,8 +96,16 @@ class DriverLife:
                                   reason=f"cannot start {shlex.join(self.command)}: {e}"))
             self.ended_at = time.monotonic()
             return
+        self._record(self.command, env, "command")
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
                               reason=f"driver pid {self.driver.pid}: {shlex.join(self.command)}"[:500]))
+
+    def _record(self, argv: list[str], env: dict[str, str], how: str) -> None:
+        """RUN/driver.json: the command and the variables in effect, for a bug report (secrets hidden)."""
+        try:
+            environment.record_driver(self.run_dir, argv, env, pid=self.driver.pid, restart=self.restarts, how=how)
+        except OSError as e:  # a full disk: the run goes on; its report will say the record is missing
+            self.emit(ev.LogEvent(level="warn", message=f"could not write RUN/driver.json: {e}"))
 
     # --- its life --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import time
 import msgspec
 
 from gkd_core import rundir
+from gkd_core.bundle.report import StacksTaken
 from gkd_core.state import RunState
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.commands.reach import client, unreachable
@@ -22,42 +23,56 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     from gkd_core.stack_text import group, grouped_report
 
     run = None
-    asked_at = time.time()
-    dump_id = f"cli-{os.getpid()}-{int(asked_at * 1000)}"
     try:
         run = rundir.resolve_run(a.run)
         c, _ = client(run, 5.0)
         with c:
-            c.request("dump_stacks", {"targets": a.targets, "dump_id": dump_id})
-            state, answered = wait_for_dump(c, dump_id, a.timeout)
+            state, taken = take_stacks(c, a.targets, a.timeout, "cli")
     except ControlError as e:
         print(f"gkd-tui: dump-stacks refused: {e}", file=sys.stderr)
         return 1
     except (rundir.RunNotFound, ControlUnreachable) as e:
         return unreachable(run, e)
+    named = {t for alert in state.alerts.values() for t in alert.targets}
+    groups = group(taken.taken, named)
+    if a.json:
+        json.dump({"dump_id": taken.dump_id, "folder": taken.folder, "named": sorted(named),
+                   "groups": [{"targets": g.targets, "where": g.where, "stack": g.text} for g in groups],
+                   "missing": taken.missing, "notes": taken.notes}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"stacks of {len(taken.taken) + len(taken.missing)} worker(s), dump {taken.dump_id}"
+              + (f", saved in RUN/{taken.folder}" if taken.folder else ""))
+        print(grouped_report(taken.taken, named, {**taken.notes, **taken.missing}))
+    return 1 if taken.missing else 0
+
+
+def take_stacks(c: ControlClient, targets: list[str], timeout_s: float, by: str) -> tuple[RunState, StacksTaken]:
+    """Ask the run for its workers' stacks (``targets``; none: every worker, on every node, with their child
+    processes) and wait, bounded, for the driver's answer: the state then, and what was taken."""
+    asked_at = time.time()
+    dump_id = f"{by}-{os.getpid()}-{int(asked_at * 1000)}"
+    c.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+    state, answered = wait_for_dump(c, dump_id, timeout_s)
+    return state, stacks_of_dump(state, dump_id, answered, asked_at, targets, timeout_s)
+
+
+def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: float, targets: list[str],
+                   timeout_s: float) -> StacksTaken:
+    """What dump ``dump_id`` took, from the state once the driver answered (``answered``: its action's
+    result, {} when it did not within ``timeout_s``)."""
     # the state keeps a worker's newest stack: one the diagnosis took after we asked (its automatic
     # dump can land between ours and our read) is as good an answer
     records = {t: r for t, r in state.stacks_prev.items() if r.dump_id == dump_id}
     records.update({t: r for t, r in state.stacks.items()
                     if r.dump_id == dump_id or (r.ts >= asked_at and r.text and t in (answered.get("targets") or [])
                                                 and t not in records)})
-    wanted = answered.get("targets") or a.targets or sorted(records)
+    wanted = answered.get("targets") or targets or sorted(records)
     taken = {t: r.text for t, r in records.items() if r.text}
-    missing = {t: (records[t].error if t in records else f"no answer within {a.timeout:g} s") for t in wanted
+    missing = {t: (records[t].error if t in records else f"no answer within {timeout_s:g} s") for t in wanted
                if t not in taken}
     notes = {t: r.error for t, r in records.items() if r.text and r.error}
-    named = {t for alert in state.alerts.values() for t in alert.targets}
-    groups = group(taken, named)
-    if a.json:
-        json.dump({"dump_id": dump_id, "folder": answered.get("folder", ""), "named": sorted(named),
-                   "groups": [{"targets": g.targets, "where": g.where, "stack": g.text} for g in groups],
-                   "missing": missing, "notes": notes}, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        print(f"stacks of {len(wanted)} worker(s), dump {dump_id}"
-              + (f", saved in RUN/{answered['folder']}" if answered.get("folder") else ""))
-        print(grouped_report(taken, named, {**notes, **missing}))
-    return 1 if missing else 0
+    return StacksTaken(dump_id=dump_id, folder=answered.get("folder", ""), taken=taken, missing=missing, notes=notes)
 
 
 def wait_for_dump(c: ControlClient, dump_id: str, timeout_s: float) -> tuple[RunState, dict]:

@@ -155,3 +155,38 @@ async def test_a_hung_nvml_sampler_raises_the_banner_on_a_live_dashboard(start_s
     finally:
         sampler.stop()
         rep.close()
+
+
+@pytest.mark.slow
+async def test_b_takes_every_workers_stacks_and_writes_the_bug_report(start_supervisor):
+    import tarfile
+    from pathlib import Path
+
+    from textual.notifications import Notify
+
+    from gkd_tui.sources.live import LiveSource
+
+    sup = start_supervisor("trainer.total_steps=100000", step_s=0.05)
+    sup.wait_driver()
+    said = []
+    app = GkdApp(LiveSource(sup.run))
+    async with app.run_test(size=(100, 30), message_hook=lambda m: isinstance(m, Notify) and said.append(m)) as pilot:
+        for _ in range(50):
+            await pilot.pause(0.1)
+            if "driver" in app.source.state.workers:
+                break
+        await pilot.press("b")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    messages = [m.notification.message for m in said]
+    assert messages[0].startswith("bundle: taking every worker's stacks first"), messages
+    written = [m for m in messages if m.startswith("bundle written: ")]
+    assert written, messages
+    with tarfile.open(Path(written[0].removeprefix("bundle written: "))) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
+        summary = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/summary.md"))).read()
+    assert "stacks.txt" in names and "environment.json" in names, names
+    # the demo driver answers with its stack in the event (the trainer's also saves it in stacks/DUMP/)
+    driver_row = next(line for line in summary.decode().splitlines() if line.startswith("| driver |"))
+    assert "not taken" not in driver_row and "demo_driver.py" in driver_row, driver_row
+

@@ -1,0 +1,134 @@
+"""The driver's command line and the environment variables that shape a run, recorded when it starts.
+
+The supervisor writes ``RUN/driver.json`` each time it starts (or adopts) a driver: the command, its
+working directory, its python, and the variables of seed 004's checklist (NCCL_*, TORCH_*, CUDA_*,
+RAY_*, VLLM_*, GKD_* and a few more) with every value that could be a secret replaced before it
+touches the disk. A bug report written later, on any node and after the driver is gone, reads it.
+
+A value is a secret when its name says so (TOKEN, SECRET, KEY, PASSWORD, AUTH, ...) or it looks like
+one (a known token prefix such as ``hf_`` or ``ghp_``, a JWT, or 24 letters and digits in a row). A
+redacted value is never written: only that it was set, and why it is hidden.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+import msgspec
+
+from gkd_core import rundir
+
+# the variables a person helping asks for first (seed 004: "the environment variables in effect")
+SHAPING_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "RAY_", "VLLM_", "GKD_", "HF_", "TRANSFORMERS_",
+                    "OMP_", "MKL_", "GLOO_", "VERL_")
+SHAPING_NAMES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "PYTHONPATH", "LD_LIBRARY_PATH", "SLURM_JOB_ID", "SLURM_NNODES"}
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|AUTH|CREDENTIAL|COOKIE|PRIVATE|SIGNATURE", re.IGNORECASE)
+NOT_SECRET = {"RAY_AUTH_MODE"}  # its values are a choice (token, disabled), and the choice matters
+SECRET_VALUE = re.compile(
+    r"(?:hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-|AKIA|ASIA)[A-Za-z0-9_\-]{8,}"  # known prefixes
+    r"|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}"  # a JWT
+    # a long run of letters and digits, both (a readable name's parts are shorter, cut by "-", "_", "/")
+    r"|(?<![A-Za-z0-9])(?=[A-Za-z0-9]*\d)(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{24,}")
+REDACTED = "<redacted>"
+
+
+class DriverRecord(msgspec.Struct, kw_only=True):
+    """What ``RUN/driver.json`` says of the newest driver."""
+
+    argv: list[str]
+    cwd: str = ""
+    python: str = ""  # the interpreter its versions are read with
+    pid: int = 0
+    started: float = 0.0
+    restart: int = 0
+    how: str = ""  # "our trainer", "command", "adopted"
+    env: dict[str, str] = {}  # the shaping variables, secrets replaced by REDACTED
+    redacted: dict[str, str] = {}  # name -> why its value is hidden
+
+    @property
+    def command(self) -> str:
+        return shlex.join(self.argv)
+
+
+def is_shaping(name: str) -> bool:
+    return name.startswith(SHAPING_PREFIXES) or name in SHAPING_NAMES
+
+
+def why_secret(name: str, value: str) -> str:
+    """Why ``value`` is hidden, or "" when it can be shown."""
+    if name not in NOT_SECRET and SECRET_NAME.search(name):
+        return "its name says it is a secret"
+    if SECRET_VALUE.search(value):
+        return "its value looks like a token"
+    return ""
+
+
+def shaping_env(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(the shaping variables with secrets replaced, name -> why it was hidden)."""
+    shown, why = {}, {}
+    for name in sorted(environ):
+        if not is_shaping(name):
+            continue
+        reason = why_secret(name, environ[name])
+        shown[name] = REDACTED if reason else environ[name]
+        if reason:
+            why[name] = reason
+    return shown, why
+
+
+def secret_values(environ: Mapping[str, str]) -> set[str]:
+    """Every value of ``environ`` that is or holds a secret (of any name, shaping or not): what a bundle
+    scrubs from each file it takes in, in case a log printed one."""
+    out = set()
+    for name, value in environ.items():
+        if name not in NOT_SECRET and SECRET_NAME.search(name) and len(value) >= 6:
+            out.add(value)
+        out.update(m.group(0) for m in SECRET_VALUE.finditer(value))
+    return out
+
+
+def python_of(argv: list[str]) -> str:
+    """The interpreter a command runs under: its first word when that is a python, else ours."""
+    if argv and re.fullmatch(r"python[\d.]*", Path(argv[0]).name):
+        return argv[0]
+    return sys.executable
+
+
+def record_driver(run: Path, argv: list[str], environ: Mapping[str, str], *, pid: int, restart: int, how: str,
+                  cwd: str | None = None) -> DriverRecord:
+    """Write ``RUN/driver.json`` (private: the command line can hold more than its owner shares)."""
+    env, why = shaping_env(environ)
+    record = DriverRecord(argv=list(argv), cwd=cwd or os.getcwd(), python=python_of(argv), pid=pid,
+                          started=time.time(), restart=restart, how=how, env=env, redacted=why)
+    rundir.write_private_json(run / "driver.json", msgspec.to_builtins(record))
+    return record
+
+
+def read_driver(run: Path) -> DriverRecord | None:
+    """``RUN/driver.json``, or None when the run has none (a run from before it was written) or it is
+    unreadable (said by the caller as missing)."""
+    try:
+        return msgspec.json.decode((run / "driver.json").read_bytes(), type=DriverRecord)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def process_environ(pid: int) -> dict[str, str]:
+    """A process's environment as it started (``/proc/PID/environ``: readable by its owner and root)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.decode(errors="replace").partition("=")
+        if sep:
+            out[name] = value
+    return out

@@ -1,0 +1,136 @@
+"""The bug report's parts on their own: which variables are kept and which hidden, the scrubbing of a
+stream, the tracebacks found in a log, the summary written from a state (tests/ray/test_bundle.py: all
+of it on a real stuck job)."""
+
+from __future__ import annotations
+
+import tarfile
+
+import pytest
+
+from gkd_core.bundle import StacksTaken, archive, environment, report
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+
+@pytest.mark.parametrize("name,value,hidden", [
+    ("NCCL_DEBUG", "INFO", False),
+    ("GKD_RUN_DIR", "/home/someone/.gkd/runs/20261127-092859-5b6f-with-a-long-name-of-its-own", False),
+    ("RAY_AUTH_MODE", "token", False),  # a choice, not a secret
+    ("HF_TOKEN", "anything", True),  # the name says so
+    ("WANDB_API_KEY", "x" * 40, True),
+    ("NCCL_SOCKET_IFNAME", "hf_abcdefghijklmnopqrst", True),  # the value looks like a token
+    ("TORCH_EXTRA", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig", True),  # a JWT
+    ("VLLM_SOMETHING", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8", True),  # a long run of letters and digits
+])
+def test_a_value_is_hidden_when_its_name_or_its_look_says_secret(name, value, hidden):
+    assert bool(environment.why_secret(name, value)) is hidden
+
+
+def test_only_the_variables_that_shape_a_run_are_kept_with_secrets_replaced():
+    shown, why = environment.shaping_env({"NCCL_DEBUG": "INFO", "HOME": "/root", "HF_TOKEN": "hf_" + "a" * 20,
+                                          "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1", "AWS_SECRET": "s" * 30})
+    assert shown == {"CUDA_VISIBLE_DEVICES": "0,1", "HF_TOKEN": "<redacted>", "NCCL_DEBUG": "INFO"}
+    assert why == {"HF_TOKEN": "its name says it is a secret"}
+    # every secret of any name is known, to be scrubbed from the files a bundle takes in
+    assert environment.secret_values({"AWS_SECRET": "s" * 30, "X": "url?key=ghp_" + "b" * 20, "N": "4"}) == \
+        {"s" * 30, "ghp_" + "b" * 20}
+
+
+def test_the_driver_record_is_private_and_read_back(tmp_path):
+    rec = environment.record_driver(tmp_path, ["python3.11", "job.py"], {"NCCL_DEBUG": "WARN", "GKD_KEY": "k" * 9},
+                                    pid=7, restart=1, how="command", cwd="/work")
+    assert oct((tmp_path / "driver.json").stat().st_mode & 0o777) == "0o600"
+    back = environment.read_driver(tmp_path)
+    assert back == rec and back.python == "python3.11" and back.env == {"GKD_KEY": "<redacted>", "NCCL_DEBUG": "WARN"}
+    assert environment.python_of(["bash", "-c", "x"]).endswith(("python", "python3", "python3.11"))
+    (tmp_path / "driver.json").write_text("{not json")
+    assert environment.read_driver(tmp_path) is None
+
+
+def test_a_secret_across_two_chunks_is_scrubbed(tmp_path, monkeypatch):
+    monkeypatch.setattr(archive, "SCRUB_CHUNK", 16)
+    secret = "s3cret-Value-0123456789"
+    path = tmp_path / "log"
+    path.write_bytes(b"x" * 10 + secret.encode() + b"\n" + b"y" * 13 + secret.encode() + b" end")
+    copy, size = archive.Scrubber({secret}).file(path, 1 << 20)
+    data = copy.read()
+    assert size == len(data) and data == b"x" * 10 + b"<redacted>\n" + b"y" * 13 + b"<redacted> end"
+
+
+def test_tracebacks_are_found_whole_in_the_logs_newest_last(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "driver.log").write_text(
+        "starting\n"
+        "Traceback (most recent call last):\n"
+        '  File "job.py", line 3, in <module>\n'
+        "    main()\n"
+        "ValueError: bad config\n"
+        "more output\n"
+        "(Trainer pid=12) Traceback (most recent call last):\n"
+        '(Trainer pid=12)   File "t.py", line 9, in step\n'
+        "ray.exceptions.RayTaskError: boom\n")
+    found = report.tracebacks(logs)
+    assert [f for f, _ in found] == ["logs/driver.log", "logs/driver.log"]
+    assert found[0][1].splitlines()[-1] == "ValueError: bad config" and "more output" not in found[0][1]
+
+
+def test_the_summary_reads_as_an_issue(tmp_path):
+    st = RunState()
+    t = 1000.0
+    for e in (ev.RunEvent(state="running", ts=t),
+              ev.WorkerEvent(src="Trainer/0", role="Trainer", rank=0, node="n1", pid=42, actor_id="a" * 32, ts=t),
+              ev.PhaseEvent(src="Trainer/0", phase="step", started=t, ts=t),
+              ev.AlertEvent(severity="critical", code="deadlock", message="deadlock: Trainer/0.step waits for X",
+                            hint="stop one side", targets=["Trainer/0"], ts=t + 20)):
+        st.apply(e)
+    st.actions.append({"op": "cancel", "by": "cli", "ok": True, "result": "sent", "ts": t + 30})
+    driver = environment.DriverRecord(argv=["python", "job.py", "--lr", "1e-5"], pid=9, how="command",
+                                      env={"NCCL_DEBUG": "INFO"})
+    facts = {"versions": {"python": "3.11.7", "torch": "2.13.0", "torch_build": {"cuda": None, "nccl": "none"}},
+             "hardware": {"cpus": 2, "cpus_usable": 2, "memory_total": 8 << 30, "memory_available": 4 << 30,
+                          "memory_limit": {"where": "node", "limit": 8 << 30},
+                          "gpus": {"none": "no NVIDIA driver on this node", "devices": []}}}
+    stacks = StacksTaken(dump_id="d1", folder="stacks/d1", taken={
+        "Trainer/0": 'Thread 1 (active): "MainThread"\n    step (job.py:12)\n    ray.get (ray/_private/worker.py:9)'})
+    text = report.summary(tmp_path, st, t + 40, driver, facts, stacks, [("logs/driver.log", "Traceback\nE: x")],
+                          ["summary.md", "stacks.txt"])
+    assert text.splitlines()[0] == f"# {tmp_path.name}: deadlock: Trainer/0.step waits for X"
+    assert "- **critical** `deadlock`: deadlock: Trainer/0.step waits for X — stop one side" in text
+    assert "| Trainer/0 | step | 40s | n1 | 42 |" in text and "job.py:12" in text
+    assert "`cancel` by cli: ok — sent" in text
+    assert "python job.py --lr 1e-05" in text or "python job.py --lr 1e-5" in text
+    assert "NCCL_DEBUG=INFO" in text and "none: no NVIDIA driver on this node" in text
+    assert "1 actor(s) (1 ALIVE)" in text and "E: x" in text and "- `stacks.txt`" in text
+
+
+def test_the_archive_is_private_and_never_holds_keys_or_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.setattr(archive, "run_probe", lambda *a, **k: {"versions": {}, "hardware": {}})
+    run = tmp_path / "run"
+    for d in ("logs", "keys", "checkpoints/step_1"):
+        (run / d).mkdir(parents=True)
+    (run / "keys" / "control.key").write_text("k" * 40)
+    (run / "checkpoints" / "step_1" / "model.pt").write_bytes(b"\0" * 10)
+    (run / "logs" / "driver.log").write_text("the key is " + "k" * 40 + "\n")
+    (run / "config.yaml").write_text("trainer: {}\n")
+    out = archive.write_bundle(run, tmp_path / "b.tar.gz", status="ok")
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    with tarfile.open(out) as tar:
+        names = [n.split("/", 1)[1] for n in tar.getnames()]
+        log = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("driver.log"))).read()
+    assert not [n for n in names if n.startswith(("keys", "checkpoints"))]
+    assert {"summary.md", "environment.json", "ray.json", "stacks.txt", "tracebacks.txt", "status.txt",
+            "config.yaml", "logs/driver.log"} <= set(names)
+    assert log == b"the key is <redacted>\n"
+
+
+def test_a_chained_traceback_is_one(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "w.log").write_text(
+        "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyError: 'x'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File \"a.py\", line 2, in g\nRuntimeError: wrapped\nafter\n")
+    [(_, text)] = report.tracebacks(logs)
+    assert text.splitlines()[-1] == "RuntimeError: wrapped" and "KeyError: 'x'" in text
