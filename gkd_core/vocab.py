@@ -97,6 +97,7 @@ ALERTS: dict[str, Code] = {
     "out_of_memory": Code("rules", "out of memory"),
     "memory_growing": Code("rules", "memory growing", live=True),
     "oom_killed": Code("rules", "OOM-killed", cause=True, late=True),
+    "node_memory_low": Code("rules", live=True),
     "driver_failed": Code("rules", "failed"),
     "events_dropped": Code("rules"),
     "collective_not_joined": Code("rules", "not in collective", live=True, stacks=True, cause=True, late=True),

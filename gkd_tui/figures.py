@@ -17,7 +17,8 @@ from gkd_core.vocab import SYNC_FAILED, SYNC_PARTS
 
 # a step's phases in the order they happen (each a theme colour, series-phase-NAME); others go after them
 PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
-MINUTES_AFTER_S = 600.0  # a time axis longer than this is in minutes
+MINUTES_AFTER_S = 600.0
+GB = float(1 << 30)  # a time axis longer than this is in minutes
 # a plot's axis takes the span of its values: two extreme floats (a diverged loss of 1e308, a sender's clock
 # at the float's end) would make it infinite; this is far past anything worth reading off a plot
 LIMIT = 1e15
@@ -57,7 +58,8 @@ class Figure(NamedTuple):
             _clip(high if high is not None else max(ys, default=1.0)), keep_low=low is not None)
 
 
-TABS = ("training", "sync", "step time", "teacher", "GPU")
+TABS = ("training", "sync", "step time", "teacher", "GPU", "memory")
+MEMORY_DRAWN = 6  # the processes of most memory, a line each
 
 
 def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
@@ -72,6 +74,8 @@ def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
         return teacher(st.series.teacher, _origin(st, st.series.teacher))
     if tab == "GPU":
         return gpus(st.series.gpus, st.series.gpu_mean, _origin(st, st.series.gpu_mean))
+    if tab == "memory":
+        return (memory(st),)
     raise ValueError(f"no plot tab {tab!r}; the tabs are {', '.join(TABS)}")
 
 
@@ -196,6 +200,33 @@ def gpus(by_device: dict[str, list[GpuPoint]], mean: list[GpuPoint], t0: float) 
     return out[0], out[1]
 
 
+def memory(st: RunState) -> Figure:
+    """The processes of most memory now, each a line of its phases' peaks (the phase history) ending at its
+    newest heartbeat, against the limits they live under (their cgroup's, or the node's memory): what grows,
+    in which phase, and how near the OOM killer's line."""
+    top = sorted((w for w in st.workers.values() if w.rss and w.phase != "exited"), key=lambda w: -w.rss)
+    top = top[:MEMORY_DRAWN]
+    t0 = st.started or min((w.last_heartbeat for w in top), default=0.0)
+    last = max((w.last_heartbeat for w in top), default=t0)
+    scale, unit = _axis_over(last - t0)
+    lines, limits = [], {}
+    for i, w in enumerate(top):
+        pts = [((span.ended - t0) / scale, span.peak_rss / GB) for span in w.spans if span.peak_rss]
+        pts.append(((w.last_heartbeat - t0) / scale, w.rss / GB))
+        lines.append(_line(f"{w.src} ({w.phase})", pts, f"series-{i % 8 + 1}"))
+        if w.mem is not None and w.mem.limit:
+            limits[w.mem.scope] = w.mem.limit
+    ends = (0.0, max((last - t0) / scale, 1.0))
+    for scope, limit in sorted(limits.items()):
+        name = "the node's memory" if scope == "node" else f"cgroup {scope.rstrip('/').rsplit('/', 1)[-1]}"
+        lines.append(Line(f"limit: {name}", ends, (limit / GB, limit / GB), "series-timeout"))
+    title = "memory (GB): the largest processes, each phase's peak, against their limits"
+    if top:
+        w = top[0]
+        title += f"; {w.src} {w.rss / GB:.2f} GB now" + (f" of {w.mem.limit / GB:.1f}" if w.mem and w.mem.limit else "")
+    return Figure(title, unit, "GB", tuple(lines), (0.0, None), empty="no memory readings yet (heartbeats carry them)")
+
+
 def _clip(v: float) -> float:
     return max(-LIMIT, min(LIMIT, v))
 
@@ -230,6 +261,10 @@ def _timed(points: list[GpuPoint], t0: float, scale: float, pick) -> list[tuple[
 
 def _time_axis(points: list, t0: float) -> tuple[float, str]:
     """Seconds since the run began, or minutes when the series is longer than MINUTES_AFTER_S."""
-    if points and points[-1].ts - t0 > MINUTES_AFTER_S:
+    return _axis_over(points[-1].ts - t0 if points else 0.0)
+
+
+def _axis_over(seconds: float) -> tuple[float, str]:
+    if seconds > MINUTES_AFTER_S:
         return 60.0, "minutes since the run began"
     return 1.0, "seconds since the run began"

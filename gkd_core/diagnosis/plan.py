@@ -1,7 +1,8 @@
 """A restart plan that follows the cause: config changes driven by the active findings, each saying
 which finding it comes from.
 
-- out of memory: the memory ladder, in order (the first rungs that still change something);
+- out of memory (the allocator's error, the kernel's OOM killer, a growth about to reach its limit): the
+  memory ladder, in order (the first rungs that still change something);
 - a straggler named by its peers, a dead or a frozen rollout worker: run without it (one rollout
   worker fewer), and on GPUs with a hung sync or group join, NCCL's own diagnostics and errors
   that raise instead of hang;
@@ -57,8 +58,14 @@ def _rung(cfg: config_mod.Config, key: str, factor: float | None, floor: float) 
     return new if new < old else None
 
 
+# out of memory, in the words of each finding: the allocator's error, the kernel's OOM killer, a growth
+# that reaches its limit before the restart could
+OUT_OF_MEMORY = {"out_of_memory": "out of memory on", "oom_killed": "killed by the OOM killer:",
+                 "memory_growing": "memory growing toward its limit on"}
+
+
 def _memory(cfg: config_mod.Config, finding: AlertState) -> list[Change]:
-    because = f"out of memory on {', '.join(finding.targets) or 'a worker'} (the memory ladder"
+    because = f"{OUT_OF_MEMORY[finding.code]} {', '.join(finding.targets) or 'a worker'} (the memory ladder"
     out = []
     for i, (key, factor, floor) in enumerate(LADDER, 1):
         new = _rung(cfg, key, factor, floor)
@@ -96,7 +103,9 @@ def _late(cfg: config_mod.Config, state: RunState, findings: list[AlertState]) -
 def restart_plan(state: RunState, cfg: config_mod.Config) -> list[Change]:
     """The changes a smaller restart makes now, the most severe finding's first."""
     findings = state.active_alerts()
-    oom = [a for a in findings if a.code == "out_of_memory"]
+    # the allocator's word and the kernel's first; a growth only when it is critical (the limit is near)
+    oom = [a for a in findings if a.code in ("out_of_memory", "oom_killed")] or \
+        [a for a in findings if a.code == "memory_growing" and a.severity == "critical"]
     if oom:
         return _memory(cfg, oom[0])
     late = [a for a in findings if a.code in LATE]

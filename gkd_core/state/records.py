@@ -31,6 +31,7 @@ class PhaseSpan(msgspec.Struct, array_like=True):
     started: float
     ended: float
     call: int | None = None  # the call number, for a method (PhaseEvent.call)
+    peak_rss: int = 0  # the most memory it reached (PhaseEvent.peak_rss; 0: not known)
 
 
 class WorkerState(msgspec.Struct, kw_only=True):

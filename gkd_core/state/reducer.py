@@ -76,7 +76,7 @@ def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
         # a late sighting (older than the phase it would end) makes no span; a call that began and
         # ended within the same millisecond (Ray's task times) makes one of no length
         if w.phase and w.phase not in WORKER_ENDED and e.ts >= w.phase_since and st.spans_keep:
-            w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call))
+            w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call, e.peak_rss))
             if len(w.spans) > st.spans_keep:
                 del w.spans[0]
         w.phase = e.phase

@@ -72,6 +72,9 @@ class PhaseEvent(Event, tag="phase"):
     # calls of this worker in flight at once (an async actor's, a threaded actor's), when more than one: the
     # phase is then the oldest of them, ``started`` its start and ``call`` its number
     in_flight: Int = 0
+    # the most memory (RSS, with its children's) the phase this one ends reached, as the reporter's heartbeats
+    # saw it (0: not known): each phase's peak in the phase history, "sync_weights peaks at 2.1x train"
+    peak_rss: Int = 0
 
 
 WAITS_ON_MAX = 32
@@ -218,6 +221,9 @@ class GpuEvent(Event, tag="gpu"):
     temp: float | None = None
     power: float | None = None
     pids: list[Int] = []
+    # the GPU memory each of those processes holds, in bytes, by pid; the pid as text, as JSON's keys
+    # are (int keys would not survive msgspec.convert of a decoded dict); one NVML has no figure for is left out
+    proc_mem: dict[str, Int] = {}
     # a probe whose call has not returned: seconds since it began (growing), and which probe
     nvml_hung_s: float | None = None
     probe: str = "nvml"  # nvml or nvidia-smi

@@ -15,9 +15,10 @@ HELP = """[b]gkd-tui keys[/b]
   enter  the selected worker's details: state, last stack, log lines;
          on a group's line, open or close the group
   /      filter the workers by name, phase, node or pid (escape clears)
-  b      a bundle for a bug report: config, events, logs, stacks, no keys
-  p      plots: loss/KL/agreement, sync times, step time by phase,
-         teacher latency and queue, GPU use (1-5 switch, escape closes)
+  b      a bug report: summary.md, every worker's stacks, versions, command,
+         variables, Ray's view, logs (never keys or tokens)
+  p      plots: loss/KL/agreement, sync times, step time by phase, teacher
+         latency and queue, GPU use, memory (1-6 switch, escape closes)
   ?      this help    q  detach: the run goes on    ctrl+p  every action
   replay: space play/pause, → step, End/Home jump, +/- speed
   c and r ask first, with the focus on Cancel.

@@ -1,6 +1,7 @@
 """`p`: the run's numbers as plots, a tab each (``figures.TABS``): training (loss, KL and agreement
 against step), sync (each sync's time against its timeout), step time (a step's phases, stacked),
-teacher (latency p50/p99, queue and in flight), GPU (use and memory per device, and their mean).
+teacher (latency p50/p99, queue and in flight), GPU (use and memory per device, and their mean), memory
+(the largest processes' phase peaks against their limits).
 
 The plots are textual-plot's ``PlotWidget`` (native Textual widgets, lines of block quadrants),
 chosen over textual-plotext for speed: bench/bench_plots.py draws the same figures with both. A plot
@@ -37,7 +38,7 @@ class PlotsScreen(Screen[None]):
         self._drawn: dict[str, Figure] = {}  # a plot's id -> the figure it shows
 
     def compose(self) -> ComposeResult:
-        yield Static("plots: 1-5 or tab/←→ switch, escape close", id="plots-title")
+        yield Static(f"plots: 1-{len(TABS)} or tab/←→ switch, escape close", id="plots-title")
         empty = RunState()
         with TabbedContent(id="plot-tabs", initial=f"plots-{self.first_tab}"):
             for i, tab in enumerate(TABS):

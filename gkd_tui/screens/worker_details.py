@@ -9,6 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gkd_core.state import RunState
+from gkd_core.state.records import PhaseSpan
 from gkd_core.telemetry import events as ev
 from gkd_tui.widgets.format import fmt_bytes, fmt_duration
 
@@ -39,6 +40,9 @@ class WorkerDetails(ModalScreen[None]):
             lines.append(f"memory: {scope} {fmt_bytes(m.used)} of {fmt_bytes(m.limit)}, "
                          f"{fmt_bytes(m.available)} available on the node"
                          + (f", {m.oom_kills} OOM kill(s) in it so far" if m.oom_kills else ""))
+        by_phase = phase_peaks(w.spans)
+        if by_phase:
+            lines.append(peaks_line(by_phase))
         if w.oom_killed is not None:
             k = w.oom_killed
             lines.append(f"killed by the OOM killer: its scope's kills {k.kills_before} -> {k.kills_after}")
@@ -76,6 +80,25 @@ class WorkerDetails(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="details"):
             yield Static(self.text, markup=False)
+
+
+def phase_peaks(spans: list[PhaseSpan]) -> dict[str, int]:
+    """Each phase's peak memory over its kept spans (those whose reporter said it), largest first."""
+    peaks: dict[str, int] = {}
+    for span in spans:
+        if span.peak_rss:
+            peaks[span.phase] = max(peaks.get(span.phase, 0), span.peak_rss)
+    return dict(sorted(peaks.items(), key=lambda kv: -kv[1]))
+
+
+def peaks_line(peaks: dict[str, int], shown: int = 4) -> str:
+    """"memory by phase (peak): sync_weights 2.1 GB (2.1x train), train 1.0 GB" — against the phase of
+    least memory, the worker's own baseline."""
+    low_phase, low = min(peaks.items(), key=lambda kv: kv[1])
+    parts = [f"{phase} {fmt_bytes(peak)}" + (f" ({peak / low:.1f}x {low_phase})" if phase != low_phase and
+                                                  peak >= 1.2 * low else "")
+             for phase, peak in list(peaks.items())[:shown]]
+    return "memory by phase (peak): " + ", ".join(parts)
 
 
 def engine_line(e: ev.EngineEvent) -> str:

@@ -98,3 +98,70 @@ def test_no_kill_in_the_scope_no_oom_killed():
     watch.node = "n0"
     watch.check(st, T0 + 10)
     assert said == []
+
+
+def test_after_an_oom_kill_the_restart_plan_is_the_memory_ladder_saying_so():
+    from gkd_core.config import load_config
+    from gkd_core.diagnosis.plan import restart_plan
+    from gkd_core.supervisor import alerts as sup_alerts
+
+    st = job("rollout/0")
+    beat(st, "rollout/0", T0, 2 * GB, 2800 * MB)
+    st.apply(ev.OomKilledEvent(worker="rollout/0", scope=CG, kills_before=0, kills_after=1, ts=T0 + 5))
+    for a in sup_alerts.diff(st, sup_alerts.evaluate(st, T0 + 6, 10.0)):
+        st.apply(a)
+    plan = restart_plan(st, load_config(None))
+    assert [c.key for c in plan] == ["actor.micro_batch_size", "rollout.max_new_tokens"]
+    assert all(c.because.startswith("killed by the OOM killer: rollout/0 (the memory ladder, rung") for c in plan)
+
+
+def test_a_node_short_of_memory_names_its_largest_workers_and_a_roomy_one_is_not_warned():
+    st = job("Big/0", "Small/0")
+
+    def node_beat(src: str, t: float, rss: int, available: int) -> None:
+        st.apply(ev.HeartbeatEvent(src=src, ts=t, phase="run", rss=rss, cpu=50.0,
+                                   mem=ev.MemoryBeat("node", 64 * GB - available, 64 * GB, available, 0)))
+
+    for src, rss in (("Big/0", 40 * GB), ("Small/0", 2 * GB), ("driver", GB)):
+        node_beat(src, T0, rss, 20 * GB)
+    assert alerts(st, T0 + 1, "node_memory_low") == []  # 31 % available
+    for src, rss in (("Big/0", 55 * GB), ("Small/0", 2 * GB), ("driver", GB)):
+        node_beat(src, T0 + 2, rss, 5 * GB)
+    [a] = alerts(st, T0 + 3, "node_memory_low")
+    assert a.severity == "warn" and a.targets == ["Big/0"]
+    assert a.message == "node n0: 5.0 GB of 64.0 GB available (8%); the largest here: Big/0 55.0 GB, Small/0 2.0 GB, " \
+                        "driver 1.0 GB"
+    node_beat("Big/0", T0 + 4, 60 * GB, 2 * GB)
+    [a] = alerts(st, T0 + 5, "node_memory_low")
+    assert a.severity == "critical"
+
+
+def test_each_phase_carries_its_peak_into_the_history_and_the_details_compare_them():
+    from gkd_core.telemetry import wire
+    from gkd_core.telemetry.reporter import Reporter
+    from gkd_tui.screens.worker_details import WorkerDetails
+
+    rep = Reporter("rollout/0", ingest="", start=False)  # its queue is read here, not sent
+    try:
+        rep.register("rollout", 0, node="n0")
+        for rss, phase in ((100 * MB, "train"), (300 * MB, None), (200 * MB, "sync_weights"), (700 * MB, None),
+                           (250 * MB, None), (None, "train"), (240 * MB, None)):
+            if rss is not None:
+                rep._heartbeat(50.0, rss)
+            if phase is not None:
+                rep.set_phase(phase, step=1)
+        rep.set_phase("train", step=1, detail="the same phase: no new span, the peak goes on")
+        rep._heartbeat(50.0, 260 * MB)
+        rep.set_phase("idle")
+        events = [wire.decode(f) for f in rep._queue]
+    finally:
+        rep._ctx.term()  # (never started: nothing to close but its context)
+    st = RunState()
+    for e in events:
+        st.apply(e)
+    spans = [(s.phase, s.peak_rss // MB) for s in st.workers["rollout/0"].spans]
+    # init ends at the first beat; train sees 300 (its first beat was 100: the phase began at the beat before);
+    # sync_weights 700; the second train 260, through a phase event that did not change the phase
+    assert spans == [("init", 100), ("train", 300), ("sync_weights", 700), ("train", 260)]
+    line = next(x for x in WorkerDetails.describe(st, "rollout/0", T0).splitlines() if x.startswith("memory by"))
+    assert line == "memory by phase (peak): sync_weights 700M (7.0x init), train 300M (3.0x init), init 100M"

@@ -176,3 +176,28 @@ def test_senders_whose_clocks_differ_by_seconds_take_a_teacher_point_a_second_no
     assert [p.ts for p in st.series.teacher] == [100.0]
     st.apply(ev.TeacherEvent(src="rollout/0", side="client", sent=10, ts=101.0))  # a second on: the next point
     assert [p.ts for p in st.series.teacher] == [100.0, 101.0]
+
+
+def test_the_memory_plot_draws_the_largest_processes_phase_peaks_against_their_limits():
+    gb, mb, t0 = 1 << 30, 1 << 20, 1000.0
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=t0))
+    for i, src in enumerate(("Grower/0", "Flat/0", "Gone/0")):
+        st.apply(ev.WorkerEvent(src=src, role=src[:-2], rank=0, node="n0", pid=10 + i, ts=t0))
+    for i in range(1, 5):  # the grower's phases, each peaking higher
+        st.apply(ev.PhaseEvent(src="Grower/0", phase=("step", "sync_weights")[i % 2], started=t0 + 5 * i,
+                               ts=t0 + 5 * i, peak_rss=i * 500 * mb))
+    cg = ev.MemoryBeat("/sys/fs/cgroup/memory/job_42", 2 * gb, 3 * gb, 8 * gb, 0)
+    st.apply(ev.HeartbeatEvent(src="Grower/0", ts=t0 + 22, phase="step", rss=2 * gb + 512 * mb, cpu=90.0, mem=cg))
+    st.apply(ev.HeartbeatEvent(src="Flat/0", ts=t0 + 22, phase="run", rss=gb, cpu=9.0,
+                               mem=ev.MemoryBeat("node", 6 * gb, 16 * gb, 10 * gb, 0)))
+    st.apply(ev.HeartbeatEvent(src="Gone/0", ts=t0 + 2, phase="run", rss=4 * gb, cpu=9.0))
+    st.apply(ev.PhaseEvent(src="Gone/0", phase="exited", ts=t0 + 3))
+    (fig,) = figures.figures("memory", st)
+    assert fig.title.endswith("; Grower/0 2.50 GB now of 3.0")
+    grower, flat, *limits = fig.lines
+    assert grower.label == "Grower/0 (step)" and grower.y == (0.48828125, 0.9765625, 1.46484375, 1.953125, 2.5)
+    assert grower.x == (5.0, 10.0, 15.0, 20.0, 22.0)
+    assert flat.label == "Flat/0 (init)" and flat.y == (1.0,)  # no phase said its peak: its newest reading only
+    assert [(line.label, line.y) for line in limits] == [("limit: cgroup job_42", (3.0, 3.0)),
+                                                        ("limit: the node's memory", (16.0, 16.0))]

@@ -17,7 +17,7 @@ from typing import Callable
 from gkd_core import vocab
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.diagnosis.rules.gpu import bad_step, gpu_danger, gpu_probe_hung, out_of_memory
-from gkd_core.diagnosis.rules.memory import memory_growing, oom_killed
+from gkd_core.diagnosis.rules.memory import memory_growing, node_memory_low, oom_killed
 from gkd_core.diagnosis.rules.placement import placement_groups, unschedulable
 from gkd_core.diagnosis.rules.sync import collectives, parts_explain, sync, sync_parts
 from gkd_core.diagnosis.rules.teacher import teacher
@@ -32,7 +32,7 @@ __all__ = ["CODES", "LIVE", "RULES", "Settings", "heartbeat_stale", "parts_expla
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
     heartbeat_stale, stragglers, sync, sync_parts, collectives, teacher, no_progress, actor_dead, unschedulable,
     placement_groups, gpu_probe_hung, gpu_danger,
-    bad_step, out_of_memory, memory_growing, oom_killed, driver_failed, events_dropped,
+    bad_step, out_of_memory, memory_growing, node_memory_low, oom_killed, driver_failed, events_dropped,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = vocab.codes(by="rules")

@@ -26,6 +26,9 @@ CRITICAL_WITHIN_S = 20.0  # ... this near, or CRITICAL_FULL of it used: critical
 CRITICAL_FULL = 0.8  # as the kernel reclaims near the limit would flap a warning on the time alone)
 FRESH_S = 5.0  # a scope or worker not heard from for longer says nothing of now
 NAMED_MAX = 3
+# a node's available memory under this share of its total: warned; under NODE_CRITICAL, critical. Ray's memory
+# monitor kills a worker at 95 % used (RAY_memory_usage_threshold), the kernel's OOM killer after it
+NODE_WARN, NODE_CRITICAL = 0.10, 0.05
 
 HINT = ("it grows toward its limit: its stack (d) shows what allocates; if it is expected, give the job more "
         "memory or restart smaller (r: the OOM ladder: micro-batch, the engine's memory share, offload)")
@@ -93,4 +96,32 @@ def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             hint="out of memory: restart smaller (r: the OOM ladder: micro-batch, the engine's memory share, "
                  "offload) or give the job more memory; its growth before the kill is in the memory plot",
             targets=[w.src], evidence={"verdict": "dead", "scope": k.scope, "rss": w.rss}))
+    return out
+
+
+def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A node whose available memory is under NODE_WARN of its total, named by its largest workers: whoever
+    is killed there next (by Ray's memory monitor or the kernel) may not be the one that took the memory."""
+    nodes: dict[str, ScopeMemory] = {}  # node -> its newest reading with its total (its "node" scope)
+    for s in state.mem_scopes.values():
+        if s.scope == "node" and s.limit > 0 and now - s.ts <= FRESH_S:
+            nodes[s.node] = s
+    out = []
+    for node, s in sorted(nodes.items()):
+        share = s.available / s.limit
+        if share >= NODE_WARN:
+            continue
+        on_it = sorted((w for w in state.workers.values() if w.node == node and w.phase not in WORKER_ENDED
+                        and w.rss and now - w.last_heartbeat <= FRESH_S), key=lambda w: -w.rss)[:NAMED_MAX]
+        if not on_it:
+            continue
+        out.append(AlertEvent(
+            severity="critical" if share < NODE_CRITICAL else "warn", code="node_memory_low",
+            message=f"node {node}: {size(s.available)} of {size(s.limit)} available ({share:.0%}); the largest "
+                    "here: " + ", ".join(f"{w.src} {size(w.rss)}" for w in on_it),
+            hint="Ray's memory monitor kills a worker at 95 % used and the kernel's OOM killer after it, not "
+                 "always the one that grew: free the node (another job? a cache?) or restart smaller (r)",
+            targets=[on_it[0].src],
+            evidence={"node": node, "available": s.available, "total": s.limit,
+                      "largest": {w.src: w.rss for w in on_it}}))
     return out
