@@ -60,6 +60,8 @@ class Figure(NamedTuple):
 
 TABS = ("training", "sync", "step time", "teacher", "GPU", "memory")
 MEMORY_DRAWN = 6  # the processes of most memory, a line each
+# their colours: not the magentas, which read as the limits' red on most terminals' palettes
+MEMORY_COLOURS = ("series-1", "series-2", "series-4", "series-5", "series-6", "series-7")
 
 
 def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
@@ -213,7 +215,7 @@ def memory(st: RunState) -> Figure:
     for i, w in enumerate(top):
         pts = [((span.ended - t0) / scale, span.peak_rss / GB) for span in w.spans if span.peak_rss]
         pts.append(((w.last_heartbeat - t0) / scale, w.rss / GB))
-        lines.append(_line(f"{w.src} ({w.phase})", pts, f"series-{i % 8 + 1}"))
+        lines.append(_line(f"{w.src} ({w.phase})", pts, MEMORY_COLOURS[i % len(MEMORY_COLOURS)]))
         if w.mem is not None and w.mem.limit:
             limits[w.mem.scope] = w.mem.limit
     ends = (0.0, max((last - t0) / scale, 1.0))

@@ -15,6 +15,9 @@ and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight syn
   twice"), then D (every stack, grouped) and the run stopped;
 - ``hang_demo.events.jsonl``, with a 20 s timeout: the sync runs to its timeout and the driver
   fails, naming the straggler (the tests replay this one too);
+- ``memory_grower.events.jsonl.gz``: a plain Ray job under ``launch --`` in a memory cgroup of 3 GiB, one
+  actor growing 40 MB a second until the kernel's OOM killer ends it (tests/ray/test_memory_oom.py's run:
+  root makes the cgroup): warned with the time to the limit, then named OOM-killed, and the memory plot;
 - ``verl_job.events.jsonl``: a verl job that is not ours (tests/jobs/verl_gkd_job.py, verl's own
   worker group on CPU) under ``launch --``, rank 1 never finishing ``sync_rollout_weights`` at step 3.
 
@@ -22,6 +25,7 @@ and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight syn
     python screenshots/make_screenshots.py --record   # record the two demo runs again first (needs Ray)
     python screenshots/make_screenshots.py --record-verl .venv-verl/bin/python   # the verl job again
     python screenshots/make_screenshots.py --record-long   # the 300-step run again (about 3 minutes)
+    python screenshots/make_screenshots.py --record-memory   # the OOM-killed job again (root; 2 minutes)
 
 The recordings are real runs' event logs with this machine's paths replaced, so they can live in
 the repository. PNGs need cairosvg (`pip install -e ".[screenshots]"`); without it only SVGs.
@@ -58,6 +62,7 @@ from gkd_tui.sources.replay import ReplaySource  # noqa: E402
 HANG = HERE / "hang_demo.events.jsonl"
 STRAGGLER = HERE / "straggler_demo.events.jsonl"
 VERL = HERE / "verl_job.events.jsonl"
+MEMORY = HERE / "memory_grower.events.jsonl.gz"
 LONG = HERE / "long_run.events.jsonl.gz"  # gzipped: 300 steps of events are a few MB of JSON
 LONG_STEPS = 300
 SEEDS = HERE / "seeds"
@@ -173,6 +178,17 @@ def record_verl(out: Path, python: str) -> None:
     out.write_text(sanitize(text, home))
 
 
+def record_memory(out: Path) -> None:
+    """tests/ray/test_memory_oom.py's run (a real cgroup, the real OOM killer), its event log kept."""
+    with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/ray/test_memory_oom.py", "--basetemp", tmp,
+                        "-p", "no:cacheprovider"], cwd=ROOT, check=True, timeout=600,
+                       env=dict(os.environ, GKD_REQUIRE_CGROUP="1"))
+        [log] = Path(tmp).glob("*/gkd/runs/*/events.jsonl")
+        text = sanitize(log.read_text(), log.parents[2])
+    out.write_bytes(gzip.compress(re.sub(r"gkd-test-\d+", "gkd-job", text).encode(), mtime=0))
+
+
 def sanitize(text: str, home: Path | None = None) -> str:
     """No paths of the recording machine in the repository."""
     if home is not None:
@@ -191,6 +207,10 @@ def moments() -> list[tuple[str, Path, float, str]]:
     named = [e for e in strag if e["kind"] == "alert" and e["code"] == "straggler" and not e.get("cleared")]
     grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
     verl_stacks = [e for e in verl if e["kind"] == "stack" and e["target"] == "ActorRolloutWorker/1"]
+    memory = _events(MEMORY)
+    growing = next(e for e in memory if e["kind"] == "alert" and e["code"] == "memory_growing"
+                   and e["targets"] == ["Grower/0"] and e["severity"] == "critical")
+    killed = next(e for e in memory if e["kind"] == "alert" and e["code"] == "oom_killed")
     return [*seed_moments(),
         ("healthy-step", LONG, mid["ts"] + 0.05, "healthy"),
         ("plots-training", LONG, long[-1]["ts"], "plots:0"),
@@ -203,6 +223,9 @@ def moments() -> list[tuple[str, Path, float, str]]:
         ("sync-near-timeout", HANG, started["ts"] + 0.85 * timed_out["timeout_s"], ""),
         ("sync-timed-out", HANG, hang[-1]["ts"], ""),
         ("verl-job-stuck", VERL, verl_stacks[min(1, len(verl_stacks) - 1)]["ts"] + 0.5, ""),
+        ("memory-growing", MEMORY, growing["ts"] + 1.0, ""),
+        ("memory-oom-killed", MEMORY, killed["ts"] + 0.5, ""),
+        ("plots-memory", MEMORY, growing["ts"] + 15.0, "plots:5"),
     ]
 
 
@@ -298,9 +321,12 @@ def main() -> None:
     p.add_argument("--record", action="store_true", help="record both runs again first")
     p.add_argument("--record-verl", metavar="PYTHON", help="record the verl job again, run by PYTHON (with verl)")
     p.add_argument("--record-long", action="store_true", help=f"record the {LONG_STEPS}-step run again")
+    p.add_argument("--record-memory", action="store_true", help="record the OOM-killed job again (as root)")
     a = p.parse_args()
     if a.record_long or not LONG.exists():
         record_long(LONG)
+    if a.record_memory or not MEMORY.exists():
+        record_memory(MEMORY)
     if a.record_verl:
         record_verl(VERL, a.record_verl)
     if a.record or not STRAGGLER.exists():

@@ -47,8 +47,28 @@ class NvmlBackend:
             r.power = _optional(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)  # milliwatts
             procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(h)) or []
             r.pids = sorted({int(p.pid) for p in procs})
+            r.proc_mem = process_memory(procs)
             out.append(r)
         return out
+
+
+# NVML's "not available" is all ones in 64 bits: nvidia-ml-py makes it None, and should a binding pass it on
+# raw, no figure at or past 2**63 is real (and the event's integers must fit in 64 signed bits)
+_NO_FIGURE = 1 << 63
+
+
+def process_memory(procs) -> dict[str, int]:
+    """The GPU memory each process holds, in bytes, by pid (as text); a process without a figure is left
+    out (None, or NVML's "not available")."""
+    held: dict[str, int] = {}
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        if used is None or not 0 <= int(used) < _NO_FIGURE:
+            continue
+        # a pid listed more than once (a context on each of several MIG compute instances) holds the sum
+        pid = str(int(p.pid))
+        held[pid] = held.get(pid, 0) + int(used)
+    return held
 
 
 class FakeBackend:

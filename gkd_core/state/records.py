@@ -189,6 +189,7 @@ class GpuRow(msgspec.Struct, kw_only=True):
     temp: float | None = None
     power: float | None = None
     pids: list[int] = []
+    proc_mem: dict[str, int] = {}  # pid (as text) -> the GPU memory it holds here (GpuEvent.proc_mem)
     ts: float = 0.0
     error: str = ""
     full_idle_since: float | None = None  # memory at least GPU_FULL, utilisation 0, since then

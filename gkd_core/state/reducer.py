@@ -195,7 +195,7 @@ def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
     old = st.gpus.get(key)
     row = st.gpus[key] = GpuRow(
         node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
-        temp=e.temp, power=e.power, pids=list(e.pids), ts=e.ts, error=e.error,
+        temp=e.temp, power=e.power, pids=list(e.pids), proc_mem=dict(e.proc_mem), ts=e.ts, error=e.error,
     )
     full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
     if full and e.util is not None and e.util <= 0.0:

@@ -14,6 +14,9 @@ from gkd_core.telemetry import events as ev
 from gkd_core.vocab import WORKER_ENDED
 
 SILENT_BEATS = 3  # a worker this many heartbeat periods quiet may be dead: its scope is read
+# ... and read again each pass until this long after its last heartbeat: a process at its cgroup's limit goes
+# quiet while the kernel reclaims, seconds before the OOM killer counts its kill
+WATCH_GONE_S = 120.0
 
 
 class OomWatch:
@@ -24,7 +27,6 @@ class OomWatch:
     def __init__(self, emit: Callable[[ev.Event], None], heartbeat_s: float, read: memory.Read = memory.read_file):
         self.emit, self.heartbeat_s, self.read = emit, heartbeat_s, read
         self.node = os.uname().nodename
-        self._checked: dict[str, float] = {}  # worker -> its last heartbeat when its scope was read for it
         self._explained: dict[str, int] = {}  # scope -> its kills so far that were said of a worker
 
     def check(self, state: RunState, now: float) -> None:
@@ -34,11 +36,9 @@ class OomWatch:
             m = w.mem
             if m is None or m.oom_kills is None or w.oom_killed is not None or w.node != self.node:
                 continue
-            if not (w.phase in WORKER_ENDED or w.ray_state == "DEAD"
-                    or now - w.last_heartbeat > SILENT_BEATS * self.heartbeat_s):
-                continue
-            if self._checked.get(w.src) != w.last_heartbeat:
-                self._checked[w.src] = w.last_heartbeat
+            silent = now - w.last_heartbeat
+            if (w.phase in WORKER_ENDED or w.ray_state == "DEAD" or silent > SILENT_BEATS * self.heartbeat_s) \
+                    and silent <= WATCH_GONE_S:
                 gone.setdefault(m.scope, []).append(w)
         for scope, ws in gone.items():
             after = memory.oom_kills(scope, self.read)

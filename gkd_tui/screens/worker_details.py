@@ -40,6 +40,10 @@ class WorkerDetails(ModalScreen[None]):
             lines.append(f"memory: {scope} {fmt_bytes(m.used)} of {fmt_bytes(m.limit)}, "
                          f"{fmt_bytes(m.available)} available on the node"
                          + (f", {m.oom_kills} OOM kill(s) in it so far" if m.oom_kills else ""))
+        on_gpus = [f"GPU {row.index} {fmt_bytes(row.proc_mem[str(w.pid)])}" for row in st.gpu_rows()
+                   if row.node == w.node and str(w.pid) in row.proc_mem]
+        if on_gpus:
+            lines.append("GPU memory it holds (NVML): " + ", ".join(on_gpus))
         by_phase = phase_peaks(w.spans)
         if by_phase:
             lines.append(peaks_line(by_phase))

@@ -165,3 +165,31 @@ def test_each_phase_carries_its_peak_into_the_history_and_the_details_compare_th
     assert spans == [("init", 100), ("train", 300), ("sync_weights", 700), ("train", 260)]
     line = next(x for x in WorkerDetails.describe(st, "rollout/0", T0).splitlines() if x.startswith("memory by"))
     assert line == "memory by phase (peak): sync_weights 700M (7.0x init), train 300M (3.0x init), init 100M"
+
+
+def test_a_kill_counted_seconds_after_the_worker_fell_silent_is_still_found():
+    st = job("Grower/0")
+    for s in range(3):
+        beat(st, "Grower/0", T0 + s, 2 * GB + 300 * MB * s, 2900 * MB)
+    said: list[ev.Event] = []
+    files = {f"{CG}/memory.events": "oom 0\noom_kill 0\n"}
+    watch = OomWatch(said.append, heartbeat_s=1.0, read=files.get)
+    watch.node = "n0"
+    for t in range(6, 12):  # silent, reclaiming at its limit: no kill counted yet
+        watch.check(st, T0 + t)
+    files[f"{CG}/memory.events"] = "oom 1\noom_kill 1\n"
+    watch.check(st, T0 + 12)
+    assert [(e.worker, e.kills_after) for e in said] == [("Grower/0", 1)]
+    watch.check(st, T0 + 13)
+    assert len(said) == 1
+
+
+def test_the_gpu_memory_a_worker_holds_is_in_its_details():
+    from gkd_tui.screens.worker_details import WorkerDetails
+
+    st = job("rollout/0")  # pid 100 on n0
+    st.apply(ev.GpuEvent(src="agent/n0", node="n0", index=1, mem_used=30 * GB, mem_total=80 * GB, pids=[100, 7],
+                         proc_mem={"100": 24 * GB, "7": 6 * GB}, ts=T0))
+    st.apply(ev.GpuEvent(src="agent/n9", node="n9", index=0, pids=[100], proc_mem={"100": GB}, ts=T0))  # not its node
+    lines = WorkerDetails.describe(st, "rollout/0", T0).splitlines()
+    assert "GPU memory it holds (NVML): GPU 1 24G" in lines, lines

@@ -24,7 +24,10 @@ SUSTAINED_S = 9.0  # growing in every window for this long: a start-up's climb o
 WARN_WITHIN_S = 90.0  # the limit this near at its growth: warned
 CRITICAL_WITHIN_S = 20.0  # ... this near, or CRITICAL_FULL of it used: critical (either: a growth that slows
 CRITICAL_FULL = 0.8  # as the kernel reclaims near the limit would flap a warning on the time alone)
-FRESH_S = 5.0  # a scope or worker not heard from for longer says nothing of now
+FRESH_S = 5.0
+# the job's workers' growth under this share of the scope's: the rise is not theirs to be named for (a job's
+# start, when Ray starts processes beside them, climbs by hundreds of MB a second while each grows by a few)
+JOB_SHARE = 0.25  # a scope or worker not heard from for longer says nothing of now
 NAMED_MAX = 3
 # a node's available memory under this share of its total: warned; under NODE_CRITICAL, critical. Ray's memory
 # monitor kills a worker at 95 % used (RAY_memory_usage_threshold), the kernel's OOM killer after it
@@ -61,10 +64,10 @@ def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEven
             if within > WARN_WITHIN_S and full < CRITICAL_FULL:
                 continue
             growers = [(r, state.workers[src]) for r, src in index.growers(state, key) if r >= GROWING_MIN / 2]
-            growers = [(r, w) for r, w in growers if w.phase not in WORKER_ENDED
-                       and now - w.last_heartbeat <= FRESH_S][:NAMED_MAX]
-            if not growers:
-                continue  # growth by something that is not the job's
+            growers = [(r, w) for r, w in growers if w.phase not in WORKER_ENDED and now - w.last_heartbeat <= FRESH_S]
+            if not growers or sum(r for r, _ in growers) < JOB_SHARE * g.rate:
+                continue  # growth by something that is not the job's workers (processes starting: Ray's own)
+            growers = growers[:NAMED_MAX]
             (top_rate, top), others = growers[0], growers[1:]
             out.append(AlertEvent(
                 severity="critical" if within <= CRITICAL_WITHIN_S or full >= CRITICAL_FULL else "warn",
