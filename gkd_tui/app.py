@@ -22,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
+from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
@@ -261,10 +262,15 @@ class GkdApp(App):
         if live:
             self.call_from_thread(self.notify, "bundle: taking every worker's stacks first…", timeout=4)
             asked_at, dump_id = time.time(), f"bundle-{int(time.time() * 1000)}"
-            self.request("dump_stacks", {"targets": [], "dump_id": dump_id})
-            answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
-            with self.source.lock:
-                stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
+            try:
+                self.request("dump_stacks", {"targets": [], "dump_id": dump_id})
+            except (ControlError, ControlUnreachable) as e:  # the report is wanted most when the run is in trouble
+                live = False
+                stacks = StacksTaken(note=f"the run refused or did not answer ({e}); those taken before are in stacks/")
+            else:
+                answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
+                with self.source.lock:
+                    stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
         with self.source.lock:
             # a copy: the source goes on changing its state while the report is written (seconds)
             state = msgspec.json.decode(msgspec.json.encode(self.source.state), type=type(self.source.state))

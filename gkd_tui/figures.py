@@ -17,8 +17,8 @@ from gkd_core.vocab import SYNC_FAILED, SYNC_PARTS
 
 # a step's phases in the order they happen (each a theme colour, series-phase-NAME); others go after them
 PHASES = ("generate", "wait", "teacher", "train", "sync", "eval")
-MINUTES_AFTER_S = 600.0
-GB = float(1 << 30)  # a time axis longer than this is in minutes
+MINUTES_AFTER_S = 600.0  # a time axis longer than this is in minutes
+GB = float(1 << 30)  # as gkd_core.units.size writes it
 # a plot's axis takes the span of its values: two extreme floats (a diverged loss of 1e308, a sender's clock
 # at the float's end) would make it infinite; this is far past anything worth reading off a plot
 LIMIT = 1e15
@@ -217,10 +217,12 @@ def memory(st: RunState) -> Figure:
         pts.append(((w.last_heartbeat - t0) / scale, w.rss / GB))
         lines.append(_line(f"{w.src} ({w.phase})", pts, MEMORY_COLOURS[i % len(MEMORY_COLOURS)]))
         if w.mem is not None and w.mem.limit:
-            limits[w.mem.scope] = w.mem.limit
+            limits[(w.node, w.mem.scope)] = w.mem.limit
     ends = (0.0, max((last - t0) / scale, 1.0))
-    for scope, limit in sorted(limits.items()):
+    nodes = {node for node, _ in limits}
+    for (node, scope), limit in sorted(limits.items()):
         name = "the node's memory" if scope == "node" else f"cgroup {scope.rstrip('/').rsplit('/', 1)[-1]}"
+        name += f" ({node})" if len(nodes) > 1 else ""
         lines.append(Line(f"limit: {name}", ends, (limit / GB, limit / GB), "series-timeout"))
     title = "memory (GB): the largest processes, each phase's peak, against their limits"
     if top:

@@ -10,20 +10,23 @@ printed one.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 
-from gkd_core.bundle import environment, report
+from gkd_core.bundle import environment, probe, report
 from gkd_core.bundle.report import StacksTaken
 from gkd_core.stack_text import grouped_report
 from gkd_core.state import RunState
@@ -32,79 +35,109 @@ INCLUDE = ("config.yaml", "events.jsonl", "logs", "stacks", "restarts", "driver.
 MAX_FILE = 256 << 20  # a runaway log is cut, not bundled whole
 PROBE_TIMEOUT_S = 60.0  # importing torch and asking NVML; a wedged driver is said, not waited for
 SCRUB_CHUNK = 1 << 20
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where gkd_core is: the probe's python may not have it
+CURVE_KEY = re.compile(r'(?:secret|public)-key\s*=\s*"([^"]+)"')  # a CurveZMQ certificate's keys (z85)
 
 
 def run_probe(python: str, ray: bool, driver_pid: int = 0, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """``gkd_core.bundle.probe`` in a process of its own with ``python`` (the driver's), under a deadline;
+    """``gkd_core/bundle/probe.py`` in a process of its own with ``python`` (the driver's), under a deadline;
     with ours when the driver's cannot run it; ``ray``: Ray's view too (of the cluster ``driver_pid`` started,
     where it started one). Never raises: what went wrong is the answer's "error"."""
     tried = []
     for exe in dict.fromkeys([python, sys.executable]):
-        argv = [exe, "-m", "gkd_core.bundle.probe", *(["--ray", str(driver_pid)] if ray else [])]
+        # by its file, with our package on the path: the driver's python need not have gkd-tui installed
+        argv = [exe, str(Path(probe.__file__)), *(["--ray", str(driver_pid)] if ray else [])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return {"error": f"`{' '.join(argv)}` did not answer within {timeout_s:g} s (a wedged GPU driver?)"}
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, start_new_session=True)
         except OSError as e:
             tried.append(f"{exe}: {e}")
             continue
-        if done.returncode == 0:
-            try:
-                facts = json.loads(done.stdout)
-            except ValueError as e:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # killed, waited for briefly and else left: a process in an NVML call on a wedged driver cannot
+            # die until the driver lets it (seed 001: nvidia-smi itself hangs), and the report must not wait
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(2.0)
+            return {"error": f"`{' '.join(argv)}` did not answer within {timeout_s:g} s (a wedged GPU driver?)"}
+        if proc.returncode == 0:
+            try:  # its last line: whatever an import printed before it is not the answer
+                facts = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
+            except (ValueError, IndexError) as e:
                 tried.append(f"{exe}: its answer is not JSON ({e})")
                 continue
             if tried:
                 facts["note"] = "read with the bundle's python: " + "; ".join(tried)
             return facts
-        tried.append(f"{exe} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        tried.append(f"{exe} exited {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}")
     return {"error": "; ".join(tried)}
 
 
 def known_secrets(run: Path, driver: environment.DriverRecord | None) -> set[str]:
     """Every secret value this machine can name for the run (see the module's docstring)."""
     found = environment.secret_values(os.environ)
-    if driver is not None and driver.pid:
-        found |= environment.secret_values(environment.process_environ(driver.pid))
-    token_files = [os.environ.get("RAY_AUTH_TOKEN_PATH", ""), str(Path.home() / ".ray" / "auth_token")]
-    for path in [Path(p) for p in token_files if p] + sorted((run / "keys").glob("*")):
-        try:
-            text = path.read_text(errors="replace").strip()
-        except OSError:
-            continue
-        found.update(line.strip() for line in text.splitlines() if len(line.strip()) >= 6)
-        if len(text) >= 6:
-            found.add(text)
+    token_files = {os.environ.get("RAY_AUTH_TOKEN_PATH", ""), str(Path.home() / ".ray" / "auth_token")}
+    if driver is not None:
+        token_files.add(driver.env.get("RAY_AUTH_TOKEN_PATH", ""))
+        if driver.pid:  # while it runs: its whole environment and command line, whatever their names
+            found |= environment.secret_values(environment.process_environ(driver.pid))
+            found |= environment.redact_argv(environment.process_argv(driver.pid))[1]
+    for path in sorted(Path(p) for p in token_files if p and p != environment.REDACTED):
+        with contextlib.suppress(OSError):
+            found.add(path.read_text(errors="replace").strip())
+    for path in sorted((run / "keys").glob("*")):  # CurveZMQ certificates: their keys, not their other lines
+        with contextlib.suppress(OSError):
+            found.update(CURVE_KEY.findall(path.read_text(errors="replace")))
     if os.environ.get("RAY_AUTH_TOKEN"):
         found.add(os.environ["RAY_AUTH_TOKEN"])
     return {s for s in found if len(s) >= 6}
 
 
 class Scrubber:
-    """Replaces each secret with ``<redacted>`` in a stream, a chunk at a time (a secret across two chunks
-    is still found: the last ``longest - 1`` bytes are held back and scanned again)."""
+    """Replaces each secret, and anything that looks like a token (environment.SECRET_VALUE's known prefixes,
+    a JWT, a URL's password; not its long-run rule, which a log's hashes would trip), with ``<redacted>`` in a
+    stream, a chunk at a time: a match that may go on past a chunk's end is held back and read again."""
+
+    HOLD = 512  # bytes held back at a chunk's end: longer than any secret or token it looks for
 
     def __init__(self, secrets: set[str]):
-        self.secrets = sorted((s.encode() for s in secrets), key=len, reverse=True)
-        self.keep = max((len(s) for s in self.secrets), default=1) - 1
+        literal = [re.escape(s.encode()) for s in sorted(secrets, key=len, reverse=True)]
+        self.pattern = re.compile(b"|".join([*literal, *(t.encode() for t in environment.TOKEN_LOOKS)]))
+        self.hold = max([self.HOLD, *(len(s) + 1 for s in secrets)])
 
     def bytes(self, data: bytes) -> bytes:
-        for s in self.secrets:
-            data = data.replace(s, environment.REDACTED.encode())
-        return data
+        return self.pattern.sub(environment.REDACTED.encode(), data)
 
-    def file(self, path: Path, limit: int) -> tuple[io.BufferedRandom, int]:
+    def _part(self, buf: bytes, final: bool) -> tuple[bytes, bytes]:
+        """(what can be written now, scrubbed; what must wait for the next chunk)."""
+        cut = len(buf) if final else max(0, len(buf) - self.hold)
+        out, pos = bytearray(), 0
+        for m in self.pattern.finditer(buf):
+            if m.start() >= cut:
+                break
+            if not final and m.end() >= len(buf):
+                cut = m.start()  # it may go on in the next chunk
+                break
+            out += buf[pos:m.start()] + environment.REDACTED.encode()
+            pos = m.end()
+        cut = max(cut, pos)
+        out += buf[pos:cut]
+        return bytes(out), buf[cut:]
+
+    def file(self, path: Path, limit: int) -> tuple[IO[bytes], int]:
         """A scrubbed copy of ``path``'s last ``limit`` bytes, as a temporary file and its size."""
         out = tempfile.TemporaryFile()
         with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - limit))
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
             carry = b""
             while chunk := f.read(SCRUB_CHUNK):
-                buf = self.bytes(carry + chunk)
-                cut = max(0, len(buf) - self.keep)
-                out.write(buf[:cut])
-                carry = buf[cut:]
-            out.write(self.bytes(carry))
+                done, carry = self._part(carry + chunk, final=False)
+                out.write(done)
+            out.write(self._part(carry, final=True)[0])
         size = out.tell()
         out.seek(0)
         return out, size
@@ -128,20 +161,34 @@ def write_bundle(run: Path, out: Path | None = None, status: str = "", state: Ru
     traces = report.tracebacks(run / "logs")
     scrub = Scrubber(known_secrets(run, driver))
     ours = _our_files(state, driver, facts, stacks, traces, status)
-    files = sorted(ours) + _run_files(run)
-    text = report.summary(run, state, time.time(), driver, facts, stacks, traces, ["summary.md", *files])
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private from its first byte
-    with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        _add_text(tar, f"{root}/summary.md", scrub.bytes(text.encode()))
-        for name, data in sorted(ours.items()):
-            _add_text(tar, f"{root}/{name}", scrub.bytes(data))
-        for rel in _run_files(run):
-            path = run / rel.removesuffix(".tail")
-            copy, size = scrub.file(path, MAX_FILE)
-            with copy:
-                info = tar.gettarinfo(str(path), arcname=f"{root}/{rel}")
-                info.size, info.mode = size, 0o600
-                tar.addfile(info, copy)
+    theirs = _run_files(run)  # (path, its name in the archive)
+    text = report.summary(run, state, time.time(), driver, facts, stacks, traces,
+                          ["summary.md", *sorted(ours), *(name for _, name in theirs)])
+    tmp = out.with_name(out.name + ".part")  # the archive appears whole or not at all
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # private from its first byte, whatever a file left there had
+    try:
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            _add(tar, f"{root}/summary.md", scrub.bytes(text.encode()))
+            for name, data in sorted(ours.items()):
+                _add(tar, f"{root}/{name}", scrub.bytes(data))
+            unread = []
+            for path, name in theirs:
+                try:
+                    copy, size = scrub.file(path, MAX_FILE)
+                except OSError as e:  # gone since it was listed, or not ours to read: said, not fatal
+                    unread.append(f"{name}: {e}")
+                    continue
+                with copy:
+                    info = tarfile.TarInfo(f"{root}/{name}")  # a regular file, whatever the run's was (a link)
+                    info.size, info.mtime, info.mode = size, int(path.stat().st_mtime), 0o600
+                    tar.addfile(info, copy)
+            if unread:
+                _add(tar, f"{root}/unread.txt", scrub.bytes("\n".join(unread).encode()))
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     return out
 
 
@@ -150,8 +197,10 @@ def _our_files(state: RunState, driver: environment.DriverRecord | None, facts: 
     named = frozenset(t for a in state.alerts.values() for t in a.targets)
     env = {"driver": msgspec.to_builtins(driver) if driver else None, **facts}
     ray = {"run": report.ray_view_of_state(state), "live": facts.get("ray")}
-    stack_text = (grouped_report(stacks.taken, named, {**stacks.notes, **stacks.missing}) if stacks.taken or stacks.missing
-                  else f"(no stacks: {stacks.note})\n")
+    if stacks.taken or stacks.missing:
+        stack_text = grouped_report(stacks.taken, named, {**stacks.notes, **stacks.missing})
+    else:
+        stack_text = f"(no stacks: {stacks.note})\n"
     said = {"alerts": [msgspec.to_builtins(a) for a in state.active_alerts()], "actions": state.actions}
     files = {
         "environment.json": json.dumps(env, indent=1, default=str).encode(),
@@ -165,8 +214,9 @@ def _our_files(state: RunState, driver: environment.DriverRecord | None, facts: 
     return files
 
 
-def _run_files(run: Path) -> list[str]:
-    """The run's own files that go in, relative to it (a file cut to its tail says so: ``NAME.tail``)."""
+def _run_files(run: Path) -> list[tuple[Path, str]]:
+    """The run's own files that go in, each with its name in the archive (one cut to its last MAX_FILE bytes
+    says so: ``NAME.tail``)."""
     out = []
     for name in INCLUDE:
         path = run / name
@@ -174,11 +224,14 @@ def _run_files(run: Path) -> list[str]:
             continue
         for f in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
             rel = str(f.relative_to(run))
-            out.append(rel if f.stat().st_size <= MAX_FILE else rel + ".tail")
+            try:
+                out.append((f, rel if f.stat().st_size <= MAX_FILE else rel + ".tail"))
+            except OSError:
+                continue  # gone since it was listed
     return out
 
 
-def _add_text(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
     tar.addfile(info, io.BytesIO(data))

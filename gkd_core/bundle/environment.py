@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -29,13 +30,22 @@ SHAPING_PREFIXES = ("NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "RAY_", "VLLM_", "GK
                     "OMP_", "MKL_", "GLOO_", "VERL_")
 SHAPING_NAMES = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                  "PYTHONPATH", "LD_LIBRARY_PATH", "SLURM_JOB_ID", "SLURM_NNODES"}
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|AUTH|CREDENTIAL|COOKIE|PRIVATE|SIGNATURE", re.IGNORECASE)
-NOT_SECRET = {"RAY_AUTH_MODE"}  # its values are a choice (token, disabled), and the choice matters
-SECRET_VALUE = re.compile(
-    r"(?:hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-|AKIA|ASIA)[A-Za-z0-9_\-]{8,}"  # known prefixes
-    r"|eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}"  # a JWT
-    # a long run of letters and digits, both (a readable name's parts are shorter, cut by "-", "_", "/")
-    r"|(?<![A-Za-z0-9])(?=[A-Za-z0-9]*\d)(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{24,}")
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|_PASS$|_PWD$|_PAT$|KEY|AUTH|CREDENTIAL|CREDS|COOKIE|PRIVATE|SIGNATURE|"
+                         r"_DSN$", re.IGNORECASE)
+# names that say secret but hold a choice or a place, which matter to the reader: the value is still checked
+NOT_SECRET = {"RAY_AUTH_MODE", "NCCL_IB_PKEY", "HF_HUB_DISABLE_IMPLICIT_TOKEN", "TOKENIZERS_PARALLELISM"}
+# RAY_AUTH_TOKEN_PATH: where the token is, not the token
+A_PLACE = re.compile(r"_(?:PATH|DIR|FILE|IFNAME)$", re.IGNORECASE)
+# what a token looks like, wherever it is (a bundle scrubs these from every file it takes in)
+TOKEN_LOOKS = [
+    r"(?:hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abpr]-|AKIA|ASIA)[A-Za-z0-9_\-]{8,}",  # known prefixes
+    r"eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}",  # a JWT
+    r"(?<=://)[^/\s:@\"']+:[^/\s@\"']+(?=@)",  # the user:password of a URL
+]
+# ... and in a variable's value, also a long run of letters and digits, both (a readable name's parts are
+# shorter, cut by "-", "_", "/"): too common in logs (hashes, ids) to scrub there
+SECRET_VALUE = re.compile("|".join([*TOKEN_LOOKS, r"(?<![A-Za-z0-9])(?=[A-Za-z0-9]*\d)(?=[A-Za-z0-9]*[A-Za-z])"
+                                                  r"[A-Za-z0-9]{24,}"]))
 REDACTED = "<redacted>"
 
 
@@ -61,9 +71,13 @@ def is_shaping(name: str) -> bool:
     return name.startswith(SHAPING_PREFIXES) or name in SHAPING_NAMES
 
 
+def name_says_secret(name: str) -> bool:
+    return name not in NOT_SECRET and not A_PLACE.search(name) and bool(SECRET_NAME.search(name))
+
+
 def why_secret(name: str, value: str) -> str:
     """Why ``value`` is hidden, or "" when it can be shown."""
-    if name not in NOT_SECRET and SECRET_NAME.search(name):
+    if name_says_secret(name):
         return "its name says it is a secret"
     if SECRET_VALUE.search(value):
         return "its value looks like a token"
@@ -88,16 +102,41 @@ def secret_values(environ: Mapping[str, str]) -> set[str]:
     scrubs from each file it takes in, in case a log printed one."""
     out = set()
     for name, value in environ.items():
-        if name not in NOT_SECRET and SECRET_NAME.search(name) and len(value) >= 6:
+        if name_says_secret(name) and len(value) >= 6:
             out.add(value)
         out.update(m.group(0) for m in SECRET_VALUE.finditer(value))
     return out
 
 
+def redact_argv(argv: list[str]) -> tuple[list[str], set[str]]:
+    """The command with its secrets replaced (the value of a flag whose name says secret, ``--api-key V``
+    or ``--api-key=V``, and any value that looks like a token), and the secrets found."""
+    out, found = [], set()
+    secret_next = False
+    for arg in argv:
+        if secret_next and not arg.startswith("-"):
+            found.add(arg)
+            out.append(REDACTED)
+            secret_next = False
+            continue
+        flag, eq, value = arg.partition("=")
+        secret_next = arg.startswith("-") and not eq and name_says_secret(arg.lstrip("-").replace("-", "_"))
+        if arg.startswith("-") and eq and name_says_secret(flag.lstrip("-").replace("-", "_")):
+            found.add(value)
+            out.append(f"{flag}={REDACTED}")
+            continue
+        hits = {m.group(0) for m in SECRET_VALUE.finditer(arg)}
+        found |= hits
+        for hit in hits:
+            arg = arg.replace(hit, REDACTED)
+        out.append(arg)
+    return out, {f for f in found if f}
+
+
 def python_of(argv: list[str]) -> str:
     """The interpreter a command runs under: its first word when that is a python, else ours."""
     if argv and re.fullmatch(r"python[\d.]*", Path(argv[0]).name):
-        return argv[0]
+        return shutil.which(argv[0]) or argv[0]  # resolved now: the run's PATH, not a later reader's
     return sys.executable
 
 
@@ -105,7 +144,8 @@ def record_driver(run: Path, argv: list[str], environ: Mapping[str, str], *, pid
                   cwd: str | None = None) -> DriverRecord:
     """Write ``RUN/driver.json`` (private: the command line can hold more than its owner shares)."""
     env, why = shaping_env(environ)
-    record = DriverRecord(argv=list(argv), cwd=cwd or os.getcwd(), python=python_of(argv), pid=pid,
+    shown, _ = redact_argv(list(argv))
+    record = DriverRecord(argv=shown, cwd=cwd or os.getcwd(), python=python_of(argv), pid=pid,
                           started=time.time(), restart=restart, how=how, env=env, redacted=why)
     rundir.write_private_json(run / "driver.json", msgspec.to_builtins(record))
     return record
@@ -118,6 +158,15 @@ def read_driver(run: Path) -> DriverRecord | None:
         return msgspec.json.decode((run / "driver.json").read_bytes(), type=DriverRecord)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def process_argv(pid: int) -> list[str]:
+    """A live process's command line (its secrets are for the scrubber to know), or []."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def process_environ(pid: int) -> dict[str, str]:

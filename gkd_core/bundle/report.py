@@ -8,6 +8,7 @@ Ray's view; the tracebacks. Every part names the file of the bundle that holds a
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from gkd_core.units import compact, size
 
 TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):")
 CHAINED = ("During handling", "The above exception")
+TRACEBACK_SCAN = 8 << 20  # bytes at the end of each log read for them
 TRACEBACKS_KEEP = 20  # the newest, over every log
 TRACEBACK_LINES = 60  # a traceback's lines past this are cut (a chained one can run to hundreds)
 SUMMARY_TRACEBACKS = 2
@@ -44,10 +46,13 @@ def tracebacks(logs: Path) -> list[tuple[str, str]]:
     found: list[tuple[float, int, str, str]] = []
     for path in sorted(p for p in logs.rglob("*") if p.is_file()) if logs.is_dir() else []:
         try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - TRACEBACK_SCAN))  # the newest: a log of gigabytes is not read whole
+                lines = f.read().decode(errors="replace").splitlines()
+            mtime = path.stat().st_mtime
+        except OSError:  # gone since it was listed
             continue
-        mtime = path.stat().st_mtime
         i = 0
         while i < len(lines):
             start = TRACEBACK_START.search(lines[i])
@@ -126,14 +131,14 @@ def _what_is_wrong(st: RunState, now: float, stacks: StacksTaken) -> list[str]:
             since = compact(now - w.phase_since) if w.phase_since else ""
             mem = size(w.rss) if w.rss else ""
             at = where(stacks.taken[t]) if t in stacks.taken else stacks.missing.get(t, "not taken")
-            out.append(f"| {t} | {w.phase} | {since} | {w.node} | {w.pid or ''} | {mem} | `{at}` |")
+            out.append(f"| {t} | {_cell(w.phase)} | {since} | {w.node} | {w.pid or ''} | {mem} | `{_cell(at)}` |")
     if stacks.note:
         out += ["", f"Stacks: {stacks.note}"]
     elif stacks.taken or stacks.missing:
+        unread = "; ".join(f"{t}: {why}" for t, why in sorted(stacks.missing.items())[:6])
         out += ["", f"Stacks of {len(stacks.taken)} worker(s) and their child processes taken for this bundle "
                     f"(`stacks.txt`, grouped; each in `{stacks.folder or 'stacks/'}`)"
-                + (f"; {len(stacks.missing)} could not be read: "
-                   + "; ".join(f"{t}: {why}" for t, why in sorted(stacks.missing.items())[:6]) if stacks.missing else ".")]
+                + (f"; {len(stacks.missing)} could not be read: {unread}" if stacks.missing else ".")]
     return out + [""]
 
 
@@ -163,24 +168,24 @@ def _environment(facts: dict[str, Any], driver: DriverRecord | None, st: RunStat
     out = ["## Environment", "", "| | |", "|---|---|"]
     versions, hw = facts.get("versions", {}), facts.get("hardware", {})
     if "error" in facts:
-        out.append(f"| probe | {facts['error']} |")
+        out.append(f"| probe | {_cell(facts['error'])} |")
     build = versions.get("torch_build") or {}
     for name in ("python", "torch", "ray", "vllm", "verl", "transformers", "gkd-tui"):
         value = versions.get(name, "not read")
         if name == "torch" and isinstance(build, dict) and build and "error" not in build:
             value += f" (CUDA {build.get('cuda') or 'none'}, NCCL {build.get('nccl')})"
-        out.append(f"| {name} | {value} |")
+        out.append(f"| {name} | {_cell(value)} |")
     out.append(f"| platform | {versions.get('platform', '')} |")
     if hw and "error" not in hw:
         limit = hw.get("memory_limit") or {}
         out.append(f"| CPUs | {hw.get('cpus')} ({hw.get('cpus_usable')} usable by the run) |")
         out.append(f"| memory | {size(hw.get('memory_total') or 0)}, {size(hw.get('memory_available') or 0)}"
                    f" available; limit {size(limit.get('limit') or 0)} ({limit.get('where', '?')}) |")
-        out.append(f"| GPUs | {_gpus(hw.get('gpus') or {})} |")
+        out.append(f"| GPUs | {_cell(_gpus(hw.get('gpus') or {}))} |")
     elif hw:
-        out.append(f"| hardware | {hw.get('error')} |")
+        out.append(f"| hardware | {_cell(hw.get('error'))} |")
     for node, note in sorted(st.gpu_notes.items()):
-        out.append(f"| GPUs of {node} | {note} |")
+        out.append(f"| GPUs of {node} | {_cell(note)} |")
     out.append("")
     if driver is not None:
         out += ["Variables in effect (NCCL_*, TORCH_*, CUDA_*, RAY_*, VLLM_*, GKD_*, ...; secrets shown as "
@@ -188,6 +193,11 @@ def _environment(facts: dict[str, Any], driver: DriverRecord | None, st: RunStat
         out += [f"{k}={v}" for k, v in driver.env.items()] or ["(none set)"]
         out += ["```", ""]
     return out
+
+
+def _cell(text: object) -> str:
+    """A value as one markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _gpus(g: dict[str, Any]) -> str:

@@ -76,10 +76,9 @@ class DriverLife:
             self.emit(ev.RunEvent(state="failed", exit_code=0, reason=f"{e}: it ended before its run began"))
             self.ended_at = time.monotonic()
             return
-        self._record(self.driver.argv, environment.process_environ(self.adopt), "adopted")
+        shown = self._record(self.driver.argv, environment.process_environ(self.adopt), "adopted")
         self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
-                              reason=f"watching pid {self.adopt}, started by its user: "
-                                     f"{shlex.join(self.driver.argv)}"[:500]))
+                              reason=f"watching pid {self.adopt}, started by its user: {shlex.join(shown)}"[:500]))
 
     def _spawn_command(self, cfg: config_mod.Config) -> None:
         env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
@@ -93,19 +92,22 @@ class DriverLife:
             self.driver = None
             self.exit_status = 127 if isinstance(e, FileNotFoundError) else 126
             self.emit(ev.RunEvent(state="failed", restart=self.restarts, exit_code=self.exit_status,
-                                  reason=f"cannot start {shlex.join(self.command)}: {e}"))
+                                  reason=f"cannot start {shlex.join(environment.redact_argv(self.command)[0])}: {e}"))
             self.ended_at = time.monotonic()
             return
-        self._record(self.command, env, "command")
+        shown = self._record(self.command, env, "command")
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
-                              reason=f"driver pid {self.driver.pid}: {shlex.join(self.command)}"[:500]))
+                              reason=f"driver pid {self.driver.pid}: {shlex.join(shown)}"[:500]))
 
-    def _record(self, argv: list[str], env: dict[str, str], how: str) -> None:
-        """RUN/driver.json: the command and the variables in effect, for a bug report (secrets hidden)."""
+    def _record(self, argv: list[str], env: dict[str, str], how: str) -> list[str]:
+        """RUN/driver.json: the command and the variables in effect, for a bug report (secrets hidden); the
+        command as it may be shown (a token typed on it hidden: the event log is shared in bug reports too)."""
         try:
-            environment.record_driver(self.run_dir, argv, env, pid=self.driver.pid, restart=self.restarts, how=how)
+            return environment.record_driver(self.run_dir, argv, env, pid=self.driver.pid, restart=self.restarts,
+                                             how=how).argv
         except OSError as e:  # a full disk: the run goes on; its report will say the record is missing
             self.emit(ev.LogEvent(level="warn", message=f"could not write RUN/driver.json: {e}"))
+            return environment.redact_argv(argv)[0]
 
     # --- its life --------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from gkd_core.vocab import WORKER_ENDED
 SILENT_BEATS = 3  # a worker this many heartbeat periods quiet may be dead: its scope is read
 # ... and read again each pass until this long after its last heartbeat: a process at its cgroup's limit goes
 # quiet while the kernel reclaims, seconds before the OOM killer counts its kill
-WATCH_GONE_S = 120.0
+WATCH_GONE_S = 30.0
+DIED = ("exited", "failed")  # not "finished" or "cancelled": a worker that ended on its own was not killed
 
 
 class OomWatch:
@@ -37,7 +38,8 @@ class OomWatch:
             if m is None or m.oom_kills is None or w.oom_killed is not None or w.node != self.node:
                 continue
             silent = now - w.last_heartbeat
-            if (w.phase in WORKER_ENDED or w.ray_state == "DEAD" or silent > SILENT_BEATS * self.heartbeat_s) \
+            if (w.phase in DIED or w.ray_state == "DEAD" or (w.phase not in WORKER_ENDED
+                                                              and silent > SILENT_BEATS * self.heartbeat_s)) \
                     and silent <= WATCH_GONE_S:
                 gone.setdefault(m.scope, []).append(w)
         for scope, ws in gone.items():

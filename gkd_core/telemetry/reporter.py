@@ -77,6 +77,7 @@ class Reporter:
         # the phase (and call) its newest phase event named, the most RSS its heartbeats saw in it, the newest RSS
         self._peak_of: tuple[str, int | None] = ("init", None)
         self._peak_rss = self._last_rss = 0
+        self._peak_lock = threading.Lock()  # the phase's end (any thread) against a heartbeat's sample (its own)
         # its own context unless given one: terminating it is the only way ZeroMQ waits until what a
         # socket holds has left (a socket's close returns at once, and ``os._exit`` after it loses it)
         self._own_ctx = ctx is None
@@ -113,9 +114,10 @@ class Reporter:
     def _phase_peak(self, e: ev.PhaseEvent) -> None:
         """A phase event that begins another phase (or another call of one: the reducer's test) carries the
         peak of the one it ends; the new one's starts at the newest RSS."""
-        if e.phase != self._peak_of[0] or (e.call is not None and e.call != self._peak_of[1]):
-            e.peak_rss = max(self._peak_rss, self._last_rss)
-            self._peak_of, self._peak_rss = (e.phase, e.call), self._last_rss
+        with self._peak_lock:
+            if e.phase != self._peak_of[0] or (e.call is not None and e.call != self._peak_of[1]):
+                e.peak_rss = max(self._peak_rss, self._last_rss)
+                self._peak_of, self._peak_rss = (e.phase, e.call), self._last_rss
 
     def register(self, role: str, rank: int | None = None, *, node: str = "", gpus: list[int] | None = None,
                  actor_id: str = "", via: str = "") -> None:
@@ -184,9 +186,10 @@ class Reporter:
     def _heartbeat(self, cpu: float, rss: int | None = None) -> bytes:
         now = time.time()
         rss = _rss_bytes() if rss is None else rss
-        self._last_rss = rss
-        if rss > self._peak_rss:
-            self._peak_rss = rss
+        with self._peak_lock:
+            self._last_rss = rss
+            if rss > self._peak_rss:
+                self._peak_rss = rss
         return wire.encode(ev.HeartbeatEvent(
             src=self.src, run=self.run, ts=now, phase=self._phase, elapsed=now - self._phase_since,
             rss=rss, cpu=cpu, dropped=self.dropped, mem=self._memory_beat(),

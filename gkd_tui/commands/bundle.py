@@ -42,7 +42,11 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         state, status = _state_from_log(run)
         status = f"(no live state: {e})\n" + status
         stacks = StacksTaken(note=f"the run did not answer ({e}); the stacks it took before are in stacks/")
-    out = write_bundle(run, Path(a.output) if a.output else None, status, state=state, stacks=stacks, live=live)
+    try:
+        out = write_bundle(run, Path(a.output) if a.output else None, status, state=state, stacks=stacks, live=live)
+    except OSError as e:  # a folder not ours to write, a full disk: said, and where
+        print(f"gkd-tui: cannot write the bundle: {e}; give another path with -o", file=sys.stderr)
+        return 1
     print(out)
     return 0
 

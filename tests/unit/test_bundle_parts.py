@@ -22,6 +22,10 @@ from gkd_core.telemetry import events as ev
     ("NCCL_SOCKET_IFNAME", "hf_abcdefghijklmnopqrst", True),  # the value looks like a token
     ("TORCH_EXTRA", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig", True),  # a JWT
     ("VLLM_SOMETHING", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8", True),  # a long run of letters and digits
+    ("RAY_AUTH_TOKEN_PATH", "/home/someone/.ray/auth_token", False),  # where the token is, not the token
+    ("NCCL_IB_PKEY", "0x8001", False),
+    ("HF_ENDPOINT", "https://bob:hunter2@mirror.example/", True),  # a URL's password
+    ("DB_PASS", "short", True),
 ])
 def test_a_value_is_hidden_when_its_name_or_its_look_says_secret(name, value, hidden):
     assert bool(environment.why_secret(name, value)) is hidden
@@ -42,20 +46,36 @@ def test_the_driver_record_is_private_and_read_back(tmp_path):
                                     pid=7, restart=1, how="command", cwd="/work")
     assert oct((tmp_path / "driver.json").stat().st_mode & 0o777) == "0o600"
     back = environment.read_driver(tmp_path)
-    assert back == rec and back.python == "python3.11" and back.env == {"GKD_KEY": "<redacted>", "NCCL_DEBUG": "WARN"}
+    assert back == rec and back.python.endswith("python3.11")
+    assert back.env == {"GKD_KEY": "<redacted>", "NCCL_DEBUG": "WARN"}
     assert environment.python_of(["bash", "-c", "x"]).endswith(("python", "python3", "python3.11"))
+    rec = environment.record_driver(tmp_path, ["python", "job.py", "--token", "t0ps3cret"], {}, pid=8, restart=0,
+                                    how="command")
+    assert rec.argv == ["python", "job.py", "--token", "<redacted>"] and rec.python.endswith("python")
     (tmp_path / "driver.json").write_text("{not json")
     assert environment.read_driver(tmp_path) is None
 
 
-def test_a_secret_across_two_chunks_is_scrubbed(tmp_path, monkeypatch):
+def test_a_secret_across_two_chunks_is_scrubbed_and_so_is_what_looks_like_a_token(tmp_path, monkeypatch):
     monkeypatch.setattr(archive, "SCRUB_CHUNK", 16)
+    monkeypatch.setattr(archive.Scrubber, "HOLD", 8)
     secret = "s3cret-Value-0123456789"
+    token = "hf_" + "Ab1" * 12  # in no variable this machine knows: its look is enough
     path = tmp_path / "log"
-    path.write_bytes(b"x" * 10 + secret.encode() + b"\n" + b"y" * 13 + secret.encode() + b" end")
+    path.write_bytes(b"x" * 10 + secret.encode() + b"\n" + b"y" * 13 + secret.encode() + b" token " + token.encode()
+                     + b" end")
     copy, size = archive.Scrubber({secret}).file(path, 1 << 20)
     data = copy.read()
-    assert size == len(data) and data == b"x" * 10 + b"<redacted>\n" + b"y" * 13 + b"<redacted> end"
+    assert size == len(data)
+    assert data == b"x" * 10 + b"<redacted>\n" + b"y" * 13 + b"<redacted> token <redacted> end"
+
+
+def test_a_token_typed_on_the_command_line_is_hidden_and_known():
+    shown, found = environment.redact_argv(["python", "train.py", "--api-key", "abc123secret", "--lr", "1e-5",
+                                            "--hf-token=xyz987secret", "https://u:pw@host/x", "--key-file", "k.pem"])
+    assert shown == ["python", "train.py", "--api-key", "<redacted>", "--lr", "1e-5", "--hf-token=<redacted>",
+                     "https://<redacted>@host/x", "--key-file", "k.pem"]
+    assert found == {"abc123secret", "xyz987secret", "u:pw"}
 
 
 def test_tracebacks_are_found_whole_in_the_logs_newest_last(tmp_path):
@@ -110,19 +130,22 @@ def test_the_archive_is_private_and_never_holds_keys_or_checkpoints(tmp_path, mo
     run = tmp_path / "run"
     for d in ("logs", "keys", "checkpoints/step_1"):
         (run / d).mkdir(parents=True)
-    (run / "keys" / "control.key").write_text("k" * 40)
+    (run / "keys" / "control.key_secret").write_text('metadata\ncurve\n    public-key = "' + "p" * 40 + '"\n'
+                                                      '    secret-key = "' + "k" * 40 + '"\n')
     (run / "checkpoints" / "step_1" / "model.pt").write_bytes(b"\0" * 10)
-    (run / "logs" / "driver.log").write_text("the key is " + "k" * 40 + "\n")
+    (run / "logs" / "driver.log").write_text("the key is " + "k" * 40 + "; metadata stays\n")
     (run / "config.yaml").write_text("trainer: {}\n")
+    (tmp_path / "b.tar.gz").write_bytes(b"an older file, world-readable")
+    (tmp_path / "b.tar.gz").chmod(0o644)
     out = archive.write_bundle(run, tmp_path / "b.tar.gz", status="ok")
-    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert oct(out.stat().st_mode & 0o777) == "0o600" and not list(tmp_path.glob("*.part"))
     with tarfile.open(out) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames()]
         log = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("driver.log"))).read()
     assert not [n for n in names if n.startswith(("keys", "checkpoints"))]
     assert {"summary.md", "environment.json", "ray.json", "stacks.txt", "tracebacks.txt", "status.txt",
             "config.yaml", "logs/driver.log"} <= set(names)
-    assert log == b"the key is <redacted>\n"
+    assert log == b"the key is <redacted>; metadata stays\n"
 
 
 def test_a_chained_traceback_is_one(tmp_path):
