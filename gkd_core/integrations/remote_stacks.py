@@ -18,6 +18,7 @@ The helper is not one of the job's workers: it is not named, and it does not rep
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -25,6 +26,8 @@ from typing import Any, Callable
 from gkd_core.integrations import job_env
 from gkd_core.integrations.routes import KV_NAMESPACE, stacks_dir
 from gkd_core.telemetry import events as ev
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 # The supervisor waits 8 s from a dump's start for the stacks of other nodes (supervisor/local_stacks.py
 # REMOTE_WAIT_S), then says they did not come: the driver's waits stay inside it.
@@ -106,8 +109,8 @@ class _Helpers:
                     if node not in self._by_node:
                         self._make(node)
                     self._started.add(node)
-        except Exception:
-            pass  # Ray refused to make it: tried again at the next look, and a dump there says what failed
+        except Exception as e:  # Ray refused to make it: tried again at the next look, and a dump there says why
+            log.debug("a stacks helper could not be made: %s", e)
 
     def _make(self, node: str) -> _Helper:
         """(under the lock) The node's helper, started now; its ``ready`` call says when it is up."""
@@ -145,8 +148,8 @@ class _Helpers:
                 del self._by_node[node]
         try:
             ray.kill(helper.handle, no_restart=True)
-        except Exception:
-            pass  # already gone with its node
+        except Exception as e:  # already gone with its node
+            log.debug("a stacks helper could not be killed: %s", e)
 
 
 HELPERS = _Helpers()

@@ -9,6 +9,7 @@ driver fans a ``dump_stacks`` out to every agent at once and gathers within one 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -23,6 +24,8 @@ from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.relay import Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.vocab import src_of
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 READY_TIMEOUT_S = 60.0
 
@@ -109,7 +112,8 @@ def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: st
         for node_id in up:
             try:
                 ready[node_id] = ray.get(refs[node_id], timeout=5.0)
-            except Exception:  # an agent that failed its own start: no relay on that node
+            except Exception as e:  # an agent that failed its own start: no relay on that node
+                log.debug("the agent of node %s failed its start: %s", node_id, e)
                 ready[node_id] = {}
     return up, labels
 

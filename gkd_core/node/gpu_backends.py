@@ -11,10 +11,13 @@ A backend is named by a string, so the child builds its own and nothing is pickl
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
 from gkd_core.telemetry.events import GpuEvent as GpuReading  # a reading is the event, less its node
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 
 class NoDriver(Exception):
@@ -119,5 +122,6 @@ def _optional(fn):
     """Some readings are not supported on some boards (power on a few, processes in MIG)."""
     try:
         return fn()
-    except Exception:
+    except Exception as e:  # NVMLError_NotSupported mostly; whatever it is, one reading is not the sample's end
+        log.debug("an optional NVML reading failed: %s", e)
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import ipaddress
+import logging
 import os
 import sys
 import threading
@@ -19,7 +20,7 @@ from typing import Callable
 import msgspec
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from gkd_core.config import Config
 from gkd_core.lifeline import pass_sigterm_to_group
@@ -33,6 +34,8 @@ from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
 from gkd_core.trainer.sync_group import SyncGroup
 from gkd_core.trainer.worker_base import WorkerContext
 from gkd_core.vocab import src_of
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 # one torch thread per process (more than the cores make small models many times slower), and
 # no progress bars or advice from transformers in the logs people read when a run is stuck
@@ -258,7 +261,7 @@ class Cluster:
                 ray.get(ref, timeout=1)
             except RayActorError:
                 dead.append(n)
-            except Exception:  # it answered, with an error: alive, and not for this probe to judge
+            except RayError:  # it answered, with an error: alive, and not for this probe to judge
                 pass
         return dead
 
@@ -349,14 +352,14 @@ class Cluster:
         if self.agents:  # their relays send what they hold and remove their sockets
             try:
                 ray.wait([a.stop.remote() for a in self.agents.values()], num_returns=len(self.agents), timeout=3.0)
-            except Exception:
-                pass
+            except Exception as e:  # the run ends either way: what went wrong is said, not raised
+                log.debug("the node agents did not stop: %s", e)
 
         def stop() -> None:
             try:
                 ray.shutdown()
-            except Exception:
-                pass
+            except Exception as e:  # (in a thread of its own, joined for 15 s)
+                log.debug("ray.shutdown failed: %s", e)
 
         t = threading.Thread(target=stop, daemon=True)
         t.start()

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError, TaskCancelledError
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError, TaskCancelledError
 
 EXIT_STUCK = 3  # the driver's exit code when a wait ran past its deadline or a worker died
 
@@ -116,7 +116,7 @@ def _death_among(pending: dict[str, Any], within_s: float) -> tuple[str, BaseExc
             ray.get(ready[0], timeout=5)
         except RayActorError as e:
             return name, e
-        except Exception:
+        except RayError:
             pass  # finished, or failed on its own: not a death
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -30,6 +31,8 @@ from gkd_core.telemetry.collectives import TRACKER
 from gkd_core.telemetry.ingest import IngestRoute
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.faults import WorkerFaults
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
 
@@ -68,7 +71,8 @@ def interface_of(ip: str) -> str:
 def node_id() -> str:
     try:
         return ray.get_runtime_context().get_node_id() or ""
-    except Exception:  # outside Ray (unit tests)
+    except Exception as e:  # outside Ray (unit tests)
+        log.debug("no Ray node id here: %s", e)
         return ""
 
 
@@ -95,7 +99,8 @@ class WorkerBase:
         try:
             self.gpus = [int(g) for g in ray.get_gpu_ids()]
             actor_id = ray.get_runtime_context().get_actor_id() or ""
-        except Exception:  # outside Ray (unit tests): no GPUs assigned, no actor id
+        except Exception as e:  # outside Ray (unit tests): no GPUs assigned, no actor id
+            log.debug("no Ray actor here: %s", e)
             actor_id = ""
         via = ctx.route.relay_names.get(node_id(), "") if ctx.route else ""
         self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id, via=via)

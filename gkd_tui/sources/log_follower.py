@@ -56,5 +56,7 @@ class LogFollower:
             for _changes in watch(self.folder, stop_event=self._stop, debounce=200, rust_timeout=1000,
                                   yield_on_timeout=True):
                 self._read_new()
-        except Exception:  # a vanished folder (the run was deleted): stop following, quietly
-            return
+        except FileNotFoundError:  # a vanished folder (the run was deleted): stop following, said in the pane
+            self.lines.append("(the run's log folder is gone: no more lines from it)")
+        except Exception as e:  # a bug of ours or of watchfiles: the pane says its log stopped, and why
+            self.lines.append(f"(the log pane stopped following RUN/logs: {type(e).__name__}: {e})"[:400])

@@ -78,10 +78,17 @@ def test_a_token_typed_on_the_command_line_is_hidden_and_known():
     assert found == {"abc123secret", "xyz987secret", "u:pw"}
 
 
-def test_tracebacks_are_found_whole_in_the_logs_newest_last(tmp_path):
+def tracebacks_in(tmp_path, log: str, text: str) -> list[tuple[str, str]]:
+    """The tracebacks found in RUN/logs holding one file, ``log``, of ``text``."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "driver.log").write_text(
+    (logs / log).write_text(text)
+    return report.tracebacks(logs)
+
+
+def test_tracebacks_are_found_whole_in_the_logs_newest_last(tmp_path):
+    found = tracebacks_in(
+        tmp_path, "driver.log",
         "starting\n"
         "Traceback (most recent call last):\n"
         '  File "job.py", line 3, in <module>\n'
@@ -91,7 +98,6 @@ def test_tracebacks_are_found_whole_in_the_logs_newest_last(tmp_path):
         "(Trainer pid=12) Traceback (most recent call last):\n"
         '(Trainer pid=12)   File "t.py", line 9, in step\n'
         "ray.exceptions.RayTaskError: boom\n")
-    found = report.tracebacks(logs)
     assert [f for f, _ in found] == ["logs/driver.log", "logs/driver.log"]
     assert found[0][1].splitlines()[-1] == "ValueError: bad config" and "more output" not in found[0][1]
 
@@ -149,11 +155,9 @@ def test_the_archive_is_private_and_never_holds_keys_or_checkpoints(tmp_path, mo
 
 
 def test_a_chained_traceback_is_one(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "w.log").write_text(
+    [(_, text)] = tracebacks_in(
+        tmp_path, "w.log",
         "Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyError: 'x'\n\n"
         "During handling of the above exception, another exception occurred:\n\n"
         "Traceback (most recent call last):\n  File \"a.py\", line 2, in g\nRuntimeError: wrapped\nafter\n")
-    [(_, text)] = report.tracebacks(logs)
     assert text.splitlines()[-1] == "RuntimeError: wrapped" and "KeyError: 'x'" in text
