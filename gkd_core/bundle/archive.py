@@ -44,13 +44,16 @@ def run_probe(python: str, ray: bool, driver_pid: int = 0, timeout_s: float = PR
     with ours when the driver's cannot run it; ``ray``: Ray's view too (of the cluster ``driver_pid`` started,
     where it started one). Never raises: what went wrong is the answer's "error"."""
     tried = []
+    args = ["--ray", str(driver_pid)] if ray else []
+    # by its file, our package found after the driver's own (its torch and ray are the ones to read, and its
+    # python need not have gkd-tui installed: the probe needs only gkd_core.memory, of the standard library)
+    start = (f"import runpy, sys; sys.path.append({PACKAGE_ROOT!r}); sys.argv = [{str(Path(probe.__file__))!r}, "
+             f"*{args!r}]; runpy.run_path(sys.argv[0], run_name='__main__')")
     for exe in dict.fromkeys([python, sys.executable]):
-        # by its file, with our package on the path: the driver's python need not have gkd-tui installed
-        argv = [exe, str(Path(probe.__file__)), *(["--ray", str(driver_pid)] if ray else [])]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+        argv = [exe, "-c", start]
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env, start_new_session=True)
+                                    start_new_session=True)
         except OSError as e:
             tried.append(f"{exe}: {e}")
             continue
@@ -63,7 +66,7 @@ def run_probe(python: str, ray: bool, driver_pid: int = 0, timeout_s: float = PR
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(2.0)
-            return {"error": f"`{' '.join(argv)}` did not answer within {timeout_s:g} s (a wedged GPU driver?)"}
+            return {"error": f"the probe ({exe}) did not answer within {timeout_s:g} s (a wedged GPU driver?)"}
         if proc.returncode == 0:
             try:  # its last line: whatever an import printed before it is not the answer
                 facts = json.loads(out.decode(errors="replace").strip().splitlines()[-1])
