@@ -128,12 +128,15 @@ class Wait:
         import ray
 
         self.resolve()
+        refs = self.refs  # (read once: ``ended`` lets go of them meanwhile)
+        if not refs:
+            return f"all {len(self.calls)} answered"
         try:
-            ready, pending = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+            ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         except Exception as e:  # whom it waits for is still known
             return f"{self.detail()} (who has answered unknown: {type(e).__name__})"
         still = {r.binary() for r in pending}
-        waiting = [c for r, c in zip(self.refs, self.calls) if r.binary() in still]
+        waiting = [c for r, c in zip(refs, self.calls) if r.binary() in still]
         self.unanswered = waiting
         if self.is_sync:
             with self._lock:
@@ -141,8 +144,8 @@ class Wait:
                     self.pending = [c[0] for c in waiting if c is not None]
                     self._sync("started" if not self.said_sync else "progress")
         if not waiting:
-            return f"all {len(self.refs)} answered"
-        return f"{len(ready)} of {len(self.refs)} answered; waiting for {_names(waiting)}"
+            return f"all {len(refs)} answered"
+        return f"{len(ready)} of {len(refs)} answered; waiting for {_names(waiting)}"
 
     def waits_on(self) -> list[str]:
         """The actor calls not answered yet, as ``Worker.method``: this wait's edges in the wait-for graph
@@ -161,8 +164,15 @@ class Wait:
 
     def ended(self, error: BaseException | None) -> None:
         """On the main thread, as the wait returns or raises. A sync is said only once it has lasted long
-        enough to be shown (its progress was asked): a fast sync costs no events."""
+        enough to be shown (its progress was asked): a fast sync costs no events.
+
+        Its refs are let go of here: an ended call is kept a while by the watcher (a brief call, sent after
+        the fact), and an ObjectRef freed after the job's ``ray.shutdown`` ends the process ("the core worker
+        has already been shutdown"): verl's tests shut Ray down and start it again in one process."""
         with self._lock:
+            self._given = []
+            if self._resolved:
+                self.refs = []  # (who it waited for, ``calls``, stays known)
             self._over = True
             if not self.said_sync:
                 return

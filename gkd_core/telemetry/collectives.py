@@ -18,6 +18,7 @@ torch: a process that never imported ``torch.distributed`` has no groups.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,8 @@ import weakref
 import msgspec
 
 from gkd_core.telemetry.events import CollectiveProgress
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 # "0": no tracking in this process: our wrappers record nothing and the Flight Recorder is not read
@@ -184,7 +187,8 @@ def snapshot() -> list[CollectiveProgress]:
     ours = TRACKER.snapshot()
     try:
         theirs = flight_recorder()
-    except Exception:  # a private torch API: a change of it must not stop the heartbeat
+    except Exception as e:  # a private torch API: a change of it must not stop the heartbeat
+        log.debug("reading torch's Flight Recorder failed: %r", e)
         theirs = []
     known = {g.group for g in ours}
     return ours + [g for g in theirs if g.group not in known]

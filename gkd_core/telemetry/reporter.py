@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ import zmq
 from gkd_core import memory, proctree
 from gkd_core.telemetry import collectives, events as ev, wire
 from gkd_core.telemetry.ingest import Curve, client_socket
+
+log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -199,7 +202,8 @@ class Reporter:
         """The scope that limits this process, its use, the node's available memory (gkd_core.memory)."""
         try:
             limit, available = self._memory.sample()
-        except Exception:  # (it raises nothing by design) never the heartbeat's end
+        except Exception as e:  # (it raises nothing by design) never the heartbeat's end
+            log.debug("reading this process's memory scope failed: %r", e)
             return None
         if limit is None:
             return None
@@ -210,7 +214,8 @@ class Reporter:
         version = collectives.TRACKER.version
         try:
             groups = collectives.snapshot()
-        except Exception:  # never the heartbeat's end
+        except Exception as e:  # never the heartbeat's end
+            log.debug("reading this process's collectives failed: %r", e)
             self._tracker_seen = version
             return
         if groups != self._groups_sent:

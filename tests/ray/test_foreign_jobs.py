@@ -132,6 +132,19 @@ def test_a_child_of_the_driver_that_imports_a_plugin_is_not_a_second_driver(tmp_
     assert child.stdout.split() == ["None", "False"], child.stderr
 
 
+def test_a_job_that_shuts_ray_down_and_starts_it_again_lives_through_it(tmp_path):
+    """verl's own tests shut Ray down and start it again in one process: a wait the watcher showed in the first
+    session must not hold its object refs into the next, where freeing one ends the process ("the core worker
+    has already been shutdown") with nothing on stderr but Ray's line."""
+    env = {**os.environ, job_env.REPORT: "1", job_env.RUN_ID: "r1", job_env.INGEST: f"ipc://{tmp_path}/in.sock",
+           "RAY_RUNTIME_ENV_HOOK": "gkd_core.integrations.ray_hook.runtime_env_hook"}
+    for name in (job_env.COMMANDS, job_env.DRIVER_PID, job_env.RUN_DIR):
+        env.pop(name, None)
+    got = subprocess.run([sys.executable, str(JOBS / "ray_started_twice.py"), "2"], env=env, capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert got.returncode == 0 and "all rounds done" in got.stdout, (got.stdout[-2000:], got.stderr[-2000:])
+
+
 def test_launch_with_nothing_after_the_separator_says_so(gkd_home):
     got = gkd_tui("launch", "--detach", "--")
     assert got.returncode == 2 and "nothing after `--`" in got.stderr
