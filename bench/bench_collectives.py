@@ -146,7 +146,7 @@ def main() -> None:
                 print(f"{label:28} {mode:16} {fmt(xs):>26} {statistics.median(xs) / bare:7.3f}x")
                 if mode != "bare":
                     kept_run.figure(f"{mode}, {label}: against bare", statistics.median(xs) / bare, "x")
-        print(f"\none heartbeat's snapshot(), µs, median (min-max) of 200:")
+        print("\none heartbeat's snapshot(), µs, median (min-max) of 200:")
         print(f"{'our wrapper only':45} {fmt(results[('snapshot', 'gkd')], 1e6)}")
         print(f"{'Flight Recorder, buffer of 2000 full':45} {fmt(results[('snapshot', 'flight recorder')], 1e6)}")
         print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")

@@ -47,16 +47,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import msgspec  # noqa: E402
+import records  # noqa: E402  (bench/records.py, beside this file)
 
-from gkd_core.state import RunState  # noqa: E402
 from gkd_core.runlog import keyframes  # noqa: E402
+from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
-
-import records  # noqa: E402  (bench/records.py, beside this file)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -71,8 +70,8 @@ def rss_bytes(pid: int | str = "self") -> int:
 
 def dashboard_main(run: str, out: str, seconds: float, plots: bool = False) -> None:
     """The headless dashboard, timing how long a probe's phase change takes to reach the screen."""
-    from gkd_tui.app import GkdApp
     from gkd_core.subscriber import RunSubscriber
+    from gkd_tui.app import GkdApp
     from gkd_tui.sources.live import LiveSource
     from gkd_tui.widgets.workers_table import WorkersTable
 

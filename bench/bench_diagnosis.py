@@ -32,9 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gkd_core.config import load_config  # noqa: E402
-
 import records  # noqa: E402  (bench/records.py, beside this file)
+
+from gkd_core.config import load_config  # noqa: E402
 
 BASE = ["examples/tiny_cpu.yaml", "trainer.total_steps=100000"]
 SHIPPED = load_config(None)  # the deadlines a run has unless its config says otherwise

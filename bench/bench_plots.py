@@ -25,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_tui import figures  # noqa: E402
-
-import records  # noqa: E402  (bench/records.py, beside this file)
 
 
 def run_state(steps: int) -> RunState:

@@ -36,10 +36,10 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 from gkd_core.__main__ import summary  # noqa: E402
 from gkd_core.runlog.reader import replay  # noqa: E402
-
-import records  # noqa: E402  (bench/records.py, beside this file)
 
 SAMPLE_S = 2.0
 WARMUP = 0.10  # the share of the steps left out of the slope

@@ -28,12 +28,12 @@ import zmq
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import records  # noqa: E402  (bench/records.py, beside this file)
+
 from gkd_core.state import RunState  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.reporter import Reporter  # noqa: E402
-
-import records  # noqa: E402  (bench/records.py, beside this file)
 
 
 def pct(values: list[float], q: float) -> float:

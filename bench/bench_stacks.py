@@ -22,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gkd_core.node.stacks import capture_many, py_spy_path  # noqa: E402
 import records  # noqa: E402  (bench/records.py, beside this file)
+
+from gkd_core.node.stacks import capture_many, py_spy_path  # noqa: E402
 
 WORKER = textwrap.dedent("""
     import re, sys, time

@@ -50,9 +50,10 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gkd_core.trainer import data, loss as L  # noqa: E402
-
 import records  # noqa: E402  (bench/records.py, beside this file)
+
+from gkd_core.trainer import data  # noqa: E402
+from gkd_core.trainer import loss as L
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -38,7 +38,6 @@ import math
 import os
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -49,13 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "chaos")]
 
 import zmq  # noqa: E402
-
-from chaos_naming import REPORTED_BY_DRIVER, criticals, first_naming, hits  # noqa: E402
+from chaos_naming import criticals, first_naming, hits  # noqa: E402
 from conftest import RunningSupervisor, wait_until  # noqa: E402
+from test_chaos import NAME_WITHIN_S, SETTINGS, TRAINER, Chaos  # noqa: E402
+
 from gkd_core import rundir  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
-from test_chaos import NAME_WITHIN_S, SETTINGS, TRAINER, Chaos  # noqa: E402
 
 RUNNER = 3  # the record's format and the diagnosis it ran against; older rows are left out, with why:
 LEFT_OUT = {

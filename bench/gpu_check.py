@@ -41,8 +41,8 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -250,11 +250,12 @@ class GpuCheck:
 
     def screenshot(self) -> str:
         try:
+            from textual.app import App
+            from textual.containers import Vertical
+
             from gkd_core.state import RunState
             from gkd_tui.theme import THEME_VARIABLES
             from gkd_tui.widgets.nvml_pane import NvmlPane
-            from textual.app import App
-            from textual.containers import Vertical
         except ImportError as e:
             raise Skip(f"Textual (or another of the dashboard's wheels) is not importable here ({e})") from None
         state = RunState()

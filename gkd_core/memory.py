@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # cgroup v1 says "no limit" as PAGE_COUNTER_MAX (9223372036854771712, 2^63 rounded to pages); v2 as "max".
 # A limit beyond any machine's memory is none.

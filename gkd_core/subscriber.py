@@ -19,6 +19,7 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.control import ControlClient
 
+
 class Snapshot(msgspec.Struct):
     seq: int
     state: RunState

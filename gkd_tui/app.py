@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgspec
-
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -30,7 +29,6 @@ from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
 from gkd_tui.sources import Playback, Source
 from gkd_tui.theme import THEME_VARIABLES
-
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
 from gkd_tui.widgets.nvml_pane import NvmlPane

@@ -6,7 +6,7 @@ cannot do at all (a replay has no run to act on) raises ``Refused``: a warning, 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from textual.app import App
 from textual.worker import Worker, WorkerState

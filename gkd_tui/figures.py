@@ -8,7 +8,8 @@ changed. Colours are the names of theme variables (``theme.py``), resolved when 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Literal, NamedTuple
+from collections.abc import Iterable
+from typing import Literal, NamedTuple
 
 from gkd_core.state import MetricsPoint, RunState
 from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint

@@ -6,11 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from gkd_core.telemetry import events as ev
 from gkd_core.subscriber import RunSubscriber
+from gkd_core.telemetry import events as ev
 from gkd_core.vocab import RUN_ENDED
 from gkd_tui.render_text import status_text
-
 
 
 def describe(e: ev.Event) -> str | None:

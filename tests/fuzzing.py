@@ -11,7 +11,9 @@ from pathlib import Path
 
 import msgspec
 import zmq
-from hypothesis import HealthCheck, assume, settings, strategies as st
+from conftest import ROOT
+from hypothesis import HealthCheck, assume, settings
+from hypothesis import strategies as st
 
 from gkd_core import config as config_mod
 from gkd_core import diagnosis
@@ -20,9 +22,6 @@ from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_tui.render_text import status_text
-
-from conftest import ROOT
-
 
 RECORDING = ROOT / "screenshots" / "hang_demo.events.jsonl"
 

@@ -11,7 +11,8 @@ WORDS = "one two three four five six seven eight nine".split()
 
 
 def tokenizer(extra: str = ""):
-    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tm
     from transformers import PreTrainedTokenizerFast
 
     tk = Tokenizer(tm.BPE())

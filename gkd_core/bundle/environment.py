@@ -18,8 +18,8 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import msgspec
 

@@ -20,7 +20,8 @@ import os
 import platform
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gkd_core import memory
 

@@ -13,8 +13,17 @@ config that ``gkd-tui launch`` runs with no file.
 from gkd_core.config.changes import absolute_paths, diff, digest, shrink, to_yaml
 from gkd_core.config.loading import ConfigError, ConfigWarning, apply_overrides, load_config, parse_override
 from gkd_core.config.schema import (
-    ActorConfig, AgentConfig, Config, DataConfig, FaultConfig, ModelConfig, RolloutConfig, ShrinkRule, TeacherConfig,
-    TelemetryConfig, TrainerConfig,
+    ActorConfig,
+    AgentConfig,
+    Config,
+    DataConfig,
+    FaultConfig,
+    ModelConfig,
+    RolloutConfig,
+    ShrinkRule,
+    TeacherConfig,
+    TelemetryConfig,
+    TrainerConfig,
 )
 
 __all__ = [

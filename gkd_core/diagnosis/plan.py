@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from gkd_core import config as config_mod, vocab
+from gkd_core import config as config_mod
+from gkd_core import vocab
 from gkd_core.state import AlertState, RunState
 
 # the memory ladder of the troubleshooting guides as this trainer's keys: (key, factor, floor);

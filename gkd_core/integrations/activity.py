@@ -24,8 +24,9 @@ import itertools
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev

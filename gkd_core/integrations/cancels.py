@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gkd_core.integrations import job_env, remote_stacks
 from gkd_core.telemetry import events as ev
@@ -39,7 +40,7 @@ class DriverCommands:
         self.inbox = CommandInbox(address)
         self._thread = threading.Thread(target=self._run, name="gkd-commands", daemon=True)
 
-    def start(self) -> "DriverCommands":
+    def start(self) -> DriverCommands:
         self._thread.start()
         return self
 

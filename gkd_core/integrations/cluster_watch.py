@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from gkd_core.node.ray_watch import placement_group_event
 from gkd_core.telemetry import events as ev
@@ -30,7 +30,7 @@ class ClusterWatch:
         self.error = ""
         self._thread = threading.Thread(target=self._run, name="gkd-cluster-watch", daemon=True)
 
-    def start(self) -> "ClusterWatch":
+    def start(self) -> ClusterWatch:
         self._thread.start()
         return self
 

@@ -7,7 +7,7 @@ them (``asked``, ``run_vars``). Nothing here imports Ray.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from gkd_core.telemetry import collectives
 

@@ -12,8 +12,8 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
-from typing import Callable
 
 _hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
 _lock = threading.Lock()

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gkd_core.integrations import job_env
 from gkd_core.integrations.routes import KV_NAMESPACE, stacks_dir

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 
-from gkd_core.telemetry import events as ev, ingest
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ingest
 
 KV_NAMESPACE = "gkd"
 

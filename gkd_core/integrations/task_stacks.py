@@ -17,9 +17,10 @@ import atexit
 import linecache
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
-from typing import Any, Iterable
+from typing import Any
 
 from gkd_core.node.stacks import TaskStackFiles, task_stack_files
 

@@ -29,8 +29,9 @@ import os
 import re
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 from gkd_core import proctree, rundir
 from gkd_core.vocab import WorkerId, src_of

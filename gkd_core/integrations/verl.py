@@ -30,7 +30,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gkd_core.integrations import job_env, opt_in, verl_weight_sync
 from gkd_core.integrations.post_import import when_imported

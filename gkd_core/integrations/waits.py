@@ -16,7 +16,8 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gkd_core.telemetry import events as ev
 
@@ -96,7 +97,7 @@ class Wait:
         self._resolved = False
         self._lock = threading.Lock()  # progress (the watcher's thread) never says a sync after its end
 
-    def resolve(self) -> "Wait":
+    def resolve(self) -> Wait:
         """Who it waits for (``refs``, ``calls``, ``pending``), and whether it is a sync: found once, on first
         asking, by whichever thread asks first (the watcher's, a cancel's)."""
         if not self._resolved:

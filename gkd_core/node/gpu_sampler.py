@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 
@@ -56,7 +56,7 @@ class GpuSampler:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> GpuSampler:
         self._thread.start()
         return self
 

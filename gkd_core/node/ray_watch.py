@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from gkd_core.state import SPANS_KEEP
 from gkd_core.telemetry import events as ev
@@ -220,7 +220,7 @@ class RayWatcher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gkd-ray-watch", daemon=True)
 
-    def start(self) -> "RayWatcher":
+    def start(self) -> RayWatcher:
         self._thread.start()
         return self
 

@@ -40,8 +40,8 @@ from typing import Annotated
 import msgspec
 
 from gkd_core.lifeline import die_with_parent
-from gkd_core.state import RunState, decode_state, encode_state
 from gkd_core.runlog.eventlog import EventLog
+from gkd_core.state import RunState, decode_state, encode_state
 
 # 2: the state carries its plots' series, whose GPU sums a keyframe without them would start wrong (a
 # reading's predecessor taken away that was never added): a keyframe of 1 is passed over, the log read

@@ -13,10 +13,32 @@ heartbeat age, a sync's elapsed time) take ``now`` as an argument and are never 
 """
 
 from gkd_core.state.records import (
-    METRICS_KEEP, SYNC_HISTORY_KEEP, MAX_GROUPS, TEACHER_HISTORY_KEEP, STACK_TEXT_KEEP,
-    OOM, SPANS_KEEP, CPU_IDLE_PCT, PhaseSpan, WorkerState, SyncState, SyncView, CollectiveView,
-    TeacherSide, TeacherState, TeacherTotals, GpuRow, GPU_FULL, UTIL_AVG_S, ProbeHang, RayNode,
-    RayPlacementGroup, AlertState, StackRecord, MetricsPoint, alert_key,
+    CPU_IDLE_PCT,
+    GPU_FULL,
+    MAX_GROUPS,
+    METRICS_KEEP,
+    OOM,
+    SPANS_KEEP,
+    STACK_TEXT_KEEP,
+    SYNC_HISTORY_KEEP,
+    TEACHER_HISTORY_KEEP,
+    UTIL_AVG_S,
+    AlertState,
+    CollectiveView,
+    GpuRow,
+    MetricsPoint,
+    PhaseSpan,
+    ProbeHang,
+    RayNode,
+    RayPlacementGroup,
+    StackRecord,
+    SyncState,
+    SyncView,
+    TeacherSide,
+    TeacherState,
+    TeacherTotals,
+    WorkerState,
+    alert_key,
 )
 from gkd_core.state.run_state import RunState, decode_state, encode_state
 

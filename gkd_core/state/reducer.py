@@ -5,13 +5,29 @@ and the collectives' cases are in ``sync_cases``."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gkd_core.state import memory_cases, sync_cases
 from gkd_core.state.records import (
-    AlertState, CPU_IDLE_PCT, GPU_FULL, GpuRow, METRICS_KEEP, MetricsPoint, OOM, PhaseSpan,
-    ProbeHang, RayNode, RayPlacementGroup, STACK_TEXT_KEEP, StackRecord,
-    TEACHER_HISTORY_KEEP, TeacherSide, TeacherState, UTIL_AVG_S, alert_key,
+    CPU_IDLE_PCT,
+    GPU_FULL,
+    METRICS_KEEP,
+    OOM,
+    STACK_TEXT_KEEP,
+    TEACHER_HISTORY_KEEP,
+    UTIL_AVG_S,
+    AlertState,
+    GpuRow,
+    MetricsPoint,
+    PhaseSpan,
+    ProbeHang,
+    RayNode,
+    RayPlacementGroup,
+    StackRecord,
+    TeacherSide,
+    TeacherState,
+    alert_key,
 )
 from gkd_core.state.series import TeacherPoint, mem_share
 from gkd_core.telemetry import events as ev

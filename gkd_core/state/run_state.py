@@ -8,8 +8,18 @@ from typing import Any
 import msgspec
 
 from gkd_core.state.records import (
-    AlertState, GpuRow, MetricsPoint, ProbeHang, RayNode, RayPlacementGroup, SPANS_KEEP, ScopeMemory, StackRecord,
-    SyncState, TeacherState, WorkerState,
+    SPANS_KEEP,
+    AlertState,
+    GpuRow,
+    MetricsPoint,
+    ProbeHang,
+    RayNode,
+    RayPlacementGroup,
+    ScopeMemory,
+    StackRecord,
+    SyncState,
+    TeacherState,
+    WorkerState,
 )
 from gkd_core.state.reducer import HANDLERS
 from gkd_core.state.series import Series

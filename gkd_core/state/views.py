@@ -8,7 +8,14 @@ import statistics
 import sys
 
 from gkd_core.state.records import (
-    AlertState, CollectiveView, GpuRow, MetricsPoint, SyncState, SyncView, TeacherTotals, WorkerState,
+    AlertState,
+    CollectiveView,
+    GpuRow,
+    MetricsPoint,
+    SyncState,
+    SyncView,
+    TeacherTotals,
+    WorkerState,
 )
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 

@@ -11,13 +11,15 @@ import hashlib
 import logging
 import re
 from collections import OrderedDict
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 import msgspec
 import zmq
 
 from gkd_core import config as config_mod
-from gkd_core.telemetry import control, events as ev
+from gkd_core.telemetry import control
+from gkd_core.telemetry import events as ev
 
 log = logging.getLogger("gkd.supervisor")
 

@@ -13,8 +13,8 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 import zmq

@@ -10,7 +10,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -16,8 +16,8 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from gkd_core.node.stacks import capture_many
 from gkd_core.state import RunState

@@ -6,7 +6,7 @@ the supervisor reads it beside the job (on other nodes, their scopes are not rea
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from gkd_core import memory
 from gkd_core.state import RunState

@@ -9,14 +9,14 @@ log keeps the ones that say something new, and a node's batch of them is one mes
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import zmq
 
-from gkd_core.state import RunState
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
+from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 

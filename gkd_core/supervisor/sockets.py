@@ -16,7 +16,8 @@ from pathlib import Path
 
 import zmq
 
-from gkd_core import config as config_mod, rundir
+from gkd_core import config as config_mod
+from gkd_core import rundir
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.telemetry import control, ingest
 

@@ -14,8 +14,9 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import zmq
@@ -24,14 +25,14 @@ from zmq.utils.monitor import recv_monitor_message
 from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
 from gkd_core.diagnosis import plan, stragglers
+from gkd_core.runlog import reader
+from gkd_core.runlog.eventlog import EventLog
+from gkd_core.runlog.heartbeats import HeartbeatLog
+from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts, control_ops
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.supervisor.driver_life import DriverLife
-from gkd_core.runlog.eventlog import EventLog
-from gkd_core.runlog.heartbeats import HeartbeatLog
-from gkd_core.runlog.keyframes import KeyframeWriter
-from gkd_core.runlog import reader
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder

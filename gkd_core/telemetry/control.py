@@ -151,7 +151,7 @@ class ControlClient:
         self._sock: zmq.Socket | None = None
 
     @classmethod
-    def for_run(cls, run: Path, endpoints: dict, **kw) -> "ControlClient":
+    def for_run(cls, run: Path, endpoints: dict, **kw) -> ControlClient:
         return cls(endpoints["control"], keys_dir=run / "keys", **kw)
 
     def _socket(self) -> zmq.Socket:
@@ -220,7 +220,7 @@ class ControlClient:
     def close(self) -> None:
         self._reset()
 
-    def __enter__(self) -> "ControlClient":
+    def __enter__(self) -> ControlClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -22,12 +22,13 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import zmq
 
 from gkd_core import memory, proctree
-from gkd_core.telemetry import collectives, events as ev, wire
+from gkd_core.telemetry import collectives, wire
+from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.ingest import Curve, client_socket
 
 log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
@@ -178,7 +179,7 @@ class Reporter:
         self._wake.set()
         self._thread.join(timeout_s + 1.0)
 
-    def __enter__(self) -> "Reporter":
+    def __enter__(self) -> Reporter:
         return self
 
     def __exit__(self, *exc) -> None:

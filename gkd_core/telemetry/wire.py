@@ -13,8 +13,20 @@ from typing import Any
 import msgspec
 
 from gkd_core.telemetry.events import (
-    ENVELOPE, INT64, KINDS, MAX_DEPTH, MAX_EVENT_BYTES, PROTOCOL_VERSION, AnyEvent, Beat, Event, HeartbeatEvent,
-    HeartbeatsEvent, UnknownEvent, beat_of_event, event_of_beat,
+    ENVELOPE,
+    INT64,
+    KINDS,
+    MAX_DEPTH,
+    MAX_EVENT_BYTES,
+    PROTOCOL_VERSION,
+    AnyEvent,
+    Beat,
+    Event,
+    HeartbeatEvent,
+    HeartbeatsEvent,
+    UnknownEvent,
+    beat_of_event,
+    event_of_beat,
 )
 
 

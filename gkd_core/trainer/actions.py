@@ -4,8 +4,8 @@ served between steps and while any wait is in progress, each recorded as an `act
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import ray
 

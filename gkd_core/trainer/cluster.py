@@ -14,8 +14,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import msgspec
 import ray
@@ -26,7 +26,8 @@ from gkd_core.config import Config
 from gkd_core.lifeline import pass_sigterm_to_group
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
-from gkd_core.telemetry import events as ev, ingest
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ingest
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
 from gkd_core.trainer.faults import FaultPlan

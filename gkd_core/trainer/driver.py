@@ -28,7 +28,6 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-import ray
 import torch
 
 from gkd_core import config as config_mod

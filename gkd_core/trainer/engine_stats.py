@@ -12,7 +12,7 @@ never as a measured 0; its name is said once, as a warning in the run's log.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter

@@ -54,7 +54,7 @@ class FaultPlan:
     faults: list[FaultConfig]
 
     @classmethod
-    def for_run(cls, faults: list[FaultConfig], restart: int) -> "FaultPlan":
+    def for_run(cls, faults: list[FaultConfig], restart: int) -> FaultPlan:
         return cls(list(faults) if restart == 0 else [])
 
     def for_worker(self, src: str) -> WorkerFaults:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError, TaskCancelledError

@@ -12,7 +12,8 @@ is asked for and collected:
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from gkd_core.telemetry.reporter import Reporter
 

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from gkd_core.config import Config
 from gkd_core.teacher.server import TeacherProxy, TeacherWorkerLoop
-from gkd_core.trainer import loss as L, models, torch_engine
+from gkd_core.trainer import loss as L
+from gkd_core.trainer import models, torch_engine
 from gkd_core.trainer.engine_stats import EngineStatsWatch
 from gkd_core.trainer.fingerprints import fingerprint
 from gkd_core.trainer.step_result import EvalResult, Shape, StepResult

@@ -8,8 +8,8 @@ from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
 
-from gkd_core.state import StackRecord
 from gkd_core.stack_text import grouped_report, user_threads_first
+from gkd_core.state import StackRecord
 
 
 class StackScreen(ModalScreen[None]):

@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 from gkd_core.state import RunState
-from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_core.subscriber import RunSubscriber
+from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_tui.sources.log_follower import LogFollower
-
 
 PUMP_EVENTS = 500
 

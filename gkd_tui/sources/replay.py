@@ -35,7 +35,7 @@ class ReplaySource(Timeline):
     # --- the Source ----------------------------------------------------------------------------
 
     @property
-    def playback(self) -> "ReplaySource":
+    def playback(self) -> ReplaySource:
         return self
 
     def start(self) -> None:

@@ -10,7 +10,6 @@ from gkd_tui.widgets.format import sparkline
 from gkd_tui.widgets.pane import Pane
 from gkd_tui.widgets.styles import FAILURE, SERIES
 
-
 LABEL = 19  # "loss        0.1234 " before a sparkline
 
 

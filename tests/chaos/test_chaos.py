@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from chaos_naming import first_naming
 from conftest import ROOT, RunningSupervisor, wait_until
+
 from gkd_core import rundir
 from gkd_core.config import load_config
 from gkd_core.diagnosis.rules.workers import SLOW_ON_PURPOSE

@@ -12,7 +12,6 @@ from gkd_tui.sources.replay import ReplaySource
 from gkd_tui.widgets.sync_gauge import SyncGauge
 from gkd_tui.widgets.workers_table import WorkersTable
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

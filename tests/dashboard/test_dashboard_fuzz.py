@@ -9,11 +9,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from fuzzing import EXTREMES, _drive, encode, event_objects, fuzz, write_log
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gkd_tui.sources.replay import ReplaySource
-
-from fuzzing import EXTREMES, _drive, encode, event_objects, fuzz, write_log
 
 
 @pytest.mark.slow

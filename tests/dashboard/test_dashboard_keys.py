@@ -4,10 +4,10 @@ screens), on the recorded hang_demo run at the moment of ``test_main_screen_snap
 from __future__ import annotations
 
 import pytest
+from test_dashboard import RECORDING, near_timeout_ts, seek_to
 
 from gkd_tui.app import GkdApp
 from gkd_tui.sources.replay import ReplaySource
-from test_dashboard import RECORDING, near_timeout_ts, seek_to
 
 WIDE, NARROW = (120, 36), (80, 24)
 # (name, keys, terminal size), all at the moment of test_main_screen_snapshot: rollout/1, the

@@ -14,8 +14,9 @@ import ray
 @ray.remote(num_cpus=0)
 class Ranker:
     def __init__(self, rank: int, world: int, rendezvous: str):
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=600))

@@ -9,8 +9,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from conftest import attach_plain, gkd_tui, needs, opted_in, read_until, status_json, wait_until

@@ -14,7 +14,8 @@ from conftest import needs, wait_until
 
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")  # CI runs these in .venv-vllm, where a missing vLLM fails
 
-from tiny_hf import WORDS, model as tiny_model, tokenizer  # noqa: E402
+from tiny_hf import WORDS, tokenizer  # noqa: E402
+from tiny_hf import model as tiny_model
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"

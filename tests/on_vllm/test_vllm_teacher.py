@@ -9,7 +9,8 @@ from conftest import needs
 
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")
 
-from tiny_hf import model as tiny_model, tokenizer  # noqa: E402
+from tiny_hf import model as tiny_model  # noqa: E402
+from tiny_hf import tokenizer
 
 from gkd_core.trainer import data, torch_engine  # noqa: E402
 from gkd_core.trainer.vllm_teacher import VllmScorer  # noqa: E402

@@ -12,12 +12,11 @@ import time
 import msgspec
 import pytest
 import zmq
+from conftest import wait_until
 
 from gkd_core.supervisor import control_ops
 from gkd_core.telemetry import control
 from gkd_core.telemetry.control import ControlClient, ControlError
-
-from conftest import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ and a hung GPU sampler's banner."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import wait_until
+
 from gkd_tui.app import GkdApp
 from gkd_tui.widgets.workers_table import WorkersTable
 
@@ -39,10 +39,11 @@ async def test_live_attach_follows_a_real_supervisor_and_q_leaves_it_running(sta
 
 @pytest.mark.slow
 async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(start_supervisor):
+    from textual.widgets import Button, TextArea
+
     from gkd_tui.screens.confirm import ConfirmScreen
     from gkd_tui.screens.stacks import StackScreen
     from gkd_tui.sources.live import LiveSource
-    from textual.widgets import Button, TextArea
 
     sup = start_supervisor("trainer.total_steps=100000", "rollout.n_workers=4", step_s=0.05)
     sup.wait_driver()

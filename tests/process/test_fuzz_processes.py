@@ -13,15 +13,26 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+from conftest import ROOT, wait_until
+from fuzzing import (
+    DAMAGED_ENDPOINTS,
+    EXTREMES,
+    LOG_LINES,
+    RawDealer,
+    alive,
+    assert_log_intact,
+    assert_refused,
+    bad_messages,
+    bad_requests,
+    encode,
+    event_objects,
+    flushed,
+    fuzz,
+    torn_run,
+)
 from hypothesis import given
 
 from gkd_core.telemetry import events as ev
-
-from conftest import ROOT, wait_until
-from fuzzing import (
-    DAMAGED_ENDPOINTS, EXTREMES, LOG_LINES, RawDealer, alive, assert_log_intact, assert_refused, bad_messages,
-    bad_requests, encode, event_objects, flushed, fuzz, torn_run,
-)
 
 
 @pytest.mark.parametrize("endpoints", DAMAGED_ENDPOINTS)

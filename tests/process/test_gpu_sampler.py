@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+from conftest import nvml_library_loads
+
 from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
-
-from conftest import nvml_library_loads
 
 
 class Recorder:

@@ -7,14 +7,13 @@ import time
 
 import msgspec
 import pytest
+from conftest import wait_until
 
 from gkd_core.runlog.reader import replay
+from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.subscriber import RunSubscriber
-
-from conftest import wait_until
 
 
 class SteadyReporter(Reporter):

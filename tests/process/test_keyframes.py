@@ -11,19 +11,18 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+from conftest import wait_until
 
 from gkd_core import config, rundir
-from gkd_core.state import RunState
-from gkd_core.supervisor.supervisor import Supervisor
 from gkd_core.runlog import keyframes as kf
 from gkd_core.runlog import reader
 from gkd_core.runlog.eventlog import EventLog
+from gkd_core.state import RunState
+from gkd_core.supervisor.supervisor import Supervisor
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.relay import HeartbeatBatcher
 from gkd_tui.sources.replay import ReplaySource
-
-from conftest import wait_until
 
 PHASES = ("generate", "teacher_wait", "train", "sync_weights")
 HB = 0.2

@@ -9,17 +9,16 @@ import time
 import msgspec
 import pytest
 import zmq
+from conftest import wait_until
 
 from gkd_core.runlog.reader import replay
 from gkd_core.state import RunState
+from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.relay import HeartbeatBatcher, Relay, relay_path
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.subscriber import RunSubscriber
 from gkd_tui.sources.replay import ReplaySource
-
-from conftest import wait_until
 
 
 def test_a_batch_leaves_the_state_a_run_of_single_heartbeats_would():

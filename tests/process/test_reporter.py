@@ -156,8 +156,8 @@ def test_what_was_queued_before_close_arrives_even_when_the_process_then_exits_a
 
 
 def test_a_collective_entered_is_said_at_once_and_its_leaving_with_the_next_event():
-    from gkd_core.telemetry.collectives import Tracker
     import gkd_core.telemetry.collectives as collectives
+    from gkd_core.telemetry.collectives import Tracker
 
     sock, addr = pull_socket()
     tracker, saved = Tracker(), collectives.TRACKER
@@ -193,8 +193,8 @@ def test_collectives_switched_off_record_nothing():
 def test_flush_returns_once_the_queue_and_the_collectives_have_gone_to_the_socket():
     """A process about to stop itself (the `stop_in_sync` fault) flushes first: its word that it entered
     the broadcast must leave, or the run calls it a rank that never joined."""
-    from gkd_core.telemetry.collectives import Tracker
     import gkd_core.telemetry.collectives as collectives
+    from gkd_core.telemetry.collectives import Tracker
 
     sock, addr = pull_socket()
     tracker, saved = Tracker(), collectives.TRACKER

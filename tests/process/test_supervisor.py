@@ -13,14 +13,14 @@ import time
 import msgspec
 import pytest
 import zmq
+from conftest import wait_until
 
 from gkd_core.runlog.reader import replay
-from gkd_core.telemetry import events as ev, ingest
+from gkd_core.subscriber import RunSubscriber
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ingest
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.subscriber import RunSubscriber
-
-from conftest import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -7,17 +7,15 @@ import json
 import math
 
 import pytest
-
 from conftest import wait_until
-
 
 TRAINER = "gkd_core.trainer.driver"
 
 
 @pytest.mark.slow
 def test_a_nan_gradient_is_skipped_a_full_disk_skips_a_save_and_a_restart_loads_the_newest(start_supervisor):
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     sup = start_supervisor("trainer.total_steps=6", "trainer.checkpoint_every=2",
                            "faults=[{kind: nan_grad, step: 3}, {kind: disk_full, step: 4}]", "--linger", "120",

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import wait_until
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from conftest import logged_events, status_json, wait_until

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, logged_events, wait_until
+
 from gkd_core.supervisor import local_stacks
 
 pytestmark = pytest.mark.slow

@@ -16,12 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
-from gkd_core import config as config_mod
-from gkd_core.trainer import data, inputs, loss as L, models
-
 from conftest import ROOT, wait_until
 from tiny_hf import WORDS, model, tokenizer
+
+from gkd_core import config as config_mod
+from gkd_core.trainer import data, inputs, models
+from gkd_core.trainer import loss as L
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):

@@ -9,8 +9,8 @@ import socket
 import time
 
 import pytest
-
 from conftest import wait_until
+
 from gkd_core.diagnosis.stragglers import MIN_S
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,6 @@ import json
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 _spec = importlib.util.spec_from_file_location("records", ROOT / "bench" / "records.py")

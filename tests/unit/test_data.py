@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from gkd_core.trainer import data, loss as L
+from gkd_core.trainer import data
+from gkd_core.trainer import loss as L
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

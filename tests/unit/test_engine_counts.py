@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gkd_core.state import RunState
-from gkd_core.telemetry import events as ev, wire
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.trainer.engine_stats import EngineStatsWatch
 from gkd_core.trainer.vllm_engine import METRICS, engine_counts
 from gkd_tui.screens.worker_details import WorkerDetails

@@ -12,7 +12,26 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from hypothesis import assume, given, strategies as st
+from fuzzing import (
+    ANY_FLOAT,
+    CONFIG_KEYS,
+    CONFIG_VALUES,
+    DEEP,
+    JSON_VALUES,
+    NOW,
+    TS,
+    check_loaded,
+    check_refused,
+    check_state,
+    encode,
+    event_objects,
+    fuzz,
+    torn_logs,
+    torn_yaml,
+    write_log,
+)
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from gkd_core import config as config_mod
 from gkd_core.runlog.reader import replay
@@ -20,11 +39,6 @@ from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_tui.sources.replay import ReplaySource
-
-from fuzzing import (
-    ANY_FLOAT, CONFIG_KEYS, CONFIG_VALUES, DEEP, JSON_VALUES, NOW, TS, check_loaded, check_refused, check_state,
-    encode, event_objects, fuzz, torn_logs, torn_yaml, write_log,
-)
 
 
 @fuzz(400)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-
-from gkd_core.state import RunState
 from gkd_core.diagnosis.rules.common import BAD_STEP_SHOWN
+from gkd_core.state import RunState
 from gkd_core.supervisor import alerts
 from gkd_core.telemetry import events as ev
 from gkd_core.trainer import checkpoints

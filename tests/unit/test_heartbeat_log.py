@@ -3,7 +3,6 @@ last one before a silence; a replay reads as the live state did."""
 
 from __future__ import annotations
 
-
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire

@@ -81,7 +81,8 @@ def test_gradients_flow_to_the_student_only_through_its_logits():
 
 # --- finite values and gradients for every input the trainer can produce -------------------------
 
-from hypothesis import HealthCheck, given, seed, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st
 
 LOSSES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 0.9)]
 

@@ -7,7 +7,8 @@ from gkd_core import diagnosis
 from gkd_core.diagnosis.rules.workers import node_busy
 from gkd_core.node.cpu_load import FREE_SAMPLES, NODE_BUSY, Load, NodeLoadWatch
 from gkd_core.state import RunState
-from gkd_core.telemetry import events as ev, wire
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 from gkd_core.telemetry.reporter import Reporter
 
 T0 = 1000.0

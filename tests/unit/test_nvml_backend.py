@@ -10,7 +10,8 @@ import types
 import msgspec
 
 from gkd_core.node.gpu_backends import NvmlBackend
-from gkd_core.telemetry import events as ev, wire
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
 
 GIB = 1 << 30
 NOT_AVAILABLE = (1 << 64) - 1  # NVML's "not available", as bindings older than nvidia-ml-py 12 passed it on

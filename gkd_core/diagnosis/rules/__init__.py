@@ -12,7 +12,7 @@ after them, as ``diagnose`` calls it: it prunes what they found.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from gkd_core import vocab
 from gkd_core.diagnosis.rules.common import Settings
@@ -22,7 +22,12 @@ from gkd_core.diagnosis.rules.placement import placement_groups, unschedulable
 from gkd_core.diagnosis.rules.sync import collectives, parts_explain, sync, sync_parts
 from gkd_core.diagnosis.rules.teacher import teacher
 from gkd_core.diagnosis.rules.workers import (
-    actor_dead, driver_failed, events_dropped, heartbeat_stale, no_progress, stragglers,
+    actor_dead,
+    driver_failed,
+    events_dropped,
+    heartbeat_stale,
+    no_progress,
+    stragglers,
 )
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent

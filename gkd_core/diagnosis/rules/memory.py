@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 
+from gkd_core.diagnosis import memory_growth
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
-from gkd_core.diagnosis import memory_growth
 from gkd_core.state.records import ScopeMemory
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import size, spoken

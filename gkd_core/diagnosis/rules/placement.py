@@ -8,7 +8,6 @@ from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED
 
-
 PENDING_S = 30.0  # an actor Ray could place but has not, after this long, is worth a word
 
 

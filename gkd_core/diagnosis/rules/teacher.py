@@ -9,7 +9,6 @@ from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED
 
-
 TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
 
 
