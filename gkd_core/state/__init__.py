@@ -7,7 +7,8 @@ joiner decodes it back to an equal value. Views that depend on the clock (time i
 heartbeat age, a sync's elapsed time) take ``now`` as an argument and are never stored.
 
 - ``records``: what the state is made of (a worker, a sync, an alert ...) and what it keeps;
-- ``run_state``: ``RunState``, its fields and ``apply``;
+- ``run_record``: ``RunRecord``, the state's fields (what the reducer's cases change, typed against it);
+- ``run_state``: ``RunState``, the whole: the fields, the views and ``apply``;
 - ``reducer``: how each kind of event changes it;
 - ``views``: what is derived from it (``now`` from the caller).
 """

@@ -8,13 +8,9 @@ the state a replay rebuilds is the live one's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gkd_core.state.records import ScopeMemory, WorkerState
+from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
-
-if TYPE_CHECKING:
-    from gkd_core.state.run_state import RunState
 
 SCOPES_KEEP = 4096  # scopes remembered (a node's cgroups, each node): far more than a cluster has
 
@@ -23,7 +19,7 @@ def scope_key(node: str, scope: str) -> str:
     return f"{node}|{scope}"
 
 
-def on_memory(st: RunState, w: WorkerState, mem: ev.MemoryBeat | None, ts: float) -> None:
+def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: float) -> None:
     if mem is None:
         return
     w.mem = mem
@@ -37,7 +33,7 @@ def on_memory(st: RunState, w: WorkerState, mem: ev.MemoryBeat | None, ts: float
         s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts
 
 
-def on_oom_killed(st: RunState, e: ev.OomKilledEvent) -> None:
+def on_oom_killed(st: RunRecord, e: ev.OomKilledEvent) -> None:
     w = st.workers.get(e.worker)
     if w is not None:
         w.oom_killed = e

@@ -1,12 +1,12 @@
-"""The reducer's cases: how each kind of event changes a ``RunState`` (its ``apply`` looks the
-event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read. The weight sync's
+"""The reducer's cases: how each kind of event changes a ``RunRecord`` (``RunState.apply`` looks
+the event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read. The weight sync's
 and the collectives' cases are in ``sync_cases``."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gkd_core.state import memory_cases, sync_cases
 from gkd_core.state.records import (
@@ -29,15 +29,13 @@ from gkd_core.state.records import (
     TeacherState,
     alert_key,
 )
+from gkd_core.state.run_record import RunRecord
 from gkd_core.state.series import TeacherPoint, mem_share
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
-if TYPE_CHECKING:
-    from gkd_core.state.run_state import RunState
 
-
-def _on_run(st: RunState, e: ev.RunEvent) -> None:
+def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
     if e.run:
         st.run = e.run
     if not st.started:
@@ -68,7 +66,7 @@ def _on_run(st: RunState, e: ev.RunEvent) -> None:
             st.sync.state = "cancelled"
 
 
-def _on_worker(st: RunState, e: ev.WorkerEvent) -> None:
+def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
     w = st.worker_seen(e.src, e.ts)
     if e.role and e.role != w.role:
         w.role = e.role
@@ -86,7 +84,7 @@ def _on_worker(st: RunState, e: ev.WorkerEvent) -> None:
         st.mark_moved(w)
 
 
-def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
+def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:
     w = st.worker_seen(e.src, e.ts)
     if e.phase != w.phase or (e.call is not None and e.call != w.phase_call):  # (the same method called anew)
         # a late sighting (older than the phase it would end) makes no span; a call that began and
@@ -115,7 +113,7 @@ def _on_phase(st: RunState, e: ev.PhaseEvent) -> None:
             st.step = e.step
 
 
-def _on_heartbeat(st: RunState, e: ev.HeartbeatEvent) -> None:
+def _on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
     w = st.worker_seen(e.src, e.ts)
     if e.ts <= w.last_heartbeat:
         return  # one the log restated (or a duplicate): nothing new
@@ -128,7 +126,7 @@ def _on_heartbeat(st: RunState, e: ev.HeartbeatEvent) -> None:
     memory_cases.on_memory(st, w, e.mem, e.ts)
 
 
-def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
+def _on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
     # the same as `_on_heartbeat` for each beat, inline: 65,536 of them a second at the largest
     workers = st.workers
     for b in e.beats:
@@ -150,7 +148,7 @@ def _on_heartbeats(st: RunState, e: ev.HeartbeatsEvent) -> None:
         memory_cases.on_memory(st, w, b.mem, ts)
 
 
-def _on_teacher(st: RunState, e: ev.TeacherEvent) -> None:
+def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
     t = st.teacher
     key = f"{e.side}:{e.src}"
     old = t.by_src.get(key)
@@ -192,7 +190,7 @@ def _teacher_point(t: TeacherState, ts: float) -> TeacherPoint:
     return TeacherPoint(ts, p50, p99, queue, in_flight)
 
 
-def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
+def _on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
     node = e.node or e.src
     key = f"{node}/{e.probe or 'nvml'}"
     if e.nvml_hung_s is not None:
@@ -228,7 +226,7 @@ def _on_gpu(st: RunState, e: ev.GpuEvent) -> None:
     st.series.note_gpu(key, e.ts, was, e.util, mem_share(e.mem_used, e.mem_total))
 
 
-def _on_metrics(st: RunState, e: ev.MetricsEvent) -> None:
+def _on_metrics(st: RunRecord, e: ev.MetricsEvent) -> None:
     st.metrics.append(MetricsPoint(
         step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
         tokens_per_s=e.tokens_per_s, timing=dict(e.timing), grad_norm=e.grad_norm, skipped=e.skipped,
@@ -246,7 +244,7 @@ def _on_metrics(st: RunState, e: ev.MetricsEvent) -> None:
         st.step = e.step
 
 
-def _on_stack(st: RunState, e: ev.StackEvent) -> None:
+def _on_stack(st: RunRecord, e: ev.StackEvent) -> None:
     if e.target:
         if e.target in st.stacks:
             st.stacks_prev[e.target] = st.stacks[e.target]
@@ -255,7 +253,7 @@ def _on_stack(st: RunState, e: ev.StackEvent) -> None:
         )
 
 
-def _on_ray(st: RunState, e: ev.RayEvent) -> None:
+def _on_ray(st: RunRecord, e: ev.RayEvent) -> None:
     w = st.workers.get(e.target)  # never creates one: Ray's view is of workers the run knows
     # (nor of an incarnation before the one registered: Ray's news of it may come late)
     if w is not None and not (e.actor_id and w.actor_id and e.actor_id != w.actor_id):
@@ -264,17 +262,17 @@ def _on_ray(st: RunState, e: ev.RayEvent) -> None:
         w.ray_required = dict(e.required)
 
 
-def _on_ray_node(st: RunState, e: ev.RayNodeEvent) -> None:
+def _on_ray_node(st: RunRecord, e: ev.RayNodeEvent) -> None:
     st.ray_nodes[e.node or e.node_id] = RayNode(state=e.state, resources=dict(e.resources), ts=e.ts)
 
 
-def _on_engine(st: RunState, e: ev.EngineEvent) -> None:
+def _on_engine(st: RunRecord, e: ev.EngineEvent) -> None:
     w = st.workers.get(e.src)
     if w is not None:
         w.engine = e
 
 
-def _on_ray_pg(st: RunState, e: ev.RayPlacementGroupEvent) -> None:
+def _on_ray_pg(st: RunRecord, e: ev.RayPlacementGroupEvent) -> None:
     if e.state == "REMOVED":
         st.ray_pgs.pop(e.pg_id, None)
         return
@@ -285,7 +283,7 @@ def _on_ray_pg(st: RunState, e: ev.RayPlacementGroupEvent) -> None:
                                               since=since, ts=e.ts)
 
 
-def _on_alert(st: RunState, e: ev.AlertEvent) -> None:
+def _on_alert(st: RunRecord, e: ev.AlertEvent) -> None:
     key = alert_key(e.code, e.targets)
     old = st.alerts.get(key)
     if old is not None:  # the workers it held up are free of it, or are listed again below
@@ -305,7 +303,7 @@ def _on_alert(st: RunState, e: ev.AlertEvent) -> None:
     )
 
 
-def _unblock(st: RunState, a: AlertState) -> None:
+def _unblock(st: RunRecord, a: AlertState) -> None:
     """Free the workers ``a`` held up; one that failed of it stays marked until it starts again (its
     next phase), as a sync's failure marks it."""
     blocked = a.evidence.get("blocked")
@@ -315,7 +313,7 @@ def _unblock(st: RunState, a: AlertState) -> None:
             w.blocked_by = ""
 
 
-def _on_log(st: RunState, e: ev.LogEvent) -> None:
+def _on_log(st: RunRecord, e: ev.LogEvent) -> None:
     st.logs.append(f"{e.src} {e.level}: {e.message}"[:500])
     if len(st.logs) > 50:
         del st.logs[0]
@@ -323,18 +321,18 @@ def _on_log(st: RunState, e: ev.LogEvent) -> None:
         _note_oom(st, e.ts, e.src, e.message)
 
 
-def _note_oom(st: RunState, ts: float, src: str, line: str) -> None:
+def _note_oom(st: RunRecord, ts: float, src: str, line: str) -> None:
     st.oom.append((ts, src, line[:500]))
     del st.oom[:-8]
 
 
-def _on_action(st: RunState, e: ev.ActionEvent) -> None:
+def _on_action(st: RunRecord, e: ev.ActionEvent) -> None:
     st.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result})
     if len(st.actions) > 50:
         del st.actions[0]
 
 
-HANDLERS: dict[type, Callable[[RunState, Any], None]] = {
+HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.RunEvent: _on_run,
     ev.WorkerEvent: _on_worker,
     ev.PhaseEvent: _on_phase,

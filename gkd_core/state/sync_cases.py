@@ -5,19 +5,16 @@ its groups' collectives. ``reducer.HANDLERS`` holds them with the others."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from gkd_core.state.records import MAX_GROUPS, SYNC_HISTORY_KEEP, SyncPartNow, SyncState
+from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import SYNC_OPEN
 
-if TYPE_CHECKING:
-    from gkd_core.state.run_state import RunState
 
-
-def on_sync(st: RunState, e: ev.SyncEvent) -> None:
+def on_sync(st: RunRecord, e: ev.SyncEvent) -> None:
     s = st.sync
     if s is not None and e.sync_id < s.sync_id:
         _late(st, e)  # the driver's word on a sync whose next one a member has begun already
@@ -49,7 +46,7 @@ def on_sync(st: RunState, e: ev.SyncEvent) -> None:
         archive_sync(st, s)
 
 
-def _late(st: RunState, e: ev.SyncEvent) -> None:
+def _late(st: RunRecord, e: ev.SyncEvent) -> None:
     """An older sync's end, after its successor began (the members' words travel apart from the driver's):
     its record in the history gets its end; the current sync stays current."""
     old = next((h for h in reversed(st.sync_history) if h.sync_id == e.sync_id), None)
@@ -61,7 +58,7 @@ def _late(st: RunState, e: ev.SyncEvent) -> None:
     st.series.note_sync(old.sync_id, old.step, old.elapsed_s, old.timeout_s, old.state, old.parts_took)
 
 
-def on_sync_part(st: RunState, e: ev.SyncPartEvent) -> None:
+def on_sync_part(st: RunRecord, e: ev.SyncPartEvent) -> None:
     s = st.sync
     if s is None or s.sync_id != e.sync_id:
         if e.state != "began" or (s is not None and e.sync_id < s.sync_id):
@@ -83,7 +80,7 @@ def on_sync_part(st: RunState, e: ev.SyncPartEvent) -> None:
         archive_sync(st, s)
 
 
-def archive_sync(st: RunState, s: SyncState) -> None:
+def archive_sync(st: RunRecord, s: SyncState) -> None:
     s.parts_now = {}  # an ended sync has nobody in it
     st.series.note_sync(s.sync_id, s.step, s.elapsed_s, s.timeout_s, s.state, s.parts_took)
     hist = st.sync_history
@@ -95,7 +92,7 @@ def archive_sync(st: RunState, s: SyncState) -> None:
             del hist[0]
 
 
-def on_collectives(st: RunState, e: ev.CollectivesEvent) -> None:
+def on_collectives(st: RunRecord, e: ev.CollectivesEvent) -> None:
     named = {g.group for g in e.groups}
     for group, members in list(st.collectives.items()):
         if group not in named and members.pop(e.src, None) is not None and not members:

@@ -1,4 +1,4 @@
-"""Views of a ``RunState`` that depend on the clock or are derived (time in phase, heartbeat age, a
+"""Views of a ``RunRecord`` that depend on the clock or are derived (time in phase, heartbeat age, a
 sync's elapsed time): pure, ``now`` comes from the caller, nothing stored."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gkd_core.state.records import (
     TeacherTotals,
     WorkerState,
 )
+from gkd_core.state.run_record import RunRecord
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
 
@@ -53,11 +54,8 @@ def silent_for(w: WorkerState, now: float) -> float | None:
     return now - heard if heard else None
 
 
-class StateViews:
-    """Mixed into ``RunState`` (no fields of its own, so the Struct stays one encoded object)."""
-
-    __slots__ = ()
-
+class RunViews(RunRecord):
+    """What is derived from a ``RunRecord`` (no fields of its own, so the state stays one encoded object)."""
 
     def time_in_phase(self, w: WorkerState, now: float) -> float:
         return max(0.0, now - w.phase_since)

@@ -26,6 +26,7 @@ from gkd_core.config import Config
 from gkd_core.lifeline import pass_sigterm_to_group
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
+from gkd_core.rundir import socket_dir
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ingest
 from gkd_core.telemetry.reporter import Reporter
@@ -84,7 +85,7 @@ class Cluster:
         self.multi_node = False
         self._probes: dict[str, ray.ObjectRef] = {}  # actor -> its unanswered ``ready`` (``dead``)
         self._probed: dict[str, float] = {}
-        self.group = SyncGroup(self)  # the student's and the rollouts' collective group
+        self.group: SyncGroup | None = None  # the student's and the rollouts' collective group, once started
 
     @property
     def members(self) -> list[str]:
@@ -142,6 +143,10 @@ class Cluster:
         if cfg.agent.ray_poll_s > 0:
             # Ray's own view of every worker's actor: alive or dead, which method since when
             RayWatcher(self.rep.emit, self.actor_names, interval_s=cfg.agent.ray_poll_s).start()
+        self.group = SyncGroup({m: self.actors[m] for m in self.members}, backend="nccl" if self.device == "cuda"
+                               else "gloo", store_dir=None if self.multi_node else socket_dir(self.run_dir),
+                               student_ip=self.info["student/0"].get("ip", ""), wait=self.wait, reporter=self.rep,
+                               init_timeout_s=cfg.trainer.init_timeout_s, sync_timeout_s=cfg.trainer.sync_timeout_s)
         self.group.make()
 
     def give_up(self, why: str) -> None:
@@ -349,7 +354,8 @@ class Cluster:
         return dict(sorted(why.items()))
 
     def shutdown(self) -> None:
-        self.group.forget_file()
+        if self.group is not None:
+            self.group.forget_file()
         if self.agents:  # their relays send what they hold and remove their sockets
             try:
                 ray.wait([a.stop.remote() for a in self.agents.values()], num_returns=len(self.agents), timeout=3.0)

@@ -80,6 +80,7 @@ class WeightSync:
             ended("cancelled", error=str(e))
             for m in members:
                 c.actors[m].cancel.remote()
+            assert c.group is not None  # (made in ``Cluster.start``, before any sync)
             c.group.rebuild()
             return self(step)
         except WorkerFailed as e:

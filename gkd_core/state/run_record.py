@@ -1,0 +1,103 @@
+"""``RunRecord``: what the run is now, field by field, and the few steps every reducer case takes (a worker
+first heard of, a worker that moved). The reducer's cases (``reducer``, ``sync_cases``, ``memory_cases``)
+change a ``RunRecord``; ``views`` derives from it; ``run_state.RunState`` is the whole: these, the views
+and ``apply``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gkd_core.state.records import (
+    SPANS_KEEP,
+    AlertState,
+    GpuRow,
+    MetricsPoint,
+    ProbeHang,
+    RayNode,
+    RayPlacementGroup,
+    ScopeMemory,
+    StackRecord,
+    SyncState,
+    TeacherState,
+    WorkerState,
+)
+from gkd_core.state.series import Series
+from gkd_core.telemetry import events as ev
+from gkd_core.vocab import WorkerId
+
+
+class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
+    run: str = ""
+    state: str = ""
+    config_digest: str = ""
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+    log_tail: list[str] = []
+    started: float = 0.0
+    running_since: float = 0.0  # when the current driver started (a restart starts anew)
+    last_ts: float = 0.0
+    total_steps: int | None = None
+    step: int | None = None
+    last_seq: int = 0
+    applied: int = 0
+    moves: int = 0  # changes to a worker's role, phase or spans, counted (WorkerState.moved)
+    spans_keep: int = SPANS_KEEP  # finished phases kept per worker (the diagnosis reads them; a dashboard keeps none)
+    unknown: dict[str, int] = {}  # kinds this reader does not know, counted
+    workers: dict[str, WorkerState] = {}
+    sync: SyncState | None = None
+    sync_history: list[SyncState] = []
+    # the last sync after which some rollout's weights were not the student's: said for a while even when
+    # the next sync, a second later, puts it right (generation ran on stale weights in between)
+    fingerprint_miss: SyncState | None = None
+    teacher: TeacherState = msgspec.field(default_factory=TeacherState)
+    gpus: dict[str, GpuRow] = {}
+    probe_hangs: dict[str, ProbeHang] = {}  # "node/probe" -> the probe that has not answered
+    gpu_notes: dict[str, str] = {}  # node -> why it has no readings ("no NVIDIA driver on this node")
+    ray_nodes: dict[str, RayNode] = {}  # node IP -> its state and resources (Ray's view)
+    ray_pgs: dict[str, RayPlacementGroup] = {}  # placement group id -> what it asks for, while not REMOVED
+    alerts: dict[str, AlertState] = {}
+    metrics: list[MetricsPoint] = []  # the newest METRICS_KEEP
+    first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
+    bad_steps: list[int] = []  # steps skipped for a non-finite loss or gradient, the newest last
+    actions: list[dict[str, Any]] = []  # the last few control actions, newest last
+    stacks: dict[str, StackRecord] = {}  # target -> its newest stack
+    stacks_prev: dict[str, StackRecord] = {}  # target -> the one before: is it stuck in the same place?
+    logs: list[str] = []  # the last few `log` events
+    # out-of-memory lines of this incarnation of the driver: (ts, src, line); a new driver starts afresh
+    oom: list[tuple[float, str, str]] = []
+    # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)
+    collectives: dict[str, dict[str, ev.CollectiveProgress]] = {}
+    # the workers whose phase waits on others (``WorkerState.waits_on`` not empty): the wait-for graph's
+    # waiters, found without a look at every worker each pass (65,536 of them at the largest)
+    waiting: set[str] = set()
+    series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
+    mem_scopes: dict[str, ScopeMemory] = {}  # "node|scope" -> its memory (memory_cases)
+
+    def worker_seen(self, src: str, ts: float) -> WorkerState:
+        """The worker ``src`` (made when first heard of), last seen at ``ts`` or later."""
+        w = self.workers.get(src)
+        if w is None:
+            role, rank = WorkerId.parse(src)
+            w = WorkerState(src=src, role=role, rank=rank, phase_since=ts)
+            self.workers[src] = w
+            self.mark_moved(w)
+        if ts > w.last_seen:
+            w.last_seen = ts
+        return w
+
+    def keep_spans(self, n: int) -> None:
+        """From now on keep ``n`` finished phases per worker (and no more of those kept so far)."""
+        self.spans_keep = n
+        for w in self.workers.values():
+            if len(w.spans) > n:
+                w.spans = w.spans[len(w.spans) - n:] if n else []
+                self.mark_moved(w)
+
+    def mark_moved(self, w: WorkerState) -> None:
+        """``w``'s role, phase or spans changed: what changed since a pass of the diagnosis is found by comparing
+        one number per worker."""
+        self.moves += 1
+        w.moved = self.moves
