@@ -17,6 +17,7 @@ import traceback
 from gkd_core.config import load_config
 from gkd_core.lifeline import die_with_supervisor
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 
@@ -46,15 +47,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def serve_commands(timeout_s: float) -> None:
         for cmd in inbox.poll(timeout_s):
-            if cmd.op == "dump_stacks":
-                dump_id = str(cmd.args.get("dump_id", cmd.id))
+            args = ops.parse(cmd.op, cmd.args)  # (the supervisor forwards only what it parsed)
+            if isinstance(args, ops.DumpStacksArgs):
+                dump_id = args.dump_id or f"dump-{cmd.id}"
                 rep.emit(ev.StackEvent(dump_id=dump_id, target="driver", method="in-process", text=thread_stacks()))
                 # the answer, as the trainer's driver gives it: which dump, whose stacks (none saved to files here)
-                rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True,
+                rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True, request=cmd.id,
                                         result={"targets": ["driver"], "dump_id": dump_id}))
             else:
-                rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False,
-                                        result=f"this driver ({__name__}) has nothing to {cmd.op}"))
+                rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, request=cmd.id,
+                                        result=f"the demo driver (gkd_core.demo_driver) has nothing to {cmd.op}"))
 
     def walk(phase: str, seconds: float, step: int | None = None) -> None:
         with rep.phase(phase, step=step):

@@ -22,6 +22,7 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_tui.answers import ActionAnswered, PendingAnswers
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
@@ -82,6 +83,7 @@ class GkdApp(App):
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0
+        self.answers = PendingAnswers()  # requests made here whose outcome is still to come
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLES)  # what the dashboard's colours say; a theme may override them
@@ -101,6 +103,8 @@ class GkdApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        if hasattr(self.source, "on_action"):  # a live run: a driver's answer is handed over as it comes
+            self.source.on_action = lambda e: self.post_message(ActionAnswered(e))
         self.source.start()
         self.query_one(WorkersTable).focus()  # not the hidden filter box: keys are actions
         self.redraw()
@@ -153,13 +157,13 @@ class GkdApp(App):
     def selected_worker(self) -> str | None:
         return self.query_one(WorkersTable).selected
 
-    def request(self, op: str, args: dict, timeout_s: float = 3.0):
+    def request(self, op: str, args: dict, timeout_s: float = 3.0, request_id: int | None = None):
         """A control request from a worker thread; raises ControlError/ControlUnreachable."""
         if self.source.control is None:
             raise Refused("a replay has no run to act on")
         if self._client is None:
             self._client = self.source.control()
-        return self._client.request(op, args, timeout_s=timeout_s)
+        return self._client.request(op, args, timeout_s=timeout_s, request_id=request_id)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -221,8 +225,7 @@ class GkdApp(App):
     def _cancel_chosen(self, choice: str | None) -> None:
         if choice is None:
             return  # Cancel: nothing happens
-        target = choice.removeprefix("worker:")
-        self.send("cancel", {"target": target, "mode": "cooperative"})
+        self.send("cancel", {"target": choice.removeprefix("worker:")})
 
     def action_restart(self) -> None:
         self.preview_restart()
@@ -239,8 +242,15 @@ class GkdApp(App):
 
     @action_worker(lambda op, args: op)
     def send(self, op: str, args: dict) -> None:
-        result = self.request(op, args)
-        self.call_from_thread(self.notify, f"{op}: {result}", timeout=4, markup=False)
+        request = self.answers.ask(op)
+        said = self.answers.receipt(request, op, self.request(op, args, request_id=request))
+        if said is not None:
+            self.call_from_thread(self.notify, said, timeout=4, markup=False)
+
+    def on_action_answered(self, message: ActionAnswered) -> None:
+        said = self.answers.answered(message.event)
+        if said is not None:
+            self.notify(said, timeout=10, markup=False, severity="information" if message.event.ok else "error")
 
     def action_bundle(self) -> None:
         self.bundle()

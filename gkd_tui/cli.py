@@ -12,7 +12,7 @@ import sys
 from gkd_core.integrations.job_env import split_command
 from gkd_tui.commands.attach import cmd_attach, cmd_replay
 from gkd_tui.commands.bundle import cmd_bundle
-from gkd_tui.commands.control import cmd_cancel, cmd_restart, cmd_status, cmd_stop
+from gkd_tui.commands.control import cmd_cancel, cmd_note, cmd_restart, cmd_status, cmd_stop
 from gkd_tui.commands.doctor import cmd_doctor
 from gkd_tui.commands.launch import cmd_launch
 from gkd_tui.commands.run_arg import add_run
@@ -70,11 +70,17 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_restart)
 
     s = sub.add_parser("cancel", help="cancel a worker's task, the current sync, or everything")
-    s.add_argument("target", nargs="?", default="sync", metavar="TARGET",
+    s.add_argument("target", nargs="?", metavar="TARGET",
                    help="what to cancel: a worker (rollout/1), 'sync' or 'all' (default: sync); the run is --run")
     add_run(s, positional=False)
     s.add_argument("--force", action="store_true", help="kill the worker if it does not stop")
     s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("note", help="put a note on the run's record (what you tried, what you saw): the bug report "
+                                    "lists it among what was tried")
+    s.add_argument("text", nargs="+", help="the note's words")
+    add_run(s, positional=False)
+    s.set_defaults(func=cmd_note)
 
     s = sub.add_parser("doctor", help="preflight: Python, torch, CUDA/NCCL, GPUs, environment, Ray, config")
     s.add_argument("config", nargs="?", help="a YAML config to check (default: the embedded demo)")

@@ -483,12 +483,14 @@ BAD_ARGS = {
                     "dump_id": st.one_of(st.none(), st.integers(), st.sampled_from(
                         ["", "../../../tmp/x", "a/b", ".hidden", "..", "x" * 65, "tab\there", "nul\x00"]))},
     "open_ingest": {"host": st.one_of(st.none(), st.integers(), st.booleans(), st.lists(st.text(), max_size=2))},
+    "note": {"text": st.one_of(st.none(), st.integers(), st.just(""), st.just("x" * 2001), st.lists(st.text(), max_size=2))},
 }
 
 
 VALID_ARGS = {"stop": {}, "restart": {"dry_run": True, "shrink": False, "overrides": []},
               "cancel": {"target": "sync", "mode": "cooperative"},
-              "dump_stacks": {"targets": [], "dump_id": "fuzz"}, "open_ingest": {"host": "127.0.0.1"}}
+              "dump_stacks": {"targets": [], "dump_id": "fuzz"}, "open_ingest": {"host": "127.0.0.1"},
+              "note": {"text": "tried a smaller micro-batch"}}
 
 
 @st.composite
@@ -529,9 +531,9 @@ def bad_requests(draw) -> tuple[bytes, tuple[str, ...]]:
 
 
 def control_ops() -> tuple[str, ...]:
-    from gkd_core.telemetry.control import OPS
+    from gkd_core.telemetry.ops import OPS
 
-    return OPS
+    return tuple(OPS)
 
 
 @st.composite

@@ -19,6 +19,7 @@ from typing import Any
 
 from gkd_core.integrations import job_env, remote_stacks
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.commands import Command, CommandInbox
 
 POLL_S = 0.2
@@ -50,7 +51,8 @@ class DriverCommands:
                 try:
                     self.carry_out(cmd)
                 except Exception as e:  # a command must never take the job down
-                    self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"{type(e).__name__}: {e}"[:300]))
+                    self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"{type(e).__name__}: {e}"[:300],
+                                             request=cmd.id))
 
     def carry_out(self, cmd: Command) -> None:
         if cmd.op == "dump_stacks" and isinstance(cmd.args.get("targets"), dict):
@@ -59,18 +61,20 @@ class DriverCommands:
                 cmd.args["targets"], str(cmd.args.get("dump_id", "")), self.process.run,
                 os.environ.get(job_env.RUN_DIR, ""), self.emit)).start()
             return
-        if cmd.op != "cancel":
-            self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"a watched job's driver does not "
-                                                                           f"know '{cmd.op}'"))
+        args = ops.parse(cmd.op, cmd.args)
+        if not isinstance(args, ops.CancelArgs):
+            self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, request=cmd.id,
+                                     result=f"a watched job's driver does not carry out '{cmd.op}'"))
             return
-        target, force = str(cmd.args.get("target") or "sync"), cmd.args.get("mode") == "force"
+        target, force = args.target, args.mode == "force"
         p = self.process
         if target == "sync":
             wait = p.current_wait  # (read once: the main thread moves on meanwhile)
             wait = wait.resolve() if wait is not None else None
             names = list(wait.pending) if wait is not None and wait.is_sync else []
             if not names:
-                self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, result="the driver waits on no weight sync"))
+                self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, request=cmd.id,
+                                         result="the driver waits on no weight sync"))
                 return
         elif target == "all":
             names = sorted(set(p.actors.names.values()))
@@ -78,8 +82,7 @@ class DriverCommands:
             names = [target]
         outcome = {n: self._cancel(n, force) for n in names}
         self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=all(not o.startswith("no ") for o in outcome.values()),
-                                 result={"target": target, "mode": "force" if force else "cooperative",
-                                         "outcome": outcome}))
+                                 result={"target": target, "mode": args.mode, "outcome": outcome}, request=cmd.id))
 
     def _cancel(self, name: str, force: bool) -> str:
         import ray

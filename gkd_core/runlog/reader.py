@@ -15,7 +15,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+from gkd_core import rundir
 from gkd_core.runlog import eventlog
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
@@ -93,6 +95,20 @@ def take_over(path: Path) -> RunState:
     last line (a supervisor killed while writing) is cut off first, so that new lines start on a
     line of their own (``eventlog.recover``)."""
     return replay(eventlog.recover(path))
+
+
+class TakenOver(NamedTuple):
+    state: RunState  # from its log (``take_over``): its ``last_seq`` is where the new supervisor goes on
+    next_restart: int  # after every restart its log or its restarts/ folder knows of
+    gone_pid: int  # the supervisor that was gone (0: unknown)
+
+
+def take_over_run(run_dir: Path) -> TakenOver:
+    """A run whose supervisor is gone, as the one that carries it on finds it."""
+    gone_pid = rundir.supervisor_pid(run_dir)
+    state = take_over(run_dir / EVENTS)
+    made = [int(f.stem) for f in (run_dir / "restarts").glob("*.yaml") if f.stem.isdigit()]
+    return TakenOver(state, max([state.restarts, *made]) + 1, gone_pid)
 
 
 def periods(path: Path) -> tuple[float, float]:

@@ -327,7 +327,8 @@ def _note_oom(st: RunRecord, ts: float, src: str, line: str) -> None:
 
 
 def _on_action(st: RunRecord, e: ev.ActionEvent) -> None:
-    st.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result})
+    st.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result,
+                       "request": e.request})
     if len(st.actions) > 50:
         del st.actions[0]
 

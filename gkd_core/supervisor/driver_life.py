@@ -22,7 +22,7 @@ import zmq
 from gkd_core import config as config_mod
 from gkd_core.bundle import environment
 from gkd_core.integrations import job_env
-from gkd_core.supervisor.control_ops import Refused
+from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_process import AdoptedProcess, DriverProcess, describe_exit
 from gkd_core.telemetry import events as ev
 
@@ -183,13 +183,14 @@ class DriverLife:
             if len(frames) == 2 and frames[1] == b"hello":
                 self.identity = frames[0]
 
-    def forward(self, op: str, args: dict, by: str, seq: int, run_state: str = "") -> dict:
-        """``op`` to the driver, which answers with events; Refused when there is no driver to take it."""
+    def forward(self, op: str, args: dict, asked: Asked, run_state: str = "") -> dict:
+        """``op`` to the driver, which answers with an ``action`` event carrying the request's id (``asked``);
+        Refused when there is no driver to take it."""
         if not self.alive():
             raise Refused(f"'{op}' needs a running driver; the run is {run_state or 'not started'}")
         if self.identity is None:
             raise Refused(f"'{op}': the driver (pid {self.driver.pid}) has not connected its command channel; "
                           "it may be hung before init: try `gkd-tui dump-stacks driver`")
-        cmd = {"op": op, "args": args, "by": by, "id": seq}
+        cmd = {"op": op, "args": args, "by": asked.by, "id": asked.id}
         self.drivers.send_multipart([self.identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
         return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}

@@ -14,9 +14,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import zmq
@@ -31,14 +29,14 @@ from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts, control_ops
-from gkd_core.supervisor.control_ops import Refused
+from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
 from gkd_core.telemetry import events as ev
-from gkd_core.telemetry import wire
+from gkd_core.telemetry import ops, wire
 from gkd_core.trainer import checkpoints
 
 TICK_S = 0.1
@@ -75,7 +73,11 @@ class Supervisor:
         self._next_alerts = 0.0
         self.auto_stacks = diagnosis.AutoStacks()
         self._started_mono = time.monotonic()
-        seq, restarts = self._take_over() if resume is not None else (0, 0)
+        seq, restarts = 0, 0
+        if resume is not None:  # a run whose supervisor is gone: its state from its log
+            taken = reader.take_over_run(self.run_dir)
+            self.state, restarts, self.resumed_from_pid = taken.state, taken.next_restart, taken.gone_pid
+            seq = self.state.last_seq
         if resume is None:
             (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
         self.sockets = Sockets(self.run_dir, cfg.telemetry, {
@@ -98,11 +100,12 @@ class Supervisor:
         self.oom_watch = OomWatch(self.emit, cfg.telemetry.heartbeat_s)
         self.config_path = self.run_dir / "restarts" / f"{restarts:03d}.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
-        self._ops: dict[str, Callable[[dict, str], Any]] = {
+        # each op's handler; its arguments are declared in telemetry/ops
+        self._ops: dict[str, control_ops.Handler] = {
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
             "restart": self._op_restart, "cancel": self._op_cancel_foreign if self.foreign else self._forward("cancel"),
             "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
-            "open_ingest": self._op_open_ingest,
+            "open_ingest": self._op_open_ingest, "note": self._op_note,
         }
         # the answers to the latest acting requests, for a client's retry of one (ipc and tcp alike)
         self._recent_replies = control_ops.RecentReplies()
@@ -112,23 +115,13 @@ class Supervisor:
     def seq(self) -> int:
         return self.rec.seq
 
-    def _take_over(self) -> tuple[int, int]:
-        """A run whose supervisor is gone: its state from its log (a torn last line cut off); the last
-        ``seq`` and the next restart's number."""
-        self.resumed_from_pid = rundir.supervisor_pid(self.run_dir)
-        # a line that is no event: the log keeps it, the state cannot use it
-        self.state = reader.take_over(self.run_dir / reader.EVENTS)
-        seq = self.state.last_seq
-        made = [int(f.stem) for f in (self.run_dir / "restarts").glob("*.yaml") if f.stem.isdigit()]
-        return seq, max([self.state.restarts, *made]) + 1
-
     # --- control -------------------------------------------------------------------------
 
-    def _op_ping(self, args: dict, by: str) -> dict:
+    def _op_ping(self, args: ops.QueryArgs, asked: Asked) -> dict:
         return {"pong": True, "run": self.run_id, "seq": self.seq, "state": self.state.state,
                 "pid": os.getpid(), "uptime_s": round(time.monotonic() - self._started_mono, 3)}
 
-    def _op_snapshot(self, args: dict, by: str) -> msgspec.Raw:
+    def _op_snapshot(self, args: ops.QueryArgs, asked: Asked) -> msgspec.Raw:
         driver = self.life.driver
         meta = msgspec.json.encode({
             "pid": os.getpid(), "run_dir": str(self.run_dir), "events_logged": self.log.lines,
@@ -139,11 +132,11 @@ class Supervisor:
         })
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
-    def _op_stop(self, args: dict, by: str) -> dict:
-        self.life.request_stop(args.get("grace_s", self.grace_s))
+    def _op_stop(self, args: ops.StopArgs, asked: Asked) -> dict:
+        self.life.request_stop(self.grace_s if args.grace_s is ops.UNSET else args.grace_s)
         return {"stopping": True, "driver_pid": self.life.driver.pid if self.life.driver else None}
 
-    def _op_restart(self, args: dict, by: str) -> dict:
+    def _op_restart(self, args: ops.RestartArgs, asked: Asked) -> dict:
         life = self.life
         if life.stopping:
             raise Refused("the run is stopping; a restart would be undone at once")
@@ -151,12 +144,12 @@ class Supervisor:
             raise Refused("a restart is already under way")
         if self.adopt:
             raise Refused(f"this run watches a job it did not start (pid {self.adopt}): restart it as you started it")
-        if life.command and (args.get("shrink") or args.get("overrides")):
+        if life.command and (args.shrink or args.overrides):
             raise Refused("this run's driver is a command of its own (launch -- COMMAND): a restart runs it again "
                           "as it is; to change its settings, stop it and launch it with them")
-        new, changes = plan.compose(self.cfg, self.state, args.get("shrink", False), args.get("overrides", []))
+        new, changes = plan.compose(self.cfg, self.state, args.shrink, args.overrides)
         result = {"restart": life.restarts + 1, "changes": changes, "digest": config_mod.digest(new)}
-        if args.get("dry_run"):
+        if args.dry_run:
             return result
         path = self.run_dir / "restarts" / f"{life.restarts + 1:03d}.yaml"
         path.write_text(config_mod.to_yaml(new))  # written before it is used
@@ -164,31 +157,32 @@ class Supervisor:
         self.cfg = new
         result["config"] = str(path.relative_to(self.run_dir))
         self.emit(ev.RunEvent(state="restarting", restart=life.restarts, config_digest=config_mod.digest(new),
-                              reason=f"restart requested by {by}" + (" (smaller)" if args.get("shrink") else "")))
+                              reason=f"restart requested by {asked.by}" + (" (smaller)" if args.shrink else "")))
         life.restart_with(path)
         return result
 
-    def _forward(self, op: str) -> Callable[[dict, str], dict]:
-        def forward(args: dict, by: str) -> dict:
-            control_ops.check_targets(op, _targets(op, args), self.state.workers)
-            return self.life.forward(op, args, by, self.seq, self.state.state)
+    def _forward(self, op: str) -> control_ops.Handler:
+        """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,
+        with the request's id."""
+        def forward(args: ops.Args, asked: Asked) -> dict:
+            control_ops.check_targets(op, _targets(args), self.state.workers)
+            return self.life.forward(op, msgspec.to_builtins(args), asked, self.state.state)
         return forward
 
-    def _op_cancel_foreign(self, args: dict, by: str) -> dict:
+    def _op_cancel_foreign(self, args: ops.CancelArgs, asked: Asked) -> dict:
         """A job of its own: its driver cancels (gkd_core/integrations/cancels.py) once it has called ray.init."""
         if self.life.alive() and self.life.identity is None:
             raise Refused("cancel: the job's driver has not called ray.init yet (there is nothing of Ray to cancel); "
                           "`gkd-tui dump-stacks driver` shows where it is")
-        return self._forward("cancel")(args, by)
+        return self._forward("cancel")(args, asked)
 
-    def _op_dump_local(self, args: dict, by: str) -> dict:
-        control_ops.check_targets("dump_stacks", _targets("dump_stacks", args), self.state.workers)
-        dump_id = args.get("dump_id") or f"dump-{self.seq}"
-        return self.local_stacks.dump(self.state, args.get("targets") or [], dump_id, by)
+    def _op_dump_local(self, args: ops.DumpStacksArgs, asked: Asked) -> dict:
+        control_ops.check_targets("dump_stacks", args.targets, self.state.workers)
+        return self.local_stacks.dump(self.state, args.targets, args.dump_id or f"dump-{self.seq}", asked.by)
 
     def _forward_stacks(self, args: dict) -> None:
         """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
-        self.life.forward("dump_stacks", args, "supervisor", self.seq, self.state.state)
+        self.life.forward("dump_stacks", args, Asked("supervisor"), self.state.state)
 
     def _take_local_stacks(self) -> None:
         results = self.local_stacks.results
@@ -207,15 +201,20 @@ class Supervisor:
             else:
                 self._auth_refused += 1
 
-    def _op_open_ingest(self, args: dict, by: str) -> dict:
+    def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
         s = self.sockets
         if s.ingest_tcp is None:
-            s.open_ingest(args.get("host"))
+            s.open_ingest(args.host or None)
             rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
             self._poller.register(s.ingest_tcp, zmq.POLLIN)
             self._poller.register(s.ingest_monitor, zmq.POLLIN)
         return {"endpoint": s.ingest_tcp.last_endpoint.decode()}
+
+    def _op_note(self, args: ops.NoteArgs, asked: Asked) -> dict:
+        """A person's note on the run ("lowered the micro-batch, no change"): on the record as an action, which
+        the bug report lists among what was tried."""
+        return {"note": args.text}
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -251,7 +250,8 @@ class Supervisor:
         due = self.auto_stacks.due(self.state, mono)
         if due:
             try:
-                self._forward("dump_stacks")({"targets": due, "dump_id": f"auto-{self.seq}"}, "diagnosis")
+                self._forward("dump_stacks")(ops.DumpStacksArgs(targets=due, dump_id=f"auto-{self.seq}"),
+                                             Asked("diagnosis"))
             except Refused:
                 pass  # the driver is exiting: its workers' stacks go with it
 
@@ -370,6 +370,6 @@ def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
             f"their events (killed while it was behind)")
 
 
-def _targets(op: str, args: dict) -> list[str]:
-    """The workers a cancel or a dump names (a cancel with no target cancels the sync)."""
-    return [args.get("target") or "sync"] if op == "cancel" else list(args.get("targets") or [])
+def _targets(args: ops.Args) -> list[str]:
+    """The workers a cancel or a dump names."""
+    return [args.target] if isinstance(args, ops.CancelArgs) else list(getattr(args, "targets", []))

@@ -22,11 +22,7 @@ import msgspec
 import zmq
 import zmq.auth
 
-OPS = ("ping", "snapshot", "stop", "restart", "cancel", "dump_stacks", "open_ingest")
-# Ops that only read: repeating one changes nothing, so the supervisor keeps no memory of their answers
-# (a snapshot of a large run is megabytes). Every other op acts, and a repeat of it is answered from that
-# memory.
-QUERIES = frozenset({"ping", "snapshot"})
+from gkd_core.telemetry.ops import QUERIES
 
 # A request id: a random prefix of this process (31 bits) above a counter (32 bits), so that two clients,
 # in two processes or on two machines, do not send the same id and have one's request taken for a repeat
@@ -180,9 +176,10 @@ class ControlClient:
             self._sock = None
 
     def request(self, op: str, args: dict | None = None, *, timeout_s: float | None = None,
-                raw: bool = False) -> Any:
+                raw: bool = False, request_id: int | None = None) -> Any:
         """Send ``op`` and return its result (its JSON bytes with ``raw``); ControlError if refused,
-        ControlUnreachable on no answer."""
+        ControlUnreachable on no answer. ``request_id`` (``new_request_id()``): the id a caller that waits
+        for the outcome (an ``action`` event carrying it) has noted before asking."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         attempts = self.retries + 1
         # Every op is retried, and every try is the same request: the same id and the same bytes. A query
@@ -191,7 +188,7 @@ class ControlClient:
         # with the first answer, acting once. A user who pressed restart once expects one restart and to
         # be told about it; giving up after one try would leave them with "no answer" for a late reply
         # (a supervisor busy or briefly frozen) and tempt them to press it again, under a new id.
-        req_id = new_request_id()
+        req_id = request_id or new_request_id()
         payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
         for attempt in range(attempts):
             sock = self._socket()

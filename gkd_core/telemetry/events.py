@@ -329,6 +329,14 @@ class ActionEvent(Event, tag="action"):
     by: str = ""
     ok: bool = True
     result: Any = None
+    # the control request it answers (its id): the supervisor's answer, and a driver's outcome that comes
+    # later (a cancel's, a dump's); 0 for what nobody asked (the diagnosis's own dumps)
+    request: int = 0
+
+    @property
+    def forwarded(self) -> bool:
+        """A supervisor's receipt for a request it handed to the driver: the outcome is the driver's, to come."""
+        return isinstance(self.result, dict) and bool(self.result.get("forwarded"))
 
 
 # every kind defined above (a kind left out of a hand-kept list decoded as unknown: the reducer

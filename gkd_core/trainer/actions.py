@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from gkd_core.node.agent import gather_stacks
 from gkd_core.node.stacks import Capture
 from gkd_core.telemetry import events as ev
-from gkd_core.telemetry.commands import CommandInbox
+from gkd_core.telemetry import ops
+from gkd_core.telemetry.commands import Command, CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.cluster import Cluster
 from gkd_core.trainer.worker_base import thread_stacks
@@ -31,29 +33,38 @@ def best_stack(cap: Capture | None, own: tuple[str, str] | None) -> tuple[str, s
     return "", "", "; ".join(reasons)
 
 
+# the outcome of a command, to whoever asked: (ok, result) -> an ``action`` event with the request's id
+Answer = Callable[[bool, Any], None]
+
+
 class Actions:
     def __init__(self, cluster: Cluster, rep: Reporter, run_dir: Path, inbox: CommandInbox,
-                 cancel_sync: Callable[[], None]):
+                 cancel_sync: Callable[[Answer], None]):
+        """``cancel_sync(answer)``: the weight sync under way is cancelled, and ``answer`` told how it ended
+        (cancelled and made again, or over before the cancel took hold, or none under way)."""
         self.cluster, self.rep, self.run_dir, self.inbox = cluster, rep, run_dir, inbox
         self.cancel_sync = cancel_sync
 
-    def record(self, op: str, by: str, ok: bool, result) -> None:
-        self.rep.emit(ev.ActionEvent(op=op, by=by, ok=ok, result=result))
+    def answer_to(self, cmd: Command) -> Answer:
+        def answer(ok: bool, result: Any) -> None:
+            self.rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=ok, result=result, request=cmd.id))
+        return answer
 
     def serve(self, *_args) -> None:
         for cmd in self.inbox.poll(0):
+            answer = self.answer_to(cmd)
             try:
-                if cmd.op == "dump_stacks":
-                    self.dump_stacks(cmd.args.get("targets") or [], cmd.by, str(cmd.args.get("dump_id") or cmd.id))
-                elif cmd.op == "cancel":
-                    self.cancel(str(cmd.args.get("target") or "sync"), str(cmd.args.get("mode") or "cooperative"),
-                                cmd.by)
+                args = ops.parse(cmd.op, cmd.args)
+                if isinstance(args, ops.DumpStacksArgs):
+                    self.dump_stacks(args.targets, args.dump_id or f"dump-{cmd.id}", answer)
+                elif isinstance(args, ops.CancelArgs):
+                    self.cancel(args.target, args.mode, answer)
                 else:
-                    self.record(cmd.op, cmd.by, False, f"the driver does not know '{cmd.op}'")
+                    answer(False, f"the driver does not carry out '{cmd.op}'")
             except Exception as e:  # a command must never take the run down
-                self.record(cmd.op, cmd.by, False, f"{type(e).__name__}: {e}")
+                answer(False, f"{type(e).__name__}: {e}")
 
-    def dump_stacks(self, targets: list[str], by: str, dump_id: str) -> None:
+    def dump_stacks(self, targets: list[str], dump_id: str, answer: Answer) -> None:
         """Every target's stack, two ways at once within one deadline: its node's agent (py-spy with
         native frames, or faulthandler: these work while the process holds the GIL or sits in C), and
         the worker's own thread (which needs the GIL). The agent's answer wins when it has one."""
@@ -94,26 +105,25 @@ class Actions:
                     err += f"; try `py-spy dump --native --pid {c.info.get(t, {}).get('pid', '?')}` on its node"
             (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {err}\n" if err else ""))
             self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
-        self.record("dump_stacks", by, True, {"dump_id": dump_id, "targets": sorted(wanted),
-                                              "folder": str(folder.relative_to(self.run_dir))})
+        answer(True, {"dump_id": dump_id, "targets": sorted(wanted), "folder": str(folder.relative_to(self.run_dir))})
 
-    def cancel(self, target: str, mode: str, by: str) -> None:
+    def cancel(self, target: str, mode: ops.CancelMode, answer: Answer) -> None:
+        """``sync``: answered when the sync has ended (``cancel_sync``); a worker or ``all``: once each
+        worker has its cancel flag set (or is killed, with ``force``), and for ``all`` the sync's end too."""
         actors = self.cluster.actors
         if target == "sync":
-            self.cancel_sync()
-            self.record("cancel", by, True, {"target": "sync", "outcome": "the current sync is being cancelled"})
+            self.cancel_sync(answer)
             return
         names = list(actors) if target == "all" else [target]
         missing = [n for n in names if n not in actors]
         if missing:
-            self.record("cancel", by, False, f"no worker named {', '.join(missing)}; workers: {', '.join(actors)}")
+            answer(False, f"no worker named {', '.join(missing)}; workers: {', '.join(actors)}")
             return
         for n in names:
             if mode == "force":
                 ray.kill(actors[n], no_restart=True)
             else:
                 actors[n].cancel.remote()
+        answer(True, {"target": target, "mode": mode, "outcome": "killed" if mode == "force" else "cancel flag set"})
         if target == "all":
-            self.cancel_sync()
-        self.record("cancel", by, True, {"target": target, "mode": mode,
-                                         "outcome": "killed" if mode == "force" else "cancel flag set"})
+            self.cancel_sync(lambda ok, result: answer(ok, result) if ok else None)

@@ -9,9 +9,11 @@ again: the weights still have to reach the rollouts.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
+from gkd_core.trainer.actions import Answer
 from gkd_core.trainer.cluster import Cluster
 from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed, guarded_wait
 
@@ -30,17 +32,37 @@ class WeightSync:
     def __init__(self, cluster: Cluster, rep: Reporter, timeout_s: float):
         self.cluster, self.rep, self.timeout_s = cluster, rep, timeout_s
         self.sync_id = 0  # kept in checkpoints, so that ids go on across restarts
-        self._cancel = False
         self.on_tick = None  # the driver's commands, served while the sync runs
+        self._under_way = 0  # the sync in progress (0: none)
+        self._cancels: list[Answer] = []  # the cancels asked of it, answered when it ends
+        self._last = "none yet"  # how the newest sync ended
 
-    def request_cancel(self) -> None:
-        self._cancel = True
+    def request_cancel(self, answer: Answer) -> None:
+        """Cancel the sync under way: ``answer`` is told how it ended (cancelled and made again, or over before
+        the cancel took hold); with none under way, told so at once. (Asked from the sync's own ticks: the
+        driver serves its commands there, on this thread.)"""
+        if not self._under_way:
+            answer(False, f"no weight sync is under way (the last: {self._last})")
+            return
+        self._cancels.append(answer)
+
+    def _answer_cancels(self, ok: bool, result: Any) -> None:
+        cancels, self._cancels = self._cancels, []
+        for answer in cancels:
+            answer(ok, result)
 
     def __call__(self, step: int) -> None:
+        self._under_way = self.sync_id + 1
+        try:
+            self._sync(step)
+        finally:
+            self._under_way = 0
+            self._answer_cancels(False, f"{self._last} before the cancel took hold")
+
+    def _sync(self, step: int) -> None:
         c = self.cluster
         self.sync_id += 1
         sid, timeout, members = self.sync_id, self.timeout_s, c.members
-        self._cancel = False
         t0 = time.monotonic()
         self.rep.emit(ev.SyncEvent(sync_id=sid, state="started", timeout_s=timeout, pending=members, step=step))
         refs = {"student/0": c.actors["student/0"].sync_send.remote(sid, step, timeout)}
@@ -53,10 +75,11 @@ class WeightSync:
                                        step=step))
             if self.on_tick is not None:
                 self.on_tick()
-            if self._cancel:
+            if self._cancels:
                 raise SyncCancelled(f"sync {sid} cancelled with {', '.join(pending)} pending")
 
         def ended(state: str, **kw) -> None:
+            self._last = f"sync {sid} {state}"
             self.rep.emit(ev.SyncEvent(sync_id=sid, state=state, timeout_s=timeout, elapsed_s=time.monotonic() - t0,
                                        step=step, **kw))
 
@@ -81,8 +104,15 @@ class WeightSync:
             for m in members:
                 c.actors[m].cancel.remote()
             assert c.group is not None  # (made in ``Cluster.start``, before any sync)
-            c.group.rebuild()
-            return self(step)
+            try:
+                c.group.rebuild()
+            except Exception as rebuilt:
+                self._answer_cancels(False, f"{e}, but making the group again failed: {rebuilt}"[:500])
+                raise
+            self._answer_cancels(True, {"target": "sync", "outcome": f"{e} after {time.monotonic() - t0:.1f} s; "
+                                                                     f"the group was made again and sync "
+                                                                     f"{sid + 1} sends the weights anew"})
+            return self._sync(step)
         except WorkerFailed as e:
             ended("failed", pending=[e.name], blocked=e.blocked, error=str(e)[:1000])
             raise

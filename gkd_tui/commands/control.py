@@ -78,7 +78,12 @@ def cmd_stop(a: argparse.Namespace) -> int:
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
-    return act(a, "cancel", {"target": a.target, "mode": "force" if a.force else "cooperative"})
+    # what is not given takes the op's default (telemetry/ops: the sync, cooperatively)
+    return act(a, "cancel", {**({"target": a.target} if a.target else {}), **({"mode": "force"} if a.force else {})})
+
+
+def cmd_note(a: argparse.Namespace) -> int:
+    return act(a, "note", {"text": " ".join(a.text)})
 
 
 def cmd_restart(a: argparse.Namespace) -> int:

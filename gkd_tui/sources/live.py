@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gkd_core.state import RunState
 from gkd_core.subscriber import RunSubscriber
+from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_tui.sources.log_follower import LogFollower
 
@@ -19,6 +21,7 @@ class LiveSource:
 
     playback = None
     capture_stacks = None
+    on_action: Callable[[ev.ActionEvent], None] | None = None  # told of each action that answers a request
 
     def __init__(self, run: Path):
         self.run: Path | None = run
@@ -60,7 +63,12 @@ class LiveSource:
                 # a few hundred events at a time under the lock (a batch of a node's heartbeats is
                 # one): the redraw waits for the lock at most a few milliseconds
                 with self.lock:
-                    more = len(self.sub.pump(0.0, max_events=PUMP_EVENTS)) == PUMP_EVENTS
+                    got = self.sub.pump(0.0, max_events=PUMP_EVENTS)
+                more = len(got) == PUMP_EVENTS
+                if self.on_action is not None:
+                    for e in got:
+                        if type(e) is ev.ActionEvent and e.request:
+                            self.on_action(e)
                 self.error = ""
             except (ControlUnreachable, ControlError) as e:
                 self.error = f"supervisor unreachable: {e}"[:120]

@@ -72,15 +72,15 @@ def test_serve_acts_once_on_a_repeated_id_and_records_one_action():
     calls: list[str] = []
     restarts = iter(range(1, 100))
 
-    def restart(args: dict, by: str) -> dict:
+    def restart(args, asked) -> dict:
         calls.append("restart")
         return {"restart": next(restarts)}
 
-    def stop(args: dict, by: str) -> dict:
+    def stop(args, asked) -> dict:
         calls.append("stop")
         raise control_ops.Refused("the run is stopping already")
 
-    def ping(args: dict, by: str) -> dict:
+    def ping(args, asked) -> dict:
         calls.append("ping")
         return {"pong": True}
 

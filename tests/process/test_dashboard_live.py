@@ -39,6 +39,9 @@ async def test_live_attach_follows_a_real_supervisor_and_q_leaves_it_running(sta
 
 @pytest.mark.slow
 async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(start_supervisor):
+    """... and a cancel sent shows the driver's own outcome where c was pressed: the supervisor's receipt
+    first, then the driver's answer, an action event carrying the request's id (no polling for it)."""
+    from textual.notifications import Notify
     from textual.widgets import Button, TextArea
 
     from gkd_tui.screens.confirm import ConfirmScreen
@@ -48,7 +51,9 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
     sup = start_supervisor("trainer.total_steps=100000", "rollout.n_workers=4", step_s=0.05)
     sup.wait_driver()
     app = GkdApp(LiveSource(sup.run))
-    async with app.run_test(size=(120, 36)) as pilot:
+    toasts: list[str] = []
+    hook = lambda m: isinstance(m, Notify) and toasts.append(m.notification.message)  # noqa: E731
+    async with app.run_test(size=(120, 36), message_hook=hook) as pilot:
         for _ in range(50):
             await pilot.pause(0.1)
             if "driver" in app.source.state.workers:
@@ -96,14 +101,20 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
         assert isinstance(app.screen, ConfirmScreen)
         [task] = [b for b in app.screen.query(Button) if str(b.label) == f"{worker}'s task"]
         task.press()
+        outcome = "cancel failed: the demo driver (gkd_core.demo_driver) has nothing to cancel"
         for _ in range(50):
             await pilot.pause(0.1)
-            if any(e["kind"] == "action" and e["op"] == "cancel" for e in sup.events()):
+            if outcome in toasts:
                 break
         cancel = [e for e in sup.events() if e["kind"] == "action" and e["op"] == "cancel"]
-        # forwarded to the driver, which says what it did with rollout/1's task (the demo has none)
-        assert cancel and cancel[0]["ok"] and cancel[0]["result"]["forwarded"], cancel
-        assert sent == [("cancel", {"target": "rollout/1", "mode": "cooperative"})]
+        # forwarded to the driver, which says what it did with rollout/1's task (the demo has none), both
+        # on the record with the request's id; the dashboard said the receipt, then the driver's answer
+        assert len(cancel) == 2 and cancel[0]["ok"] and cancel[0]["result"]["forwarded"], cancel
+        assert not cancel[1]["ok"] and cancel[1]["by"].startswith("dashboard") and cancel[1]["request"], cancel
+        assert cancel[0]["request"] == cancel[1]["request"]
+        assert sent == [("cancel", {"target": "rollout/1"})]  # the mode is the op's default (telemetry/ops)
+        shown = [t for t in toasts if t.startswith("cancel")]
+        assert shown[-1] == outcome and (len(shown) == 1 or "handed to the driver" in shown[0]), toasts
         # r: the diff first, then the restart on the record
         await pilot.press("r")
         for _ in range(50):

@@ -1,0 +1,124 @@
+"""Each control op, declared once: the Struct of its arguments, with their defaults and what each must be.
+
+The CLI, the dashboard, the supervisor (which checks a request before an op sees it), our trainer's driver
+and a watched job's driver all read an op's arguments through ``parse``: a default (``cancel``'s target
+``sync``, its mode ``cooperative``) is written here and nowhere else. A new op is one Struct here and one
+handler in the supervisor (``Supervisor._ops``); an op a driver carries out gets its handler there instead.
+"""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An op's arguments: an argument it does not take is refused (a typo, ``dry-run``, must never be taken
+    for a real restart); a value is checked against its field's type and ``Meta``, whose description says
+    what it must be."""
+
+
+class QueryArgs(Args, forbid_unknown_fields=False):
+    """A query only reads (``ping``, ``snapshot``): what it is sent besides is ignored."""
+
+
+# an argument left out takes the receiver's own default (the run's grace, a dump id of the supervisor's);
+# one sent must be a value (null is refused, as a typo would be)
+Unset = msgspec.UnsetType
+UNSET = msgspec.UNSET
+
+
+class StopArgs(Args):
+    grace_s: Annotated[float, Meta(ge=0, le=86400, description="a number of seconds from 0 to 86400")] | Unset = UNSET
+
+
+class RestartArgs(Args):
+    shrink: Annotated[bool, Meta(description="true or false")] = False
+    dry_run: Annotated[bool, Meta(description="true or false")] = False
+    overrides: Annotated[list[str], Meta(description="a list of key=value strings")] = []
+
+
+CancelMode = Literal["cooperative", "force"]
+
+
+class CancelArgs(Args):
+    target: Annotated[str, Meta(min_length=1, max_length=200,
+                                description="a worker (rollout/1), 'sync' or 'all'")] = "sync"
+    mode: Annotated[CancelMode, Meta(description="'cooperative' or 'force'")] = "cooperative"
+
+
+DUMP_ID = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}\Z"  # a folder under RUN/stacks, nowhere else
+
+
+class DumpStacksArgs(Args):
+    targets: Annotated[list[str], Meta(description="a list of workers, e.g. [\"rollout/1\"] ([] for all)")] = []
+    dump_id: Annotated[str, Meta(pattern=DUMP_ID, description="a name of at most 64 letters, digits, '.', '_' "
+                                                              "or '-'")] | Unset = UNSET
+
+
+class OpenIngestArgs(Args):
+    host: Annotated[str, Meta(description="an IP address, as text")] | Unset = UNSET
+
+
+class NoteArgs(Args):
+    text: Annotated[str, Meta(min_length=1, max_length=2000, description="1 to 2000 characters of text")]
+
+
+OPS: dict[str, type[Args]] = {
+    "ping": QueryArgs, "snapshot": QueryArgs, "stop": StopArgs, "restart": RestartArgs, "cancel": CancelArgs,
+    "dump_stacks": DumpStacksArgs, "open_ingest": OpenIngestArgs, "note": NoteArgs,
+}
+# Ops that only read: repeating one changes nothing, so the supervisor keeps no memory of their answers
+# (a snapshot of a large run is megabytes). Every other op acts, and a repeat of it is answered from that
+# memory.
+QUERIES = frozenset(op for op, args in OPS.items() if args is QueryArgs)
+
+# what an op may name besides the run's workers (the driver of a job that is not ours says nothing of
+# itself until it calls ray.init: its stacks are still there to take)
+NOT_WORKERS = {"cancel": ("sync", "all"), "dump_stacks": ("driver",)}
+
+_UNKNOWN_FIELD = re.compile(r"unknown field `(.*)`", re.S)
+_AT_FIELD = re.compile(r"at `\$\.([A-Za-z_]+)")
+_MISSING = re.compile(r"missing required field `(.*)`")
+
+
+class BadArgs(ValueError):
+    """The arguments are not what the op takes; the message names the op and the argument."""
+
+
+def parse(op: str, args: dict) -> Args:
+    """``args`` as ``op``'s Struct, defaults filled in; ``BadArgs`` naming the op and the argument (and what it
+    must be) otherwise, ``KeyError`` for an op that is not declared."""
+    kind = OPS[op]
+    try:
+        return msgspec.convert(args, kind)
+    except msgspec.ValidationError as e:
+        raise BadArgs(_say(op, kind, args, str(e))) from None
+
+
+def _say(op: str, kind: type[Args], args: dict, error: str) -> str:
+    fields = {f.name: f for f in msgspec.structs.fields(kind)}
+    if m := _UNKNOWN_FIELD.search(error):
+        return f"{op}: unknown argument {m.group(1)[:40]!r}; it takes {', '.join(fields) or 'none'}"
+    if m := _MISSING.search(error):
+        return f"{op}: argument {m.group(1)!r} is missing; it must be {_what(kind, m.group(1))}"
+    if (m := _AT_FIELD.search(error)) and m.group(1) in fields:
+        name = m.group(1)
+        shown = msgspec.json.encode(args.get(name))[:60].decode(errors="replace")
+        return f"{op}: argument {name!r} must be {_what(kind, name)}, got {shown}"
+    return f"{op}: {error}"
+
+
+def _what(kind: type[Args], name: str) -> str:
+    """The field's description, from the ``Meta`` of its annotation (of an optional one's ``Annotated`` part)."""
+    hint = typing.get_type_hints(kind, include_extras=True)[name]
+    if typing.get_origin(hint) is not Annotated:
+        hint = next((p for p in typing.get_args(hint) if typing.get_origin(p) is Annotated), hint)
+    for meta in getattr(hint, "__metadata__", ()):
+        if isinstance(meta, Meta) and meta.description:
+            return meta.description
+    return f"a {hint}"
