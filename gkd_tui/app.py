@@ -97,7 +97,8 @@ class GkdApp(App):
         with Horizontal(id="bottom"):
             yield titled(MetricsPane(), "metrics")
             yield titled(LogTail(), "log")
-        yield Input(placeholder="filter workers (name, phase, node or pid); enter to apply, escape to clear", id="filter")
+        yield Input(placeholder="filter workers (name, phase, node or pid); enter to apply, escape to clear",
+                    id="filter")
         yield Footer()
 
     def on_mount(self) -> None:

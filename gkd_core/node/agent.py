@@ -42,8 +42,8 @@ class NodeAgent:
         self.rep.register("agent", node=label)
         self.rep.set_phase(NODE_WATCHING)
         # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
-        self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label), run=run_id,
-                                         curve=curve, interval_s=heartbeat_s)
+        self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label),
+                                         run=run_id, curve=curve, interval_s=heartbeat_s)
         try:
             self.relay.start()
         except Exception as e:  # the workers of this node then push straight to the supervisor
@@ -80,7 +80,8 @@ def node_labels(nodes: list[dict]) -> dict[str, str]:
     """node id -> a short readable name: the host name, with the id's head where hosts repeat
     (several Ray nodes on one machine, as in tests)."""
     hosts = [n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "node" for n in nodes]
-    return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}") for n, h in zip(nodes, hosts)}
+    return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}")
+            for n, h in zip(nodes, hosts, strict=True)}
 
 
 def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,

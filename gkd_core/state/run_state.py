@@ -112,7 +112,8 @@ class RunState(StateViews, msgspec.Struct, kw_only=True, weakref=True):
                 self.mark_moved(w)
 
     def mark_moved(self, w: WorkerState) -> None:
-        """``w``'s role, phase or spans changed: what changed since a pass of the diagnosis is found by comparing one number per worker."""
+        """``w``'s role, phase or spans changed: what changed since a pass of the diagnosis is found by
+        comparing one number per worker."""
         self.moves += 1
         w.moved = self.moves
 

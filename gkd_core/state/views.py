@@ -121,9 +121,8 @@ class StateViews:
         if len(h) < 2:
             return 0.0
         t1, c1 = h[-1]
-        for t0, c0 in reversed(h[:-1]):
-            if t1 - t0 >= window_s:
-                break
+        # the newest point at least window_s before the last; else the oldest
+        t0, c0 = next(((t, c) for t, c in reversed(h[:-1]) if t1 - t >= window_s), h[0])
         return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
 
     def hung_probes(self, now: float) -> list[tuple[str, str, float]]:

@@ -266,8 +266,9 @@ class Supervisor:
         if self.resuming:
             self.emit(ev.RunEvent(state="restarting", restart=life.restarts, config_digest=config_mod.digest(self.cfg),
                                   total_steps=self.cfg.trainer.total_steps,
-                                  reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; supervisor pid "
-                                         f"{os.getpid()} takes the run over and resumes it from its latest checkpoint",
+                                  reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; "
+                                         f"supervisor pid {os.getpid()} takes the run over and resumes it from its "
+                                         "latest checkpoint",
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
             done = self.state.metrics[-1].step if self.state.metrics else 0  # the newest step the log says done
             if not self.foreign and (lost := steps_the_log_lost(self.run_dir, done, self.resumed_from_pid)):

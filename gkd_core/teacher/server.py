@@ -125,8 +125,8 @@ class TeacherProxy(_BackgroundLoop):
 class TeacherWorkerLoop(_BackgroundLoop):
     """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
 
-    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple], reporter: Reporter,
-                 ctx: zmq.Context | None = None):
+    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple],
+                 reporter: Reporter, ctx: zmq.Context | None = None):
         self.name = name
         self.address = backend_address
         self.score = score

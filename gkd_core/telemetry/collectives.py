@@ -153,7 +153,7 @@ def _read_ops(dump_json, names: set[str]) -> None:
         name, seq = (e.get("process_group") or ["", ""])[0], int(e.get("collective_seq_id") or 0)
         if name in names and not e.get("is_p2p") and seq >= _op_of.get(name, (0, "", 0))[0]:
             size = sum(_numel(s) * DTYPE_BYTES.get(t, 4)
-                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []))
+                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or [], strict=False))
             _op_of[name] = (seq, str(e.get("profiling_name", "")).rpartition(":")[2], size)
 
 

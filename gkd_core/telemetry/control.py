@@ -193,7 +193,7 @@ class ControlClient:
         # (a supervisor busy or briefly frozen) and tempt them to press it again, under a new id.
         req_id = new_request_id()
         payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
-        for attempt in range(attempts):
+        for _ in range(attempts):
             sock = self._socket()
             sock.send_multipart([b"", payload])
             deadline = time.monotonic() + timeout

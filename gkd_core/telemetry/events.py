@@ -334,7 +334,8 @@ class ActionEvent(Event, tag="action"):
 # every kind defined above (a kind left out of a hand-kept list decoded as unknown: the reducer
 # never saw it)
 KNOWN = tuple(Event.__subclasses__())
-AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
+# the union of a tuple made at run time, for msgspec's decoders: `X | Y` cannot spell it
+AnyEvent = Union[KNOWN]  # type: ignore[valid-type]  # noqa: UP007
 KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}
 
 

@@ -131,7 +131,8 @@ def first_difference(a, b) -> str:
     va, vb = a.get_vocab(), b.get_vocab()
     for tok in sorted(set(va) | set(vb), key=lambda t: (min(va.get(t, 1 << 30), vb.get(t, 1 << 30)), t)):
         if va.get(tok) != vb.get(tok):
-            return f"token {tok!r} is id {va.get(tok, 'absent')} in the student's and {vb.get(tok, 'absent')} in the teacher's"
+            return (f"token {tok!r} is id {va.get(tok, 'absent')} in the student's "
+                    f"and {vb.get(tok, 'absent')} in the teacher's")
     return ""
 
 

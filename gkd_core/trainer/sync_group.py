@@ -35,7 +35,8 @@ class SyncGroup:
         rendezvous = self.rendezvous()
         refs = {m: self.c.actors[m].init_group.remote(rendezvous, len(members), r, self.c.cfg.trainer.sync_timeout_s,
                                                     backend) for r, m in enumerate(members)}
-        with self.c.rep.phase("join_group", timeout_s=self.c.cfg.trainer.init_timeout_s, detail=f"{backend} {rendezvous}"):
+        with self.c.rep.phase("join_group", timeout_s=self.c.cfg.trainer.init_timeout_s,
+                              detail=f"{backend} {rendezvous}"):
             self.c.wait(refs, self.c.cfg.trainer.init_timeout_s, "join_group",
                       hint="a member that never joins is stuck before init: dump its stack (d)")
 

@@ -42,7 +42,7 @@ RESORT_S = 1.0
 def cells_line(cells, widths=WIDTHS) -> list[str]:
     """The row's text a cell at a time (one segment each: a terminal does not care, but an SVG
     capture lays out each segment on its own, so a bold row cannot drift past the last column)."""
-    return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths)]
+    return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths, strict=True)]
 
 
 sort_key = worker_groups.sort_key

@@ -209,7 +209,7 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
     out = []
     for hops in found.cycles:
         members = [state.workers[src] for src, _ in hops]
-        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops))
+        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops, strict=True))
         if now - moved < STILL_S:
             continue
         # said from its longest-waiting member: the one whose call began the cycle
