@@ -6,17 +6,21 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from typing import TYPE_CHECKING, Any
 
 from gkd_core.state.records import (
     AlertState,
     CollectiveView,
     GpuRow,
     MetricsPoint,
+    ProbeHang,
     SyncState,
     SyncView,
+    TeacherState,
     TeacherTotals,
     WorkerState,
 )
+from gkd_core.telemetry.events import CollectiveProgress
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
 
@@ -58,6 +62,16 @@ class StateViews:
 
     __slots__ = ()
 
+    if TYPE_CHECKING:  # the fields of RunState that these views read
+        workers: dict[str, WorkerState]
+        sync: SyncState | None
+        teacher: TeacherState
+        gpus: dict[str, GpuRow]
+        probe_hangs: dict[str, ProbeHang]
+        alerts: dict[str, AlertState]
+        metrics: list[MetricsPoint]
+        actions: list[dict[str, Any]]
+        collectives: dict[str, dict[str, CollectiveProgress]]
 
     def time_in_phase(self, w: WorkerState, now: float) -> float:
         return max(0.0, now - w.phase_since)
@@ -139,7 +153,7 @@ class StateViews:
         """Most severe first, then oldest first."""
         return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
 
-    def dump_answer(self, dump_id: str) -> dict | None:
+    def dump_answer(self, dump_id: str) -> dict[str, Any] | None:
         """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:
         every stack it took is in ``stacks`` by then."""
         for act in reversed(self.actions):
