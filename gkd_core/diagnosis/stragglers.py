@@ -111,7 +111,7 @@ class SpanIndex:
     def update(self, state: RunState, budget: int | None = None) -> None:
         """Read the workers that moved; at most ``budget`` of them now (the rest at the next call)."""
         if self._state is None or self._state() is not state:
-            self.__init__()
+            type(self).__init__(self)  # every field as new, for another state
             self._state = weakref.ref(state)
         if state.moves != self._mark:
             mark = self._mark

@@ -184,14 +184,15 @@ class Supervisor:
     def _op_dump_local(self, args: dict, by: str) -> dict:
         control_ops.check_targets("dump_stacks", _targets("dump_stacks", args), self.state.workers)
         dump_id = args.get("dump_id") or f"dump-{self.seq}"
+        assert self.local_stacks is not None  # (this op is a foreign job's, which has them)
         return self.local_stacks.dump(self.state, args.get("targets") or [], dump_id, by)
 
     def _forward_stacks(self, args: dict) -> None:
         """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
         self.life.forward("dump_stacks", args, "supervisor", self.seq, self.state.state)
 
-    def _take_local_stacks(self) -> None:
-        results = self.local_stacks.results
+    def _take_local_stacks(self, local_stacks: LocalStacks) -> None:
+        results = local_stacks.results
         while not results.empty():
             self.emit(results.get_nowait())
 
@@ -210,12 +211,12 @@ class Supervisor:
     def _op_open_ingest(self, args: dict, by: str) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
         s = self.sockets
-        if s.ingest_tcp is None:
-            s.open_ingest(args.get("host"))
+        if (sock := s.ingest_tcp) is None:
+            sock = s.open_ingest(args.get("host"))
             rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
-            self._poller.register(s.ingest_tcp, zmq.POLLIN)
+            self._poller.register(sock, zmq.POLLIN)
             self._poller.register(s.ingest_monitor, zmq.POLLIN)
-        return {"endpoint": s.ingest_tcp.last_endpoint.decode()}
+        return {"endpoint": sock.get_string(zmq.LAST_ENDPOINT)}
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -292,7 +293,7 @@ class Supervisor:
         next_chores = 0.0
         try:
             while True:
-                ready = dict(poller.poll(TICK_S * 1000))
+                ready = dict(poller.poll(int(TICK_S * 1000)))
                 if s.ingest in ready:
                     self.rec.drain(s.ingest)
                 if s.ingest_tcp is not None and s.ingest_tcp in ready:
@@ -324,7 +325,7 @@ class Supervisor:
                     took = time.monotonic() - now
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
                 if self.local_stacks is not None:
-                    self._take_local_stacks()
+                    self._take_local_stacks(self.local_stacks)
                 self.rec.flush()
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
                 if life.ended_at is not None and life.driver is None:
@@ -362,7 +363,7 @@ def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
     checkpoint's own step is not lost: the driver that resumes from it says its metrics again."""
     newest = checkpoints.latest(run_dir / "checkpoints")
     step = checkpoints.step_of(newest) if newest is not None else 0
-    if step <= logged + 1:
+    if newest is None or step <= logged + 1:
         return ""
     first, last = logged + 1, step - 1
     span = f"step {first}" if first == last else f"steps {first}-{last}"

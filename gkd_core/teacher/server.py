@@ -39,6 +39,7 @@ class _BackgroundLoop:
 
     _stop: threading.Event
     _thread: threading.Thread
+    _run: Callable[[], None]  # each loop's own
 
     def _init_loop(self, name: str) -> None:
         self._stop = threading.Event()

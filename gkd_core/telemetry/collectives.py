@@ -117,7 +117,7 @@ def flight_recorder() -> list[CollectiveProgress]:
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None or not TRACKER.on or not _recording() or not c10d.is_initialized():
         return []
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]  # (private: no stub)
 
     status = json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status") or {}
     now = time.time()
