@@ -21,7 +21,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -145,6 +147,10 @@ def _part_of_fused(name: str, params: dict, packed: dict[str, list[str]], shapes
 
 class GkdWorkerExtension:
     """Mixed into each vLLM worker by ``worker_extension_cls``; ``self.model_runner`` is the worker's."""
+
+    if TYPE_CHECKING:  # the vLLM worker's, which this is mixed into
+        model_runner: Any
+        reload_weights: Callable[..., None]
 
     def gkd_keep_weights_readable(self) -> None:
         """On a CPU, vLLM packs each linear layer's weight for its kernels (oneDNN) and drops the original,

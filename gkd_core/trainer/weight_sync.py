@@ -9,6 +9,7 @@ again: the weights still have to reach the rollouts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
@@ -31,7 +32,7 @@ class WeightSync:
         self.cluster, self.rep, self.timeout_s = cluster, rep, timeout_s
         self.sync_id = 0  # kept in checkpoints, so that ids go on across restarts
         self._cancel = False
-        self.on_tick = None  # the driver's commands, served while the sync runs
+        self.on_tick: Callable[..., None] | None = None  # the driver's commands, served while the sync runs
 
     def request_cancel(self) -> None:
         self._cancel = True
