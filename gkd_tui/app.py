@@ -21,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
-from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
@@ -78,7 +78,7 @@ class GkdApp(App):
         self.source = source
         self.stall_s = stall_s
         self.readonly = readonly
-        self._client = None
+        self._client: ControlClient | None = None
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0

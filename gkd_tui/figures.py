@@ -96,7 +96,7 @@ def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
         pts = [(m.step, getattr(m, name)) for m in metrics if getattr(m, name) is not None]
         last = f": {pts[-1][1]:.4g} at step {pts[-1][0]}" if pts else ""
         # agreement is measured at evaluations only: points, so that few of them still show
-        kind = "points" if name == "agreement" and len(pts) < 30 else "line"
+        kind: Literal["line", "points"] = "points" if name == "agreement" and len(pts) < 30 else "line"
         out.append(Figure(title + last, "", "", (_line(name, pts, f"series-{name}", kind),), ylim,
                           empty=f"no {name} reported yet"))
     return tuple(out)

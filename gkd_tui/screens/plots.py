@@ -12,6 +12,8 @@ main screen's panes are drawn again when it closes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.color import Color
@@ -22,6 +24,9 @@ from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from gkd_core.state import RunState
 from gkd_tui.figures import TABS, Figure, figures
+
+if TYPE_CHECKING:
+    from gkd_tui.app import GkdApp
 
 REDRAW_S = 1.0
 
@@ -64,7 +69,7 @@ class PlotsScreen(Screen[None]):
         if not active:
             return
         i = int(active.rsplit("-", 1)[1])
-        source = self.app.source
+        source = cast("GkdApp", self.app).source  # (the app this screen is pushed on: Textual types it App)
         with source.lock:
             figs = figures(TABS[i], source.state)
         for j, fig in enumerate(figs):
