@@ -166,8 +166,9 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     before its first step, idle: no worker is late, so the diagnosis has nobody to name, as in a healthy
     run. Returns how many messages were sent, the CPU the load itself took (percent of a core: on a
     small machine it competes with what is measured), and each probe's emit time (ns). ``plotted``: a step's
-    metrics, a sync, the teacher's counts and 64 GPUs' readings each second as well. ``taken_in(n)`` waits until the supervisor has
-    taken in the first ``n`` messages (the registrations: what a run's start costs is not measured)."""
+    metrics, a sync, the teacher's counts and 64 GPUs' readings each second as well. ``taken_in(n)`` waits
+    until the supervisor has taken in the first ``n`` messages (the registrations: what a run's start costs
+    is not measured)."""
     cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.sndhwm = 1_000_000
@@ -385,7 +386,7 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfra
         replay = ReplaySource(log)
         replay.seek(live.last_ts)
         differ = same_state(live, replay.state, 1.0)
-        worst = sorted(zip(res["lat_ms"], res["lat_in"], res["lat_t"]), reverse=True)[:5]
+        worst = sorted(zip(res["lat_ms"], res["lat_in"], res["lat_t"], strict=True), reverse=True)[:5]
         print(f"  {workers}: {len(live.alerts)} alert(s) at the end; the slowest probes (ms, of which before the "
               "dashboard had it, @ s): " + ", ".join(f"{ms:.0f} ({i:.0f}) @ {t:.1f}" for ms, i, t in worst)
               + "; the keyframes kept were written @ s: " + ", ".join(
@@ -427,18 +428,22 @@ def main() -> None:
         return
     if a.smoke:  # 8 s: probes from 2 s in, the burst second at 5 s, the load stopping at 7 s
         a.workers, a.seconds, a.burst, a.keyframe_mb, a.rounds = [64], 8.0, 2_000, 0.2, 1
-    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots) for n in a.workers for _ in range(a.rounds)]
+    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots)
+            for n in a.workers for _ in range(a.rounds)]
     with records.kept("dashboard_plots" if a.plots else "dashboard", smoke=a.smoke) as kept_run:
         print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
-              f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} {'last 10s':>9} "
-              f"{'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} {'same':>5}")
+              f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} "
+              f"{'last 10s':>9} {'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} "
+              f"{'same':>5}")
         for r in rows:
+            latency = (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"]
+                       else f"{'-':>12} {'-':>7} {'-':>7} ")
             print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} "
-                  + (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"] else f"{'-':>12} {'-':>7} {'-':>7} ")
-                  + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB {r['rss_mid']:4.0f}MB "
-                  f"{r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s {r['resnapshots']:8d} {r['log_mb']:5.0f}MB "
-                  f"{r['sup_rss']:6.0f}MB {r['frames']:6d} {r['replay_s']:6.1f}s {r['whole_s']:5.1f}s "
-                  f"{'yes' if r['same'] else 'NO':>5}")
+                  + latency
+                  + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB "
+                  f"{r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s "
+                  f"{r['resnapshots']:8d} {r['log_mb']:5.0f}MB {r['sup_rss']:6.0f}MB {r['frames']:6d} "
+                  f"{r['replay_s']:6.1f}s {r['whole_s']:5.1f}s {'yes' if r['same'] else 'NO':>5}")
         if a.rounds > 1:
             print(f"\nmedian (min-max) of {a.rounds} rounds:")
             for n in a.workers:

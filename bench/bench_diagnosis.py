@@ -147,7 +147,8 @@ def measure(name, fault, target, code, want_verdict, timeout_only, home: Path, b
     if keep is not None and attempt == 0:
         keep_log(run, home, keep / f"{name}.events.jsonl.gz")
     evs = events(run)
-    raised = [e for e in evs if e["kind"] == "alert" and not e.get("cleared") and e.get("severity") in ("warn", "critical")]
+    raised = [e for e in evs
+              if e["kind"] == "alert" and not e.get("cleared") and e.get("severity") in ("warn", "critical")]
     mine = [e for e in raised if names(e, target) and t0 and e["ts"] >= t0]
     # a false alarm: any other worker named, or the right one named before its fault
     others = sorted({t for e in raised for t in e.get("targets") or []

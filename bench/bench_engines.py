@@ -52,7 +52,8 @@ def build(root: Path) -> None:
     for name, hidden, heads in (("teacher", 512, 16), ("student", 256, 8)):
         model(tok, "qwen2", hidden, seed=1, heads=heads, layers=4).save_pretrained(root / name)
         tok.save_pretrained(root / name)
-    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"what is {a} plus {b}?" + " please" * (i % 5)}],
+    rows = [{"data_source": "t",
+             "prompt": [{"role": "user", "content": f"what is {a} plus {b}?" + " please" * (i % 5)}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": b}, "extra_info": {"index": i}}
             for i, (a, b) in enumerate((a, b) for a in WORDS for b in WORDS)]
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")
@@ -152,9 +153,10 @@ def gkd_run(home: Path, root: Path, engine: str, steps: int) -> dict:
     events = [json.loads(line) for line in (home / "runs" / run_id / "events.jsonl").read_text().splitlines()]
     metrics = [e for e in events if e["kind"] == "metrics"]
     warm = max(3, steps // 5)
-    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:])]
+    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:], strict=False)]
     return {"step_s": statistics.median(gaps),
-            **{k: statistics.median(m["timing"].get(k, 0.0) for m in metrics[warm:]) for k in ("generate", "wait", "sync")}}
+            **{k: statistics.median(m["timing"].get(k, 0.0) for m in metrics[warm:])
+               for k in ("generate", "wait", "sync")}}
 
 
 def spread(xs: list[float]) -> str:

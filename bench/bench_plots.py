@@ -107,7 +107,7 @@ async def redraws(lib: str, tab: str, st: RunState, frames: int, size: tuple[int
             st.metrics = metrics[: len(metrics) - frames + i]  # one step more each frame
             figs = figures.figures(tab, st)
             t0 = time.process_time()
-            for w, fig in zip(widgets, figs):
+            for w, fig in zip(widgets, figs, strict=False):
                 paint(w, fig)
             await pilot.pause()
             if i:  # the first lays the canvases out
@@ -138,11 +138,13 @@ def main() -> None:
     for _ in range(a.rounds):
         for tab in figures.TABS:
             for lib in libs:
-                per.setdefault((lib, tab), []).append(statistics.median(asyncio.run(redraws(lib, tab, st, a.frames, size))))
+                times = asyncio.run(redraws(lib, tab, st, a.frames, size))
+                per.setdefault((lib, tab), []).append(statistics.median(times))
     with records.kept("plots", smoke=a.smoke) as kept_run:
         print(f"CPU per redraw of a tab's figures, {a.steps} steps, {size[0]}x{size[1]}, median of {a.rounds} rounds "
               f"(min-max), each the median of {a.frames} redraws")
-        print(f"{'tab':10s} {'plots':>5s} " + "".join(f"{lib:>26s}" for lib in libs) + ("   plotext/plot" if len(libs) > 1 else ""))
+        print(f"{'tab':10s} {'plots':>5s} " + "".join(f"{lib:>26s}" for lib in libs)
+              + ("   plotext/plot" if len(libs) > 1 else ""))
         for tab in figures.TABS:
             n = len(figures.figures(tab, st))
             cells = []
@@ -153,8 +155,8 @@ def main() -> None:
             if len(libs) > 1:
                 ratio = f"   {statistics.median(per[(libs[1], tab)]) / statistics.median(per[(libs[0], tab)]):.2f}x"
             print(f"{tab:10s} {n:5d} " + "".join(f"{c:>26s}" for c in cells) + ratio)
-            kept_run.figure(f"{tab} tab: CPU per redraw with textual-plot", 1000 * statistics.median(per[(libs[0], tab)]),
-                            " ms")
+            kept_run.figure(f"{tab} tab: CPU per redraw with textual-plot",
+                            1000 * statistics.median(per[(libs[0], tab)]), " ms")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ def wrappers(n: int) -> None:
     calls(ray.get, ActorMethod._remote, 1000), executed(run, 1000)  # warm
     p.activity.close()  # its thread's cost is measured in the job, on its own
     # each: (with our wrappers - the stand-ins alone), the median of 5 runs of n
-    caller = statistics.median(calls(ray.get, ActorMethod._remote, n) - calls(bare_get, bare_remote, n) for _ in range(5))
+    caller = statistics.median(calls(ray.get, ActorMethod._remote, n) - calls(bare_get, bare_remote, n)
+                               for _ in range(5))
     callee = statistics.median(executed(run, n) - executed(answer, n) for _ in range(5))
     print(f"CALLER_US {1e6 * caller / n:.2f}", flush=True)
     print(f"CALLEE_US {1e6 * callee / n:.2f}", flush=True)
@@ -323,7 +324,7 @@ def main() -> None:
             share["threads"].append(100 * seen["THREADS_CPU_S"] / seen["JOB_CPU_S"])
             share["wrappers"].append(100 * calls * (caller_us + callee_us) / 1e6 / seen["JOB_CPU_S"])
             share["supervisor"].append(100 * seen["SUPERVISOR_CPU_S"] / seen["JOB_CPU_S"])
-        total = [sum(parts) for parts in zip(*share.values())]
+        total = [sum(parts) for parts in zip(*share.values(), strict=True)]
         print("\nthe watching's own work over the loop, as a share of the job's CPU seconds (its 5 processes; "
               "median of the rounds, min-max):")
         what = {"threads": "our threads in the job's processes (call watcher, heartbeat, command inbox), their CPU",
@@ -336,8 +337,8 @@ def main() -> None:
         print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
         kept_run.figure("the loop of small calls, watched against not (median of the rounds)",
                         statistics.median(ratios["LOOP_S"]), "x")
-        kept_run.figure("every process's CPU over that loop, watched against not", statistics.median(ratios["LOOP_CPU_S"]),
-                        "x")
+        kept_run.figure("every process's CPU over that loop, watched against not",
+                        statistics.median(ratios["LOOP_CPU_S"]), "x")
         kept_run.figure("ray.init and the actors' start, watched against not", statistics.median(ratios["UP_S"]), "x")
         kept_run.figure("the watching's own work, against the job's CPU over the loop", statistics.median(total), " %")
 

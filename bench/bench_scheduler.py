@@ -32,7 +32,7 @@ def run(home: Path, scheduler: str, steps: int, extra: list[str]) -> dict:
     events = [json.loads(line) for line in (home / "runs" / run_id / "events.jsonl").read_text().splitlines()]
     metrics = [e for e in events if e["kind"] == "metrics"]
     warm = max(3, steps // 5)
-    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:])]
+    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:], strict=False)]
     # the phases every step has (the evaluation, every trainer.eval_every steps, is left out)
     phases = [k for k in metrics[warm]["timing"] if all(k in m["timing"] for m in metrics[warm:])]
     timing = {k: statistics.median(m["timing"][k] for m in metrics[warm:]) for k in phases}

@@ -236,7 +236,8 @@ def main() -> None:
         print(f"\n{'loss':<11} {'scheduler':<13} {'state':<9} {'wall':>6} {'bad':>4} {'agreement':>9} {'KL':>6} "
               f"{'KB/step':>8} {'ckpt MB':>8} {'worst RSS slope (MB/1k steps)':>30}")
         for r in runs:
-            worst = max(r["procs"].items(), key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0,
+            worst = max(r["procs"].items(),
+                        key=lambda kv: abs(kv[1]["slope"]) if kv[1]["slope"] == kv[1]["slope"] else 0,
                         default=("no process sampled", {"slope": float("nan")}))
             f = r["final"]
             print(f"{r['loss']:<11} {r['scheduler']:<13} {r['state']:<9} {r['wall_s']:5.0f}s {r['bad_steps']:4d} "
@@ -244,7 +245,8 @@ def main() -> None:
                   f"{r['log_bytes'] / max(r['last_step'], 1) / 1024:8.2f} {r['ckpt_bytes'] / 2**20:8.1f} "
                   f"{worst[1]['slope']:+20.2f} ({worst[0]})")
         print(f"\n{a.steps} steps per run, default config; {os.cpu_count()} cores; RSS sampled every {SAMPLE_S:g} s, "
-              f"slope fitted from {100 * WARMUP:.0f} % of the steps on; flat: under {SLOPE_LIMIT_MB:g} MB per 1,000 steps")
+              f"slope fitted from {100 * WARMUP:.0f} % of the steps on; "
+              f"flat: under {SLOPE_LIMIT_MB:g} MB per 1,000 steps")
         for r in runs:
             worst = max((abs(t["slope"]) for t in r["procs"].values() if t["slope"] == t["slope"]), default=None)
             if worst is not None:

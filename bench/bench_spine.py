@@ -88,8 +88,10 @@ def bench_reducer(n: int = 300_000) -> list[tuple[str, str, str]]:
         floor[e.src] = e.ts
     floor_rate = n / (time.perf_counter() - t0)
     return [
-        ("reducer: RunState.apply", f"{apply_rate / 1e3:,.0f} k events/s", f"{apply_rate / floor_rate:.2f}x of a bare dict write"),
-        ("reducer: decode + apply", f"{full_rate / 1e3:,.0f} k events/s", f"{full_rate / apply_rate:.2f}x of apply alone"),
+        ("reducer: RunState.apply", f"{apply_rate / 1e3:,.0f} k events/s",
+         f"{apply_rate / floor_rate:.2f}x of a bare dict write"),
+        ("reducer: decode + apply", f"{full_rate / 1e3:,.0f} k events/s",
+         f"{full_rate / apply_rate:.2f}x of apply alone"),
         ("reducer: bare dict write (floor)", f"{floor_rate / 1e3:,.0f} k events/s", "1.00x"),
     ]
 
@@ -156,7 +158,8 @@ def start_supervisor(home: Path) -> tuple[subprocess.Popen, Path]:
     env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")  # a driver that stays quiet
     run_id = "bench"
     proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
-                             "--run-id", run_id, "--driver", "gkd_core.demo_driver", "--quiet"], env=env, cwd=ROOT, start_new_session=True)
+                             "--run-id", run_id, "--driver", "gkd_core.demo_driver", "--quiet"],
+                            env=env, cwd=ROOT, start_new_session=True)
     run = home / "runs" / run_id
     deadline = time.monotonic() + 30
     while not (run / "endpoints.json").exists():

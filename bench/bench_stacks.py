@@ -91,7 +91,8 @@ def main() -> None:
     base = statistics.median(rows["sequential py-spy dump --native"])
     agent = statistics.median(rows["gkd agent (parallel, --native)"])
     with records.kept("stacks", smoke=a.smoke) as run:
-        print(f"{'way':34s} {'median':>8s} {'min':>8s} {'max':>8s} {'stacks found':>13s} {'vs sequential --native':>23s}")
+        print(f"{'way':34s} {'median':>8s} {'min':>8s} {'max':>8s} {'stacks found':>13s} "
+              f"{'vs sequential --native':>23s}")
         for name, times in rows.items():
             med = statistics.median(times)
             print(f"{name:34s} {med:7.2f}s {min(times):7.2f}s {max(times):7.2f}s {found[name]:>7d}/{a.workers:<5d} "

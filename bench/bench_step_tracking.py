@@ -38,7 +38,7 @@ def run(home: Path, run_id: str, way: str, steps: int, extra: list[str]) -> dict
     events = [json.loads(line) for line in (home / "runs" / run_id / "events.jsonl").read_text().splitlines()]
     metrics = [e for e in events if e["kind"] == "metrics"]
     warm = max(3, steps // 5)
-    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:])]
+    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[warm:], metrics[warm + 1:], strict=False)]
     return {"step_s": statistics.median(gaps), "sync_s": statistics.median(m["timing"]["sync"] for m in metrics[warm:]),
             "collectives": sum(e["kind"] == "collectives" for e in events)}
 

@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 import records  # noqa: E402  (bench/records.py, beside this file)
 
-from gkd_core.trainer import data  # noqa: E402
-from gkd_core.trainer import loss as L
+from gkd_core.trainer import data  # noqa: E402  (found through ROOT, put on sys.path above)
+from gkd_core.trainer import loss as L  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -132,7 +132,8 @@ def build_pair(out: Path, size: str, n_train: int = 512, n_val: int = 64, teache
     info = {"dir": str(out), "teacher": str(out / "teacher"), "student": str(out / "student"),
             "train": str(out / "train.parquet"), "val": str(out / "val.parquet"), "vocab": len(tok),
             "teacher_loss": round(loss.item(), 3),
-            "student_params": sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(out / "student").parameters())}
+            "student_params": sum(p.numel()
+                                  for p in AutoModelForCausalLM.from_pretrained(out / "student").parameters())}
     done.write_text(json.dumps(info))
     return info
 
@@ -184,11 +185,12 @@ def trl_child(pair: dict, hp: Hyper, out: Path) -> None:
     wall = time.perf_counter() - t0
     trainer.model.save_pretrained(out / "trl-student")
     tok.save_pretrained(out / "trl-student")
-    gaps = [b - a for a, b in zip(clock.ends[hp.warmup:], clock.ends[hp.warmup + 1:])]
+    gaps = [b - a for a, b in zip(clock.ends[hp.warmup:], clock.ends[hp.warmup + 1:], strict=False)]
     gen = statistics.median(generate_s[hp.warmup + 1:])
     (out / "trl.json").write_text(json.dumps({
-        "step_s": statistics.median(gaps), "timing": {
-            "generate": gen, "teacher+train": statistics.median(gaps) - gen}, "tokens": completion_tokens[hp.warmup + 1:], "wall_s": wall,
+        "step_s": statistics.median(gaps),
+        "timing": {"generate": gen, "teacher+train": statistics.median(gaps) - gen},
+        "tokens": completion_tokens[hp.warmup + 1:], "wall_s": wall,
         "student": str(out / "trl-student"), "threads": torch.get_num_threads()}))
 
 
@@ -223,7 +225,7 @@ def run_ours(pair: dict, hp: Hyper, scheduler: str, home: Path) -> dict:
     rd = home / "runs" / run_id
     metrics = [e for e in map(json.loads, (rd / "events.jsonl").read_text().splitlines()) if e["kind"] == "metrics"]
     # the last step also evaluates and saves: its gap is left out with the warm-up
-    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[hp.warmup:-1], metrics[hp.warmup + 1:-1])]
+    gaps = [b["ts"] - a["ts"] for a, b in zip(metrics[hp.warmup:-1], metrics[hp.warmup + 1:-1], strict=False)]
     timing = {k: statistics.median(m["timing"].get(k, 0.0) for m in metrics[hp.warmup:-1])
               for k in metrics[-1]["timing"] if k != "eval"}
     folder = sorted(rd.glob("checkpoints/step_*/**/config.json"))[-1].parent
@@ -276,7 +278,8 @@ def main() -> None:
     with_trl = importlib.util.find_spec("trl") is not None
     if not with_trl:
         if not a.smoke:
-            sys.exit('bench_vs_trl: TRL is not installed: pip install -e ".[bench]" (or --smoke for this trainer alone)')
+            sys.exit('bench_vs_trl: TRL is not installed: pip install -e ".[bench]" '
+                     "(or --smoke for this trainer alone)")
         print("bench_vs_trl: TRL is not installed (the bench extra): this trainer alone, no TRL row")
     schedulers = ("sync",) if a.smoke else ("sync", "one_step_off")
     pair_size = dict(n_train=64, n_val=8, teacher_steps=20) if a.smoke else {}

@@ -316,12 +316,13 @@ def render(record: list[dict]) -> str:
         totals["times"] += times
         wrong = [r for r in rs if r["named"] and not hits(r["named"], r["target"])]
         lines.append(
-            f"| {kind} | {len(rs)} | {sum(r['fault'] == 'kill' for r in rs)} / {sum(r['fault'] == 'stop' for r in rs)} | "
+            f"| {kind} | {len(rs)} | "
+            f"{sum(r['fault'] == 'kill' for r in rs)} / {sum(r['fault'] == 'stop' for r in rs)} | "
             f"{sum(r['moment'] == 'in_sync' for r in rs)} / {sum(in_sync(r) for r in rs)} | "
-            f"{sum(r['by'] == 'diagnosis' for r in right)}, {sum(r['by'] == 'driver' for r in right)} | {len(wrong)} | "
-            f"{len(rs) - len(right) - len(wrong)} | {number(precision)} | {number(recall)} | "
-            f"{number(f1(precision, recall))} | " + (f"{nearest_rank(times, 0.5):.1f} s, {nearest_rank(times, 0.9):.1f} s"
-                                                   if times else "-") + " |")
+            f"{sum(r['by'] == 'diagnosis' for r in right)}, {sum(r['by'] == 'driver' for r in right)} | "
+            f"{len(wrong)} | {len(rs) - len(right) - len(wrong)} | {number(precision)} | {number(recall)} | "
+            f"{number(f1(precision, recall))} | "
+            + (f"{nearest_rank(times, 0.5):.1f} s, {nearest_rank(times, 0.9):.1f} s" if times else "-") + " |")
     other = [a for _, a in alarms if not a["targets"] or kind_of(a["targets"][0]) == "other"]
     totals["predicted"] += len(other)
     p = totals["on_target"] / totals["predicted"] if totals["predicted"] else None
@@ -415,7 +416,8 @@ def run_trials(a: argparse.Namespace, record: Path, command: str) -> None:
             head = {"runner": RUNNER, "command": command, "seed": f"{a.seed}/{i}", "kind": kind}
             append(record, {**head, "status": "started", "ts": round(time.time(), 3)})
             try:
-                row = healthy_window(chaos, healthy_s) if kind == "healthy" else fault_trial(chaos, syncs, head["seed"], kind)
+                row = (healthy_window(chaos, healthy_s) if kind == "healthy"
+                       else fault_trial(chaos, syncs, head["seed"], kind))
             except KeyboardInterrupt:
                 append(record, {**head, "status": "cut", "error": "stopped by a time limit or Ctrl-C"})
                 raise

@@ -90,6 +90,7 @@ def probe_nvml(backend: str = "nvml", deadline_s: float = NVML_DEADLINE_S) -> di
     proc = subprocess.Popen([sys.executable, "-m", "gkd_core.node.gpu_child", backend, str(os.getpid())],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None  # (pipes)
     try:
         proc.stdin.write(b"sample\n")
         proc.stdin.flush()
@@ -232,7 +233,7 @@ def check_teacher(cfg: config_mod.Config) -> Check:
         return Check("teacher", "fail", "teacher.launch=false and no teacher.address",
                      "set teacher.address=tcp://HOST:PORT or teacher.launch=true")
     u = urlparse(cfg.teacher.address)
-    ok = bool(u.hostname and u.port) and _connects(u.hostname, u.port)
+    ok = bool(u.hostname and u.port and _connects(u.hostname, u.port))
     return Check("teacher", "pass" if ok else "fail", f"{cfg.teacher.address} " + ("accepts connections" if ok else
                  "does not accept connections"), "" if ok else "start the teacher proxy, or check host, port, firewall")
 

@@ -40,7 +40,10 @@ class RunSubscriber:
         runs no diagnosis, the dashboard, keeps none: 16 of 65,536 workers' are 100 MB)."""
         self.run = run
         self.spans_keep = spans_keep
-        self.endpoints = endpoints if endpoints is not None else rundir.read_endpoints(run)
+        if endpoints is None:
+            assert run is not None, "a run directory, or its endpoints"
+            endpoints = rundir.read_endpoints(run)
+        self.endpoints = endpoints
         self.ctx = ctx or zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.rcvhwm = rcvhwm
@@ -75,9 +78,9 @@ class RunSubscriber:
         self.sub.poll(int(live_within_s * 1000), zmq.POLLIN)
         self.resnapshot()
 
-    def pump(self, timeout_s: float = 0.1, max_events: int = 10_000) -> list[ev.Event]:
+    def pump(self, timeout_s: float = 0.1, max_events: int = 10_000) -> list[ev.Event | ev.UnknownEvent]:
         """Apply what has arrived (waiting up to ``timeout_s`` for the first); returns the new events."""
-        applied: list[ev.Event] = []
+        applied: list[ev.Event | ev.UnknownEvent] = []
         if not self.sub.poll(int(timeout_s * 1000), zmq.POLLIN):
             return applied
         for _ in range(max_events):

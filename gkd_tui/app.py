@@ -21,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
-from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.answers import ActionAnswered, PendingAnswers
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
@@ -79,7 +79,7 @@ class GkdApp(App):
         self.source = source
         self.stall_s = stall_s
         self.readonly = readonly
-        self._client = None
+        self._client: ControlClient | None = None
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0
@@ -99,7 +99,8 @@ class GkdApp(App):
         with Horizontal(id="bottom"):
             yield titled(MetricsPane(), "metrics")
             yield titled(LogTail(), "log")
-        yield Input(placeholder="filter workers (name, phase, node or pid); enter to apply, escape to clear", id="filter")
+        yield Input(placeholder="filter workers (name, phase, node or pid); enter to apply, escape to clear",
+                    id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -172,7 +173,7 @@ class GkdApp(App):
         # imported when first asked for: the plots bring numpy (about 25 MB a dashboard need not hold)
         from gkd_tui.screens.plots import PlotsScreen
 
-        self.push_screen(PlotsScreen())
+        self.push_screen(PlotsScreen(self.source))
 
     def on_workers_table_selected(self, message: WorkersTable.Selected) -> None:
         with self.source.lock:

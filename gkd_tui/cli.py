@@ -63,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("restart", help="restart the driver from the latest checkpoint")
     add_run(s)
-    s.add_argument("--smaller", action="store_true", help="the changes the active diagnosis calls for (out of memory: the memory ladder; a straggler: one rollout worker fewer), else the config's shrink rules")
+    s.add_argument("--smaller", action="store_true",
+                   help="the changes the active diagnosis calls for (out of memory: the memory ladder; a straggler: "
+                        "one rollout worker fewer), else the config's shrink rules")
     s.add_argument("--dry-run", action="store_true", help="show the config changes only")
     s.add_argument("-o", "--override", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--json", action="store_true")

@@ -96,7 +96,7 @@ def training(metrics: list[MetricsPoint]) -> tuple[Figure, ...]:
         pts = [(m.step, getattr(m, name)) for m in metrics if getattr(m, name) is not None]
         last = f": {pts[-1][1]:.4g} at step {pts[-1][0]}" if pts else ""
         # agreement is measured at evaluations only: points, so that few of them still show
-        kind = "points" if name == "agreement" and len(pts) < 30 else "line"
+        kind: Literal["line", "points"] = "points" if name == "agreement" and len(pts) < 30 else "line"
         out.append(Figure(title + last, "", "", (_line(name, pts, f"series-{name}", kind),), ylim,
                           empty=f"no {name} reported yet"))
     return tuple(out)
@@ -108,7 +108,7 @@ def syncs(points: list[SyncPoint]) -> tuple[Figure, Figure]:
     points = sorted({_sync_x(p): p for p in points}.values(), key=_sync_x)
     pts = [(_sync_x(p), p.elapsed_s) for p in points]
     # ended badly (a sync cut short by the next, still open when archived, is not a failure)
-    failed = [(x, y) for (x, y), p in zip(pts, points) if p.state in SYNC_FAILED]
+    failed = [(x, y) for (x, y), p in zip(pts, points, strict=True) if p.state in SYNC_FAILED]
     timeout = _clip(max((p.timeout_s for p in points), default=0.0))
     longest = max((y for _, y in pts), default=0.0)
     xlabel = "" if any(p.step is not None for p in points) or not points else "sync"
@@ -190,7 +190,7 @@ def teacher(points: list[TeacherPoint], t0: float) -> tuple[Figure, Figure]:
 def gpus(by_device: dict[str, list[GpuPoint]], mean: list[GpuPoint], t0: float) -> tuple[Figure, Figure]:
     scale, unit = _time_axis(mean, t0)
     out = []
-    for what, title, top, pick in (("util", "GPU utilisation", 100.0, lambda p: p.util),
+    for _, title, top, pick in (("util", "GPU utilisation", 100.0, lambda p: p.util),
                                    ("memory", "GPU memory used", 100.0,
                                     lambda p: None if p.mem is None else 100 * p.mem)):
         lines = [_line(f"GPU {key}", _timed(pts, t0, scale, pick), f"series-{i % 8 + 1}")

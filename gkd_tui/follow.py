@@ -12,7 +12,7 @@ from gkd_core.vocab import RUN_ENDED
 from gkd_tui.render_text import status_text
 
 
-def describe(e: ev.Event) -> str | None:
+def describe(e: ev.Event | ev.UnknownEvent) -> str | None:
     """One line for an event worth a line (phases, syncs, alerts, runs, actions), else None."""
     t = time.strftime("%H:%M:%S", time.localtime(e.ts))
     if isinstance(e, ev.RunEvent):

@@ -93,7 +93,7 @@ def _typed(t, hostile: bool = True) -> st.SearchStrategy:
         parts = [_typed(hints[f.name], hostile) for f in msgspec.structs.fields(t)]
         if t.__struct_config__.array_like:
             return st.tuples(*parts).map(list)
-        return st.fixed_dictionaries({f.name: p for f, p in zip(msgspec.structs.fields(t), parts)})
+        return st.fixed_dictionaries({f.name: p for f, p in zip(msgspec.structs.fields(t), parts, strict=True)})
     return JSON_VALUES
 
 
@@ -448,7 +448,7 @@ def assert_log_intact(run: Path, before: bytes) -> list[dict]:
     assert data.startswith(before)
     lines = data[:data.rfind(b"\n") + 1].split(b"\n")[:-1]  # the last, maybe half-flushed line aside
     events = [wire.decode(line) for line in lines]  # raises on a line that is no event
-    assert all(a.seq < b.seq for a, b in zip(events, events[1:])) and events[0].seq == 1
+    assert all(a.seq < b.seq for a, b in zip(events, events[1:], strict=False)) and events[0].seq == 1
     return [json.loads(line) for line in lines]
 
 
@@ -483,7 +483,8 @@ BAD_ARGS = {
                     "dump_id": st.one_of(st.none(), st.integers(), st.sampled_from(
                         ["", "../../../tmp/x", "a/b", ".hidden", "..", "x" * 65, "tab\there", "nul\x00"]))},
     "open_ingest": {"host": st.one_of(st.none(), st.integers(), st.booleans(), st.lists(st.text(), max_size=2))},
-    "note": {"text": st.one_of(st.none(), st.integers(), st.just(""), st.just("x" * 2001), st.lists(st.text(), max_size=2))},
+    "note": {"text": st.one_of(st.none(), st.integers(), st.just(""), st.just("x" * 2001),
+                               st.lists(st.text(), max_size=2))},
 }
 
 

@@ -10,6 +10,7 @@ printed one.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import json
@@ -115,7 +116,8 @@ class Scrubber:
     def bytes(self, data: bytes) -> bytes:
         return self.pattern.sub(environment.REDACTED.encode(), data)
 
-    def _part(self, buf: bytes, final: bool) -> tuple[bytes, bytes]:
+    # (builtins.bytes below: in this class, ``bytes`` names the method above)
+    def _part(self, buf: builtins.bytes, final: bool) -> tuple[builtins.bytes, builtins.bytes]:
         """(what can be written now, scrubbed; what must wait for the next chunk)."""
         cut = len(buf) if final else max(0, len(buf) - self.hold)
         out, pos = bytearray(), 0
@@ -131,7 +133,7 @@ class Scrubber:
         out += buf[pos:cut]
         return bytes(out), buf[cut:]
 
-    def file(self, path: Path, limit: int) -> tuple[IO[bytes], int]:
+    def file(self, path: Path, limit: int) -> tuple[IO[builtins.bytes], int]:
         """A scrubbed copy of ``path``'s last ``limit`` bytes, as a temporary file and its size."""
         out = tempfile.TemporaryFile()
         with open(path, "rb") as f:

@@ -122,7 +122,8 @@ def ray_view(address: str | None) -> dict[str, Any]:
         os.environ["RAY_AUTH_MODE"] = "token"
     from ray.util import state as ray_state
 
-    kw = {"address": address, "timeout": RAY_TIMEOUT_S, "limit": RAY_LIMIT, "raise_on_missing_output": False}
+    kw: dict[str, Any] = {"address": address, "timeout": RAY_TIMEOUT_S, "limit": RAY_LIMIT,
+                          "raise_on_missing_output": False}
     nodes = [{"node_ip": n.node_ip, "node_id": n.node_id, "state": n.state, "is_head": n.is_head_node,
               "resources": dict(n.resources_total or {})} for n in ray_state.list_nodes(**kw)]
     actors = [{"class": a.class_name, "name": a.name or "", "actor_id": a.actor_id, "state": a.state,

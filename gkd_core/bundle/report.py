@@ -206,7 +206,7 @@ def _gpus(g: dict[str, Any]) -> str:
     devices = g.get("devices") or []
     if not devices:
         return f"none: {g.get('none', 'not said')}"
-    names = {}
+    names: dict[str, int] = {}
     for d in devices:
         key = f"{d['name']} ({size(d['memory_total'])})"
         names[key] = names.get(key, 0) + 1

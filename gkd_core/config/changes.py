@@ -15,7 +15,8 @@ from gkd_core.config.schema import Config
 
 
 def to_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+    text: str = yaml.safe_dump(msgspec.to_builtins(cfg), sort_keys=False)
+    return text
 
 
 def absolute_paths(cfg: Config, base: Path) -> Config:
@@ -70,7 +71,7 @@ def diff(old: Config, new: Config) -> list[tuple[str, Any, Any]]:
     ``trainer.env`` by its entries."""
     a, b = msgspec.to_builtins(old), msgspec.to_builtins(new)
     sections = _section_paths()
-    out = []
+    out: list[tuple[str, Any, Any]] = []
     for path in valid_paths():
         if path in sections:
             continue

@@ -50,7 +50,7 @@ def _nearest(path: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-class _YamlWithoutDates(yaml.SafeLoader):
+class _YamlWithoutDates(yaml.SafeLoader):  # type: ignore[misc]  # (PyYAML: no types installed)
     """``yaml.safe_load`` without dates: no config value is one, and a date that is none (2001-02-30)
     raises ValueError from inside the parser, where no key can be named. Read as strings, they are
     refused by the type check, which names the key."""
@@ -93,7 +93,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def set_path(tree: dict, key: str, value: Any, source: str) -> None:
+def set_path(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
     node = tree
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -133,7 +133,7 @@ def _check_keys(tree: Any, cls: type, prefix: str, sources: dict[str, str], defa
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config (or the embedded default when ``path`` is None) and apply overrides."""
     source = str(path) if path else "the embedded default"
-    tree: dict = {}
+    tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -156,7 +156,7 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...], source:
     return _from_tree(msgspec.to_builtins(cfg), overrides, source)
 
 
-def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) -> Config:
+def _from_tree(tree: dict[str, Any], overrides: list[str] | tuple[str, ...], source: str) -> Config:
     sources: dict[str, str] = {}
     for text in overrides:
         key, value = parse_override(text)
@@ -184,7 +184,7 @@ def _from_tree(tree: dict, overrides: list[str] | tuple[str, ...], source: str) 
     return cfg
 
 
-def _drop_retired(tree: dict, sources: dict[str, str], source: str) -> None:
+def _drop_retired(tree: dict[str, Any], sources: dict[str, str], source: str) -> None:
     for key, instead in RETIRED.items():
         section, _, name = key.partition(".")
         part = tree.get(section)

@@ -23,9 +23,10 @@ __all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
 # with no key press, so that the alert can say "the same stack twice"
 AUTO_STACK_CODES = vocab.codes(stacks=True)
 AUTO_STACK_AGAIN_S = 3.0
+DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call is safe)
 
 
-def diagnose(state: RunState, now: float, settings: Settings = Settings()) -> list[AlertEvent]:
+def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:
     out: list[AlertEvent] = []
     for rule in RULES:
         out.extend(rule(state, now, settings))

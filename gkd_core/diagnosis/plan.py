@@ -123,7 +123,7 @@ def apply(cfg: config_mod.Config, changes: list[Change]) -> config_mod.Config:
 
 
 def compose(cfg: config_mod.Config, state: RunState, shrink: bool = False,
-            overrides: list[str] = ()) -> tuple[config_mod.Config, list[list]]:
+            overrides: list[str] | tuple[str, ...] = ()) -> tuple[config_mod.Config, list[list]]:
     """A restart's config: with ``shrink``, the plan that follows the active findings (nothing diagnosed:
     the config's shrink rules), then ``overrides``. Its changes, each ``[key, old, new, because]``, in the
     plan's order (the ladder's rungs in turn), then any other."""

@@ -111,7 +111,7 @@ class SpanIndex:
     def update(self, state: RunState, budget: int | None = None) -> None:
         """Read the workers that moved; at most ``budget`` of them now (the rest at the next call)."""
         if self._state is None or self._state() is not state:
-            self.__init__()
+            type(self).__init__(self)  # every field as new, for another state
             self._state = weakref.ref(state)
         if state.moves != self._mark:
             mark = self._mark
@@ -215,7 +215,8 @@ class SpanIndex:
             durs = [dur for k in keys for _, dur in by_instance.get(k, {}).values()]
             cached = self._medians[(role, keys)] = (versions, len(durs), statistics.median(durs) if durs else 0.0)
             if len(self._medians) > 4 * max(64, len(self._version)):  # the medians of instances gone, forgotten
-                self._medians = {k: v for k, v in self._medians.items() if all((k[0], i) in self._version for i in k[1])}
+                self._medians = {k: v for k, v in self._medians.items()
+                                 if all((k[0], i) in self._version for i in k[1])}
         return cached[1], cached[2]
 
     def in_order(self, found: list[Late], state: RunState) -> list[Late]:

@@ -33,7 +33,7 @@ def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZE
     prev = prev if cur is not None and prev is not None and prev.ts >= w.phase_since and prev.text else None
     line = where(cur.text) if cur else ""
     two = prev is not None
-    same = two and signature(cur.text) == signature(prev.text)
+    same = cur is not None and prev is not None and signature(cur.text) == signature(prev.text)
     suffix = f", in {line}" if line else ""
     if w.ray_state == "DEAD":
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"

@@ -208,14 +208,15 @@ class Activity:
                 view = self._view(now)
                 phase, about = view.phase, view.about
                 if phase is not shown.phase or about is not shown.about:
-                    gone = [c for c in (shown.phase, shown.about) if c is not None and c.ended]
-                    last_ended = max((c.ended for c in gone), default=last_ended)
+                    gone = [(c, c.ended) for c in (shown.phase, shown.about) if c is not None and c.ended]
+                    last_ended = max((end for _, end in gone), default=last_ended)
                     if phase is None:
                         if shown.phase is not None:
                             ended = last_ended or now
                             self.reporter.emit(ev.PhaseEvent(phase="idle", started=ended, ts=ended))
                         last_ended = self._send_brief(last_ended, now)
                     else:
+                        assert about is not None  # (a view with a phase is about a call)
                         if shown.phase is None or gone:  # what began and ended between the last phase and this one
                             last_ended = self._send_brief(last_ended, phase.started)
                         # a wait says whom it waits for when first shown (nothing is worked out before)
@@ -223,7 +224,7 @@ class Activity:
                         next_progress = now + PROGRESS_EVERY_S
                         # a phase shown again once what it called (in its own lane) has returned: from then,
                         # not from its start
-                        returned = [c.ended for c in gone if c.lane == phase.lane]
+                        returned = [end for c, end in gone if c.lane == phase.lane]
                         back = (max(returned) if phase is not shown.phase and returned
                                 and max(returned) > phase.started else None)
                         self._show(view, shown_detail, now, back)
@@ -231,6 +232,7 @@ class Activity:
                 elif phase is None:
                     last_ended = self._send_brief(last_ended, now)
                 else:
+                    assert about is not None  # (a view with a phase is about a call)
                     self._brief.clear()  # inside a phase shown: the calls it makes are not the process's phases
                     if now >= next_progress:  # a wait's answers so far, and how many calls are in flight
                         next_progress = now + PROGRESS_EVERY_S
@@ -276,6 +278,7 @@ class Activity:
         (BRIEF_PER_S). Returns the end of the last one sent (else ``since``)."""
         if not self._brief:
             return since
+        assert self.reporter is not None  # (the watcher sends once it has one)
         mono = time.monotonic()
         refill = (mono - self._brief_budget_at) * BRIEF_PER_S
         self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + refill)
@@ -287,22 +290,23 @@ class Activity:
         while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
             ended.append(self._brief.popleft())  # iterated while another thread appends to it)
         active = list(self._active.values())
-        brief = [c for c in ended if not c.shown and (since is None or c.started >= since)
-                 and c.ended <= until and not any(a.started < c.started for a in active)]
+        brief = [(c, c.ended) for c in ended if not c.shown and (since is None or c.started >= since)
+                 and c.ended is not None and c.ended <= until and not any(a.started < c.started for a in active)]
         sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]
         self._brief_budget -= len(sent)
-        for call in sent:
+        for call, end in sent:
             call.shown = True
             self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,
                                              call=None if call.step is not None else call.number,
                                              detail=call.detail[:300], ts=call.started))
-            self.reporter.emit(ev.PhaseEvent(phase="idle", started=call.ended, ts=call.ended))
-            since = call.ended
+            self.reporter.emit(ev.PhaseEvent(phase="idle", started=end, ts=end))
+            since = end
         return since
 
     def _show(self, view: View, detail: str, now: float, since: float | None = None) -> None:
         # a step's phases are instances by step; a method's, by call number
         phase, about = view.phase, view.about
+        assert phase is not None and about is not None and self.reporter is not None  # (shown: a phase, a reporter)
         phase.shown = about.shown = True
         detail = f"{about.name}: {detail}" if about is not phase else detail
         if len(view.in_flight) > 1:
@@ -321,6 +325,7 @@ class Activity:
 def _progress_of(call: Call) -> str:
     """What a call has left to do (a wait: who has answered), never raising into the watcher."""
     try:
+        assert call.progress is not None  # (asked of a call that has one)
         return call.progress()
     except Exception as e:
         return f"{call.detail} (progress unknown: {type(e).__name__})".strip()

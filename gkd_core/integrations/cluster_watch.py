@@ -69,7 +69,7 @@ class ClusterWatch:
             bundles = [dict(b) for _, b in sorted((pg.get("bundles") or {}).items())]
             e = placement_group_event(pg_id, pg.get("name", ""), pg.get("state", ""), pg.get("strategy", ""),
                                       bundles, pg.get("stats"), now)
-            view = (e.state, e.strategy, e.scheduling, repr(e.bundles))
-            if self._pgs.get(pg_id) != view:
-                self._pgs[pg_id] = view
+            pg_view = (e.state, e.strategy, e.scheduling, repr(e.bundles))
+            if self._pgs.get(pg_id) != pg_view:
+                self._pgs[pg_id] = pg_view
                 self.emit(e)

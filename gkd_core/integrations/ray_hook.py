@@ -249,10 +249,10 @@ def _install(kind: str) -> None:
         stacks = routes.stacks_dir(_process.run, os.environ.get(job_env.RUN_DIR, ""))  # the run's, or a private one
         install_faulthandler(stacks)  # stacks without py-spy, on SIGUSR1
         _process.activity.answer_task_stacks(stacks)  # an async actor's coroutines, which no thread shows
-        _patch_actor_creation()
-        _patch_waits()  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
+        _patch_actor_creation(_process)
+        _patch_waits(_process)  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
         if kind == "worker":
-            _patch_actor_methods()
+            _patch_actor_methods(_process)
         else:
             _process.activity.start()
             route = routes.RoutePublisher(_process.run, os.environ.get(job_env.RUN_DIR, ""),
@@ -264,7 +264,7 @@ def _install(kind: str) -> None:
             ClusterWatch(_process.emit, on_nodes=[route.update, *on_nodes]).start()
 
 
-def _patch_actor_creation() -> None:
+def _patch_actor_creation(p: _Process) -> None:
     from ray.actor import ActorClass, ActorMethod
 
     make = ActorClass._remote
@@ -274,12 +274,12 @@ def _patch_actor_creation() -> None:
         handle = make(self, *args, **kwargs)
         try:
             if self.__ray_metadata__.class_name != remote_stacks.GkdStacksHelper.__name__:  # ours, not the job's
-                _process.actors.name_created(self.__ray_metadata__.class_name, handle, kwargs)
+                p.actors.name_created(self.__ray_metadata__.class_name, handle, kwargs)
         except Exception as e:
             _say_once("naming a new actor", e)
         return handle
 
-    ActorClass._remote = _remote
+    ActorClass._remote = _remote  # type: ignore[method-assign]  # (Ray's own, wrapped)
 
     call = ActorMethod._remote
 
@@ -287,17 +287,18 @@ def _patch_actor_creation() -> None:
     def _call(self, *args, **kwargs):
         out = call(self, *args, **kwargs)
         try:
-            _process.book.sent(_process.actors.name_of(self._actor), self._method_name, out)
+            p.book.sent(p.actors.name_of(self._actor), self._method_name, out)
         except Exception as e:
             _say_once("noting an actor call", e)
         return out
 
-    ActorMethod._remote = _call
+    ActorMethod._remote = _call  # type: ignore[method-assign]  # (Ray's own, wrapped)
 
 
 def begin(name: str, actor: Any = None, step: int | None = None, lane: Any = None) -> int | None:
     """A call of the job's begins (an actor's method, a framework's phase): noted, never raising into it."""
     try:
+        assert _process is not None, "no hook installed"  # (a plugin's call before the hooks: said once below)
         if actor is not None:
             _process.entering_actor(actor)
         return _process.activity.enter(name, step=step, lane=lane)
@@ -309,12 +310,13 @@ def begin(name: str, actor: Any = None, step: int | None = None, lane: Any = Non
 def end(token: int | None) -> None:
     if token is not None:
         try:
+            assert _process is not None, "no hook installed"
             _process.activity.leave(token)
         except Exception as e:
             _say_once("noting the end of a call", e)
 
 
-def _patch_actor_methods() -> None:
+def _patch_actor_methods(p: _Process) -> None:
     from ray._private.function_manager import FunctionActorManager
 
     make = FunctionActorManager._make_actor_method_executor
@@ -324,6 +326,7 @@ def _patch_actor_methods() -> None:
         executor = make(self, method_name, method)
         if method_name.startswith("__ray"):
             return executor  # Ray's own (ready checks, terminate)
+        run: Any  # either kind of function, with the attributes Ray's task executor reads
         if inspect.iscoroutinefunction(method):
             async def run(__ray_actor, *args, **kwargs):
                 coro = executor(__ray_actor, *args, **kwargs)
@@ -341,17 +344,17 @@ def _patch_actor_methods() -> None:
                     end(token)
                 if method_name == "__init__":
                     try:
-                        _process.initialized(__ray_actor)
+                        p.initialized(__ray_actor)
                     except Exception as e:
                         _say_once("reading the roles of a fused actor", e)
                 return out
         run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
         return run
 
-    FunctionActorManager._make_actor_method_executor = make_executor
+    FunctionActorManager._make_actor_method_executor = make_executor  # type: ignore[method-assign]  # (Ray's)
 
 
-def _patch_waits() -> None:
+def _patch_waits(p: _Process) -> None:
     """``ray.get`` and ``ray.wait`` on the main thread: what they wait for, as a phase or as the detail of
     the phase they are in; a wait on a weight sync, a ``sync``."""
     import ray
@@ -360,7 +363,6 @@ def _patch_waits() -> None:
         original = getattr(ray, name)
 
         def waiting(refs, *args, _original=original, _name=f"ray.{name}", **kwargs):
-            p = _process
             if threading.current_thread() is not threading.main_thread() or (p.kind == "worker" and not p.actor_id):
                 return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
             timeout = kwargs.get("timeout")

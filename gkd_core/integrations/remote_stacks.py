@@ -119,7 +119,9 @@ class _Helpers:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         if self._actor_class is None:
-            self._actor_class = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(GkdStacksHelper)
+            # (Ray's typed overloads of remote lack max_concurrency)
+            as_actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)  # type: ignore[call-overload]
+            self._actor_class = as_actor(GkdStacksHelper)
         handle = self._actor_class.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             runtime_env={"env_vars": {job_env.REPORT: "0"}}).remote()
@@ -164,11 +166,11 @@ def take(targets: dict[str, list], dump_id: str, run: str, run_dir: str, emit: C
     t0 = time.monotonic()
     by_node: dict[str, dict[str, int]] = {}
     for target, (pid, actor_id) in targets.items():
-        node = _internal_kv_get(node_key(run, actor_id), namespace=KV_NAMESPACE) if actor_id else None
-        if node is None:
+        where = _internal_kv_get(node_key(run, actor_id), namespace=KV_NAMESPACE) if actor_id else None
+        if where is None:
             emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"{target}'s node is not known to the driver"))
             continue
-        by_node.setdefault(node.decode(), {})[target] = int(pid)
+        by_node.setdefault(where.decode(), {})[target] = int(pid)
     pending: dict[Any, tuple[str, _Helper, dict[str, int]]] = {}
     wait_s = 0.0
     for node, pids in by_node.items():

@@ -190,9 +190,13 @@ def _patch_teacher_manager(module) -> None:
     manager.compute_teacher_logprobs_single = compute_teacher_logprobs_single
 
 
+_said = False  # the plugin's trouble, said once
+
+
 def _say(err: BaseException) -> None:
-    if not getattr(_say, "said", False):
-        _say.said = True
+    global _said
+    if not _said:
+        _said = True
         print(f"gkd: the verl plugin cannot report verl's phases and metrics ({type(err).__name__}: {err}); the "
               "job runs on unchanged (set VERL_USE_EXTERNAL_PLUGINS=none to not load it)", file=sys.stderr,
               flush=True)

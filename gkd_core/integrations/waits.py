@@ -137,7 +137,7 @@ class Wait:
         except Exception as e:  # whom it waits for is still known
             return f"{self.detail()} (who has answered unknown: {type(e).__name__})"
         still = {r.binary() for r in pending}
-        waiting = [c for r, c in zip(refs, self.calls) if r.binary() in still]
+        waiting = [c for r, c in zip(refs, self.calls, strict=True) if r.binary() in still]
         self.unanswered = waiting
         if self.is_sync:
             with self._lock:

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -42,8 +43,8 @@ class NodeAgent:
         self.rep.register("agent", node=label)
         self.rep.set_phase(NODE_WATCHING)
         # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
-        self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label), run=run_id,
-                                         curve=curve, interval_s=heartbeat_s)
+        self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label),
+                                         run=run_id, curve=curve, interval_s=heartbeat_s)
         try:
             self.relay.start()
         except Exception as e:  # the workers of this node then push straight to the supervisor
@@ -80,13 +81,14 @@ def node_labels(nodes: list[dict]) -> dict[str, str]:
     """node id -> a short readable name: the host name, with the id's head where hosts repeat
     (several Ray nodes on one machine, as in tests)."""
     hosts = [n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or "node" for n in nodes]
-    return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}") for n, h in zip(nodes, hosts)}
+    return {n["NodeID"]: (h if hosts.count(h) == 1 else f"{h}-{n['NodeID'][:6]}")
+            for n, h in zip(nodes, hosts, strict=True)}
 
 
 def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: str = "nvml", gpu_interval_s: float = 2.0,
                  nvml_deadline_s: float = 3.0, heartbeat_s: float = 1.0,
                  only: set[str] | None = None, ready: dict[str, dict] | None = None,
-                 ) -> tuple[dict[str, object], dict[str, str]]:
+                 ) -> tuple[dict[str, Any], dict[str, str]]:
     """One agent on every live node (or on the nodes ``only`` names). Returns ({node id: handle},
     {node id: label}); nodes whose agent did not come up within the deadline are left out (and said
     so in the log by the caller). ``ready`` is filled with each agent's answer (its relay's address)."""
@@ -95,7 +97,8 @@ def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: st
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     labels = node_labels(nodes)
-    Agent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgent)
+    # (Ray's typed overloads of remote lack max_concurrency)
+    Agent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgent)  # type: ignore[call-overload]
     handles = {}
     for n in nodes:
         node_id = n["NodeID"]
@@ -118,7 +121,7 @@ def start_agents(route: IngestRoute, run_id: str, run_dir: Path, gpu_backend: st
     return up, labels
 
 
-def gather_stacks(agents: dict[str, object], labels: dict[str, str], where: dict[str, tuple[str, int]],
+def gather_stacks(agents: dict[str, Any], labels: dict[str, str], where: dict[str, tuple[str, int]],
                   timeout_s: float = 3.0) -> dict[str, Capture]:
     """Stacks of every target ({name: (node id, pid)}), through each node's agent, in parallel;
     within ``timeout_s`` plus a margin for the round trip, whatever the agents do."""

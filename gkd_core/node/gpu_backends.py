@@ -46,9 +46,9 @@ class NvmlBackend:
             r = GpuReading(index=i, uuid=_str(nv.nvmlDeviceGetUUID(h)), mem_used=int(mem.used),
                            mem_total=int(mem.total))
             r.util = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
-            r.temp = _optional(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
-            r.power = _optional(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)  # milliwatts
-            procs = _optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(h)) or []
+            r.temp = _optional(lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+            r.power = _optional(lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)  # milliwatts
+            procs = _optional(lambda h=h: nv.nvmlDeviceGetComputeRunningProcesses(h)) or []
             r.pids = sorted({int(p.pid) for p in procs})
             r.proc_mem = process_memory(procs)
             out.append(r)

@@ -102,10 +102,12 @@ class GpuSampler:
             self._respawn_at = time.monotonic() + self._backoff
             self._backoff = min(BACKOFF_S[1], self._backoff * 2)
             return
+        assert self.child.stdout is not None  # (a pipe)
         os.set_blocking(self.child.stdout.fileno(), False)
         self._last_beat = time.monotonic()
 
     def _request(self, now: float) -> None:
+        assert self.child is not None and self.child.stdin is not None  # (asked of a child, through its pipe)
         try:
             self.child.stdin.write(b"sample\n")
             self.child.stdin.flush()
@@ -119,6 +121,7 @@ class GpuSampler:
             self._stop.wait(timeout_s)
             return
         out = self.child.stdout
+        assert out is not None  # (a pipe)
         ready, _, _ = select.select([out], [], [], timeout_s)
         if not ready:
             return
@@ -161,6 +164,8 @@ class GpuSampler:
         self._requested_at = None
 
     def _child_ended(self) -> None:
+        assert self.child is not None  # (it was reading it)
+        code: int | str
         try:  # it closed its stdout: it has exited, or is about to (unless stuck in the driver)
             code = self.child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -186,6 +191,7 @@ class GpuSampler:
         self.emit(ev.GpuEvent(node=self.node, index=-1, nvml_hung_s=round(hung, 1), error=why))
 
     def _probe_smi(self, now: float) -> None:
+        assert self.smi_path is not None  # (probed only where nvidia-smi was found)
         if self._smi is None:
             if now >= self._next_smi:
                 self._smi = subprocess.Popen([self.smi_path, *SMI_QUERY], stdout=subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gkd_core.state import SPANS_KEEP
 from gkd_core.telemetry import events as ev
@@ -33,7 +34,7 @@ def poll(address: str | None = None, timeout_s: float = TIMEOUT_S, finished: boo
     Raises what the state API raises (unreachable, refused)."""
     from ray.util import state as ray_state
 
-    kw = {"address": address, "timeout": timeout_s, "limit": LIMIT, "raise_on_missing_output": False}
+    kw: dict[str, Any] = {"address": address, "timeout": timeout_s, "limit": LIMIT, "raise_on_missing_output": False}
     nodes = ray_state.list_nodes(**kw)
     actors = ray_state.list_actors(detail=True, **kw)
     # detail gives the start times; the filter keeps it to the tasks running now
@@ -47,8 +48,9 @@ def poll_placement_groups(address: str | None = None, timeout_s: float = TIMEOUT
     """The placement groups from the state API (their bundles and Ray's scheduling state)."""
     from ray.util import state as ray_state
 
-    return ray_state.list_placement_groups(address=address, timeout=timeout_s, limit=LIMIT, detail=True,
-                                           raise_on_missing_output=False)
+    # (Ray annotates the timeout as int; it takes seconds, fractions too)
+    return ray_state.list_placement_groups(address=address, timeout=timeout_s, limit=LIMIT,  # type: ignore[arg-type]
+                                           detail=True, raise_on_missing_output=False)
 
 
 def placement_group_event(pg_id: str, name: str, state: str, strategy: str, bundles: list[dict],
@@ -110,7 +112,8 @@ class RayView:
 
     def placement_groups(self, pgs) -> list[ev.Event]:
         """The state API's placement groups as events: each change, and the removal of those gone."""
-        now, out, seen = time.time(), [], set()
+        now, seen = time.time(), set()
+        out: list[ev.Event] = []
         for pg in pgs:
             seen.add(pg.placement_group_id)
             bundles = [dict(b.get("unit_resources") or {}) for b in (pg.bundles or [])]
@@ -242,5 +245,5 @@ class RayWatcher:
             return
         self._error = ""
         self.polls += 1
-        for e in self.view.events(nodes, actors, tasks):
-            self.emit(e)
+        for event in self.view.events(nodes, actors, tasks):
+            self.emit(event)

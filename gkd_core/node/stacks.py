@@ -228,7 +228,7 @@ def capture(pid: int, timeout_s: float = TIMEOUT_S, faulthandler_dir: Path | Non
     with ThreadPoolExecutor(max_workers=2 + len(kids), thread_name_prefix="stack-capture-child") as pool:
         own = pool.submit(_capture_one, pid, timeout_s, faulthandler_dir)
         tasks = (pool.submit(via_task_stacks, pid, faulthandler_dir, min(TASKS_WAIT_S, timeout_s))
-                 if offers_tasks else None)
+                 if offers_tasks and faulthandler_dir is not None else None)  # (it offers them only with one)
         theirs = [(c, pool.submit(_capture_one, c, timeout_s, None)) for c in kids]
         cap = own.result()
         if tasks is not None and (task_text := tasks.result()):

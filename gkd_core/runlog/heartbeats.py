@@ -24,16 +24,18 @@ import time
 from dataclasses import dataclass, field
 
 from gkd_core.state import CPU_IDLE_PCT
-from gkd_core.telemetry.events import HeartbeatEvent
+from gkd_core.telemetry.events import Beat, HeartbeatEvent
 
 RSS_STEP = 64 << 20  # bytes of RSS change that are worth a line of their own
 SILENT_BEATS = 2.5  # a worker this many heartbeat periods quiet has fallen silent
+# a worker's heartbeat: an event of its own, or a beat of its node's batch (the same numbers)
+Heartbeat = HeartbeatEvent | Beat
 
 
 @dataclass
 class _Src:
-    logged: HeartbeatEvent
-    held: HeartbeatEvent | None = None
+    logged: Heartbeat
+    held: Heartbeat | None = None
     held_at: float = 0.0  # monotonic time the held one arrived
 
 
@@ -43,7 +45,7 @@ class HeartbeatLog:
     heartbeat_s: float = 1.0
     _srcs: dict[str, _Src] = field(default_factory=dict)
 
-    def admit(self, e: HeartbeatEvent, mono: float | None = None) -> tuple[bool, HeartbeatEvent | None]:
+    def admit(self, e: Heartbeat, mono: float | None = None) -> tuple[bool, Heartbeat | None]:
         """(log this heartbeat now?, the same worker's held one to restate first). A change is logged
         with the beat before it: a CPU share is of the interval since that one, and "idle since" is
         measured from it."""
@@ -63,12 +65,12 @@ class HeartbeatLog:
         return False, None
 
     @staticmethod
-    def _changed(last: HeartbeatEvent, e: HeartbeatEvent) -> bool:
+    def _changed(last: Heartbeat, e: Heartbeat) -> bool:
         return ((e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT)
                 or e.dropped != last.dropped
                 or abs(e.rss - last.rss) > RSS_STEP)
 
-    def silent(self, mono: float | None = None) -> list[HeartbeatEvent]:
+    def silent(self, mono: float | None = None) -> list[Heartbeat]:
         """The held heartbeats of workers heard from no more since: to restate now (each once)."""
         now = time.monotonic() if mono is None else mono
         limit = SILENT_BEATS * self.heartbeat_s
@@ -79,6 +81,6 @@ class HeartbeatLog:
                 s.logged, s.held = s.held, None
         return out
 
-    def held(self) -> list[HeartbeatEvent]:
+    def held(self) -> list[Heartbeat]:
         """Every heartbeat still held back (at the end of a run: restate them all)."""
         return self.silent(float("inf"))

@@ -169,6 +169,7 @@ class KeyframeWriter:
 
     def _reap(self) -> str:
         h = self._header
+        assert h is not None  # (set with the pid)
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # reaped by someone else: whether it was written, the folder says
@@ -205,6 +206,7 @@ class KeyframeWriter:
             time.sleep(0.02)
         if not self.pid:
             return said
+        assert self._header is not None  # (set with the pid)
         os.kill(self.pid, signal.SIGKILL)
         self._killed = True
         end = time.monotonic() + 2.0  # gone at once, unless stuck in the kernel (then init reaps it)

@@ -84,7 +84,7 @@ def replay(log: Path | Iterable[bytes | str], skipped: list[tuple[int, str]] | N
     """The state a log leads to: ``log`` is its path, or its lines (an open file streams). With
     ``skipped``, the (line number, why) of each line that is no event is added to it."""
     st = RunState()
-    lines = lines_of(log) if isinstance(log, (str, os.PathLike)) else log
+    lines = lines_of(Path(log)) if isinstance(log, (str, os.PathLike)) else log
     for _, e in decode_lines(lines, 1, (lambda n, why: skipped.append((n, why))) if skipped is not None else None):
         st.apply(e)
     return st

@@ -108,6 +108,7 @@ class Timeline:
                 self.rebase(frame)
                 break
             except kf.KeyframeError as e:  # the state is still the one before: choose again without it
+                assert frame is not None  # (only a keyframe's read fails)
                 self.passed_over.append(str(e))
                 self.frames.remove(frame)
         self.clock = ts

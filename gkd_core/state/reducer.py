@@ -162,7 +162,7 @@ def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
     )
     moved = old is None or e.completed > old.completed or e.served > old.served
     owed = e.in_flight if e.side == "client" else e.queue_depth
-    side.progress_at = e.ts if moved or not owed else old.progress_at
+    side.progress_at = e.ts if old is None or moved or not owed else old.progress_at  # (None: moved)
     side.received_at = e.ts if old is None or e.received > old.received else old.received_at
     side.sent_at = e.ts if old is None or e.sent > old.sent else old.sent_at
     t.by_src[key] = side

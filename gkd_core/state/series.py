@@ -12,6 +12,8 @@ clients), once a second): the supervisor applies every event of 65,536 workers t
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 
 SERIES_KEEP = 512
@@ -21,6 +23,7 @@ CLOCK_BACK_S = 60.0  # a newest point this far ahead of an event: a clock that j
 # devices with a line of their own (the first seen): past a node or two, a line per device is a
 # smear; every GPU counts in the mean
 GPU_DEVICES_DRAWN = 16
+P = TypeVar("P")  # a series' point
 
 
 class SyncPoint(msgspec.Struct, array_like=True):
@@ -126,7 +129,7 @@ def _within(x: float | None, top: float) -> float | None:
     return None if x is None or x != x else min(max(x, 0.0), top)
 
 
-def _append(points: list, point) -> None:
+def _append(points: list[P], point: P) -> None:
     points.append(point)
     if len(points) > SERIES_KEEP:
         del points[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from typing import Any
 
 from gkd_core.state.records import (
     AlertState,
@@ -119,9 +120,8 @@ class RunViews(RunRecord):
         if len(h) < 2:
             return 0.0
         t1, c1 = h[-1]
-        for t0, c0 in reversed(h[:-1]):
-            if t1 - t0 >= window_s:
-                break
+        # the newest point at least window_s before the last; else the oldest
+        t0, c0 = next(((t, c) for t, c in reversed(h[:-1]) if t1 - t >= window_s), h[0])
         return (c1 - c0) / (t1 - t0) if t1 > t0 else 0.0
 
     def hung_probes(self, now: float) -> list[tuple[str, str, float]]:
@@ -138,7 +138,7 @@ class RunViews(RunRecord):
         """Most severe first, then oldest first."""
         return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
 
-    def dump_answer(self, dump_id: str) -> dict | None:
+    def dump_answer(self, dump_id: str) -> dict[str, Any] | None:
         """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:
         every stack it took is in ``stacks`` by then."""
         for act in reversed(self.actions):

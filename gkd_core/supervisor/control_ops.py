@@ -35,8 +35,15 @@ class Asked(msgspec.Struct, frozen=True):
     id: int = 0
 
 
-# an op's handler: its arguments (their Struct, ``ops``), who asked -> its answer
-Handler = Callable[[ops.Args, Asked], Any]
+# an op's handler: its arguments, who asked -> its answer. The arguments are the op's own Struct
+# (``ops.OPS[op]``, which ``ops.parse`` made), so each handler takes its op's type, not ``ops.Args``.
+Handler = Callable[[Any, Asked], Any]
+
+def note(args: ops.NoteArgs, asked: Asked) -> dict:
+    """A person's note on the run ("lowered the micro-batch, no change"): on the record as an action, which
+    the bug report lists among what was tried."""
+    return {"note": args.text}
+
 
 NAMES_SHOWN = 12  # workers listed in a refusal (a run of 65,536 has them all in the dashboard)
 

@@ -52,9 +52,9 @@ class DriverLife:
 
     def spawn(self, cfg: config_mod.Config, config_path: Path) -> None:
         if self.adopt:
-            return self._adopt(cfg)
+            return self._adopt(cfg, self.adopt)
         if self.command:
-            return self._spawn_command(cfg)
+            return self._spawn_command(cfg, self.command)
         env = dict(os.environ)
         env.update({
             "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
@@ -69,39 +69,40 @@ class DriverLife:
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
                               total_steps=cfg.trainer.total_steps, reason=f"driver pid {self.driver.pid}"))
 
-    def _adopt(self, cfg: config_mod.Config) -> None:
+    def _adopt(self, cfg: config_mod.Config, pid: int) -> None:
         try:
-            self.driver = AdoptedProcess(self.adopt)
+            self.driver = AdoptedProcess(pid)
         except ProcessLookupError as e:
             self.emit(ev.RunEvent(state="failed", exit_code=0, reason=f"{e}: it ended before its run began"))
             self.ended_at = time.monotonic()
             return
-        shown = self._record(self.driver.argv, environment.process_environ(self.adopt), "adopted")
+        shown = self._record(self.driver.argv, environment.process_environ(pid), "adopted")
         self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
-                              reason=f"watching pid {self.adopt}, started by its user: {shlex.join(shown)}"[:500]))
+                              reason=f"watching pid {pid}, started by its user: {shlex.join(shown)}"[:500]))
 
-    def _spawn_command(self, cfg: config_mod.Config) -> None:
+    def _spawn_command(self, cfg: config_mod.Config, command: list[str]) -> None:
         env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
                                   ingest=self.endpoints["ingest"], heartbeat=cfg.telemetry.heartbeat_s,
                                   commands=self.endpoints["driver"], control=self.endpoints["control"])
         env.update({"GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid())})
         self.identity = None
         try:
-            self.driver = DriverProcess(self.command, env, self.run_dir / "logs" / "driver.log")
+            self.driver = DriverProcess(command, env, self.run_dir / "logs" / "driver.log")
         except OSError as e:  # no such program, not executable: the run fails, said, the supervisor stays
             self.driver = None
             self.exit_status = 127 if isinstance(e, FileNotFoundError) else 126
             self.emit(ev.RunEvent(state="failed", restart=self.restarts, exit_code=self.exit_status,
-                                  reason=f"cannot start {shlex.join(environment.redact_argv(self.command)[0])}: {e}"))
+                                  reason=f"cannot start {shlex.join(environment.redact_argv(command)[0])}: {e}"))
             self.ended_at = time.monotonic()
             return
-        shown = self._record(self.command, env, "command")
+        shown = self._record(command, env, "command")
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
                               reason=f"driver pid {self.driver.pid}: {shlex.join(shown)}"[:500]))
 
     def _record(self, argv: list[str], env: dict[str, str], how: str) -> list[str]:
         """RUN/driver.json: the command and the variables in effect, for a bug report (secrets hidden); the
         command as it may be shown (a token typed on it hidden: the event log is shared in bug reports too)."""
+        assert self.driver is not None  # (said once it started)
         try:
             return environment.record_driver(self.run_dir, argv, env, pid=self.driver.pid, restart=self.restarts,
                                              how=how).argv
@@ -150,11 +151,13 @@ class DriverLife:
         """Start again with the config at ``path`` once the driver is gone (asked to go now)."""
         self.pending_config = path
         if self.alive():
+            assert self.driver is not None  # (alive)
             self.driver.terminate(self.grace_s)
 
     def _start_restart(self, cfg: config_mod.Config) -> None:
         self.restarts += 1
         path, self.pending_config = self.pending_config, None
+        assert path is not None  # (called only with a restart pending)
         self.ended_at = None
         self.spawn(cfg, path)
 
@@ -170,6 +173,7 @@ class DriverLife:
 
     def kill_now(self) -> None:
         if self.alive():
+            assert self.driver is not None  # (alive)
             self.driver.kill_now()
 
     # --- its command channel ---------------------------------------------------------------
@@ -188,6 +192,7 @@ class DriverLife:
         Refused when there is no driver to take it."""
         if not self.alive():
             raise Refused(f"'{op}' needs a running driver; the run is {run_state or 'not started'}")
+        assert self.driver is not None  # (alive)
         if self.identity is None:
             raise Refused(f"'{op}': the driver (pid {self.driver.pid}) has not connected its command channel; "
                           "it may be hung before init: try `gkd-tui dump-stacks driver`")

@@ -27,7 +27,7 @@ class DriverProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: str | None = None):
         self.argv = argv
-        self.log_path = log_path
+        self.log_path: Path | None = log_path  # (None: an adopted driver's, whose output is not ours)
         log = open(log_path, "ab")
         # where this incarnation's output begins: its tail (why it ended) is never an earlier one's
         self._log_start = os.fstat(log.fileno()).st_size
@@ -69,6 +69,7 @@ class DriverProcess:
             self.proc.send_signal(sig)
 
     def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
+        assert self.log_path is not None  # (an adopted driver says no tail: its own log_tail)
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, os.SEEK_END)

@@ -90,7 +90,7 @@ class Recorder:
             elif type(typed) is ev.HeartbeatEvent:
                 logged, before = self.heartbeats.admit(typed)
                 if before is not None:
-                    self.emit(before if type(before) is ev.HeartbeatEvent else wire.heartbeat_of(before))
+                    self.emit(wire.heartbeat_of(before) if isinstance(before, ev.Beat) else before)
                 self.commit(obj, typed, b"heartbeat", logged)
             else:
                 self.commit(obj, typed, obj["kind"].encode())
@@ -130,7 +130,7 @@ class Recorder:
         """Log the newest heartbeat of each worker that fell silent since (see runlog.heartbeats); of every
         worker with ``everyone`` (the run's end)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
-            self.emit(e if type(e) is ev.HeartbeatEvent else wire.heartbeat_of(e))  # (a batch's beat)
+            self.emit(wire.heartbeat_of(e) if isinstance(e, ev.Beat) else e)  # (a batch's beat)
 
     def flush(self) -> None:
         if self._beats_kept:

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -20,6 +21,9 @@ from gkd_core import config as config_mod
 from gkd_core import rundir
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.telemetry import control, ingest
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 SOCKETS = ("events.sock", "control.sock", "driver.sock", "ingest.sock")  # in the run's private socket folder
 AUTH_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -37,7 +41,7 @@ class Sockets:
         """Bound at once; ``endpoints`` (what endpoints.json says besides the sockets) gets their addresses."""
         self.run_dir, self.tel = run_dir, tel
         self.ctx = zmq.Context()
-        self._authenticator = None
+        self._authenticator: ThreadAuthenticator | None = None
         self.monitors: list[zmq.Socket] = []
         self.ingest_monitor: zmq.Socket | None = None
         self.ingest_tcp: zmq.Socket | None = None
@@ -58,10 +62,10 @@ class Sockets:
             os.chmod(sockdir / name, 0o600)
         self.endpoints = {
             **endpoints,
-            "events": self.pub.last_endpoint.decode(),
-            "control": self.control.last_endpoint.decode(),
-            "ingest": self.ingest.last_endpoint.decode(),
-            "driver": self.drivers.last_endpoint.decode(),
+            "events": self.pub.get_string(zmq.LAST_ENDPOINT),
+            "control": self.control.get_string(zmq.LAST_ENDPOINT),
+            "ingest": self.ingest.get_string(zmq.LAST_ENDPOINT),
+            "driver": self.drivers.get_string(zmq.LAST_ENDPOINT),
             "host": socket.gethostname(),  # where the supervisor's pid lives
         }
         self.control_tcp: zmq.Socket | None = None
@@ -75,7 +79,7 @@ class Sockets:
         sock.linger = 0
         return sock
 
-    def _zap(self):
+    def _zap(self) -> ThreadAuthenticator:
         """The CurveZMQ authenticator (a thread), started the first time a tcp socket needs it."""
         if self._authenticator is None:
             from zmq.auth.thread import ThreadAuthenticator
@@ -96,7 +100,7 @@ class Sockets:
             control.server_curve(self.control_tcp, keys)
             self.monitors.append(self.control_tcp.get_monitor_socket(AUTH_FAILURES))
             self.control_tcp.bind(f"tcp://{tel.control_tcp}")
-            self.endpoints["control_tcp"] = self.control_tcp.last_endpoint.decode()
+            self.endpoints["control_tcp"] = self.control_tcp.get_string(zmq.LAST_ENDPOINT)
         if tel.events_tcp:
             self.events_tcp = self.ctx.socket(zmq.PUB)
             self.events_tcp.sndhwm = tel.pub_hwm
@@ -104,7 +108,7 @@ class Sockets:
             control.server_curve(self.events_tcp, keys)
             self.monitors.append(self.events_tcp.get_monitor_socket(AUTH_FAILURES))
             self.events_tcp.bind(f"tcp://{tel.events_tcp}")
-            self.endpoints["events_tcp"] = self.events_tcp.last_endpoint.decode()
+            self.endpoints["events_tcp"] = self.events_tcp.get_string(zmq.LAST_ENDPOINT)
 
     def open_ingest(self, host: object) -> zmq.Socket:
         """The tcp ingest for workers on other nodes, on ``host`` (the head node's Ray address), CurveZMQ with
@@ -130,7 +134,7 @@ class Sockets:
             raise Refused(f"open_ingest: cannot listen on {host}: {e}") from None
         self.ingest_tcp, self.ingest_monitor = sock, monitor
         self.monitors.append(monitor)
-        self.endpoints["ingest_tcp"] = sock.last_endpoint.decode()
+        self.endpoints["ingest_tcp"] = sock.get_string(zmq.LAST_ENDPOINT)
         return sock
 
     def publish(self, kind: bytes, line: bytes) -> None:

@@ -105,7 +105,7 @@ class Supervisor:
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
             "restart": self._op_restart, "cancel": self._op_cancel_foreign if self.foreign else self._forward("cancel"),
             "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
-            "open_ingest": self._op_open_ingest, "note": self._op_note,
+            "open_ingest": self._op_open_ingest, "note": control_ops.note,
         }
         # the answers to the latest acting requests, for a client's retry of one (ipc and tcp alike)
         self._recent_replies = control_ops.RecentReplies()
@@ -178,14 +178,15 @@ class Supervisor:
 
     def _op_dump_local(self, args: ops.DumpStacksArgs, asked: Asked) -> dict:
         control_ops.check_targets("dump_stacks", args.targets, self.state.workers)
+        assert self.local_stacks is not None  # (this op is a foreign job's, which has them)
         return self.local_stacks.dump(self.state, args.targets, args.dump_id or f"dump-{self.seq}", asked.by)
 
     def _forward_stacks(self, args: dict) -> None:
         """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
         self.life.forward("dump_stacks", args, Asked("supervisor"), self.state.state)
 
-    def _take_local_stacks(self) -> None:
-        results = self.local_stacks.results
+    def _take_local_stacks(self, local_stacks: LocalStacks) -> None:
+        results = local_stacks.results
         while not results.empty():
             self.emit(results.get_nowait())
 
@@ -204,17 +205,12 @@ class Supervisor:
     def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
         s = self.sockets
-        if s.ingest_tcp is None:
-            s.open_ingest(args.host or None)
+        if (sock := s.ingest_tcp) is None:
+            sock = s.open_ingest(args.host or None)
             rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
-            self._poller.register(s.ingest_tcp, zmq.POLLIN)
+            self._poller.register(sock, zmq.POLLIN)
             self._poller.register(s.ingest_monitor, zmq.POLLIN)
-        return {"endpoint": s.ingest_tcp.last_endpoint.decode()}
-
-    def _op_note(self, args: ops.NoteArgs, asked: Asked) -> dict:
-        """A person's note on the run ("lowered the micro-batch, no change"): on the record as an action, which
-        the bug report lists among what was tried."""
-        return {"note": args.text}
+        return {"endpoint": sock.get_string(zmq.LAST_ENDPOINT)}
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -266,8 +262,9 @@ class Supervisor:
         if self.resuming:
             self.emit(ev.RunEvent(state="restarting", restart=life.restarts, config_digest=config_mod.digest(self.cfg),
                                   total_steps=self.cfg.trainer.total_steps,
-                                  reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; supervisor pid "
-                                         f"{os.getpid()} takes the run over and resumes it from its latest checkpoint",
+                                  reason=f"its supervisor (pid {self.resumed_from_pid or '?'}) was gone; "
+                                         f"supervisor pid {os.getpid()} takes the run over and resumes it from its "
+                                         "latest checkpoint",
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
             done = self.state.metrics[-1].step if self.state.metrics else 0  # the newest step the log says done
             if not self.foreign and (lost := steps_the_log_lost(self.run_dir, done, self.resumed_from_pid)):
@@ -291,7 +288,7 @@ class Supervisor:
         next_chores = 0.0
         try:
             while True:
-                ready = dict(poller.poll(TICK_S * 1000))
+                ready = dict(poller.poll(int(TICK_S * 1000)))
                 if s.ingest in ready:
                     self.rec.drain(s.ingest)
                 if s.ingest_tcp is not None and s.ingest_tcp in ready:
@@ -323,7 +320,7 @@ class Supervisor:
                     took = time.monotonic() - now
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
                 if self.local_stacks is not None:
-                    self._take_local_stacks()
+                    self._take_local_stacks(self.local_stacks)
                 self.rec.flush()
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
                 if life.ended_at is not None and life.driver is None:
@@ -361,7 +358,7 @@ def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
     checkpoint's own step is not lost: the driver that resumes from it says its metrics again."""
     newest = checkpoints.latest(run_dir / "checkpoints")
     step = checkpoints.step_of(newest) if newest is not None else 0
-    if step <= logged + 1:
+    if newest is None or step <= logged + 1:
         return ""
     first, last = logged + 1, step - 1
     span = f"step {first}" if first == last else f"steps {first}-{last}"

@@ -42,7 +42,8 @@ def decode_request(data: bytes) -> tuple[np.ndarray, int, np.ndarray]:
     req = _req.decode(data)
     b, t = req.shape
     if b * t > MAX_TOKENS or b * t * 4 != len(req.input_ids) or not 1 <= req.topk <= 1 << 16:
-        raise ValueError(f"inconsistent teacher request: shape {req.shape}, {len(req.input_ids)} bytes, topk {req.topk}")
+        raise ValueError(f"inconsistent teacher request: shape {req.shape}, {len(req.input_ids)} bytes, "
+                         f"topk {req.topk}")
     if req.left_pad and len(req.left_pad) != b * 4:
         raise ValueError(f"inconsistent teacher request: {len(req.left_pad)} bytes of left pads for {b} rows")
     pads = np.frombuffer(req.left_pad, dtype=np.int32) if req.left_pad else np.zeros(b, dtype=np.int32)

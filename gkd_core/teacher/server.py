@@ -39,6 +39,7 @@ class _BackgroundLoop:
 
     _stop: threading.Event
     _thread: threading.Thread
+    _run: Callable[[], None]  # each loop's own
 
     def _init_loop(self, name: str) -> None:
         self._stop = threading.Event()
@@ -125,8 +126,8 @@ class TeacherProxy(_BackgroundLoop):
 class TeacherWorkerLoop(_BackgroundLoop):
     """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
 
-    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple], reporter: Reporter,
-                 ctx: zmq.Context | None = None):
+    def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple],
+                 reporter: Reporter, ctx: zmq.Context | None = None):
         self.name = name
         self.address = backend_address
         self.score = score

@@ -117,7 +117,7 @@ def flight_recorder() -> list[CollectiveProgress]:
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if c10d is None or not TRACKER.on or not _recording() or not c10d.is_initialized():
         return []
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]  # (private: no stub)
 
     status = json.loads(_dump_fr_trace_json(includeCollectives=False)).get("pg_status") or {}
     now = time.time()
@@ -153,7 +153,7 @@ def _read_ops(dump_json, names: set[str]) -> None:
         name, seq = (e.get("process_group") or ["", ""])[0], int(e.get("collective_seq_id") or 0)
         if name in names and not e.get("is_p2p") and seq >= _op_of.get(name, (0, "", 0))[0]:
             size = sum(_numel(s) * DTYPE_BYTES.get(t, 4)
-                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or []))
+                       for s, t in zip(e.get("input_sizes") or [], e.get("input_dtypes") or [], strict=False))
             _op_of[name] = (seq, str(e.get("profiling_name", "")).rpartition(":")[2], size)
 
 

@@ -115,14 +115,14 @@ def create_keys(keys_dir: Path, server: str = "server", client: str = "client",
         os.chmod(p, 0o600)
 
 
-def server_curve(sock: zmq.Socket, keys_dir: Path, server: str = "server") -> None:
+def server_curve(sock: zmq.SyncSocket, keys_dir: Path, server: str = "server") -> None:
     public, secret = zmq.auth.load_certificate(str(keys_dir / f"{server}.key_secret"))
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True
 
 
-def client_curve(sock: zmq.Socket, keys_dir: Path) -> None:
+def client_curve(sock: zmq.SyncSocket, keys_dir: Path) -> None:
     public, secret = zmq.auth.load_certificate(str(keys_dir / "client.key_secret"))
     server_public, _ = zmq.auth.load_certificate(str(keys_dir / "server.key_secret"))
     sock.curve_secretkey = secret
@@ -137,20 +137,20 @@ class ControlClient:
     """Request/reply with the supervisor under a deadline, retried on a fresh socket."""
 
     def __init__(self, address: str, *, keys_dir: Path | None = None, timeout_s: float = 2.0,
-                 retries: int = 2, ctx: zmq.Context | None = None, by: str = ""):
+                 retries: int = 2, ctx: zmq.SyncContext | None = None, by: str = ""):
         self.address = address
         self.keys_dir = keys_dir
         self.timeout_s = timeout_s
         self.retries = retries
         self.ctx = ctx or zmq.Context.instance()
         self.by = by or f"{os.environ.get('USER', 'user')}@pid{os.getpid()}"
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.SyncSocket | None = None
 
     @classmethod
-    def for_run(cls, run: Path, endpoints: dict, **kw) -> ControlClient:
+    def for_run(cls, run: Path, endpoints: dict[str, Any], **kw: Any) -> ControlClient:
         return cls(endpoints["control"], keys_dir=run / "keys", **kw)
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.SyncSocket:
         if self._sock is None:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = 0
@@ -175,7 +175,7 @@ class ControlClient:
             self._sock.close(linger=0)
             self._sock = None
 
-    def request(self, op: str, args: dict | None = None, *, timeout_s: float | None = None,
+    def request(self, op: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None,
                 raw: bool = False, request_id: int | None = None) -> Any:
         """Send ``op`` and return its result (its JSON bytes with ``raw``); ControlError if refused,
         ControlUnreachable on no answer. ``request_id`` (``new_request_id()``): the id a caller that waits
@@ -190,7 +190,7 @@ class ControlClient:
         # (a supervisor busy or briefly frozen) and tempt them to press it again, under a new id.
         req_id = request_id or new_request_id()
         payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
-        for attempt in range(attempts):
+        for _ in range(attempts):
             sock = self._socket()
             sock.send_multipart([b"", payload])
             deadline = time.monotonic() + timeout
@@ -220,5 +220,5 @@ class ControlClient:
     def __enter__(self) -> ControlClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -7,7 +7,7 @@ SUB socket can filter by kind. ``seq`` and ``run`` are stamped by the supervisor
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 import msgspec
 
@@ -32,7 +32,7 @@ class Event(msgspec.Struct, kw_only=True, tag_field="kind"):
 
     @property
     def kind(self) -> str:
-        return self.__struct_config__.tag
+        return cast(str, self.__struct_config__.tag)  # every kind's tag is a string, given below
 
 
 class RunEvent(Event, tag="run"):
@@ -132,7 +132,7 @@ def beat_of_event(e: HeartbeatEvent) -> Beat:
     return Beat(e.src, e.ts, e.phase, e.elapsed, e.rss, e.cpu, e.dropped, e.mem)
 
 
-def event_of_beat(b: Beat, **fields) -> HeartbeatEvent:
+def event_of_beat(b: Beat, **fields: Any) -> HeartbeatEvent:
     """``fields``: the event's own (its ``run``, ``seq``) where the beat's batch had them."""
     return HeartbeatEvent(src=b.src, ts=b.ts, phase=b.phase, elapsed=b.elapsed, rss=b.rss, cpu=b.cpu,
                           dropped=b.dropped, mem=b.mem, **fields)
@@ -342,8 +342,9 @@ class ActionEvent(Event, tag="action"):
 # every kind defined above (a kind left out of a hand-kept list decoded as unknown: the reducer
 # never saw it)
 KNOWN = tuple(Event.__subclasses__())
-AnyEvent = Union[KNOWN]  # type: ignore[valid-type]
-KINDS: dict[str, type[Event]] = {cls.__struct_config__.tag: cls for cls in KNOWN}
+# the union of a tuple made at run time, for msgspec's decoders: `X | Y` cannot spell it
+AnyEvent = Union[KNOWN]  # type: ignore[valid-type]  # noqa: UP007
+KINDS: dict[str, type[Event]] = {cast(str, cls.__struct_config__.tag): cls for cls in KNOWN}
 
 
 class UnknownEvent(msgspec.Struct, kw_only=True):

@@ -70,6 +70,7 @@ def client_keys(keys_dir: Path) -> Curve:
     """The run's client keys, for the driver to hand to its workers."""
     public, secret = zmq.auth.load_certificate(str(keys_dir / "ingest.key_secret"))
     server, _ = zmq.auth.load_certificate(str(keys_dir / "ingest_server.key_secret"))
+    assert secret is not None  # (a key_secret file holds both keys)
     return Curve(server_public=server.decode(), public=public.decode(), secret=secret.decode())
 
 

@@ -40,7 +40,7 @@ class Rejected(Exception):
 
 
 _encoder = msgspec.json.Encoder()
-_typed = msgspec.json.Decoder(AnyEvent)
+_typed: msgspec.json.Decoder[Event] = msgspec.json.Decoder(AnyEvent)
 _untyped = msgspec.json.Decoder()
 _batch = msgspec.json.Decoder(HeartbeatsEvent)
 _heartbeat = msgspec.json.Decoder(HeartbeatEvent)
@@ -79,9 +79,10 @@ def validate_dict(obj: Any) -> Event | UnknownEvent:
         return UnknownEvent(kind=kind, seq=int(obj.get("seq", 0)), ts=float(obj.get("ts", 0.0)),
                             src=obj.get("src", ""), fields=rest)
     try:
-        return msgspec.convert(obj, AnyEvent)
+        event: Event = msgspec.convert(obj, AnyEvent)
     except msgspec.ValidationError as e:
         raise Rejected("malformed", f"{kind}: {e}") from None
+    return event
 
 
 def _depth_ok(obj: Any, left: int = MAX_DEPTH) -> bool:
@@ -123,7 +124,7 @@ def decode(data: bytes) -> Event | UnknownEvent:
     return validate_dict(_parse(data))
 
 
-def decode_dict(data: bytes) -> tuple[dict, Event | UnknownEvent]:
+def decode_dict(data: bytes) -> tuple[dict[str, Any], Event | UnknownEvent]:
     """For the supervisor: the raw object (to re-stamp and keep unknown fields) and the typed event."""
     if len(data) > MAX_EVENT_BYTES:
         raise Rejected("oversized", f"{len(data)} bytes > {MAX_EVENT_BYTES}")
@@ -165,7 +166,7 @@ def heartbeat_of(b: Beat) -> HeartbeatEvent:
     return event_of_beat(b)
 
 
-def encode_dict(obj: dict) -> bytes:
+def encode_dict(obj: dict[str, Any]) -> bytes:
     return _encoder.encode(obj)
 
 

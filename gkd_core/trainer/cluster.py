@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import ray
-from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayError
 
 from gkd_core.config import Config
@@ -65,7 +65,8 @@ def init_ray(cfg: Config) -> None:
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # the state API the Ray watcher reads is served by Ray's dashboard process (127.0.0.1, token-protected):
     # about a second more at start, so only when the watcher is on
-    ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, logging_level="WARNING", log_to_driver=True,
+    ray.init(include_dashboard=cfg.agent.ray_poll_s > 0, log_to_driver=True,
+             logging_level="WARNING",  # type: ignore[arg-type]  # (Ray types it int; it takes a level's name too)
              runtime_env={"env_vars": {**{k: os.environ[k] for k in QUIET_ENV}, **cfg.trainer.env}})
     if threading.current_thread() is threading.main_thread():
         pass_sigterm_to_group()  # a supervisor killed -9 takes Ray's head processes with it
@@ -74,9 +75,11 @@ def init_ray(cfg: Config) -> None:
 class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
         self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
-        self.actors: dict[str, ActorHandle] = {}
+        self.gpus_per_actor = 1 if device == "cuda" else 0
+        # Ray's actor handles, typed Any: Ray types a handle's methods as Never (its typed API is ActorProxy's)
+        self.actors: dict[str, Any] = {}
         self.info: dict[str, dict] = {}  # src -> pid, node, gpus, node_id, actor_id
-        self.agents: dict[str, ActorHandle] = {}  # Ray node id -> its node agent
+        self.agents: dict[str, Any] = {}  # Ray node id -> its node agent
         self.node_labels: dict[str, str] = {}
         self.teacher_address = cfg.teacher.address
         self.teacher_backend = ""
@@ -91,10 +94,6 @@ class Cluster:
     def members(self) -> list[str]:
         """The collective group: the student is rank 0, rollout i is rank i+1."""
         return ["student/0"] + [src_of("rollout", i) for i in range(self.cfg.rollout.n_workers)]
-
-    @property
-    def gpus_per_actor(self) -> int:
-        return 1 if self.device == "cuda" else 0
 
     def describe(self, src: str) -> str:
         i = self.info.get(src, {})
@@ -232,7 +231,7 @@ class Cluster:
         backend: str | list[ray.ObjectRef] = self.teacher_backend
         addresses = None
         if "teacher/proxy" not in self.actors:
-            proxy = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
+            proxy: Any = ray.remote(workers.TeacherProxyActor).options(**self.opts("teacher")).remote(
                 self.context("teacher/proxy"), self.teacher_host)
             self.actors["teacher/proxy"] = proxy
             addresses = proxy.addresses.remote()
@@ -249,7 +248,7 @@ class Cluster:
             self.teacher_backend = addrs["backend"]
             self.teacher_address = t.address or addrs["frontend"]  # a teacher of one's own wins
 
-    def dead(self, handles: dict[str, ActorHandle]) -> list[str]:
+    def dead(self, handles: dict[str, Any]) -> list[str]:
         """The names among ``handles`` whose actors Ray reports dead. Never blocks: each is asked
         ``ready`` at most every ``PROBE_S``, and one that has not answered yet (busy, or frozen:
         the alerts name it) is not dead."""

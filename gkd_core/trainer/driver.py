@@ -91,7 +91,12 @@ class Driver:
         self._bad_run: list[int] = []  # the current run of skipped steps
         self.consumed = 0  # the data position after the last trained step's prompts (kept in checkpoints)
         self.last_eval: EvalResult | None = None
-        self.cluster: Cluster | None = None  # made by ``start``; ``close`` may come first
+        self._cluster: Cluster | None = None  # made by ``start``; ``close`` may come first
+
+    @property
+    def cluster(self) -> Cluster:
+        assert self._cluster is not None, "the cluster is made by start"
+        return self._cluster
 
     # --- start ---------------------------------------------------------------------------
 
@@ -104,7 +109,7 @@ class Driver:
         device = cfg.trainer.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.cluster = Cluster(cfg, self.run_dir, self.rep, self.faults, device)
+        self._cluster = Cluster(cfg, self.run_dir, self.rep, self.faults, device)
         self.sync = WeightSync(self.cluster, self.rep, cfg.trainer.sync_timeout_s)
         self.actions = Actions(self.cluster, self.rep, self.run_dir, self.inbox, self.sync.request_cancel)
         self.cluster.on_tick = self.sync.on_tick = self.actions.serve
@@ -150,7 +155,7 @@ class Driver:
     def collect_generate(self, pending: Pending, step: int, what: str = "generate") -> Batch:
         out = self.cluster.wait(pending.refs, self.cfg.trainer.step_timeout_s, what,
                                 hint="dump the rollout's stack (d); restart smaller (r) if it is out of memory")
-        seqs = [out[k][0] for k in sorted(out, key=lambda s: WorkerId.parse(s).rank)]
+        seqs = [out[k][0] for k in sorted(out, key=lambda s: WorkerId.parse(s).rank or 0)]  # (each has a rank)
         width = max(s.shape[1] for s in seqs)
         batch = np.concatenate([np.pad(s, ((0, 0), (0, width - s.shape[1])), constant_values=self.inputs.pad_id)
                                 for s in seqs])
@@ -335,8 +340,8 @@ class Driver:
 
     def close(self) -> None:
         self.rep.close(2.0)
-        if self.cluster is not None:
-            self.cluster.shutdown()
+        if self._cluster is not None:
+            self._cluster.shutdown()
         self.inbox.close()
 
 

@@ -83,9 +83,9 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
                 dead = _death_among(pending, min(CAUSE_GRACE_S, max(0.0, deadline - time.monotonic())))
                 if dead is not None:  # it failed because a peer died: the dead one is the cause
                     who, err = dead
-                    others = sorted(set(pending) - {who} | {name})
+                    blocked = sorted(set(pending) - {who} | {name})
                     raise WorkerFailed(f"{_died(who, describe, phase, err)}; {name} failed in the same {phase} "
-                                       f"because of it ({said[:200]})", who, blocked=others) from None
+                                       f"because of it ({said[:200]})", who, blocked=blocked) from None
                 raise WorkerFailed(f"{name} ({describe(name)}) failed in {phase}: {said}", name) from None
             except GetTimeoutError:
                 raise WorkerFailed(f"{name}: its result of {phase} could not be fetched within 30 s", name) from None

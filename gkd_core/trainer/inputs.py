@@ -37,18 +37,23 @@ def prepare(cfg: Config, home: Path, log=print) -> Inputs:
     demo = None
     if not (cfg.model.path and cfg.teacher.path and cfg.data.files):
         demo = models.prepare_demo(home, cfg.model, log)
-    student = cfg.model.path or str(demo.student)
-    teacher = cfg.teacher.path or str(demo.teacher)
+
+    def made() -> models.Demo:  # asked for a part the config leaves out: made above then
+        assert demo is not None
+        return demo
+
+    student = cfg.model.path or str(made().student)
+    teacher = cfg.teacher.path or str(made().teacher)
     tok = models.load_tokenizer(student, cfg.model.trust_remote_code)
     diff = models.first_difference(tok, models.load_tokenizer(teacher, cfg.teacher.trust_remote_code))
     if diff:
         raise data.DataError(f"the student's tokenizer ({student}) and the teacher's ({teacher}) differ: {diff}; "
                              "the teacher's top-k are token ids, so both models must share one tokenizer")
-    files = d.files or [str(demo.train)]
+    files = d.files or [str(made().train)]
     train = data.load_prompts(files, tok, d.prompt_key, d.max_prompt_length, d.truncation, rows)
     said = f"data: {train.describe(d.max_prompt_length)}"
     if d.val_files or not d.files:
-        val_files = d.val_files or [str(demo.val)]
+        val_files = d.val_files or [str(made().val)]
         val = data.load_prompts(val_files, tok, d.prompt_key, d.max_prompt_length, d.truncation,
                                 rows).ids[:d.eval_prompts]
         said += f"; {len(val)} for evaluation from {', '.join(Path(f).name for f in val_files)}"

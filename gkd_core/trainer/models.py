@@ -17,12 +17,25 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
 from gkd_core.trainer import task
 
-TEACHER_RECIPE = {"n_layer": 2, "n_embd": 128, "n_head": 4, "steps": 200, "batch": 64, "lr": 3e-3, "seed": 1}
+
+class TeacherRecipe(TypedDict):
+    n_layer: int
+    n_embd: int
+    n_head: int
+    steps: int
+    batch: int
+    lr: float
+    seed: int
+
+
+TEACHER_RECIPE: TeacherRecipe = {"n_layer": 2, "n_embd": 128, "n_head": 4, "steps": 200, "batch": 64, "lr": 3e-3,
+                                 "seed": 1}
 
 
 def gpt2_config(n_layer: int, n_embd: int, n_head: int):
@@ -95,7 +108,8 @@ def load_model(path: str | Path, dtype: str = "float32", device: str = "cpu", tr
     tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype),
                                                  trust_remote_code=trust_remote_code)
-    return model.to(device), tok
+    # (transformers wraps .to with functools.wraps, whose typed wrapper binds no self)
+    return model.to(device), tok  # type: ignore[arg-type]
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
@@ -131,7 +145,8 @@ def first_difference(a, b) -> str:
     va, vb = a.get_vocab(), b.get_vocab()
     for tok in sorted(set(va) | set(vb), key=lambda t: (min(va.get(t, 1 << 30), vb.get(t, 1 << 30)), t)):
         if va.get(tok) != vb.get(tok):
-            return f"token {tok!r} is id {va.get(tok, 'absent')} in the student's and {vb.get(tok, 'absent')} in the teacher's"
+            return (f"token {tok!r} is id {va.get(tok, 'absent')} in the student's "
+                    f"and {vb.get(tok, 'absent')} in the teacher's")
     return ""
 
 

@@ -21,7 +21,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -121,7 +123,7 @@ def cut_back(params: dict, packed: dict[str, list[str]], layout: list[tuple[str,
         if p is None:
             raise KeyError(f"{name}: no tensor of the engine holds it")
         if tuple(p.shape) != tuple(shape):
-            if len(p.shape) != len(shape) or any(have < want for have, want in zip(p.shape, shape)):
+            if len(p.shape) != len(shape) or any(have < want for have, want in zip(p.shape, shape, strict=True)):
                 raise ValueError(f"{name}: the engine's is {tuple(p.shape)}, the student's {tuple(shape)}")
             for dim, n in enumerate(shape):
                 p = p.narrow(dim, 0, n)  # padding at the end (vLLM pads the vocabulary with zero rows)
@@ -145,6 +147,10 @@ def _part_of_fused(name: str, params: dict, packed: dict[str, list[str]], shapes
 
 class GkdWorkerExtension:
     """Mixed into each vLLM worker by ``worker_extension_cls``; ``self.model_runner`` is the worker's."""
+
+    if TYPE_CHECKING:  # the vLLM worker's, which this is mixed into
+        model_runner: Any
+        reload_weights: Callable[..., None]
 
     def gkd_keep_weights_readable(self) -> None:
         """On a CPU, vLLM packs each linear layer's weight for its kernels (oneDNN) and drops the original,
@@ -225,9 +231,9 @@ class VllmEngine:
         params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed,
                                 stop_token_ids=self.eos_ids, ignore_eos=False)
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in row[pad:]])
-                   for row, pad in zip(prompt_ids, left_pad)]
+                   for row, pad in zip(prompt_ids, left_pad, strict=True)]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
-        rows = [list(map(int, row)) + list(o.outputs[0].token_ids) for row, o in zip(prompt_ids, outs)]
+        rows = [list(map(int, row)) + list(o.outputs[0].token_ids) for row, o in zip(prompt_ids, outs, strict=True)]
         width = max(len(r) for r in rows)
         return np.array([r + [self.pad_id] * (width - len(r)) for r in rows], dtype=np.int32)
 

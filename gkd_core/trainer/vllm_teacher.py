@@ -35,10 +35,10 @@ class VllmScorer:
         k = min(topk, self.vocab)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=k, logprobs=k, detokenize=False)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(x) for x in row[pad:]])
-                                  for row, pad in zip(ids, left_pad)], params, use_tqdm=False)
+                                  for row, pad in zip(ids, left_pad, strict=True)], params, use_tqdm=False)
         top_ids = np.tile(np.arange(k, dtype=np.int32), (b, t, 1))
         top_logp = np.full((b, t, k), -math.log(self.vocab), dtype=np.float32)
-        for r, (out, pad) in enumerate(zip(outs, left_pad)):
+        for r, (out, pad) in enumerate(zip(outs, left_pad, strict=True)):
             # position pad + j predicts token pad + j + 1: prompt_logprobs[j + 1]; the last, the sampled token's
             after = list(out.prompt_logprobs[1:]) + [out.outputs[0].logprobs[0]]
             for j, dist in enumerate(after):

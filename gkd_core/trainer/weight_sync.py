@@ -9,6 +9,7 @@ again: the weights still have to reach the rollouts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gkd_core.telemetry import events as ev
@@ -32,7 +33,7 @@ class WeightSync:
     def __init__(self, cluster: Cluster, rep: Reporter, timeout_s: float):
         self.cluster, self.rep, self.timeout_s = cluster, rep, timeout_s
         self.sync_id = 0  # kept in checkpoints, so that ids go on across restarts
-        self.on_tick = None  # the driver's commands, served while the sync runs
+        self.on_tick: Callable[..., None] | None = None  # the driver's commands, served while the sync runs
         self._under_way = 0  # the sync in progress (0: none)
         self._cancels: list[Answer] = []  # the cancels asked of it, answered when it ends
         self._last = "none yet"  # how the newest sync ended

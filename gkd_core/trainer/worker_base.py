@@ -113,7 +113,8 @@ class WorkerBase:
     def ready(self) -> dict:
         ctx = ray.get_runtime_context()
         return {"src": self.src, "pid": os.getpid(), "node": socket.gethostname(), "gpus": self.gpus,
-                "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or "", "ip": ray.util.get_node_ip_address()}
+                "node_id": ctx.get_node_id(), "actor_id": ctx.get_actor_id() or "",
+                "ip": ray.util.get_node_ip_address()}
 
     def cancel(self) -> bool:
         self._cancel.set()

@@ -108,7 +108,7 @@ class StudentActor(WorkerBase):
 
     @torch.no_grad()
     def evaluate(self, seqs: np.ndarray, left_pad: np.ndarray, width: int, t_ids: np.ndarray,
-                 t_logp: np.ndarray, step: int) -> dict:
+                 t_logp: np.ndarray, step: int) -> EvalResult:
         """The student's own (greedy) completions of held-out prompts against the teacher: KL, the
         divergence being optimised, top-1 agreement per completion token, length, EOS share."""
         self._begin()
@@ -297,7 +297,7 @@ class TeacherWorkerActor(WorkerBase):
                 score = functools.partial(torch_engine.score, self.model)
         if not isinstance(backend, str):
             with self.rep.phase("init", timeout_s=init_timeout_s, detail="waiting for the teacher proxy's address"):
-                backend = ray.get(backend[0], timeout=init_timeout_s)["backend"]
+                backend = str(ray.get(backend[0], timeout=init_timeout_s)["backend"])
         self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
         self.loop.start()
         self.closers.insert(0, self.loop.stop)  # no request reaches an engine that is closing

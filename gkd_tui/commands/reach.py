@@ -19,7 +19,8 @@ def client(run: Path, timeout_s: float = 2.0) -> tuple[ControlClient, dict]:
     if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run):
         # no need to wait out the timeout for an answer that cannot come
         raise ControlUnreachable(f"its supervisor (pid {endpoints.get('supervisor_pid', '?')}) is not running")
-    return ControlClient.for_run(run, endpoints, timeout_s=timeout_s, by=f"{os.environ.get('USER', 'cli')}/cli"), endpoints
+    client = ControlClient.for_run(run, endpoints, timeout_s=timeout_s, by=f"{os.environ.get('USER', 'cli')}/cli")
+    return client, endpoints
 
 
 def unreachable(run: Path | None, err: Exception) -> int:

@@ -22,6 +22,7 @@ from textual_plot import HiResMode, LegendLocation, PlotWidget
 
 from gkd_core.state import RunState
 from gkd_tui.figures import TABS, Figure, figures
+from gkd_tui.sources import Source
 
 REDRAW_S = 1.0
 
@@ -32,8 +33,9 @@ class PlotsScreen(Screen[None]):
         *(Binding(str(i + 1), f"show({i})", tab) for i, tab in enumerate(TABS)),
     ]
 
-    def __init__(self, tab: int = 0):
+    def __init__(self, source: Source, tab: int = 0):
         super().__init__()
+        self.source = source  # the dashboard's: a live run, a replay or Ray's state API
         self.first_tab = tab
         self._drawn: dict[str, Figure] = {}  # a plot's id -> the figure it shows
 
@@ -64,9 +66,8 @@ class PlotsScreen(Screen[None]):
         if not active:
             return
         i = int(active.rsplit("-", 1)[1])
-        source = self.app.source
-        with source.lock:
-            figs = figures(TABS[i], source.state)
+        with self.source.lock:
+            figs = figures(TABS[i], self.source.state)
         for j, fig in enumerate(figs):
             plot_id = f"plot-{i}-{j}"
             if self._drawn.get(plot_id) != fig:

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import ModalScreen
 from textual.widgets import Input, Static, TabbedContent, TabPane, TextArea
+from textual.widgets.text_area import Selection
 
 from gkd_core.stack_text import grouped_report, user_threads_first
 from gkd_core.state import StackRecord
@@ -52,7 +53,7 @@ class StackScreen(ModalScreen[None]):
             row = (start + offset) % max(1, len(lines))
             if query.lower() in lines[row].lower():
                 col = lines[row].lower().index(query.lower())
-                area.selection = ((row, col), (row, col + len(query)))
+                area.selection = Selection((row, col), (row, col + len(query)))
                 area.scroll_cursor_visible()
                 return
         self.notify(f"'{query}' not in this stack", severity="warning", timeout=2)

@@ -29,15 +29,23 @@ class Playback(Protocol):
 
 
 class Source(Protocol):
+    # the capabilities are read-only here: a source has each as an attribute, a property or a method
     lock: threading.Lock
-    state: RunState
-    run: Path | None  # its run directory (for the bundle), None when it has none
+
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def run(self) -> Path | None: ...  # its run directory (for the bundle), None when it has none
     # a new control client for the dashboard's actions (a live run's supervisor), or None
-    control: Callable[[], ControlClient] | None
-    playback: Playback | None  # a replay's clock, or None
-    logs: LogFollower | None  # RUN/logs followed, or None
+    @property
+    def control(self) -> Callable[[], ControlClient] | None: ...
+    @property
+    def playback(self) -> Playback | None: ...  # a replay's clock, or None
+    @property
+    def logs(self) -> LogFollower | None: ...  # RUN/logs followed, or None
     # a source that takes stacks itself (py-spy on this machine): (targets, dump_id), or None
-    capture_stacks: Callable[[list[str], str], None] | None
+    @property
+    def capture_stacks(self) -> Callable[[list[str], str], None] | None: ...
 
     def now(self) -> float: ...
     def describe(self) -> str: ...

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from gkd_core import diagnosis
@@ -176,7 +177,8 @@ class RayStateSource:
     def cpu_samples(self) -> list[ev.Event]:
         """A heartbeat per local actor from /proc: its CPU share since the last poll. A stopped
         process (state T) sends none, so it reads as frozen, as a gkd worker's silent Reporter does."""
-        now, out = time.time(), []
+        now = time.time()
+        out: list[ev.Event] = []
         with self.lock:
             local = {s: w.pid for s, w in self.state.workers.items()
                      if w.pid and w.phase != "exited" and is_local(w.node)}
@@ -191,11 +193,11 @@ class RayStateSource:
                 out.append(ev.HeartbeatEvent(src=src, cpu=cpu, ts=now))
         return out
 
-    def _apply(self, events: list[ev.Event]) -> None:
+    def _apply(self, events: Iterable[ev.Event]) -> None:
         with self.lock:
             self._apply_locked(events)
 
-    def _apply_locked(self, events: list[ev.Event]) -> None:
+    def _apply_locked(self, events: Iterable[ev.Event]) -> None:
         now = time.time()
         for e in events:
             e.run = e.run or f"ray:{self.address}"

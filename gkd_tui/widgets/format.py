@@ -11,7 +11,7 @@ SPARK = "▁▂▃▄▅▆▇█"
 __all__ = ["fmt_duration", "fmt_bytes", "sparkline"]
 
 
-def fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: float | None) -> str:
     if not n:
         return "-"
     for unit in ("B", "K", "M", "G", "T"):

@@ -64,6 +64,7 @@ class SyncGauge(Pane):
 
     def _parts(self, t: Text, st: RunState, now: float) -> None:
         """The members a while in one part of the sync, the longest first, each with that part's usual time."""
+        assert st.sync is not None  # (said of the sync running)
         long = sorted(((now - at.since, member, at.part) for member, at in st.sync.parts_now.items()
                        if now - at.since >= PART_SHOWN_AFTER_S), reverse=True)
         for elapsed, member, part in long[:MAX_PARTS_SHOWN]:

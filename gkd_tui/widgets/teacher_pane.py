@@ -35,7 +35,7 @@ class TeacherPane(Pane):
         if lat:
             t.append(f"\nlatency p50 {lat.get('p50', 0):.1f} ms p95 {lat.get('p95', 0):.1f} ms")
         h = st.teacher.history
-        rates = [(c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(h, h[1:]) if t1 > t0]
+        rates = [(c1 - c0) / (t1 - t0) for (t0, c0), (t1, c1) in zip(h, h[1:], strict=False) if t1 > t0]
         if rates:
             t.append(f"\nreq/s {st.teacher_rate():.1f} ")
             t.append(sparkline(rates, 20), style=self.tone(SERIES["rate"]))

@@ -42,7 +42,7 @@ RESORT_S = 1.0
 def cells_line(cells, widths=WIDTHS) -> list[str]:
     """The row's text a cell at a time (one segment each: a terminal does not care, but an SVG
     capture lays out each segment on its own, so a bold row cannot drift past the last column)."""
-    return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths)]
+    return [" "] + [str(c)[:w].ljust(w + 1) for c, w in zip(cells, widths, strict=True)]
 
 
 sort_key = worker_groups.sort_key
@@ -80,7 +80,7 @@ class WorkersTable(ScrollView, can_focus=True):
         self._built_for: tuple = ()
         self._built_at = 0.0
         self._base: Style | None = None  # the widget's own style, looked up once per redraw
-        self.widths = WIDTHS
+        self.widths: tuple[int, ...] = WIDTHS
         self._header = cells_line(COLUMNS)
 
     # --- data ----------------------------------------------------------------------------
@@ -105,6 +105,7 @@ class WorkersTable(ScrollView, can_focus=True):
     def rebuild(self) -> None:
         selected = self.order[self.cursor] if 0 <= self.cursor < len(self.order) else None
         st = self._state
+        assert st is not None  # (shown first)
         self.rows = worker_groups.build(st, self._now, self._stall_s, self._toggled, self._filter)
         self.order = [row[1].key if row[0] == "group" else row[1] for row in self.rows]
         if selected in self.order:
@@ -163,6 +164,7 @@ class WorkersTable(ScrollView, can_focus=True):
 
     def row_cells(self, w: WorkerState) -> tuple:
         st, now = self._state, self._now
+        assert st is not None  # (a row of the state shown)
         age = st.heartbeat_age(w, now)
         stale = age is not None and age > self._stall_s and w.phase not in WORKER_ENDED
         return (w.src, shown_phase(w), fmt_duration(st.time_in_phase(w, now)),
@@ -189,7 +191,7 @@ class WorkersTable(ScrollView, can_focus=True):
         else:
             index = scroll_y + y - 1
             row = self.rows[index] if (self._state and index < len(self.rows)) else None
-            w = self._state.workers.get(row[1]) if row and row[0] == "worker" else None
+            w = self._state.workers.get(row[1]) if self._state and row and row[0] == "worker" else None
             if w is None and (row is None or row[0] != "group"):
                 return Strip.blank(width, base)
             style = base
@@ -200,6 +202,7 @@ class WorkersTable(ScrollView, can_focus=True):
             if index == self.cursor:
                 style += self.get_component_rich_style("workers-table--cursor")
             if w is None:
+                assert row is not None  # (a group's line)
                 text = self.group_line(row[1])
             else:
                 name = self.row_style(w)

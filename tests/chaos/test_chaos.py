@@ -94,9 +94,10 @@ the driver's word that it started the process again, `restarted_by_driver`), whi
 hit in its targets, not only in its message, within 10 s; a worker frozen in a phase slow on purpose
 (a checkpoint, whose pickling may hold the GIL) or on a node whose agent says its CPU is held outside
 the run, within 12 s (it is warned at 5 s while its peers' heartbeats come, critical at
-`telemetry.stall_s`, 10 s, from its last beat); "(diagnosis)" when a rule inferred it, "(driver)" when it is the driver's own report. For
-the supervisor, `gkd-tui status` says it. "steps lost": read from `events.jsonl`, the steps completed before the fault that were
-trained again after it. "log intact": every line of `events.jsonl` is a JSON object, `seq` strictly
+`telemetry.stall_s`, 10 s, from its last beat); "(diagnosis)" when a rule inferred it, "(driver)" when
+it is the driver's own report. For the supervisor, `gkd-tui status` says it. "steps lost": read from
+`events.jsonl`, the steps completed before the fault that were trained again after it. "log intact":
+every line of `events.jsonl` is a JSON object, `seq` strictly
 increases, and the steps it records are the steps run: from 1 up with none missing, and a step
 twice only where a resume trained it again. Then `gkd-tui stop`, and no process of the run may be
 left: the supervisor, and every process with the run's id in its environment (the driver, Ray's
@@ -114,7 +115,8 @@ ends the driver and its Ray within seconds; Ray's workers end with their raylet.
 running. `gkd-tui status` says at once that the supervisor is gone, and what to do next:
 
 ```
-gkd-tui: its supervisor (pid N) is gone: `gkd-tui restart RUN` takes the run over and resumes it from its latest checkpoint
+gkd-tui: its supervisor (pid N) is gone: `gkd-tui restart RUN` takes the run over and resumes it from its \
+latest checkpoint
 ```
 
 `gkd-tui restart RUN` then starts a new supervisor on the same run directory. The new supervisor:
@@ -130,8 +132,9 @@ queued) takes the events it had not written with it: steps that were trained, an
 checkpoint may hold, never reach the log. The supervisor taking over compares the two and says so
 in the log, as a warning the dashboard shows (`the log lost steps 71-109: checkpoint step_000110
 holds step 110, and the log has steps only to 70; ...`), rather than leaving a silent hole in the
-steps (the checkpoint's own step is said again by the driver that resumes from it). The table then counts the steps lost as unknown: those the killed driver trained after that
-checkpoint went with the events.
+steps (the checkpoint's own step is said again by the driver that resumes from it). The table then
+counts the steps lost as unknown: those the killed driver trained after that checkpoint went with the
+events.
 
 This is the right design because a run that nobody records is a run nobody can diagnose. Its
 phases, heartbeats and syncs would go nowhere. The dashboard could not name a straggler, and
@@ -162,7 +165,8 @@ def chaos_table(request):
         path = Path(target)
         old = path.read_text() if path.exists() else ""
         head, found, rest = old.partition(RANDOM_TRIALS[0])
-        trials = f"\n## Random trials\n\n{found}{rest.partition(RANDOM_TRIALS[1])[0]}{RANDOM_TRIALS[1]}\n" if found else ""
+        trials = (f"\n## Random trials\n\n{found}{rest.partition(RANDOM_TRIALS[1])[0]}{RANDOM_TRIALS[1]}\n"
+                  if found else "")
         path.write_text(head_text(ROWS) + "\n" + table + "\n" + trials)
 
 
@@ -308,7 +312,8 @@ class Chaos:
                 resumed = int(e["message"].split("(step ")[1].split(",")[0].rstrip(")"))
             elif gap := lost_span(e):  # steps the log says it lost (a supervisor killed while behind)
                 if gap[0] != (steps[-1] if steps else 0) + 1:
-                    return f"line {n}: the log says it lost steps {gap[0]}-{gap[1]}, after step {steps[-1] if steps else 0}"
+                    return (f"line {n}: the log says it lost steps {gap[0]}-{gap[1]}, "
+                            f"after step {steps[-1] if steps else 0}")
                 steps.extend(range(gap[0], gap[1] + 1))
             elif e.get("kind") == "run" and e.get("state") in ("starting", "restarting", "running"):
                 resumed = 0  # a driver (started again): until a resume says otherwise, from step 1
@@ -495,7 +500,8 @@ def test_freeze_then_kill(component, request, gkd_home):
         if gaps:  # the driver's last steps went with the events: how many it trained after the checkpoint is unknown
             lost = f"unknown, under {CHECKPOINT_EVERY}"
         ROWS.append(Row(name, "SIGKILL", at, said, outcome, lost,
-                        log or ("yes" if not gaps else f"yes; it says it lost steps {gaps} (the supervisor was behind)")))
+                        log or ("yes" if not gaps
+                                else f"yes; it says it lost steps {gaps} (the supervisor was behind)")))
         assert not log, f"events.jsonl: {log} (seed {SEED})"
         if dash:
             dash.drain()
@@ -552,7 +558,8 @@ def recover(chaos: Chaos, component: str, done_before: int, seq: int, seq0: int,
         assert said and not said[0].get("cleared"), said
         chaos.wait_step(done_before + 2, 120, f"training to go on after {component} was started again")
         lost = chaos.lost(done_before, seq)
-        assert lost == 0, f"{component} started again by the driver, yet {lost} step(s) were trained again (seed {SEED})"
+        assert lost == 0, (f"{component} started again by the driver, yet {lost} step(s) were trained again "
+                           f"(seed {SEED})")
         return f"started again by the driver, {time.time() - t0:.0f} s", lost
 
     def moving_or_failed():
@@ -613,7 +620,8 @@ def test_the_log_check_says_no_to_a_step_missing_or_repeated_a_seq_out_of_order_
     # the log lost steps before the resume (a supervisor killed with them unwritten): missing, said so
     assert check(run, m(1), run, resumed, m(3)) == "line 5: a resume from step 2, but the log has steps only to 1"
     late = {"kind": "log", "message": "resumed from ckpt/step-5 (step 5, prompt 0 of epoch 0)"}
-    assert check(run, m(1), m(2), run, late, m(5), m(6)) == "line 7: a resume from step 5, but the log has steps only to 2"
+    assert check(run, m(1), m(2), run, late, m(5), m(6)) == (
+        "line 7: a resume from step 5, but the log has steps only to 2")
     assert check(run, m(1), m(3)) == "line 3: step 3 after step 1"
     assert check(run, m(1), m(2), m(2)) == "line 4: step 2 after step 2"
     # a supervisor killed while behind: the one taking over says which steps the log lost, and they are not missing
@@ -622,7 +630,8 @@ def test_the_log_check_says_no_to_a_step_missing_or_repeated_a_seq_out_of_order_
     assert check(run, m(1), run, said, late, m(5)) == "line 4: the log says it lost steps 3-4, after step 1"
     assert check(run, m(1), m(2), run, said, late, m(5), m(7)).startswith("line 8: step 7 after step 5")
     # ... and the checkpoint's own step, which the take-over does not call lost, must be said by the driver
-    assert check(run, m(1), m(2), run, said, late, m(6)) == "line 7: a resume from step 5, but the log has steps only to 4"
+    assert check(run, m(1), m(2), run, said, late, m(6)) == (
+        "line 7: a resume from step 5, but the log has steps only to 4")
     assert check(run, m(1), m(2), m(3), run, resumed, m(2), m(4)).startswith("line 8: step 4 after step 3")
     (tmp_path / "events.jsonl").write_bytes(b'{"seq": 1}\n{"seq": 1}\n')
     assert chaos.log_problems() == "line 2: seq 1 after 1"

@@ -12,8 +12,9 @@ from conftest import needs
 # under which a missing vLLM fails instead of skipping
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")
 
+# the imports below come after needs(), which skips this module where vLLM is missing
 from tiny_hf import model as tiny_model  # noqa: E402
-from tiny_hf import tokenizer
+from tiny_hf import tokenizer  # noqa: E402
 
 from gkd_core.trainer import data, torch_engine  # noqa: E402
 from gkd_core.trainer.fingerprints import fingerprint  # noqa: E402

@@ -14,8 +14,9 @@ from conftest import needs, wait_until
 
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")  # CI runs these in .venv-vllm, where a missing vLLM fails
 
+# the imports below come after needs(), which skips this module where vLLM is missing
 from tiny_hf import WORDS, tokenizer  # noqa: E402
-from tiny_hf import model as tiny_model
+from tiny_hf import model as tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"
@@ -65,11 +66,13 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert done[12].get("fingerprint_ok") is False and done[12]["differ"] == ["rollout/1"], done[12]
     # critical while the mismatch is the newest sync's, then a warning once the next one matched (the two
     # may fall between the supervisor's looks: then only the warning is said)
-    alerts = [e for e in events if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch" and not e.get("cleared")]
+    alerts = [e for e in events
+              if e["kind"] == "alert" and e["code"] == "fingerprint_mismatch" and not e.get("cleared")]
     assert alerts and alerts[-1]["severity"] == "warn" and "(the syncs since matched)" in alerts[-1]["message"]
     for alert in alerts:
         assert alert["targets"] == ["rollout/1"], alert
-        assert alert["message"].startswith("after sync ") and "(step 12) rollout/1: its weights differ" in alert["message"]
+        assert alert["message"].startswith("after sync ")
+        assert "(step 12) rollout/1: its weights differ" in alert["message"]
     said = [e["message"] for e in events if e["kind"] == "log" and "fault injected" in e["message"]]
     assert said[0] == "fault injected: rollout/1 keeps the weights of the sync before in its vllm engine (step 12)"
     assert len(said) == 2
@@ -81,7 +84,8 @@ def test_a_20_step_run_on_vllm_checks_each_sync_in_the_engines_and_names_a_push_
     assert "usually " in slow[0]["message"], slow[0]["message"]
     assert {e["part"] for e in events if e["kind"] == "sync_part" and e["src"] == "rollout/0"} == {
         "broadcast", "load", "reset_cache", "verify"}
-    inits = [e for e in events if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
+    inits = [e for e in events
+             if e["kind"] == "phase" and e["src"].startswith("rollout/") and e["phase"] == "init_engine"]
     assert {e["src"] for e in inits} == {"rollout/0", "rollout/1"}
     # the teacher, scored by vLLM: every request sent was received, served and answered, none failed
     client = [e for e in events if e["kind"] == "teacher" and e["side"] == "client"][-1]

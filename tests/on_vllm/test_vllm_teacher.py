@@ -9,8 +9,9 @@ from conftest import needs
 
 needs("vllm", "GKD_REQUIRE_VLLM", ".venv-vllm")
 
+# the imports below come after needs(), which skips this module where vLLM is missing
 from tiny_hf import model as tiny_model  # noqa: E402
-from tiny_hf import tokenizer
+from tiny_hf import tokenizer  # noqa: E402
 
 from gkd_core.trainer import data, torch_engine  # noqa: E402
 from gkd_core.trainer.vllm_teacher import VllmScorer  # noqa: E402

@@ -28,7 +28,8 @@ def test_on_this_cpu_machine_it_warns_no_gpu_within_ten_seconds(tmp_path):
     if nvml_library_loads():  # a GPU machine: its GPUs counted
         assert len(lines) == 1 and lines[0].startswith(("PASS", "WARN")) and "GPU(s) through NVML" in lines[0], out
     else:  # no driver: a warning that says so, not a failure
-        assert lines == ["WARN  gpus         no GPU: no NVIDIA driver on this node (NVML Shared Library Not Found)"], out
+        assert lines == ["WARN  gpus         no GPU: no NVIDIA driver on this node "
+                         "(NVML Shared Library Not Found)"], out
     assert "Traceback" not in out and "passed" in out
 
 

@@ -97,7 +97,7 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
     assert 2 <= len(files) <= kf.KEEP, [f.name for f in files]
     assert not list((run / "keyframes").glob(".*"))  # no writer left a temporary file
     headers = [kf.read_header(f) for f in files]
-    for f, h in zip(files, headers):
+    for f, h in zip(files, headers, strict=True):
         assert (f.stat().st_mode & 0o777) == 0o600
         assert kf.mismatch(h, log, log.stat().st_size) == "", f.name
         data = log.read_bytes()[:h.offset]
@@ -202,7 +202,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     for seq in (3, 4, 5):  # one at a time: started, then reaped before the next
         assert w.tick(st, log, seq) == "" and w.pid
         pid = w.pid
-        wait_until(lambda: w.tick(st, log, seq) == "" and not w.pid, 10, "the writer done")
+        wait_until(lambda seq=seq: w.tick(st, log, seq) == "" and not w.pid, 10, "the writer done")
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
         log.append(wire.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)

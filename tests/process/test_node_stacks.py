@@ -160,7 +160,7 @@ def test_two_readers_at_once_both_get_its_stack(procs):
     for _ in range(3):
         go, caps = threading.Barrier(2), []
 
-        def read():
+        def read(go=go, caps=caps):
             go.wait(5)
             caps.append(stacks.capture(p.pid, timeout_s=4.0))
 

@@ -159,7 +159,8 @@ def test_bad_messages_on_ingest_are_counted_and_dropped(start_supervisor):
         snap = wait_until(counted, 10.0, "four rejections")
         assert snap["supervisor"]["rejected"] == {"garbage": 1, "malformed": 1, "oversized": 1, "version": 1}
         assert c.request("ping")["pong"]
-        wait_until(lambda: any(a["code"] == "ingest_rejected" for a in c.request("snapshot")["state"]["alerts"].values()),
+        wait_until(lambda: any(a["code"] == "ingest_rejected"
+                               for a in c.request("snapshot")["state"]["alerts"].values()),
                    5.0, "an ingest_rejected alert")
     wait_until(lambda: any(e["kind"] == "log" and e.get("message") == "still here" for e in sup.events()), 2.0,
                "the good event after the bad ones in the log")

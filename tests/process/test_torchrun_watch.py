@@ -49,13 +49,15 @@ class Job:
     def in_group(self, ranks: range, round_: int = 0) -> dict[int, int] | None:
         """{rank: pid} once every rank of ``ranks`` joined the job's process group in torchrun's round ``round_``."""
         files = [self.pids / f"rank{r}.round{round_}" for r in ranks]
-        return {r: int(f.read_text()) for r, f in zip(ranks, files)} if all(f.exists() for f in files) else None
+        if not all(f.exists() for f in files):
+            return None
+        return {r: int(f.read_text()) for r, f in zip(ranks, files, strict=True)}
 
     def finish(self) -> list[tuple[str, str]]:
         """The ranks told to end; every agent's (stdout, stderr) once it exited 0."""
         self.go.touch()
         outs = [a.communicate(timeout=IMPORTS_S) for a in self.agents]
-        for a, (_, err) in zip(self.agents, outs):
+        for a, (_, err) in zip(self.agents, outs, strict=True):
             assert a.returncode == 0, err[-3000:]
         return outs
 

@@ -39,11 +39,12 @@ def test_grouped_stacks_within_10_s_and_a_note_for_the_stopped_worker(start_supe
     # the workers an alert names lead, then the odd ones out (the smallest groups)
     lead = [not set(g["targets"]) & set(report["named"]) for g in report["groups"]]
     assert lead == sorted(lead)
-    sizes = [len(g["targets"]) for g, later in zip(report["groups"], lead) if later]
+    sizes = [len(g["targets"]) for g, later in zip(report["groups"], lead, strict=True) if later]
     assert sizes == sorted(sizes)
 
     text = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "dump-stacks", "--run", str(sup.run)],
                           capture_output=True, text=True, timeout=30, cwd=ROOT)
     # rollout/0 goes on again: every worker answers (exit 1 would mean one did not), each in the report
     assert text.returncode == 0, text.stdout + text.stderr
-    assert all(w in text.stdout for w in ("driver", "student/0", "rollout/0", "rollout/1", "teacher/proxy")), text.stdout
+    assert all(w in text.stdout
+               for w in ("driver", "student/0", "rollout/0", "rollout/1", "teacher/proxy")), text.stdout

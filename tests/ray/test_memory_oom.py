@@ -77,8 +77,8 @@ def test_an_actor_growing_to_its_cgroups_limit_is_warned_before_the_oom_killer_a
         env.pop("RAY_ADDRESS", None)
         # the launch (and all it starts: the supervisor, the job, its Ray) in the cgroup from its first line
         got = subprocess.run(["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh", sys.executable,
-                              "-m", "gkd_tui.cli", "launch", "--detach", "--linger", "5", "--", sys.executable, str(JOB),
-                              "40"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                              "-m", "gkd_tui.cli", "launch", "--detach", "--linger", "5", "--", sys.executable,
+                              str(JOB), "40"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
         assert got.returncode == 0, got.stderr
         run = rundir.resolve_run(None)
 

@@ -88,7 +88,7 @@ def cluster_of_two(monkeypatch, hidden: tuple[str, ...] = ()):
             made.append(ns)
         veth = (f"gv{SUFFIX}a", f"gv{SUFFIX}b")
         sh("ip", "link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
-        for node, dev in zip(NS, veth):
+        for node, dev in zip(NS, veth, strict=True):
             sh("ip", "link", "set", dev, "netns", NS[node])
             sh("ip", "-n", NS[node], "addr", "add", f"{IP[node]}/24", "dev", dev)
             sh("ip", "-n", NS[node], "link", "set", dev, "up")
@@ -130,7 +130,8 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
     log = open(gkd_home / "run.log", "w")
     proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
                                   "trainer.checkpoint_every=1000",
-                                  "trainer.placement={student: {head: 0.01}, rollout: {node2: 0.01}, teacher: {node2: 0.01}}",
+                                  "trainer.placement={student: {head: 0.01}, rollout: {node2: 0.01}, "
+                                  "teacher: {node2: 0.01}}",
                                   "--run-id", "two-nodes"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     events = lambda: logged_events(run_dir)  # noqa: E731
     try:
@@ -146,8 +147,8 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
         # every worker's worker, phase and heartbeat events, from both nodes: a worker's heartbeats come
         # through its node's agent, batched (a `heartbeats` line holds the ones the log keeps)
         def kinds(src: str, evs: list[dict]) -> set[str]:
-            return {e["kind"] for e in evs if e["src"] == src} | (
-                {"heartbeat"} if any(b[0] == src for e in evs if e["kind"] == "heartbeats" for b in e["beats"]) else set())
+            beats = any(b[0] == src for e in evs if e["kind"] == "heartbeats" for b in e["beats"])
+            return {e["kind"] for e in evs if e["src"] == src} | ({"heartbeat"} if beats else set())
 
         wait_until(lambda: all({"worker", "phase", "heartbeat"} <= kinds(src, events()) for src in pids), 15,
                    "worker, phase and heartbeat events of every worker")

@@ -53,8 +53,8 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 2
-    agents, labels = start_agents(IngestRoute(local=f"tcp://127.0.0.1:{port}"), "t", tmp_path, gpu_backend="fake:gpus=1",
-                                  gpu_interval_s=0.5)
+    agents, labels = start_agents(IngestRoute(local=f"tcp://127.0.0.1:{port}"), "t", tmp_path,
+                                  gpu_backend="fake:gpus=1", gpu_interval_s=0.5)
     try:
         assert sorted(agents) == sorted(nodes)
         ready = ray.get([a.ready.remote() for a in agents.values()], timeout=30)

@@ -32,7 +32,8 @@ def pair(tmp_path_factory):
     for name, hidden, seed in (("teacher", 64, 1), ("student", 32, 2)):
         model(tok, "qwen2", hidden, seed).save_pretrained(root / name)
         tok.save_pretrained(root / name)
-    rows = [{"data_source": "t", "prompt": [{"role": "user", "content": f"what is {a} plus {b}?" + " please" * (i % 4)}],
+    rows = [{"data_source": "t",
+             "prompt": [{"role": "user", "content": f"what is {a} plus {b}?" + " please" * (i % 4)}],
              "ability": "math", "reward_model": {"style": "rule", "ground_truth": b}, "extra_info": {"index": i}}
             for i, (a, b) in enumerate((a, b) for a in WORDS for b in WORDS)]
     pq.write_table(pa.Table.from_pylist(rows), root / "train.parquet")

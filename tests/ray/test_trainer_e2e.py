@@ -269,7 +269,7 @@ def test_a_ray_cluster_that_never_answers_is_named_at_our_deadline(start_supervi
     with socket.socket() as mute:
         mute.bind(("127.0.0.1", 0))
         mute.listen(16)
-        address = "127.0.0.1:%d" % mute.getsockname()[1]
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
         t0 = time.monotonic()
         sup = start_supervisor("trainer.init_timeout_s=4", driver=TRAINER, RAY_ADDRESS=address)
         assert sup.wait_exit(90) == 3

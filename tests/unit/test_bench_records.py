@@ -47,7 +47,8 @@ def kept_run(seconds: float, ratio: float) -> None:
 def test_each_run_is_a_line_and_the_block_counts_them_shows_the_newest_and_the_spread(bench_dir, capsys):
     kept_run(0.76, 6.7)
     kept_run(0.80, 6.1)
-    assert "- a node's stacks: 0.760 s and 0.800 s, 2 runs" in (bench_dir / "RESULTS.md").read_text()  # no median of two
+    # no median of two
+    assert "- a node's stacks: 0.760 s and 0.800 s, 2 runs" in (bench_dir / "RESULTS.md").read_text()
     kept_run(0.70, 7.0)
     lines = (bench_dir / "records" / "stacks.jsonl").read_text().splitlines()
     assert [json.loads(x)["command"] for x in lines] == ["python bench/bench_stacks.py --workers 16"] * 3

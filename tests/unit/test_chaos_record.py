@@ -45,11 +45,14 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
         *fault("1/4", "agent", "agent/vm", []),  # nothing named
         {"runner": 3, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "started"},
         {"runner": 3, "command": COMMAND, "seed": "1/5", "kind": "healthy", "status": "done", "window_s": 60.0,
-         "steps": 100, "alarms": [{"code": "heartbeat_stale", "targets": ["rollout/0"], "message": "", "after_s": 3.0}],
+         "steps": 100,
+         "alarms": [{"code": "heartbeat_stale", "targets": ["rollout/0"], "message": "", "after_s": 3.0}],
          "warnings": {"slower_than_usual": 2, "heartbeat_stale": 1}},
-        {"runner": 3, "command": COMMAND, "seed": "1/6", "kind": "driver", "status": "started"},  # the runner died in it
+        # the runner died in it
+        {"runner": 3, "command": COMMAND, "seed": "1/6", "kind": "driver", "status": "started"},
         {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "started"},
-        {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "crashed", "error": "TimeoutError: x"},
+        {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "crashed",
+         "error": "TimeoutError: x"},
     ]
     table = chaos_trials.render(record)
     student = row_of(table, "student")
@@ -65,7 +68,8 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
     assert "`1/6` driver: no end: the runner died in it" in table and "`1/7` proxy: crashed: TimeoutError: x" in table
     assert "Left out: the 1 trials of runner 1 (`--seed` 25)" in table
     assert "Left out: the 1 trials of runner 2 (`--seed` 38). It ran against the diagnosis before" in table
-    assert "false alarms (a critical alert with no fault): 1; warnings: heartbeat_stale 1, slower_than_usual 2." in table
+    assert ("false alarms (a critical alert with no fault): 1; warnings: heartbeat_stale 1, "
+            "slower_than_usual 2.") in table
     assert "`1/5` heartbeat_stale on rollout/0, 3.0 s into the window" in table
     assert "`1/2` stop of rollout/1 (after_step, in idle; student in train): heartbeat_stale named student/0" in table
     assert "Here: not met." in table

@@ -11,7 +11,8 @@ SAMPLES = [
     ev.WorkerEvent(role="rollout", rank=1, node="n0", pid=42, gpus=[0, 1], actor_id="a1"),
     ev.PhaseEvent(phase="sync_weights", step=3, started=1.0, deadline=61.0, detail="x"),
     ev.HeartbeatEvent(phase="train", elapsed=1.5, rss=1 << 20, cpu=12.5, dropped=2),
-    ev.HeartbeatEvent(phase="grow", rss=1 << 30, mem=ev.MemoryBeat("/sys/fs/cgroup/job_42", 2 << 30, 3 << 30, 5 << 30, 1)),
+    ev.HeartbeatEvent(phase="grow", rss=1 << 30,
+                      mem=ev.MemoryBeat("/sys/fs/cgroup/job_42", 2 << 30, 3 << 30, 5 << 30, 1)),
     ev.HeartbeatsEvent(node="n0", beats=[ev.Beat("rollout/0", 1.5, "generate", 0.5, 1 << 20, 80.0, 0),
                                          ev.Beat("rollout/1", 1.6, "train"),
                                          ev.Beat("rollout/2", 1.7, "train", mem=ev.MemoryBeat("node", 1, 2))]),
@@ -42,8 +43,8 @@ SAMPLES = [
 
 
 def test_every_kind_of_the_table_is_known():
-    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics", "stack",
-                             "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
+    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics",
+                             "stack", "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
                              "sync_part", "oom_killed"}
     # and each round-trips below as its own type, not as an unknown kind
     assert {type(e) for e in SAMPLES} == set(ev.KNOWN)

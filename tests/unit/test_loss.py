@@ -2,6 +2,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
 from gkd_core.trainer import loss as L
 
@@ -50,8 +52,8 @@ def test_zero_for_identical_distributions(loss, k):
 
 @pytest.mark.parametrize("loss", ["forward_kl", "reverse_kl", "jsd"])
 def test_never_negative_and_the_tail_counts(loss):
-    for seed in range(20):
-        s, _, ids, lp = setup(k=4, seed=seed)
+    for trial in range(20):
+        s, _, ids, lp = setup(k=4, seed=trial)
         assert (L.token_divergence(s, ids, lp, loss=loss, beta=0.7) >= -1e-6).all()
     # a student that matches the teacher on its top-k ranks but moves the tail mass is penalised
     _, t, ids, lp = setup(k=4)
@@ -80,9 +82,6 @@ def test_gradients_flow_to_the_student_only_through_its_logits():
 
 
 # --- finite values and gradients for every input the trainer can produce -------------------------
-
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st
 
 LOSSES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 0.9)]
 

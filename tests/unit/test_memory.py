@@ -60,7 +60,8 @@ def test_a_v1_memory_controller_wins_on_a_hybrid_host_and_no_memory_cgroup_is_no
 def test_the_probe_says_the_cgroup_or_else_the_node_and_a_limit_past_the_node_is_the_nodes():
     files = {"/proc/self/cgroup": V2_CGROUP, "/proc/self/mountinfo": V2_MOUNTS, "/proc/meminfo": MEMINFO}
     job = "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_42"
-    files.update({f"{job}/memory.max": "3221225472", f"{job}/memory.current": "1000", f"{job}/memory.events": "oom_kill 0"})
+    files.update({f"{job}/memory.max": "3221225472", f"{job}/memory.current": "1000",
+                  f"{job}/memory.events": "oom_kill 0"})
     limit, available = memory.MemoryProbe(read=reader(files)).sample()
     assert limit == memory.Limit(job, 3221225472, 1000, 0) and available == 4096000 * 1024
     files[f"{job}/memory.max"] = str(1 << 40)  # 1 TiB on a 16 GB node: the node limits it

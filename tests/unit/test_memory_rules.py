@@ -87,7 +87,8 @@ def test_a_death_by_the_oom_killer_goes_to_the_largest_of_the_dead_and_is_named_
     st.apply(said[0])
     [a] = alerts(st, T0 + 11, "oom_killed")
     assert a.targets == ["Grower/0"]
-    assert a.message == "Grower/0 was killed by the OOM killer (cgroup job_42: its kills 0 -> 1) at 2.2 GB of 3.0 GB, in grow"
+    assert a.message == ("Grower/0 was killed by the OOM killer (cgroup job_42: its kills 0 -> 1) "
+                         "at 2.2 GB of 3.0 GB, in grow")
 
 
 def test_no_kill_in_the_scope_no_oom_killed():

@@ -16,7 +16,8 @@ def test_each_finished_sync_is_a_point_once_with_its_step_time_and_timeout():
     st = RunState()
     for i, (state, elapsed) in enumerate([("done", 0.2), ("done", 0.4), ("timed_out", 60.0)], 1):
         st.apply(ev.SyncEvent(src="driver", sync_id=i, state="started", step=i, timeout_s=60, ts=100.0 * i))
-        st.apply(ev.SyncEvent(src="driver", sync_id=i, state="progress", step=i, elapsed_s=elapsed / 2, ts=100.0 * i + 1))
+        st.apply(ev.SyncEvent(src="driver", sync_id=i, state="progress", step=i, elapsed_s=elapsed / 2,
+                              ts=100.0 * i + 1))
         st.apply(ev.SyncEvent(src="driver", sync_id=i, state=state, step=i, elapsed_s=elapsed, ts=100.0 * i + 2))
     assert [(p.sync_id, p.step, p.elapsed_s, p.timeout_s, p.state) for p in st.series.syncs] == [
         (1, 1, 0.2, 60, "done"), (2, 2, 0.4, 60, "done"), (3, 3, 60.0, 60, "timed_out")]

@@ -48,8 +48,8 @@ def gpu_danger(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             holders = [by_pid.get(p, f"pid {p}") for p in g.pids]
             out.append(AlertEvent(
                 severity="warn", code="gpu_idle_full", targets=[f"gpu {g.node}/{g.index}", *holders],
-                message=f"GPU {g.index} on {g.node}: {100 * (g.mem_used or 0) / (g.mem_total or 1):.0f} % of its memory "
-                        f"used at 0 % utilisation for {spoken(now - g.full_idle_since)}"
+                message=f"GPU {g.index} on {g.node}: {100 * (g.mem_used or 0) / (g.mem_total or 1):.0f} % of its "
+                        f"memory used at 0 % utilisation for {spoken(now - g.full_idle_since)}"
                         + (f" (held by {', '.join(holders)})" if holders else ""),
                 hint="a process holds the GPU and computes nothing: a hung collective or a leftover process; its "
                      "stack (d); `nvidia-smi` lists the pids",

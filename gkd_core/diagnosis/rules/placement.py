@@ -74,8 +74,8 @@ def never_placed(bundles: list[dict[str, float]], strategy: str, nodes: list[dic
         if not any(_fits(b, n) for n in nodes):
             lacking = {k: v for k, v in b.items() if v > max(n.get(k, 0.0) for n in nodes)}
             best = {k: max(n.get(k, 0.0) for n in nodes) for k in (lacking or b)}
-            return (f"no node has {_res(lacking or b)} (the largest of {len(nodes)} node{'s' if len(nodes) > 1 else ''} "
-                    f"has {_res(best)})")
+            return (f"no node has {_res(lacking or b)} "
+                    f"(the largest of {len(nodes)} node{'s' if len(nodes) > 1 else ''} has {_res(best)})")
     if strategy == "STRICT_PACK":
         total: dict[str, float] = {}
         for b in bundles:

@@ -63,7 +63,8 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             out.append(AlertEvent(
                 severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],
                 message=f"the teacher server received {s.received}, served {s.served}, {s.queue_depth} waiting for "
-                        f"{spoken(waited)}: its workers do not answer" + (f" ({'; '.join(verdicts)})" if verdicts else ""),
+                        f"{spoken(waited)}: its workers do not answer"
+                        + (f" ({'; '.join(verdicts)})" if verdicts else ""),
                 hint="the teacher workers: their stacks (d), out of memory or dead (see the workers table); "
                      "restart (r) brings them back",
                 evidence={"received": s.received, "served": s.served, "queue_depth": s.queue_depth,

@@ -209,7 +209,7 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
     out = []
     for hops in found.cycles:
         members = [state.workers[src] for src, _ in hops]
-        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops))
+        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops, strict=True))
         if now - moved < STILL_S:
             continue
         # said from its longest-waiting member: the one whose call began the cycle
@@ -246,8 +246,9 @@ def explained(alerts: list[AlertEvent], found: Knots) -> list[AlertEvent]:
     for i, a in enumerate(alerts[:CHAINS_MAX]):
         if a.code in EXPLAINED and a.targets:
             causes = [_named_downstream(found.graph, t, named) for t in a.targets]
-            if all(causes) and len({named[c] for c in causes}) == 1:
-                cause_of[i] = named[causes[0]]
+            known = [c for c in causes if c]
+            if len(known) == len(causes) and len({named[c] for c in known}) == 1:
+                cause_of[i] = named[known[0]]
     behind: dict[int, set[str]] = {}  # the alert at a chain's end -> every waiter along it
     resolved = set()  # the waiters' alerts whose chains end in a finding: dropped for it
     for i in cause_of:

@@ -179,7 +179,7 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     ms = state.metrics[-33:]
     if state.state != "running" or len(ms) < 4:
         return []
-    gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:]))
+    gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:], strict=False))
     median = gaps[len(gaps) // 2]
     driver = state.workers.get("driver")
     if driver is not None and (set_up(driver.phase) or driver.phase in SLOW_ON_PURPOSE):
