@@ -233,8 +233,13 @@ def test_a_hung_sync_its_stack_a_hung_nvml_then_cancel_and_the_run_goes_on(start
     assert cancelled and cancelled[0]["ts"] - t0 < 5
     after = [e for e in events if e["kind"] == "sync" and e["state"] == "done" and e["seq"] > cancelled[0]["seq"]]
     assert after and all(e["fingerprint_ok"] for e in after) and after[0]["step"] == 3
+    # the driver's answer comes once the sync has ended, with the request's id (the dashboard shows it where c
+    # was pressed): cancelled, the group made again, the weights sent anew
+    asked = [e for e in events if e["kind"] == "action" and e["op"] == "cancel" and e["src"] != "driver"]
     acts = [e for e in events if e["kind"] == "action" and e["op"] == "cancel" and e["src"] == "driver"]
-    assert acts and acts[0]["ok"]
+    assert len(asked) == 1 and acts and acts[0]["ok"] and acts[0]["request"] == asked[0]["request"] != 0, acts
+    assert "cancelled with rollout/1" in acts[0]["result"]["outcome"], acts[0]
+    assert "the group was made again" in acts[0]["result"]["outcome"], acts[0]
     assert max(e["step"] for e in events if e["kind"] == "metrics") == 4
 
 
