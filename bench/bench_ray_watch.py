@@ -125,9 +125,9 @@ def wrappers(n: int) -> None:
     bare_remote = ActorMethod._remote = lambda self, *args, **kwargs: Ref(args[0][0] if args and args[0] else 0)
     FunctionActorManager._make_actor_method_executor = lambda self, name, method: method
     p = ray_hook._process = ray_hook._Process("driver")  # the caller's side
-    ray_hook._patch_actor_creation()
-    ray_hook._patch_waits()
-    ray_hook._patch_actor_methods()
+    ray_hook._patch_actor_creation(p)
+    ray_hook._patch_waits(p)
+    ray_hook._patch_actor_methods(p)
     handle = type("Handle", (), {"_ray_actor_id": ActorID.from_random()})()
     p.actors.names[handle._ray_actor_id.hex()] = "Callee/0"
     method = object.__new__(ActorMethod)
