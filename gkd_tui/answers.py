@@ -58,10 +58,12 @@ class PendingAnswers:
         (None when the outcome came first); else the reply is the outcome."""
         with self._lock:
             waiting = request in self._asked
+            if not waiting:
+                return None  # its action event came first, and was shown
             if not (isinstance(result, dict) and result.get("forwarded")):
-                self._asked.pop(request, None)
+                del self._asked[request]
                 return outcome_text(op, True, result)
-        return f"{op}: handed to the {result.get('to', 'driver')}; its outcome will show here" if waiting else None
+        return f"{op}: handed to the {result.get('to', 'driver')}; its outcome will show here"
 
     def answered(self, e: ev.ActionEvent) -> str | None:
         """The outcome to show, when ``e`` is a driver's answer to a request of ours."""

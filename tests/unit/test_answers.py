@@ -1,0 +1,45 @@
+"""The dashboard's requests and their outcomes (gkd_tui/answers.py): each outcome shown once, whichever of
+the supervisor's receipt and the driver's answer comes first."""
+
+from __future__ import annotations
+
+from gkd_core.telemetry import events as ev
+from gkd_tui.answers import PendingAnswers
+
+RECEIPT = {"forwarded": True, "to": "driver pid 7"}
+
+
+def driver_answer(request: int, ok: bool, result) -> ev.ActionEvent:
+    return ev.ActionEvent(op="cancel", by="dashboard via ipc", ok=ok, result=result, request=request)
+
+
+def test_a_forwarded_cancel_says_its_receipt_then_the_drivers_outcome_once():
+    asked = PendingAnswers()
+    request = asked.ask("cancel")
+    assert asked.receipt(request, "cancel", RECEIPT) == "cancel: handed to the driver pid 7; its outcome will show here"
+    assert asked.answered(ev.ActionEvent(op="cancel", result=RECEIPT, request=request)) is None  # the receipt's event
+    outcome = {"target": "sync", "outcome": "sync 4 cancelled with rollout/1 pending after 3.1 s"}
+    assert asked.answered(driver_answer(request, True, outcome)) == \
+        "cancel: sync 4 cancelled with rollout/1 pending after 3.1 s"
+    assert asked.answered(driver_answer(request, True, outcome)) is None  # said once
+
+
+def test_an_outcome_that_comes_before_its_receipt_is_said_alone_and_a_stranger_is_not():
+    asked = PendingAnswers()
+    request = asked.ask("cancel")
+    said = asked.answered(driver_answer(request, False, "no weight sync is under way (the last: sync 3 done)"))
+    assert said == "cancel failed: no weight sync is under way (the last: sync 3 done)"
+    assert asked.receipt(request, "cancel", RECEIPT) is None
+    assert asked.answered(driver_answer(request + 1, True, "not ours")) is None
+    assert asked.answered(driver_answer(0, True, "nobody asked")) is None
+
+
+def test_a_watched_jobs_outcome_per_worker_and_a_reply_that_is_the_outcome():
+    asked = PendingAnswers()
+    request = asked.ask("cancel")
+    per_worker = {"target": "all", "outcome": {"Learner/0": "killed", "Learner/1": "no handle to it here"}}
+    assert asked.answered(driver_answer(request, False, per_worker)) == \
+        "cancel failed: Learner/0: killed; Learner/1: no handle to it here"
+    note = asked.ask("note")
+    assert asked.receipt(note, "note", {"note": "tried a smaller batch"}) == 'note: {"note": "tried a smaller batch"}'
+    assert asked.answered(ev.ActionEvent(op="note", result={"note": "tried a smaller batch"}, request=note)) is None
