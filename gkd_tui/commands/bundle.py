@@ -27,7 +27,7 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         return 2
     live = False
     try:  # the live state and fresh stacks when the supervisor answers; else what the event log leads to
-        c, _ = client(run, 2.0)
+        c, endpoints = client(run, 2.0)
         with c:
             if a.no_stacks:
                 state = msgspec.convert(c.request("snapshot")["state"], RunState)
@@ -35,7 +35,7 @@ def cmd_bundle(a: argparse.Namespace) -> int:
             else:
                 print(f"gkd-tui: taking every worker's stacks for the bundle (up to {a.stacks_timeout:g} s)",
                       file=sys.stderr)
-                state, stacks = take_stacks(c, [], a.stacks_timeout, "bundle")
+                state, stacks = take_stacks(c, endpoints, [], a.stacks_timeout, "bundle")
         live = True
         status = status_text(state, time.time(), run)
     except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:

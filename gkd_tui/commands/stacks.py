@@ -8,11 +8,10 @@ import os
 import sys
 import time
 
-import msgspec
-
 from gkd_core import rundir
 from gkd_core.bundle.report import StacksTaken
 from gkd_core.state import RunState
+from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.commands.reach import client, unreachable
 
@@ -25,9 +24,9 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     run = None
     try:
         run = rundir.resolve_run(a.run)
-        c, _ = client(run, 5.0)
+        c, endpoints = client(run, 5.0)
         with c:
-            state, taken = take_stacks(c, a.targets, a.timeout, "cli")
+            state, taken = take_stacks(c, endpoints, a.targets, a.timeout, "cli")
     except ControlError as e:
         print(f"gkd-tui: dump-stacks refused: {e}", file=sys.stderr)
         return 1
@@ -47,14 +46,21 @@ def cmd_dump_stacks(a: argparse.Namespace) -> int:
     return 1 if taken.missing else 0
 
 
-def take_stacks(c: ControlClient, targets: list[str], timeout_s: float, by: str) -> tuple[RunState, StacksTaken]:
+def take_stacks(c: ControlClient, endpoints: dict, targets: list[str], timeout_s: float,
+                by: str) -> tuple[RunState, StacksTaken]:
     """Ask the run for its workers' stacks (``targets``; none: every worker, on every node, with their child
-    processes) and wait, bounded, for the driver's answer: the state then, and what was taken."""
-    asked_at = time.time()
-    dump_id = f"{by}-{os.getpid()}-{int(asked_at * 1000)}"
-    c.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
-    state, answered = wait_for_dump(c, dump_id, timeout_s)
-    return state, stacks_of_dump(state, dump_id, answered, asked_at, targets, timeout_s)
+    processes) and wait, bounded, for the driver's answer on the run's event stream (subscribed before
+    asking, so nothing is missed): the state then, and what was taken."""
+    sub = RunSubscriber(endpoints=endpoints, client=c)
+    try:
+        sub.connect()
+        asked_at = time.time()
+        dump_id = f"{by}-{os.getpid()}-{int(asked_at * 1000)}"
+        c.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+        answered = wait_for_dump(sub, dump_id, timeout_s)
+        return sub.state, stacks_of_dump(sub.state, dump_id, answered, asked_at, targets, timeout_s)
+    finally:
+        sub.sub.close(linger=0)  # (the client is the caller's)
 
 
 def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: float, targets: list[str],
@@ -75,14 +81,13 @@ def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: floa
     return StacksTaken(dump_id=dump_id, folder=answered.get("folder", ""), taken=taken, missing=missing, notes=notes)
 
 
-def wait_for_dump(c: ControlClient, dump_id: str, timeout_s: float) -> tuple[RunState, dict]:
-    """The state once the driver's `dump_stacks` action for this dump is on record, or at the deadline."""
+def wait_for_dump(sub: RunSubscriber, dump_id: str, timeout_s: float) -> dict:
+    """The driver's `dump_stacks` answer for this dump, once its event has come (every stack it took came
+    before it), or {} at the deadline."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        state = msgspec.convert(c.request("snapshot")["state"], RunState)
-        answer = state.dump_answer(dump_id)
-        if answer is not None:
-            return state, answer
-        if time.monotonic() > deadline:
-            return state, {}
-        time.sleep(0.25)
+    while (answer := sub.state.dump_answer(dump_id)) is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return {}
+        sub.pump(min(left, 0.5))  # waits for the next events, then applies what has come
+    return answer
