@@ -34,7 +34,7 @@ class WeightSync:
         self.cluster, self.rep, self.timeout_s = cluster, rep, timeout_s
         self.sync_id = 0  # kept in checkpoints, so that ids go on across restarts
         self.on_tick: Callable[..., None] | None = None  # the driver's commands, served while the sync runs
-        self._under_way = 0  # the sync in progress (0: none)
+        self._under_way = False  # a sync (or its retry after a cancel) is in progress
         self._cancels: list[Answer] = []  # the cancels asked of it, answered when it ends
         self._last = "none yet"  # how the newest sync ended
 
@@ -53,11 +53,11 @@ class WeightSync:
             answer(ok, result)
 
     def __call__(self, step: int) -> None:
-        self._under_way = self.sync_id + 1
+        self._under_way = True
         try:
             self._sync(step)
         finally:
-            self._under_way = 0
+            self._under_way = False
             self._answer_cancels(False, f"{self._last} before the cancel took hold")
 
     def _sync(self, step: int) -> None:

@@ -94,10 +94,19 @@ def test_bundle_has_what_a_bug_report_needs_and_never_the_keys(start_supervisor,
     import tarfile
 
     sup = start_supervisor("trainer.total_steps=100000")
+    # a note on the record (the `note` op: one Struct, one handler) is what the report lists as tried; an
+    # empty one is refused in one line, naming the argument
+    r = gkd_tui("note", "--run", str(sup.run), "tried", "a smaller micro-batch", home=sup.home)
+    assert r.returncode == 0 and "tried a smaller micro-batch" in r.stdout, r.stderr
+    r = gkd_tui("note", "--run", str(sup.run), "", home=sup.home)
+    assert r.returncode == 1 and "argument 'text' must be 1 to 2000 characters" in r.stderr, r.stderr
     out = tmp_path / "b.tar.gz"
     r = gkd_tui("bundle", str(sup.run), "-o", str(out), home=sup.home)
     assert r.returncode == 0, r.stderr
     names = tarfile.open(out).getnames()
+    summary = tarfile.open(out).extractfile(next(n for n in names if n.endswith("/summary.md"))).read().decode()
+    tried = summary.split("## What was tried", 1)[1].split("\n## ", 1)[0]
+    assert "`note`" in tried and "tried a smaller micro-batch" in tried and "failed" in tried, tried
     assert any(n.endswith("/events.jsonl") for n in names) and any(n.endswith("/config.yaml") for n in names)
     status = next(n for n in names if n.endswith("/status.txt"))
     assert b"running" in tarfile.open(out).extractfile(status).read()  # the live state, from a snapshot
