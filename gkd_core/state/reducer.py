@@ -145,7 +145,8 @@ def _on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
             w.cpu_low_since = w.last_heartbeat or ts
         w.last_heartbeat = ts
         w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
-        memory_cases.on_memory(st, w, b.mem, ts)
+        if b.mem is not None:
+            memory_cases.on_memory(st, w, b.mem, ts)
 
 
 def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:

@@ -31,7 +31,7 @@ class Recorder:
         self.run_id, self.state, self.log, self.heartbeats, self.publish = run_id, state, log, heartbeats, publish
         self.seq = seq
         self.rejects = wire.RejectCounter()
-        self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batch`)
+        self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batches`)
         self._beats_seq = 0
 
     def commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
@@ -60,62 +60,73 @@ class Recorder:
         self.commit(obj, event, obj["kind"].encode())
 
     def drain(self, sock: zmq.Socket) -> None:
-        """The events waiting on ``sock``, up to INGEST_BATCH; what cannot be read is counted by reason."""
+        """The events waiting on ``sock``, up to INGEST_BATCH; what cannot be read is counted by reason.
+        Batches of heartbeats that arrive one after the other are taken as one (``_take_batches``)."""
         # the hot path: plain recv with int flags (pyzmq's recv_multipart and enum flags cost
         # more than decoding the event); a message is [json] or [kind, json]
         recv, more = sock.recv, sock.getsockopt
-        for _ in range(INGEST_BATCH):
-            try:
-                data = recv(_NOBLOCK)
-            except zmq.Again:
-                return
-            n, first = 1, data
-            while more(_RCVMORE):
-                data = recv(_NOBLOCK)
-                n += 1
-            if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
-                batch = wire.decode_batch(data)
-                if batch is not None:
-                    self._take_batch(batch)
+        batches: list[ev.HeartbeatsEvent] = []  # in a row, not taken yet: nothing else came between
+        try:
+            for _ in range(INGEST_BATCH):
+                try:
+                    data = recv(_NOBLOCK)
+                except zmq.Again:
+                    return
+                n, first = 1, data
+                while more(_RCVMORE):
+                    data = recv(_NOBLOCK)
+                    n += 1
+                if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
+                    batch = wire.decode_batch(data)
+                    if batch is not None:
+                        batches.append(batch)
+                        continue
+                try:
+                    if n > 2:
+                        raise wire.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
+                    obj, typed = wire.decode_dict(data)
+                except wire.Rejected as r:
+                    self.rejects.add(r, "ingest ")
                     continue
-            try:
-                if n > 2:
-                    raise wire.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
-                obj, typed = wire.decode_dict(data)
-            except wire.Rejected as r:
-                self.rejects.add(r, "ingest ")
-                continue
-            if type(typed) is ev.HeartbeatsEvent:
-                self._take_batch(typed)
-            elif type(typed) is ev.HeartbeatEvent:
-                logged, before = self.heartbeats.admit(typed)
-                if before is not None:
-                    self.emit(wire.heartbeat_of(before) if isinstance(before, ev.Beat) else before)
-                self.commit(obj, typed, b"heartbeat", logged)
-            else:
-                self.commit(obj, typed, obj["kind"].encode())
+                if type(typed) is ev.HeartbeatsEvent:
+                    batches.append(typed)
+                    continue
+                if batches:  # the order they came in: the batches before this event
+                    self._take_batches(batches)
+                    batches = []
+                if type(typed) is ev.HeartbeatEvent:
+                    logged, before = self.heartbeats.admit(typed)
+                    if before is not None:
+                        self.emit(wire.heartbeat_of(before) if isinstance(before, ev.Beat) else before)
+                    self.commit(obj, typed, b"heartbeat", logged)
+                else:
+                    self.commit(obj, typed, obj["kind"].encode())
+        finally:
+            if batches:
+                self._take_batches(batches)
 
-    def _take_batch(self, e: ev.HeartbeatsEvent) -> None:
-        """A node's heartbeats in one message: stamped, published and applied whole, as one event; the
-        log keeps the beats the single form would keep (``runlog.heartbeats``), gathered across batches
-        into one ``heartbeats`` line of the supervisor's, written before the next line of any other
-        kind (or at the next flush), under the seq of the newest batch it holds."""
+    def _take_batches(self, batches: list[ev.HeartbeatsEvent]) -> None:
+        """Nodes' heartbeats that came in a row, as one ``heartbeats`` event: stamped, published and applied
+        whole (at 65,536 workers, 8,192 batches a second become a few dozen messages to the subscribers);
+        one batch alone stays the relay's. The log keeps the beats the single form would keep
+        (``runlog.heartbeats``), gathered across batches into one ``heartbeats`` line of the supervisor's,
+        written before the next line of any other kind (or at the next flush), under the seq of the newest
+        batch it holds."""
+        if len(batches) == 1:
+            e = batches[0]
+        else:
+            beats = [b for batch in batches for b in batch.beats]
+            e = ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches), beats=beats)
         self.seq += 1
         e.seq, e.run = self.seq, self.run_id
         if not e.ts:
             e.ts = time.time()
         self.publish(b"heartbeats", wire.encode(e))
-        admit, kept = self.heartbeats.admit, self._beats_kept
-        n = len(kept)
-        for b in e.beats:
-            logged, before = admit(b)
-            if before is not None:
-                kept.append(before)
-            if logged:
-                kept.append(b)
-        if len(kept) > n:
+        n = len(self._beats_kept)
+        self.heartbeats.admit_all(e.beats, self._beats_kept)
+        if len(self._beats_kept) > n:
             self._beats_seq = self.seq  # the line's seq: the newest batch it holds beats of
-            if len(kept) >= BEATS_PER_LINE:
+            if len(self._beats_kept) >= BEATS_PER_LINE:
                 self._write_beats()
         self.state.apply(e)
 

@@ -91,6 +91,13 @@ def test_one_batch_per_node_through_the_supervisor_logged_and_replayed_as_live(s
                                            via=f"agent/n{i // per_node}", ts=time.time())))
     batchers = [HeartbeatBatcher(f"agent/n{n}", f"n{n}") for n in range(nodes)]
     sent = 0
+    beats_in: list[int] = []  # the beats of each heartbeats event the subscriber applied
+
+    def pump(timeout_s: float) -> list:
+        applied = sub.pump(timeout_s)
+        beats_in.extend(len(e.beats) for e in applied if type(e) is ev.HeartbeatsEvent)
+        return applied
+
     t0 = time.time()
     while time.time() - t0 < 3.0:
         for n, b in enumerate(batchers):
@@ -99,20 +106,21 @@ def test_one_batch_per_node_through_the_supervisor_logged_and_replayed_as_live(s
                 b.add(ev.Beat(f"rollout/{i}", time.time(), "generate", 0.0, 1 << 30, 1.0 if idle else 90.0, 0))
             push.send_multipart(b.take())
             sent += 1
-        sub.pump(0.2)
+        pump(0.2)
     push.close(linger=1000)
     end = time.monotonic() + 1.0
     while time.monotonic() < end:
-        sub.pump(0.05)
+        pump(0.05)
     with sup.client() as c:
         c.request("stop")
     assert sup.wait_exit() == 143
     ctx.term()
     lines = (sup.run / "events.jsonl").read_bytes().splitlines()
     events = [wire.decode(line) for line in lines]
-    wait_until(lambda: sub.pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
-    # one event per batch reached the subscriber: one seq each
-    assert sub.state.applied >= sent
+    wait_until(lambda: pump(0.02) or sub.seq == replay(lines).last_seq, 20, "the subscriber caught up")
+    # every beat reached the subscriber, in batches taken in a row as one event (one seq each)
+    assert sum(beats_in) >= sent * per_node, (sum(beats_in), sent * per_node)
+    assert len(beats_in) <= sent
     logged = [e for e in events if type(e) is ev.HeartbeatsEvent]
     assert logged and all(e.src == "supervisor" for e in logged)
     kept = [b for e in logged for b in e.beats]

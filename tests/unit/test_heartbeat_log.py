@@ -68,3 +68,28 @@ def test_replay_fills_the_left_out_beats_and_not_a_silence(tmp_path):
     r.to_start()
     r.to_end()
     assert r.state.workers["rollout/0"].last_heartbeat == 1025.0
+
+
+def test_a_batch_admitted_at_once_keeps_what_one_by_one_keeps():
+    """``admit_all`` (the supervisor's hot path) against ``admit``: the same beats kept, in the same order,
+    each restated beat before the change after it, and the same held back for a silence."""
+    import random
+
+    rnd = random.Random(4)
+    beats = [ev.Beat(f"rollout/{w}", 1000.0 + t, "generate", 0.0, (1 << 30) + rnd.choice((0, 0, 0, 200 << 20)),
+                     rnd.choice((90.0, 90.0, 90.0, 1.0)), rnd.choice((0, 0, 0, 0, 3)))
+             for t in range(40) for w in range(6)]
+    one, many = HeartbeatLog(every_s=10.0, heartbeat_s=1.0), HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    one_by_one: list = []
+    for b in beats:
+        logged, before = one.admit(b, mono=5.0)
+        one_by_one += ([before] if before is not None else []) + ([b] if logged else [])
+    at_once: list = []
+    for k in range(0, len(beats), 16):  # batches of 16 beats
+        many.admit_all(beats[k:k + 16], at_once, mono=5.0)
+    assert at_once == one_by_one
+    assert 40 < len(at_once) < len(beats)  # some, not all
+    assert many.silent(mono=99.0) == one.silent(mono=99.0)
+    everything: list = []
+    HeartbeatLog(every_s=0).admit_all(beats[:5], everything)
+    assert everything == beats[:5]

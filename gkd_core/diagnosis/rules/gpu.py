@@ -41,10 +41,12 @@ def gpu_danger(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state not in ("running", ""):
         return []
     out = []
-    by_pid = {w.pid: w.src for w in state.workers.values() if w.pid}
+    by_pid: dict[int, str] | None = None  # (made when a GPU is named: a walk over every worker)
     rows = [g for g in state.gpu_rows() if now - g.ts < GPU_FRESH_S]
     for g in rows:
         if g.full_idle_since is not None and now - g.full_idle_since >= GPU_IDLE_FULL_S:
+            if by_pid is None:
+                by_pid = {w.pid: w.src for w in state.workers.values() if w.pid}
             holders = [by_pid.get(p, f"pid {p}") for p in g.pids]
             out.append(AlertEvent(
                 severity="warn", code="gpu_idle_full", targets=[f"gpu {g.node}/{g.index}", *holders],

@@ -29,14 +29,26 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     A worker in a set-up phase is critical only past its set-up deadline (``_silent_in_set_up``). Silence
     counts from when the process was last heard from (``heard_from``)."""
     fresh, frozen = frozen_limits(cfg)
-    others_fresh = sum(1 for w in state.workers.values() if w.last_heartbeat and now - w.last_heartbeat < fresh)
+    # one walk over the workers (65,536 of them at the largest, every pass): how many beat lately, and
+    # who has been quiet long enough for any of the limits below (``silent_for``, inline)
+    quietest = min(cfg.stall_s, frozen) - 2 * cfg.heartbeat_s
+    others_fresh, quiet = 0, []
+    for w in state.workers.values():
+        beat = w.last_heartbeat
+        if not beat:
+            continue  # never heard from: not silent, only not yet started
+        if now - beat < fresh:
+            others_fresh += 1
+        age = now - (beat if beat >= w.phase_since else w.phase_since)
+        if age > quietest:
+            quiet.append((w, age))
     limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
-    silent = state.stale_workers(now, limit)
+    quiet = [(w, age) for w, age in quiet if w.phase not in WORKER_ENDED]
+    silent = {w.src: age for w, age in quiet if age > limit}  # (``RunState.stale_workers``)
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
     # its own go quiet, so a relay that is nearly stale counts too.
-    quiet_relays = {w.src for w in state.workers.values() if w.role == "agent" and w.phase not in WORKER_ENDED
-                    and (age := silent_for(w, now)) is not None and age > limit - 2 * cfg.heartbeat_s}
+    quiet_relays = {w.src for w, age in quiet if w.role == "agent" and age > limit - 2 * cfg.heartbeat_s}
     behind: dict[str, list[str]] = {}
     for src in silent:
         w = state.workers[src]

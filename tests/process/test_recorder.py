@@ -1,0 +1,61 @@
+"""The supervisor's ingest (``Recorder.drain``) over a real ZeroMQ socket: nodes' heartbeat batches that come
+in a row are one event to the subscribers, and nothing is reordered around the events between them."""
+
+from __future__ import annotations
+
+import time
+
+import zmq
+
+from gkd_core.runlog.eventlog import EventLog
+from gkd_core.runlog.heartbeats import HeartbeatLog
+from gkd_core.state import RunState
+from gkd_core.supervisor.recorder import Recorder
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
+
+
+def batch(node: int, t: float) -> list[bytes]:
+    beats = [ev.Beat(f"rollout/{node * 4 + i}", t, "generate", 0.0, 1 << 30, 90.0, 0) for i in range(4)]
+    return wire.frames(ev.HeartbeatsEvent(src=f"agent/n{node}", node=f"n{node}", ts=t, beats=beats))
+
+
+def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://ingest")
+    push.connect("inproc://ingest")
+    published: list[tuple[bytes, bytes]] = []
+    state = RunState()
+    log = EventLog(tmp_path / "events.jsonl")
+    rec = Recorder("r", state, log, HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
+                   lambda kind, line: published.append((kind, line)))
+    t = time.time()
+    for message in (batch(0, t), batch(1, t), batch(2, t),
+                    [wire.encode(ev.PhaseEvent(src="rollout/1", phase="train", ts=t + 0.5))],
+                    batch(0, t + 1), batch(1, t + 1)):
+        push.send_multipart(message)
+    deadline = time.monotonic() + 5
+    while len(published) < 3 and time.monotonic() < deadline:
+        if pull.poll(100):
+            rec.drain(pull)
+    rec.close()
+    push.close(0)
+    pull.close(0)
+    ctx.term()
+
+    sent = [(kind, wire.decode(line)) for kind, line in published]
+    assert [kind for kind, _ in sent] == [b"heartbeats", b"phase", b"heartbeats"]
+    first, phase, second = (e for _, e in sent)
+    assert isinstance(first, ev.HeartbeatsEvent) and isinstance(second, ev.HeartbeatsEvent)
+    assert [b.src for b in first.beats] == [f"rollout/{i}" for i in range(12)]  # the three nodes', in order
+    assert [b.src for b in second.beats] == [f"rollout/{i}" for i in range(8)]
+    assert first.src == "supervisor" and first.node == ""  # of several nodes, as in the log
+    assert first.seq < phase.seq < second.seq == rec.seq
+    assert state.workers["rollout/1"].phase == "train" and state.workers["rollout/1"].last_heartbeat == t + 1
+    assert state.workers["rollout/11"].last_heartbeat == t
+    # the log: every first beat kept, in one line of the supervisor's, before the phase (seq order)
+    logged = [wire.decode(line) for line in (tmp_path / "events.jsonl").read_bytes().splitlines()]
+    assert [type(e) for e in logged] == [ev.HeartbeatsEvent, ev.PhaseEvent]
+    assert [b.src for b in logged[0].beats] == [f"rollout/{i}" for i in range(12)]
+    assert logged[0].seq < logged[1].seq
