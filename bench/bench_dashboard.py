@@ -6,7 +6,8 @@ through a real supervisor, into a headless dashboard process. Prints a table.
     python bench/bench_dashboard.py --smoke   # for CI: 64 workers for 8 s, one 2 k/s burst, keyframes every 0.2 MB
 
 The workers report the way a run's do: each node's heartbeats reach the supervisor as one
-``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``);
+``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``), each
+beat with a CPU share and RSS that move a little and its node's memory;
 ``--per-node 1`` sends them one by one, as before the relay. Phases and registrations go one event
 each.
 
@@ -200,8 +201,12 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
         while node < due:
             n = node % nodes
             b, now = batchers[n], time.time()
+            # as a real node's: CPU and RSS that move a little each beat, and the node's memory, which every
+            # worker's beat carries
+            mem = ev.MemoryBeat("node", (100 << 30) + rnd.randrange(64 << 20), 1 << 40, 900 << 30, 0)
             for i in range(n * per_node, min(workers, (n + 1) * per_node)):
-                b.add(ev.Beat(f"rollout/{i}", now, "generate", 1.0, 1 << 30, 50.0, 0))
+                b.add(ev.Beat(f"rollout/{i}", now, "generate", 1.0, (1 << 30) + rnd.randrange(4 << 20),
+                              rnd.uniform(45.0, 55.0), 0, mem))
             if per_node > 1:
                 sock.send_multipart(b.take())
                 sent += 1

@@ -39,6 +39,7 @@ TRAINER_SYNC_PARTS = ("gather", "broadcast", "load", "reset_cache", "verify")  #
 
 # a worker's phase once it has stopped working: nothing it does is late any more
 WORKER_ENDED = ("finished", "failed", "cancelled", "exited")
+CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress
 
 
 class WorkerId(NamedTuple):

@@ -81,6 +81,8 @@ def _typed(t, hostile: bool = True) -> st.SearchStrategy:
         return JSON_VALUES
     if origin is list:
         return st.lists(_typed(args[0], hostile), max_size=4)
+    if origin is tuple:  # (a batch's ``same``: [src, ts] each)
+        return st.tuples(*[_typed(a, hostile) for a in args]).map(list)
     if origin is dict:  # the keys the code reads among them (an alert's evidence: elapsed_s, verdict)
         keys = st.one_of(ODD_TEXT, st.text(max_size=6), st.sampled_from(["elapsed_s", "verdict", "where", "phase",
                                                                         "p50", "p95", "CPU", "GPU"]))

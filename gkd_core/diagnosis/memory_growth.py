@@ -6,7 +6,7 @@ as the heartbeats said it. A scope's growth is measured window by window (GROWTH
 and ``rising_since`` says since when every window grew, so a start-up's climb of a few seconds is not a
 leak and a big flat scope never grows. While a scope rises, each worker in it is measured from its RSS when
 the rise began (or it was first seen in it): who grew is who to name. O(scopes) a pass, and O(workers) a
-pass while a scope rises.
+pass when workers came or went, or once in MEMBERS_AGAIN_S, while a scope rises.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from gkd_core.state import RunState
+from gkd_core.state.memory_cases import scope_key
 
 GROWTH_WINDOW_S = 3.0
 RISING = 1 << 20  # bytes a second over a window: growing (less is noise: a cache, an allocator's breath)
@@ -50,12 +51,18 @@ class ScopeGrowth:
     baseline: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
+MEMBERS_AGAIN_S = 30.0  # who is in which scope is listed again this often (and whenever workers come or go)
+
+
 class GrowthIndex:
     def __init__(self):
         self.scopes: dict[str, ScopeGrowth] = {}
         self.lock = threading.Lock()
+        self._members: dict[str, list[str]] = {}  # a scope -> the workers whose beats say they are in it
+        self._listed = (-1, 0.0)  # (how many workers, the state's time) when they were listed
 
     def observe(self, state: RunState) -> None:
+        members = None
         for key, s in state.mem_scopes.items():
             got = self.scopes.get(key)
             if got is None:
@@ -66,12 +73,26 @@ class GrowthIndex:
                 got.baseline = {}
                 continue
             # each worker of the scope from when it is first seen in the rise (one may start after it began)
+            members = self._members_of(state) if members is None else members
             base = got.baseline
-            for w in state.workers.values():
-                if w.src not in base and w.mem is not None and w.mem.scope == s.scope and w.node == s.node:
-                    base[w.src] = (w.last_heartbeat, w.rss)
+            for src in members.get(key, ()):
+                w = state.workers.get(src)
+                if src not in base and w is not None:
+                    base[src] = (w.last_heartbeat, w.rss)
         for key in [k for k in self.scopes if k not in state.mem_scopes]:
             del self.scopes[key]
+
+    def _members_of(self, state: RunState) -> dict[str, list[str]]:
+        """Each scope's workers: one walk over them all (8,192 nodes' scopes can rise at once), again only when
+        workers came or went, or every MEMBERS_AGAIN_S (a worker moved to another cgroup)."""
+        count, at = self._listed
+        if count != len(state.workers) or not 0 <= state.last_ts - at < MEMBERS_AGAIN_S:
+            self._members = {}
+            for w in state.workers.values():
+                if w.mem is not None:
+                    self._members.setdefault(scope_key(w.node, w.mem.scope), []).append(w.src)
+            self._listed = (len(state.workers), state.last_ts)
+        return self._members
 
     def growers(self, state: RunState, key: str) -> list[tuple[float, str]]:
         """(bytes a second since the rise began, worker) of the scope's workers, the fastest first."""

@@ -21,7 +21,10 @@ carry both periods.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from gkd_core.state import CPU_IDLE_PCT
 from gkd_core.telemetry.events import Beat, HeartbeatEvent
@@ -32,11 +35,25 @@ SILENT_BEATS = 2.5  # a worker this many heartbeat periods quiet has fallen sile
 Heartbeat = HeartbeatEvent | Beat
 
 
-@dataclass
+@dataclass(slots=True)  # one per worker, read for each of its beats
 class _Src:
-    logged: Heartbeat
-    held: Heartbeat | None = None
+    logged: Heartbeat  # the last one logged
+    last: Heartbeat  # the last full one received: a ``same`` beat says what it did, at another time
+    held: Heartbeat | None = None  # the newest not logged, a full one
+    same_at: float = 0.0  # or: the newest not logged is ``last`` at this time (a ``same`` beat)
     held_at: float = 0.0  # monotonic time the held one arrived
+
+    def take_held(self) -> Heartbeat | None:
+        """The newest beat not logged (made from ``last`` for a ``same`` one), and it is held no more."""
+        held, self.held = self.held, None
+        if self.same_at:
+            held, self.same_at = at(self.last, self.same_at), 0.0
+        return held
+
+
+def at(beat: Heartbeat, ts: float) -> Heartbeat:
+    """``beat`` said again at ``ts``: a ``same`` beat as the log keeps it (its time in phase grown with it)."""
+    return msgspec.structs.replace(beat, ts=ts, elapsed=beat.elapsed + max(0.0, ts - beat.ts))
 
 
 @dataclass
@@ -49,48 +66,67 @@ class HeartbeatLog:
         """(log this heartbeat now?, the same worker's held one to restate first). A change is logged
         with the beat before it: a CPU share is of the interval since that one, and "idle since" is
         measured from it."""
-        if self.every_s <= 0:
-            return True, None
         s = self._srcs.get(e.src)
         if s is None:
-            self._srcs[e.src] = _Src(e)
+            self._srcs[e.src] = _Src(e, e)
             return True, None
-        if e.ts - s.logged.ts >= self.every_s - self.heartbeat_s / 2:
-            s.logged, s.held = e, None
+        if self.every_s <= 0 or e.ts - s.logged.ts >= self.every_s - self.heartbeat_s / 2:
+            s.take_held()
+            s.logged = s.last = e
             return True, None
         if self._changed(s.logged, e):
-            before, s.logged, s.held = s.held, e, None
+            before = s.take_held()
+            s.logged = s.last = e
             return True, before
-        s.held, s.held_at = e, time.monotonic() if mono is None else mono
+        s.same_at = 0.0
+        s.held, s.held_at, s.last = e, time.monotonic() if mono is None else mono, e
         return False, None
 
-    def admit_all(self, beats: list[Beat], into: list[Heartbeat], mono: float | None = None) -> None:
+    def admit_all(self, beats: list[Beat], into: list[Heartbeat], mono: float | None = None,
+                  same: Sequence[tuple[str, float]] = ()) -> None:
         """``admit`` for each of a batch's beats, at the cost of one: appends to ``into`` what the log
-        keeps, each held beat to restate before the change that follows it. (65,536 beats a second at the
-        largest: the loop is ``admit``'s, inline.)"""
+        keeps, each held beat to restate before the change that follows it; then its ``same`` beats
+        (``HeartbeatsEvent.same``), kept as beats when one is due. (65,536 beats a second at the largest:
+        the loop is ``admit``'s, inline.)"""
         if self.every_s <= 0:
-            into.extend(beats)
+            for e in beats:
+                self.admit(e)
+                into.append(e)
+            into.extend(at(s.last, ts) for src, ts in same if (s := self._srcs.get(src)) is not None)
             return
         mono = time.monotonic() if mono is None else mono
         srcs, due_s = self._srcs, self.every_s - self.heartbeat_s / 2
         for e in beats:
             s = srcs.get(e.src)
             if s is None:
-                srcs[e.src] = _Src(e)
+                srcs[e.src] = _Src(e, e)
                 into.append(e)
                 continue
             last = s.logged
             if e.ts - last.ts >= due_s:
-                s.logged, s.held = e, None
+                s.held, s.same_at = None, 0.0
+                s.logged = e
                 into.append(e)
             elif ((e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT) or e.dropped != last.dropped
                   or abs(e.rss - last.rss) > RSS_STEP):  # (``_changed``)
-                if s.held is not None:
-                    into.append(s.held)
-                s.logged, s.held = e, None
+                held = s.take_held()
+                if held is not None:
+                    into.append(held)
+                s.logged = e
                 into.append(e)
             else:
-                s.held, s.held_at = e, mono
+                s.held, s.same_at, s.held_at = e, 0.0, mono
+            s.last = e
+        for src, ts in same:
+            s = srcs.get(src)
+            if s is None or ts <= s.last.ts:
+                continue  # what it says is not known here (a supervisor that took over): its next full beat
+            if ts - s.logged.ts >= due_s:
+                s.logged = s.last = at(s.last, ts)
+                s.held, s.same_at = None, 0.0
+                into.append(s.last)
+            else:
+                s.held, s.same_at, s.held_at = None, ts, mono
 
     @staticmethod
     def _changed(last: Heartbeat, e: Heartbeat) -> bool:
@@ -104,9 +140,11 @@ class HeartbeatLog:
         limit = SILENT_BEATS * self.heartbeat_s
         out = []
         for s in self._srcs.values():
-            if s.held is not None and now - s.held_at > limit:
-                out.append(s.held)
-                s.logged, s.held = s.held, None
+            if (s.held is not None or s.same_at) and now - s.held_at > limit:
+                held = s.take_held()
+                assert held is not None
+                out.append(held)
+                s.logged = held
         return out
 
     def held(self) -> list[Heartbeat]:

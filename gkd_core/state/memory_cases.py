@@ -12,7 +12,9 @@ from gkd_core.state.records import ScopeMemory, WorkerState
 from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
 
-SCOPES_KEEP = 4096  # scopes remembered (a node's cgroups, each node): far more than a cluster has
+# scopes remembered (each node's, and the cgroups of its workers): 65,536 GPUs are 8,192 nodes of 8. Past
+# it, the quarter heard from longest ago are let go at once, so that a new scope costs O(1) on the whole
+SCOPES_KEEP = 65_536
 
 
 def scope_key(node: str, scope: str) -> str:
@@ -27,7 +29,9 @@ def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: floa
     s = st.mem_scopes.get(key)
     if s is None:
         if len(st.mem_scopes) >= SCOPES_KEEP:
-            st.mem_scopes.pop(min(st.mem_scopes, key=lambda k: st.mem_scopes[k].ts))
+            by_age = sorted(st.mem_scopes, key=lambda k: st.mem_scopes[k].ts)
+            for old in by_age[:SCOPES_KEEP // 4]:
+                del st.mem_scopes[old]
         s = st.mem_scopes[key] = ScopeMemory(node=w.node, scope=mem.scope)
     if ts >= s.ts:  # (else an older word of the scope than one already taken: another worker's, later)
         s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from gkd_core.telemetry import events as ev
+from gkd_core.vocab import CPU_IDLE_PCT as CPU_IDLE_PCT  # (the state's word for it, as before)
 
 METRICS_KEEP = 512
 SYNC_HISTORY_KEEP = 32
@@ -20,7 +21,6 @@ STACK_TEXT_KEEP = 64 * 1024
 OOM = re.compile(r"out of memory|OutOfMemoryError|\bOOM[- ]?(?:killed|error)|oom-kill|Killed process|"
                  r"running low on memory|Failed to allocate memory for KV cache", re.IGNORECASE)
 SPANS_KEEP = 16  # finished phases remembered per worker: its peers' times and its own history
-CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress
 
 
 class PhaseSpan(msgspec.Struct, array_like=True):

@@ -147,6 +147,14 @@ def _on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
         w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
         if b.mem is not None:
             memory_cases.on_memory(st, w, b.mem, ts)
+    for src, ts in e.same:  # alive, and as its last full beat said (the same side of the idle line, too)
+        w = workers.get(src)
+        if w is None:
+            w = st.worker_seen(src, ts)  # (its numbers come with its next full beat)
+        elif ts > w.last_seen:
+            w.last_seen = ts
+        if ts > w.last_heartbeat:
+            w.last_heartbeat = ts
 
 
 def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import zmq
@@ -21,8 +22,11 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 
 INGEST_BATCH = 5000  # messages taken at one go, so the loop answers control requests in between
-BEATS_PER_LINE = 4096  # beats kept from batches are written at least this many to a line
-_NOBLOCK, _RCVMORE = int(zmq.NOBLOCK), int(zmq.RCVMORE)
+BEATS_PER_LINE = 4096  # beats kept from batches are written up to this many to a line
+# batches in a row are taken as one event of up to this many beats, full or ``same`` (about 100 KB: far from
+# MAX_EVENT_BYTES, past which a subscriber would drop it)
+BEATS_PER_MESSAGE = 1024
+_NOBLOCK, _RCVMORE, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.RCVMORE), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class Recorder:
@@ -64,36 +68,40 @@ class Recorder:
         Batches of heartbeats that arrive one after the other are taken as one (``_take_batches``)."""
         # the hot path: plain recv with int flags (pyzmq's recv_multipart and enum flags cost
         # more than decoding the event); a message is [json] or [kind, json]
-        recv, more = sock.recv, sock.getsockopt
+        recv = sock.recv
+        more: Callable[[int], Any] = sock.getsockopt  # (an int for these options)
         batches: list[ev.HeartbeatsEvent] = []  # in a row, not taken yet: nothing else came between
+        beats = 0  # in them
         try:
             for _ in range(INGEST_BATCH):
-                try:
-                    data = recv(_NOBLOCK)
-                except zmq.Again:
-                    return
+                if not more(_EVENTS) & _POLLIN:
+                    return  # (asked first: a recv that raises zmq.Again costs a dozen microseconds)
+                data = recv(_NOBLOCK)
                 n, first = 1, data
                 while more(_RCVMORE):
                     data = recv(_NOBLOCK)
                     n += 1
-                if n == 2 and first == b"heartbeats":  # a relay's batch: the fast path
-                    batch = wire.decode_batch(data)
-                    if batch is not None:
-                        batches.append(batch)
+                batch = wire.decode_batch(data) if n == 2 and first == b"heartbeats" else None  # the fast path
+                if batch is None:
+                    try:
+                        if n > 2:
+                            raise wire.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
+                        obj, typed = wire.decode_dict(data)
+                    except wire.Rejected as r:
+                        self.rejects.add(r, "ingest ")
                         continue
-                try:
-                    if n > 2:
-                        raise wire.Rejected("malformed", f"{n} frames; an event is [json] or [kind, json]")
-                    obj, typed = wire.decode_dict(data)
-                except wire.Rejected as r:
-                    self.rejects.add(r, "ingest ")
-                    continue
-                if type(typed) is ev.HeartbeatsEvent:
-                    batches.append(typed)
+                    batch = typed if type(typed) is ev.HeartbeatsEvent else None
+                if batch is not None:
+                    size = len(batch.beats) + len(batch.same)
+                    if beats + size > BEATS_PER_MESSAGE and batches:
+                        self._take_batches(batches)
+                        batches, beats = [], 0
+                    batches.append(batch)
+                    beats += size
                     continue
                 if batches:  # the order they came in: the batches before this event
                     self._take_batches(batches)
-                    batches = []
+                    batches, beats = [], 0
                 if type(typed) is ev.HeartbeatEvent:
                     logged, before = self.heartbeats.admit(typed)
                     if before is not None:
@@ -115,19 +123,20 @@ class Recorder:
         if len(batches) == 1:
             e = batches[0]
         else:
-            beats = [b for batch in batches for b in batch.beats]
-            e = ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches), beats=beats)
+            e = ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches),
+                                   beats=[b for batch in batches for b in batch.beats],
+                                   same=[s for batch in batches for s in batch.same])
         self.seq += 1
         e.seq, e.run = self.seq, self.run_id
         if not e.ts:
             e.ts = time.time()
         self.publish(b"heartbeats", wire.encode(e))
+        if len(self._beats_kept) + 2 * len(e.beats) + len(e.same) > BEATS_PER_LINE and self._beats_kept:
+            self._write_beats()  # (a full beat may bring the one held before it)
         n = len(self._beats_kept)
-        self.heartbeats.admit_all(e.beats, self._beats_kept)
+        self.heartbeats.admit_all(e.beats, self._beats_kept, same=e.same)
         if len(self._beats_kept) > n:
             self._beats_seq = self.seq  # the line's seq: the newest batch it holds beats of
-            if len(self._beats_kept) >= BEATS_PER_LINE:
-                self._write_beats()
         self.state.apply(e)
 
     def _write_beats(self) -> None:

@@ -142,10 +142,16 @@ class HeartbeatsEvent(Event, tag="heartbeats"):
     """The heartbeats of one node's workers over one interval, as one message: what its relay (the
     node agent) received since it last sent one, the newest of each worker. At 65,536 workers, 8 to
     a node, that is 8,192 messages a second instead of 65,536. ``src`` is the relay; in
-    ``events.jsonl``, the supervisor's (``node`` empty): the heartbeats it keeps, of any node."""
+    ``events.jsonl``, the supervisor's (``node`` empty): the heartbeats it keeps, of any node.
+
+    ``same``: ``[src, ts]`` of each worker whose beat says nothing its last full one in a batch of this
+    relay did not (``relay.same_beat``): a sign of life at ``ts``, the rest as that one said. A full beat
+    comes at least every ``relay.FULL_BEAT_S``, so one missed (a supervisor that took the run over) is
+    made up within that. The log never holds ``same``: the supervisor writes what it keeps as beats."""
 
     node: str = ""
     beats: list[Beat] = []
+    same: list[tuple[str, float]] = []
 
 
 class SyncEvent(Event, tag="sync"):

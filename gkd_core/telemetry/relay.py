@@ -26,11 +26,35 @@ import zmq
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.ingest import Curve, client_socket
+from gkd_core.vocab import CPU_IDLE_PCT
 
 # how a Reporter's heartbeat begins (msgspec writes the tag first): the rest is forwarded unread
 HEARTBEAT_PREFIX = b'{"kind":"heartbeat",'
 MAX_BEATS = 4096  # a batch is sent early when it holds this many (a node of 8 workers sends 8)
 MAX_IPC_PATH = 100  # sun_path holds 108 bytes
+
+
+# A beat that says nothing new goes as [src, ts] (``HeartbeatsEvent.same``): most of a healthy run's, and
+# each costs the supervisor a fraction of a full one. New is what a rule reads or a person sees move:
+FULL_BEAT_S = 5.0  # a worker's full beat at least this often (the shown CPU and RSS are never older)
+CPU_STEP = 15.0  # points of CPU, or a crossing of the idle line ("stuck: no CPU progress")
+RSS_STEP = 8 << 20  # bytes of RSS (a leak's worker is named by its growth: 8 MB is far below one)
+
+
+def same_beat(last: ev.Beat, b: ev.Beat, scope_said: bool) -> bool:
+    """Does ``b`` say nothing that ``last`` (the worker's last full beat) did not? Its memory scope's
+    numbers go with one beat of the scope in each batch (``scope_said``: one already does); a scope, a
+    limit or a kill count of its own is new."""
+    if b.phase != last.phase or b.dropped != last.dropped or b.ts - last.ts >= FULL_BEAT_S:
+        return False
+    if (b.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT) or abs(b.cpu - last.cpu) >= CPU_STEP:
+        return False
+    if abs(b.rss - last.rss) >= RSS_STEP:
+        return False
+    m, was = b.mem, last.mem
+    if m is None or was is None:
+        return m is was
+    return scope_said and m.scope == was.scope and m.limit == was.limit and m.oom_kills == was.oom_kills
 
 
 class HeartbeatBatcher:
@@ -40,6 +64,7 @@ class HeartbeatBatcher:
     def __init__(self, src: str, node: str, run: str = ""):
         self.src, self.node, self.run = src, node, run
         self.beats: list[ev.Beat] = []
+        self._full: dict[str, ev.Beat] = {}  # each worker's last beat sent in full
 
     def add(self, beat: ev.Beat) -> None:
         self.beats.append(beat)
@@ -48,7 +73,21 @@ class HeartbeatBatcher:
         """The frames ``[b"heartbeats", json]`` of what was added since the last take; None if nothing."""
         if not self.beats:
             return None
-        e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=self.beats)
+        full, same, sent = [], [], self._full
+        scopes: set[str] = set()  # of the memory scopes, those a full beat of this batch says
+        for b in self.beats:
+            last = sent.get(b.src)
+            if last is not None and same_beat(last, b, b.mem is not None and b.mem.scope in scopes):
+                same.append((b.src, b.ts))
+                continue
+            full.append(b)
+            sent[b.src] = b
+            if b.mem is not None:
+                scopes.add(b.mem.scope)
+        if len(sent) > 2 * len(self.beats) + 64:  # workers that left the node: forget them
+            newest = max(b.ts for b in self.beats)
+            self._full = {src: b for src, b in sent.items() if newest - b.ts < 4 * FULL_BEAT_S}
+        e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=full, same=same)
         self.beats = []
         return [b"heartbeats", wire.encode(e)]
 

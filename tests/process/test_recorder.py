@@ -10,14 +10,22 @@ import zmq
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.state import RunState
-from gkd_core.supervisor.recorder import Recorder
+from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE, Recorder
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
+from gkd_core.telemetry.events import MAX_EVENT_BYTES
 
 
 def batch(node: int, t: float) -> list[bytes]:
     beats = [ev.Beat(f"rollout/{node * 4 + i}", t, "generate", 0.0, 1 << 30, 90.0, 0) for i in range(4)]
     return wire.frames(ev.HeartbeatsEvent(src=f"agent/n{node}", node=f"n{node}", ts=t, beats=beats))
+
+
+def recorder(tmp_path, published: list) -> tuple[Recorder, RunState]:
+    state = RunState()
+    rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
+                   lambda kind, line: published.append((kind, line)))
+    return rec, state
 
 
 def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
@@ -26,10 +34,7 @@ def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
     pull.bind("inproc://ingest")
     push.connect("inproc://ingest")
     published: list[tuple[bytes, bytes]] = []
-    state = RunState()
-    log = EventLog(tmp_path / "events.jsonl")
-    rec = Recorder("r", state, log, HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
-                   lambda kind, line: published.append((kind, line)))
+    rec, state = recorder(tmp_path, published)
     t = time.time()
     for message in (batch(0, t), batch(1, t), batch(2, t),
                     [wire.encode(ev.PhaseEvent(src="rollout/1", phase="train", ts=t + 0.5))],
@@ -59,3 +64,32 @@ def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
     assert [type(e) for e in logged] == [ev.HeartbeatsEvent, ev.PhaseEvent]
     assert [b.src for b in logged[0].beats] == [f"rollout/{i}" for i in range(12)]
     assert logged[0].seq < logged[1].seq
+
+
+def test_a_long_run_of_batches_is_cut_into_events_a_subscriber_takes(tmp_path):
+    """However far behind the ingest is, a heartbeats event stays far below MAX_EVENT_BYTES (a subscriber
+    drops a larger one, and would resnapshot), and so does each line of the log."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://ingest")
+    push.connect("inproc://ingest")
+    published: list[tuple[bytes, bytes]] = []
+    rec, state = recorder(tmp_path, published)
+    t = time.time()
+    nodes = 3 * BEATS_PER_MESSAGE // 4 + 5
+    for node in range(nodes):
+        push.send_multipart(batch(node, t))
+    deadline = time.monotonic() + 5
+    while len(state.workers) < 4 * nodes and time.monotonic() < deadline:
+        if pull.poll(100):
+            rec.drain(pull)
+    rec.close()
+    push.close(0)
+    pull.close(0)
+    ctx.term()
+    sizes = [len(wire.decode(line).beats) for _, line in published]
+    assert sum(sizes) == 4 * nodes and len(sizes) >= 3 and max(sizes) <= BEATS_PER_MESSAGE, sizes
+    assert max(len(line) for _, line in published) < MAX_EVENT_BYTES // 4
+    lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
+    assert sum(len(wire.decode(line).beats) for line in lines) == 4 * nodes  # each worker's first beat, logged
+    assert max(len(line) for line in lines) < MAX_EVENT_BYTES // 2

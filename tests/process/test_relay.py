@@ -70,7 +70,8 @@ def test_the_relay_batches_heartbeats_and_forwards_the_rest(tmp_path):
     assert 3 <= len(batches) <= 7, len(batches)
     assert all(b.src == "agent/node-a" and b.node == "node-a" for b in batches)
     assert {x.src for b in batches for x in b.beats} == {f"rollout/{i}" for i in range(4)}
-    assert sum(len(b.beats) for b in batches) >= 4 * 10  # none lost: 10 a second per worker
+    # none lost: 10 a second per worker, in full or as ``same`` when nothing a rule reads changed
+    assert sum(len(b.beats) + len(b.same) for b in batches) >= 4 * 10
     # registrations and phases went through as they came, not a heartbeat among them
     assert {type(e) for e in singles} == {ev.WorkerEvent, ev.PhaseEvent}
     assert len(singles) == 8
@@ -91,11 +92,11 @@ def test_one_batch_per_node_through_the_supervisor_logged_and_replayed_as_live(s
                                            via=f"agent/n{i // per_node}", ts=time.time())))
     batchers = [HeartbeatBatcher(f"agent/n{n}", f"n{n}") for n in range(nodes)]
     sent = 0
-    beats_in: list[int] = []  # the beats of each heartbeats event the subscriber applied
+    beats_in: list[int] = []  # the beats (full or ``same``) of each heartbeats event the subscriber applied
 
     def pump(timeout_s: float) -> list:
         applied = sub.pump(timeout_s)
-        beats_in.extend(len(e.beats) for e in applied if type(e) is ev.HeartbeatsEvent)
+        beats_in.extend(len(e.beats) + len(e.same) for e in applied if type(e) is ev.HeartbeatsEvent)
         return applied
 
     t0 = time.time()

@@ -194,3 +194,19 @@ def test_the_gpu_memory_a_worker_holds_is_in_its_details():
     st.apply(ev.GpuEvent(src="agent/n9", node="n9", index=0, pids=[100], proc_mem={"100": GB}, ts=T0))  # not its node
     lines = WorkerDetails.describe(st, "rollout/0", T0).splitlines()
     assert "GPU memory it holds (NVML): GPU 1 24G" in lines, lines
+
+
+def test_past_the_scopes_kept_the_quarter_heard_from_longest_ago_go(monkeypatch):
+    """A cluster of more nodes than scopes kept: each new scope must not cost a walk over all of them (it did:
+    one ``min`` per beat of every node past 4,096), and the newest stay."""
+    from gkd_core.state import memory_cases
+
+    monkeypatch.setattr(memory_cases, "SCOPES_KEEP", 8)
+    st = RunState()
+    for n in range(20):
+        st.apply(ev.WorkerEvent(src=f"rollout/{n}", role="rollout", rank=n, node=f"node-{n}", ts=100.0 + n))
+        st.apply(ev.HeartbeatsEvent(src=f"agent/node-{n}", ts=100.0 + n, beats=[
+            ev.Beat(f"rollout/{n}", 100.0 + n, "generate", 0.0, 1 << 30, 90.0, 0,
+                    ev.MemoryBeat("node", 10 << 30, 100 << 30, 90 << 30, 0))]))
+    assert 6 <= len(st.mem_scopes) <= 8
+    assert "node-19|node" in st.mem_scopes and "node-0|node" not in st.mem_scopes
