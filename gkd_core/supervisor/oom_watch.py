@@ -33,9 +33,12 @@ class OomWatch:
     def check(self, state: RunState, now: float) -> None:
         """``now``: wall-clock seconds, as the events' ``ts``."""
         gone: dict[str, list] = {}
-        for w in state.workers.values():
+        node = self.node
+        for w in state.workers.values():  # (65,536 at the largest, most of them on other nodes: asked first)
+            if w.node != node:
+                continue
             m = w.mem
-            if m is None or m.oom_kills is None or w.oom_killed is not None or w.node != self.node:
+            if m is None or m.oom_kills is None or w.oom_killed is not None:
                 continue
             silent = now - w.last_heartbeat
             if (w.phase in DIED or w.ray_state == "DEAD" or (w.phase not in WORKER_ENDED

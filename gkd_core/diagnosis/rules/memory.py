@@ -105,15 +105,13 @@ def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
 def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A node whose available memory is under NODE_WARN of its total, named by its largest workers: whoever
     is killed there next (by Ray's memory monitor or the kernel) may not be the one that took the memory."""
-    nodes: dict[str, ScopeMemory] = {}  # node -> its newest reading with its total (its "node" scope)
-    for s in state.mem_scopes.values():
-        if s.scope == "node" and s.limit > 0 and now - s.ts <= FRESH_S:
-            nodes[s.node] = s
+    low: dict[str, ScopeMemory] = {}  # node -> its newest reading with its total (its "node" scope), when low
+    for s in state.mem_scopes.values():  # (8,192 nodes' at the largest: only the low ones are sorted)
+        if s.scope == "node" and s.limit > 0 and now - s.ts <= FRESH_S and s.available < NODE_WARN * s.limit:
+            low[s.node] = s
     out = []
-    for node, s in sorted(nodes.items()):
+    for node, s in sorted(low.items()):
         share = s.available / s.limit
-        if share >= NODE_WARN:
-            continue
         on_it = sorted((w for w in state.workers.values() if w.node == node and w.phase not in WORKER_ENDED
                         and w.rss and now - w.last_heartbeat <= FRESH_S), key=lambda w: -w.rss)[:NAMED_MAX]
         if not on_it:
