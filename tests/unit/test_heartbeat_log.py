@@ -93,3 +93,28 @@ def test_a_batch_admitted_at_once_keeps_what_one_by_one_keeps():
     everything: list = []
     HeartbeatLog(every_s=0).admit_all(beats[:5], everything)
     assert everything == beats[:5]
+
+
+def test_same_beats_are_kept_as_the_full_one_at_their_time():
+    """A ``same`` beat ([src, ts]: nothing new since the worker's last full one) is kept as that one at its own
+    time: every period, and restated when the worker falls silent, with its time in phase grown."""
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    first = ev.Beat("rollout/0", 1000.0, "generate", 4.0, 1 << 30, 90.0, 0)
+    kept: list = []
+    log.admit_all([first], kept, mono=0.0)
+    for t in range(1, 15):
+        log.admit_all([], kept, mono=float(t), same=[("rollout/0", 1000.0 + t)])
+    assert [(b.ts, b.elapsed) for b in kept] == [(1000.0, 4.0), (1010.0, 14.0)]  # the first, then 10 s on
+    assert all(b.cpu == 90.0 and b.rss == 1 << 30 for b in kept)
+    assert log.silent(mono=15.0) == []
+    last = log.silent(mono=20.0)  # silent since 1014: its newest, once
+    assert [(b.ts, b.elapsed, b.cpu) for b in last] == [(1014.0, 18.0, 90.0)]
+    assert log.silent(mono=99.0) == []
+    # a change after same beats brings the newest of them first, as a held full one would be
+    log.admit_all([], kept, mono=30.0, same=[("rollout/0", 1016.0)])
+    kept.clear()
+    log.admit_all([ev.Beat("rollout/0", 1017.0, "generate", 21.0, 1 << 30, 2.0, 0)], kept, mono=31.0)
+    assert [(b.ts, b.cpu) for b in kept] == [(1016.0, 90.0), (1017.0, 2.0)]
+    # a same beat of a worker not known here (a supervisor that took the run over) is only a sign of life
+    log.admit_all([], kept, mono=32.0, same=[("rollout/9", 1018.0)])
+    assert len(kept) == 2 and log.held() == []

@@ -1,0 +1,256 @@
+"""The supervisor's ceiling: how many of a large run's messages a second it takes in at one core, beside a
+bare loop on the same machine in the same run (ZeroMQ PULL, msgspec decode, append to a file: the limit for
+one Python process), as a ratio.
+
+    python bench/bench_ingest.py [--workers 65536] [--per-node 8] [--seconds 4] [--rounds 3]
+    python bench/bench_ingest.py --against ../old-checkout   # the same load on another checkout's supervisor
+    python bench/bench_ingest.py --still   # beats that never change, no memory (the dashboard bench's before)
+    python bench/bench_ingest.py --smoke   # for CI: 4,096 workers, 2 s of their messages, one round
+
+The load is ``--seconds`` of what ``workers`` send, made and encoded before the clock starts, in the
+dashboard bench's shape (``bench_dashboard.load``): each node's heartbeats as one batch a second from its
+relay's batcher, every beat with a CPU share and RSS that move a little and the node's memory, and phase
+changes between them (about 2,000 a second). The workers register first (not timed). Then the supervisor
+is stopped (SIGSTOP), the whole backlog and a marker after it are queued, and from SIGCONT the clock runs
+until it has published the marker: messages a second at full speed (its CPU over that time, its ZeroMQ
+I/O thread's included, says whether it had a core to itself). The bare loop takes the same bytes, queued
+the same way, and times itself from its first message to its last: a PULL socket, ``msgspec`` decoding
+each message as the typed event, its bytes appended to a file. ``--still``: beats that never change and carry no
+memory, as the dashboard bench's were before. ``--against``: another checkout (a ``git
+worktree`` of an older commit), round by round in turn with this one, on the same beats as its own relays
+sent them: every one in full (an older supervisor reads no ``same``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import msgspec  # noqa: E402
+import records  # noqa: E402  (bench/records.py, beside this file)
+
+from gkd_core.telemetry import events as ev  # noqa: E402
+from gkd_core.telemetry import wire  # noqa: E402
+from gkd_core.telemetry.control import ControlClient  # noqa: E402
+from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
+
+PHASES_A_SECOND = 2_000
+MARK = "ceiling/end"
+
+
+def backlog(workers: int, per_node: int, seconds: int, still: bool = False,
+            every_beat: bool = False) -> tuple[list, list, int]:
+    """(registrations, the timed messages, how many beats they carry), encoded. ``still``: every beat the same
+    numbers and no memory, as the dashboard bench's were before they moved as a real node's. ``every_beat``:
+    every beat in full, as a relay sent them before ``HeartbeatsEvent.same`` (for an older checkout)."""
+    rnd = random.Random(0)
+    nodes = (workers + per_node - 1) // per_node
+    register = []
+    for i in range(workers):
+        n = i // per_node
+        register.append([wire.encode(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"node-{n}",
+                                                    pid=10_000 + i, via=f"agent/node-{n}", ts=time.time()))])
+        register.append([wire.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", ts=time.time()))])
+    batchers = [HeartbeatBatcher(f"agent/node-{n}", f"node-{n}") for n in range(nodes)]
+    timed, beats, t0 = [], 0, time.time()
+    for s in range(seconds):
+        phases_every = max(1, nodes // PHASES_A_SECOND)
+        for n in range(nodes):
+            now = t0 + s + n / nodes
+            mem = ev.MemoryBeat("node", (100 << 30) + rnd.randrange(64 << 20), 1 << 40, 900 << 30, 0)
+            for i in range(n * per_node, min(workers, (n + 1) * per_node)):
+                batchers[n].add(ev.Beat(f"rollout/{i}", now, "generate", 1.0, 1 << 30, 50.0, 0) if still else
+                                ev.Beat(f"rollout/{i}", now, "generate", float(s), (1 << 30) + rnd.randrange(4 << 20),
+                                        rnd.uniform(45.0, 55.0), 0, mem))
+            if every_beat:
+                frames = wire.frames(ev.HeartbeatsEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=time.time(),
+                                                        beats=batchers[n].beats))
+                batchers[n].beats = []
+            else:
+                frames = batchers[n].take()
+            assert frames is not None
+            timed.append(frames)
+            beats += min(workers, (n + 1) * per_node) - n * per_node
+            if n % phases_every == 0:
+                timed.append([wire.encode(ev.PhaseEvent(src=f"rollout/{rnd.randrange(workers)}", phase="generate",
+                                                        detail=f"progress {s}.{n}", ts=now))])
+    return register, timed, beats
+
+
+def push_all(address: str, messages: list[list[bytes]]) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.sndhwm = 0  # (no limit: the whole backlog is queued at once)
+    sock.connect(address)
+    for m in messages:
+        sock.send_multipart(m)
+    return sock
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def supervisor_round(tree: Path, register: list, timed: list) -> tuple[float, float]:
+    """(seconds the supervisor took for ``timed``, its CPU over them as a share of a core)."""
+    with tempfile.TemporaryDirectory(prefix="gkdi") as tmp:
+        env = dict(os.environ, GKD_HOME=tmp, GKD_DEMO_STEP_S="60", PYTHONPATH=str(tree))
+        sup = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
+                                "--run-id", "ceiling", "--driver", "gkd_core.demo_driver", "--quiet"],
+                               env=env, cwd=tree, start_new_session=True)
+        try:
+            run = Path(tmp) / "runs" / "ceiling"
+            deadline = time.monotonic() + 120
+            while not (run / "endpoints.json").exists():
+                if sup.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"bench_ingest: the supervisor of {tree} did not start")
+                time.sleep(0.05)
+            endpoints = json.loads((run / "endpoints.json").read_text())
+            sub = zmq.Context.instance().socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"log")
+            sub.rcvhwm = 0
+            sub.connect(endpoints["events"])
+            with ControlClient.for_run(run, endpoints, timeout_s=60.0) as c:
+                seq0 = c.request("ping")["seq"]
+                push = push_all(endpoints["ingest"], register)
+                while c.request("ping")["seq"] < seq0 + len(register):  # the registrations: not timed
+                    if time.monotonic() > deadline + 120:
+                        raise SystemExit("bench_ingest: the registrations were not taken in within 240 s")
+                    time.sleep(0.1)
+            time.sleep(1.0)
+            os.kill(sup.pid, signal.SIGSTOP)  # the backlog queued whole while it is stopped: then it takes it all
+            for m in timed:
+                push.send_multipart(m)
+            push.send(wire.encode(ev.LogEvent(src=MARK, message="the end", ts=time.time())))
+            time.sleep(0.5)
+            cpu0, t0 = cpu_seconds(sup.pid), time.monotonic()
+            os.kill(sup.pid, signal.SIGCONT)
+            while True:  # until the marker is published: everything before it was taken in
+                if not sub.poll(300_000):
+                    raise SystemExit("bench_ingest: no marker from the supervisor within 300 s")
+                if MARK.encode() in sub.recv_multipart()[-1]:
+                    break
+            took = time.monotonic() - t0
+            cpu = (cpu_seconds(sup.pid) - cpu0) / took
+            push.close(0)
+            sub.close(0)
+            return took, cpu
+        finally:
+            sup.terminate()
+            sup.wait(60)
+
+
+def bare_loop_main(address: str, count: int, out: str) -> None:
+    """The limit for one process: PULL, decode each message as its typed event, append its bytes to a file."""
+    sock = zmq.Context.instance().socket(zmq.PULL)
+    sock.rcvhwm = 0
+    sock.bind(address)
+    decoder = msgspec.json.Decoder(ev.AnyEvent)
+    Path(out + ".ready").write_text("1")
+    with open(out, "ab") as log:
+        data = sock.recv_multipart()[-1]
+        cpu0, t0 = sum(os.times()[:2]), time.monotonic()
+        for _ in range(count):
+            decoder.decode(data)
+            log.write(data + b"\n")
+            data = sock.recv_multipart()[-1] if _ < count - 1 else b""
+    # its seconds from its first message to its last, and its CPU seconds over them
+    Path(out + ".done").write_text(json.dumps([time.monotonic() - t0, sum(os.times()[:2]) - cpu0]))
+
+
+def bare_round(timed: list) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="gkdb") as tmp:
+        address, out = f"ipc://{tmp}/bare.sock", f"{tmp}/bare.log"
+        proc = subprocess.Popen([sys.executable, __file__, "--bare", address, str(len(timed)), out])
+        while not Path(out + ".ready").exists():
+            if proc.poll() is not None:
+                raise SystemExit("bench_ingest: the bare loop exited before it was ready")
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGSTOP)  # as the supervisor's: the backlog queued whole first
+        push = push_all(address, timed)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait(300)
+        push.close(0)
+        took, cpu = json.loads(Path(out + ".done").read_text())
+        return took, cpu / took
+
+
+def spread(values: list[float], fmt: str) -> str:
+    v = sorted(values)
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bare", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=65536)
+    p.add_argument("--per-node", type=int, default=8)
+    p.add_argument("--seconds", type=int, default=4, help="seconds of the workers' messages in the backlog")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--still", action="store_true", help="beats that never change and carry no memory (the "
+                                                        "dashboard bench's before they moved as a real node's)")
+    p.add_argument("--against", type=Path, help="another checkout's supervisor on the same backlog, in turn")
+    p.add_argument("--smoke", action="store_true", help="4,096 workers, 2 s of messages, one round: for CI")
+    a = p.parse_args()
+    if a.bare:
+        bare_loop_main(a.bare[0], int(a.bare[1]), a.bare[2])
+        return
+    if a.smoke:
+        a.workers, a.seconds, a.rounds = 4096, 2, 1
+    register, timed, beats = backlog(a.workers, a.per_node, a.seconds, a.still)
+    # an older checkout is fed what its own relays sent: every beat in full (it would drop ``same``)
+    older = backlog(a.workers, a.per_node, a.seconds, a.still, every_beat=True)[1] if a.against else timed
+    trees = [("this checkout", ROOT)] + ([(f"--against {a.against}", a.against.resolve())] if a.against else [])
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in trees}
+    bare: list[tuple[float, float]] = []
+    for _ in range(a.rounds):
+        bare.append(bare_round(timed))
+        for name, tree in trees:
+            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older))
+    with records.kept("ingest", smoke=a.smoke) as kept_run:
+        batches = -(-a.workers // a.per_node) * a.seconds
+        print(f"{a.workers:,} workers, {a.per_node} to a node: {a.seconds} s of their messages ({len(timed):,}: "
+              f"{beats:,} beats in {batches:,} batches and {len(timed) - batches:,} phase changes), queued whole "
+              f"and then taken in; {a.rounds} round(s), the median (min-max)"
+              + ("; beats that never change and carry no memory (--still)" if a.still else ""))
+        print(f"{'':26} {'messages/s':>22} {'beats/s':>24} {'CPU (of a core)':>18} {'of the bare loop':>17}")
+        bare_rate = [len(timed) / t for t, _ in bare]
+        bare_beats = spread([beats / t for t, _ in bare], "{:,.0f}")
+        print(f"{'bare loop':26} {spread(bare_rate, '{:,.0f}'):>22} {bare_beats:>24} "
+              f"{spread([100 * c for _, c in bare], '{:.0f} %'):>18} {'1':>17}")
+        for name, _ in trees:
+            rate = [len(timed) / t for t, _ in rows[name]]
+            ratio = [r / b for r, b in zip(rate, bare_rate, strict=True)]
+            print(f"{'supervisor, ' + name:26} {spread(rate, '{:,.0f}'):>22} "
+                  f"{spread([beats / t for t, _ in rows[name]], '{:,.0f}'):>24} "
+                  f"{spread([100 * c for _, c in rows[name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}")
+        print(f"\n{os.cpu_count()} cores; a second of the run is {len(timed) // a.seconds:,} messages: the supervisor "
+              "keeps up with a run whose rate is below its own")
+        ours = [len(timed) / t for t, _ in rows["this checkout"]]
+        what = f"{a.workers:,} workers" + (", still beats" if a.still else "")
+        kept_run.figure(f"{what}, the supervisor's messages a second at one core (median)",
+                        statistics.median(ours), " msg/s")
+        kept_run.figure(f"{what}, the supervisor's rate over the bare loop's (median)",
+                        statistics.median(r / b for r, b in zip(ours, bare_rate, strict=True)))
+    if a.smoke and not all(t > 0 for t, _ in rows["this checkout"]):
+        sys.exit("bench_ingest: no round measured")
+
+
+if __name__ == "__main__":
+    main()
