@@ -59,6 +59,7 @@ class GrowthIndex:
         self.scopes: dict[str, ScopeGrowth] = {}
         self.lock = threading.Lock()
         self._members: dict[str, list[str]] = {}  # a scope -> the workers whose beats say they are in it
+        self._unread: list[str] = []  # workers that had no memory reading when they were listed
         self._listed = (-1, 0.0)  # (how many workers, the state's time) when they were listed
 
     def observe(self, state: RunState) -> None:
@@ -87,11 +88,22 @@ class GrowthIndex:
         workers came or went, or every MEMBERS_AGAIN_S (a worker moved to another cgroup)."""
         count, at = self._listed
         if count != len(state.workers) or not 0 <= state.last_ts - at < MEMBERS_AGAIN_S:
-            self._members = {}
+            self._members, self._unread = {}, []
             for w in state.workers.values():
                 if w.mem is not None:
                     self._members.setdefault(scope_key(w.node, w.mem.scope), []).append(w.src)
+                else:
+                    self._unread.append(w.src)
             self._listed = (len(state.workers), state.last_ts)
+        elif self._unread:  # (registered before their first beat: read since?)
+            unread = []
+            for src in self._unread:
+                now_read = state.workers.get(src)
+                if now_read is not None and now_read.mem is not None:
+                    self._members.setdefault(scope_key(now_read.node, now_read.mem.scope), []).append(src)
+                elif now_read is not None:
+                    unread.append(src)
+            self._unread = unread
         return self._members
 
     def growers(self, state: RunState, key: str) -> list[tuple[float, str]]:

@@ -20,13 +20,14 @@ carry both periods.
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
 
-from gkd_core.state import CPU_IDLE_PCT
+from gkd_core.state import CPU_IDLE_PCT, WorkerState
 from gkd_core.telemetry.events import Beat, HeartbeatEvent
 
 RSS_STEP = 64 << 20  # bytes of RSS change that are worth a line of their own
@@ -52,8 +53,11 @@ class _Src:
 
 
 def at(beat: Heartbeat, ts: float) -> Heartbeat:
-    """``beat`` said again at ``ts``: a ``same`` beat as the log keeps it (its time in phase grown with it)."""
-    return msgspec.structs.replace(beat, ts=ts, elapsed=beat.elapsed + max(0.0, ts - beat.ts))
+    """``beat`` said again at ``ts``: a ``same`` beat as the log keeps it (its time in phase grown with it).
+    Without its memory reading: its scope's numbers at ``ts`` came with another worker's beat (the reducer
+    keeps the worker's own reading when a beat has none), and old ones at a newer time would be taken as
+    the scope's newest by a replay."""
+    return msgspec.structs.replace(beat, ts=ts, elapsed=beat.elapsed + max(0.0, ts - beat.ts), mem=None)
 
 
 @dataclass
@@ -92,7 +96,8 @@ class HeartbeatLog:
             for e in beats:
                 self.admit(e)
                 into.append(e)
-            into.extend(at(s.last, ts) for src, ts in same if (s := self._srcs.get(src)) is not None)
+            into.extend(at(s.last, ts) for src, ts in same
+                        if (s := self._srcs.get(src)) is not None and ts > s.last.ts)
             return
         mono = time.monotonic() if mono is None else mono
         srcs, due_s = self._srcs, self.every_s - self.heartbeat_s / 2
@@ -127,6 +132,15 @@ class HeartbeatLog:
                 into.append(s.last)
             else:
                 s.held, s.same_at, s.held_at = None, ts, mono
+
+    def seed(self, workers: Iterable[WorkerState]) -> None:
+        """Each worker's newest heartbeat as the state says it (a run taken over: read from its log): what
+        its ``same`` beats say, before its next full one comes. Its next beat, full or ``same``, is logged,
+        as a first one is."""
+        for w in workers:
+            if w.last_heartbeat and w.src not in self._srcs:
+                b = Beat(w.src, w.last_heartbeat, w.phase, 0.0, w.rss, w.cpu, w.dropped)
+                self._srcs[w.src] = _Src(msgspec.structs.replace(b, ts=-math.inf), b)
 
     @staticmethod
     def _changed(last: Heartbeat, e: Heartbeat) -> bool:

@@ -37,6 +37,7 @@ class Recorder:
         self.rejects = wire.RejectCounter()
         self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batches`)
         self._beats_seq = 0
+        heartbeats.seed(state.workers.values())  # (a run taken over: what its log said last of each)
 
     def commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
         self.seq += 1
@@ -94,14 +95,14 @@ class Recorder:
                 if batch is not None:
                     size = len(batch.beats) + len(batch.same)
                     if beats + size > BEATS_PER_MESSAGE and batches:
-                        self._take_batches(batches)
-                        batches, beats = [], 0
+                        taken, batches, beats = batches, [], 0
+                        self._take_batches(taken)
                     batches.append(batch)
                     beats += size
                     continue
                 if batches:  # the order they came in: the batches before this event
-                    self._take_batches(batches)
-                    batches, beats = [], 0
+                    taken, batches, beats = batches, [], 0
+                    self._take_batches(taken)
                 if type(typed) is ev.HeartbeatEvent:
                     logged, before = self.heartbeats.admit(typed)
                     if before is not None:

@@ -65,6 +65,7 @@ class HeartbeatBatcher:
         self.src, self.node, self.run = src, node, run
         self.beats: list[ev.Beat] = []
         self._full: dict[str, ev.Beat] = {}  # each worker's last beat sent in full
+        self._taken: list[str] = []  # the workers whose beats went in full in the last take
 
     def add(self, beat: ev.Beat) -> None:
         self.beats.append(beat)
@@ -74,6 +75,8 @@ class HeartbeatBatcher:
         if not self.beats:
             return None
         full, same, sent = [], [], self._full
+        taken: list[str] = []
+        self._taken = taken
         scopes: set[str] = set()  # of the memory scopes, those a full beat of this batch says
         for b in self.beats:
             last = sent.get(b.src)
@@ -82,6 +85,7 @@ class HeartbeatBatcher:
                 continue
             full.append(b)
             sent[b.src] = b
+            taken.append(b.src)
             if b.mem is not None:
                 scopes.add(b.mem.scope)
         if len(sent) > 2 * len(self.beats) + 64:  # workers that left the node: forget them
@@ -90,6 +94,13 @@ class HeartbeatBatcher:
         e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=full, same=same)
         self.beats = []
         return [b"heartbeats", wire.encode(e)]
+
+    def lost(self) -> None:
+        """The last take was not sent (the supervisor's queue full): its full beats never arrived, so the
+        next beats of those workers go in full, not as ``same`` about them."""
+        for src in self._taken:
+            self._full.pop(src, None)
+        self._taken = []
 
 
 def relay_path(run_id: str, label: str) -> Path:
@@ -212,3 +223,5 @@ class Relay:
                 self.batches += 1
         except zmq.Again:
             self.dropped += 1
+            if frames[0] == b"heartbeats":
+                self.batcher.lost()

@@ -118,3 +118,36 @@ def test_same_beats_are_kept_as_the_full_one_at_their_time():
     # a same beat of a worker not known here (a supervisor that took the run over) is only a sign of life
     log.admit_all([], kept, mono=32.0, same=[("rollout/9", 1018.0)])
     assert len(kept) == 2 and log.held() == []
+
+
+def test_a_same_beat_is_made_from_the_last_full_one_not_the_last_logged_and_says_no_memory():
+    """Between a logged beat and its ``same`` ones may come a full beat the log held back: the same beats are
+    that one's; and none carries a memory reading (its scope's numbers then were another worker's)."""
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    mem = ev.MemoryBeat("node", 10 << 30, 100 << 30, 90 << 30, 0)
+    kept: list = []
+    log.admit_all([ev.Beat("rollout/0", 1000.0, "generate", 0.0, 1 << 30, 90.0, 0, mem)], kept, mono=0.0)
+    log.admit_all([ev.Beat("rollout/0", 1001.0, "generate", 1.0, (1 << 30) + (20 << 20), 80.0, 0, mem)], kept,
+                  mono=1.0)  # held back: 20 MB and 10 points are no change for the log
+    log.admit_all([], kept, mono=2.0, same=[("rollout/0", 1002.0)])
+    assert [b.ts for b in kept] == [1000.0]
+    restated = log.silent(mono=9.0)
+    assert [(b.ts, b.elapsed, b.cpu, b.rss, b.mem) for b in restated] == [(1002.0, 2.0, 80.0, (1 << 30) + (20 << 20),
+                                                                            None)]
+
+
+def test_a_log_seeded_from_a_state_taken_over_keeps_the_same_beats_of_its_workers():
+    from gkd_core.state import RunState
+
+    st = RunState()
+    st.apply(ev.WorkerEvent(src="rollout/0", role="rollout", rank=0, ts=990.0))
+    st.apply(ev.HeartbeatsEvent(src="agent/n0", ts=1000.0, beats=[ev.Beat("rollout/0", 1000.0, "generate", 3.0,
+                                                                            1 << 30, 70.0, 0)]))
+    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+    log.seed(st.workers.values())
+    kept: list = []
+    log.admit_all([], kept, mono=1.0, same=[("rollout/0", 1001.0)])
+    assert [(b.ts, b.cpu) for b in kept] == [(1001.0, 70.0)]  # the first after the take-over, as it said it
+    log.admit_all([], kept, mono=2.0, same=[("rollout/0", 1002.0)])
+    assert len(kept) == 1  # the next is held, and restated when it falls silent
+    assert [(b.src, b.ts, b.cpu) for b in log.silent(mono=9.0)] == [("rollout/0", 1002.0, 70.0)]

@@ -210,3 +210,16 @@ def test_past_the_scopes_kept_the_quarter_heard_from_longest_ago_go(monkeypatch)
                     ev.MemoryBeat("node", 10 << 30, 100 << 30, 90 << 30, 0))]))
     assert 6 <= len(st.mem_scopes) <= 8
     assert "node-19|node" in st.mem_scopes and "node-0|node" not in st.mem_scopes
+
+
+def test_a_grower_whose_first_reading_comes_after_the_scope_began_to_rise_is_still_named():
+    """Who is in which scope is listed once for every scope: a worker registered then, but whose first memory
+    reading came after, is added when it comes (it is likely the one that grows)."""
+    st = job("Early/0", "Late/0")
+    for s in range(0, 31):
+        t = T0 + s
+        beat(st, "Early/0", t, 2 * GB, GB + 40 * MB * s)  # big and flat: the scope rises from the start
+        if s >= 6:  # its first reading after the rise began and the scope's members were listed
+            beat(st, "Late/0", t, 200 * MB + 40 * MB * s, GB + 40 * MB * s)
+        said = alerts(st, t, "memory_growing")
+    assert [a.targets for a in said] == [["Late/0"]], said

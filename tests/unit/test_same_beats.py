@@ -70,3 +70,22 @@ def test_the_state_of_same_beats_is_the_state_of_full_ones():
     # a same beat of a worker the state never heard of: alive, its numbers to come with its next full beat
     thin.apply(ev.HeartbeatsEvent(src="agent/n0", ts=1013.0, same=[("rollout/7", 1013.0)]))
     assert thin.workers["rollout/7"].last_heartbeat == 1013.0 and thin.workers["rollout/7"].cpu_low_since is None
+
+
+def test_a_batch_the_relay_could_not_send_is_followed_by_full_beats():
+    """A full beat dropped on the way (the supervisor's queue full) must not be the one later ``same`` beats
+    point to: the workers of a lost batch send in full next time."""
+    b = HeartbeatBatcher("agent/n0", "n0")
+    for t in range(2):
+        for i in range(3):
+            b.add(beat(t, src=f"rollout/{i}"))
+        frames = b.take()
+        assert frames is not None
+        if t == 0:
+            b.lost()  # the first batch, all full, never arrived
+    assert len(wire.decode(frames[1]).beats) == 3
+    for i in range(3):
+        b.add(beat(2, src=f"rollout/{i}"))
+    frames = b.take()
+    assert frames is not None
+    assert [len(wire.decode(frames[1]).beats), len(wire.decode(frames[1]).same)] == [0, 3]
