@@ -21,34 +21,35 @@ def batch(node: int, t: float) -> list[bytes]:
     return wire.frames(ev.HeartbeatsEvent(src=f"agent/n{node}", node=f"n{node}", ts=t, beats=beats))
 
 
-def recorder(tmp_path, published: list) -> tuple[Recorder, RunState]:
-    state = RunState()
-    rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
-                   lambda kind, line: published.append((kind, line)))
-    return rec, state
-
-
-def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
+def take_in(tmp_path, messages: list[list[bytes]], done) -> tuple[Recorder, RunState, list[tuple[bytes, bytes]]]:
+    """A Recorder draining a real PULL socket that ``messages`` were pushed to, until ``done(published,
+    state)`` or 5 s; (the recorder, its state, what it published as (kind, line))."""
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.bind("inproc://ingest")
     push.connect("inproc://ingest")
     published: list[tuple[bytes, bytes]] = []
-    rec, state = recorder(tmp_path, published)
-    t = time.time()
-    for message in (batch(0, t), batch(1, t), batch(2, t),
-                    [wire.encode(ev.PhaseEvent(src="rollout/1", phase="train", ts=t + 0.5))],
-                    batch(0, t + 1), batch(1, t + 1)):
+    state = RunState()
+    rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
+                   lambda kind, line: published.append((kind, line)))
+    for message in messages:
         push.send_multipart(message)
     deadline = time.monotonic() + 5
-    while len(published) < 3 and time.monotonic() < deadline:
+    while not done(published, state) and time.monotonic() < deadline:
         if pull.poll(100):
             rec.drain(pull)
     rec.close()
     push.close(0)
     pull.close(0)
     ctx.term()
+    return rec, state, published
 
+
+def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
+    t = time.time()
+    rec, state, published = take_in(tmp_path, [
+        batch(0, t), batch(1, t), batch(2, t), [wire.encode(ev.PhaseEvent(src="rollout/1", phase="train", ts=t + 0.5))],
+        batch(0, t + 1), batch(1, t + 1)], lambda published, state: len(published) >= 3)
     sent = [(kind, wire.decode(line)) for kind, line in published]
     assert [kind for kind, _ in sent] == [b"heartbeats", b"phase", b"heartbeats"]
     first, phase, second = (e for _, e in sent)
@@ -69,24 +70,10 @@ def test_batches_in_a_row_are_one_event_and_the_order_is_kept(tmp_path):
 def test_a_long_run_of_batches_is_cut_into_events_a_subscriber_takes(tmp_path):
     """However far behind the ingest is, a heartbeats event stays far below MAX_EVENT_BYTES (a subscriber
     drops a larger one, and would resnapshot), and so does each line of the log."""
-    ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    pull.bind("inproc://ingest")
-    push.connect("inproc://ingest")
-    published: list[tuple[bytes, bytes]] = []
-    rec, state = recorder(tmp_path, published)
     t = time.time()
     nodes = 3 * BEATS_PER_MESSAGE // 4 + 5
-    for node in range(nodes):
-        push.send_multipart(batch(node, t))
-    deadline = time.monotonic() + 5
-    while len(state.workers) < 4 * nodes and time.monotonic() < deadline:
-        if pull.poll(100):
-            rec.drain(pull)
-    rec.close()
-    push.close(0)
-    pull.close(0)
-    ctx.term()
+    rec, state, published = take_in(tmp_path, [batch(node, t) for node in range(nodes)],
+                                    lambda published, state: len(state.workers) >= 4 * nodes)
     sizes = [len(wire.decode(line).beats) for _, line in published]
     assert sum(sizes) == 4 * nodes and len(sizes) >= 3 and max(sizes) <= BEATS_PER_MESSAGE, sizes
     assert max(len(line) for _, line in published) < MAX_EVENT_BYTES // 4
