@@ -31,6 +31,7 @@ from gkd_core.state import RunState, encode_state
 from gkd_core.supervisor import alerts, control_ops
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
+from gkd_core.supervisor.heap import Heap
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
@@ -98,6 +99,7 @@ class Supervisor:
                                adopt=adopt, grace_s=grace_s, restarts=restarts, emit=self.emit)
         self.keyframes = KeyframeWriter(self.run_dir / "keyframes", cfg.telemetry.keyframe_mb)
         self.oom_watch = OomWatch(self.emit, cfg.telemetry.heartbeat_s)
+        self.heap = Heap()
         self.config_path = self.run_dir / "restarts" / f"{restarts:03d}.yaml"
         self.config_path.write_text(config_mod.to_yaml(cfg))
         # each op's handler; its arguments are declared in telemetry/ops
@@ -322,6 +324,7 @@ class Supervisor:
                 if self.local_stacks is not None:
                     self._take_local_stacks(self.local_stacks)
                 self.rec.flush()
+                self.heap.tick(now)
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
                 if life.ended_at is not None and life.driver is None:
                     if life.stopping or now - life.ended_at >= self.linger_s:

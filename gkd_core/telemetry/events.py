@@ -80,7 +80,7 @@ class PhaseEvent(Event, tag="phase"):
 WAITS_ON_MAX = 32
 
 
-class MemoryBeat(msgspec.Struct, array_like=True):
+class MemoryBeat(msgspec.Struct, array_like=True, gc=False):
     """A heartbeat's memory beyond its process (gkd_core.memory): the scope whose limit the OOM killer acts
     on (the nearest cgroup up the process's tree with a finite limit, or "node"), that scope's use and limit
     in bytes, the node's MemAvailable, and the OOM killer's kills in the scope so far (None: not counted).
@@ -113,7 +113,7 @@ class OomKilledEvent(Event, tag="oom_killed"):
     kills_after: Int
 
 
-class Beat(msgspec.Struct, array_like=True):
+class Beat(msgspec.Struct, array_like=True, gc=False):
     """One worker's heartbeat inside a ``heartbeats`` batch, as an array:
     ``[src, ts, phase, elapsed, rss, cpu, dropped, mem]`` (the fields of a ``heartbeat`` event).
     ``beat_of_event`` and ``event_of_beat`` turn one into the other: the one place that knows both shapes."""
