@@ -3,6 +3,7 @@ through a real supervisor, into a headless dashboard process. Prints a table.
 
     python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30] [--rounds 3]
     python bench/bench_dashboard.py --workers 65536 --plots   # the plots view open (p) instead of the table
+    python bench/bench_dashboard.py --workers 65536 --busy 2   # two busy loops hold the cores (a busy head node)
     python bench/bench_dashboard.py --smoke   # for CI: 64 workers for 8 s, one 2 k/s burst, keyframes every 0.2 MB
 
 The workers report the way a run's do: each node's heartbeats reach the supervisor as one
@@ -25,7 +26,9 @@ that many times; the table gives the median of the rounds with min-max. Beside
 it, the supervisor's CPU over the same time and its RSS at the end, and a replay of the run's log:
 how long it takes to open at its end from the supervisor's keyframes and reading the whole log, and
 whether it shows what the live supervisor showed (every worker's phase, step and heartbeat, and the
-alerts). ``--smoke`` fails if no probe reached the screen or the replay differs from the live state.
+alerts). ``--busy N``: N processes spin beside it all the while, each holding a core as a job's own work
+on the head node does (the supervisor runs beside the trainer). ``--smoke`` fails if no probe reached the
+screen or the replay differs from the live state.
 """
 
 from __future__ import annotations
@@ -328,8 +331,25 @@ def same_state(live: RunState, replayed: RunState, heartbeat_s: float) -> list[s
     return out
 
 
+def busy_loops(n: int, seconds: float) -> list[subprocess.Popen]:
+    """``n`` processes that each spin for ``seconds`` at most (and are stopped sooner by the caller)."""
+    spin = f"import time\nend = time.monotonic() + {seconds:.0f}\nwhile time.monotonic() < end:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
+
+
 def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None,
-            plots: bool = False) -> dict:
+            plots: bool = False, busy: int = 0) -> dict:
+    spinning = busy_loops(busy, seconds + 600)  # (registrations and the replay included: stopped at the end)
+    try:
+        return _measure(workers, per_node, seconds, burst_rate, keyframe_mb, plots) | {"busy": busy}
+    finally:
+        for p in spinning:
+            p.kill()
+            p.wait()
+
+
+def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None,
+             plots: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkdd") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")
@@ -423,6 +443,8 @@ def main() -> None:
     p.add_argument("--keyframe-mb", type=float, help="the supervisor's telemetry.keyframe_mb (default: the config's; "
                                                      "0: no keyframes)")
     p.add_argument("--plots", action="store_true", help="the plots view open (p) instead of the table: no latency")
+    p.add_argument("--busy", type=int, default=0, help="this many busy loops beside it, each holding a core (a head "
+                                                       "node busy with the job's own work)")
     p.add_argument("--rounds", type=int, default=1, help="measure each size this many times: every row, then the "
                                                          "median (min-max) of the rounds")
     p.add_argument("--smoke", action="store_true", help="64 workers for 8 s (a burst of 2 k events/s at 5 s), "
@@ -433,7 +455,7 @@ def main() -> None:
         return
     if a.smoke:  # 8 s: probes from 2 s in, the burst second at 5 s, the load stopping at 7 s
         a.workers, a.seconds, a.burst, a.keyframe_mb, a.rounds = [64], 8.0, 2_000, 0.2, 1
-    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots)
+    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots, a.busy)
             for n in a.workers for _ in range(a.rounds)]
     with records.kept("dashboard_plots" if a.plots else "dashboard", smoke=a.smoke) as kept_run:
         print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
@@ -461,7 +483,9 @@ def main() -> None:
                 print(f"{n:8d}: " + ", ".join(cells))
         missing = sum(r["missing"] for r in rows)
         print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
-              f"{os.cpu_count()} cores; "
+              f"{os.cpu_count()} cores"
+              + (f", {a.busy} busy loop(s) holding them beside it (a head node busy with the job); " if a.busy
+                 else "; ")
               + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "
                  if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
                                  f"newer one was; {missing} never on screen by the end); ")

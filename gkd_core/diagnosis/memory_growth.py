@@ -49,6 +49,9 @@ class ScopeGrowth:
     growth: Growth
     # while it rises: each worker's (ts, rss) at the rise's start, to measure who grew
     baseline: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # the scope's members, as listed when each had a baseline, and how many they were (a worker read later
+    # is added to the same list)
+    measured: tuple[list[str], int] | None = None
 
 
 MEMBERS_AGAIN_S = 30.0  # who is in which scope is listed again this often (and whenever workers come or go)
@@ -71,15 +74,21 @@ class GrowthIndex:
                 continue
             got.growth.add(s.ts, s.used)
             if got.growth.rising_since is None:
-                got.baseline = {}
+                got.baseline, got.measured = {}, None
                 continue
-            # each worker of the scope from when it is first seen in the rise (one may start after it began)
+            # each worker of the scope from when it is first seen in the rise (one may start after it began);
+            # once all have one, again only when they are listed again
             members = self._members_of(state) if members is None else members
+            listed = members.get(key)
+            if listed is None or (got.measured is not None and got.measured[0] is listed
+                                  and got.measured[1] == len(listed)):
+                continue
             base = got.baseline
-            for src in members.get(key, ()):
+            for src in listed:
                 w = state.workers.get(src)
                 if src not in base and w is not None:
                     base[src] = (w.last_heartbeat, w.rss)
+            got.measured = (listed, len(listed))
         for key in [k for k in self.scopes if k not in state.mem_scopes]:
             del self.scopes[key]
 
