@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
 import weakref
 from typing import NamedTuple
 
@@ -88,6 +89,7 @@ class SpanIndex:
         self._state: weakref.ref | None = None
         self._mark = -1  # RunState.moves when the workers that moved were last listed
         self._pending: list[WorkerState] = []  # listed, not read yet (keep_up reads a slice at a time)
+        self.looked_at = -math.inf  # (monotonic) when keep_up last looked for what moved
         self._pos: dict[str, int] = {}  # worker -> its place in the state (the findings' order)
         # role -> instance -> {worker: (started, duration)} of the finished spans (a worker's newest wins)
         self.finished: dict[str, dict[tuple, dict[str, tuple[float, float]]]] = {}
@@ -108,12 +110,13 @@ class SpanIndex:
         self._tick = 0
         self._medians: dict[tuple, tuple[tuple, int, float]] = {}  # (role, instances) -> (versions, n, median)
 
-    def update(self, state: RunState, budget: int | None = None) -> None:
-        """Read the workers that moved; at most ``budget`` of them now (the rest at the next call)."""
+    def update(self, state: RunState, budget: int | None = None, look: bool = True) -> None:
+        """Read the workers that moved; at most ``budget`` of them now (the rest at the next call). Without
+        ``look``, only those found moved before."""
         if self._state is None or self._state() is not state:
             type(self).__init__(self)  # every field as new, for another state
             self._state = weakref.ref(state)
-        if state.moves != self._mark:
+        if look and state.moves != self._mark:
             mark = self._mark
             self._pending += [w for w in state.workers.values() if w.moved > mark]  # (one moved twice: read twice)
             self._mark = state.moves
@@ -243,6 +246,9 @@ class SpanIndex:
 _INDEXES: dict[int, tuple[weakref.ref, SpanIndex, threading.Lock]] = {}
 _INDEXES_LOCK = threading.Lock()
 KEEP_UP_BUDGET = 4096  # workers read per keep_up: about 20 ms, so that a step's burst is read in slices
+# keep_up looks for what moved at most this often: the look walks every worker (a few ms at 65,536), and in a
+# burst something moves every tick (the pass itself always looks)
+KEEP_UP_LOOK_S = 0.5
 
 
 def _index_of(state: RunState) -> tuple[SpanIndex, threading.Lock]:
@@ -265,8 +271,12 @@ def keep_up(state: RunState) -> None:
     changes (65,536 workers at a step's end) the supervisor reads them a slice per 50 ms tick, its
     ingest never waits for all of them at once, and the pass finds little left to read."""
     index, lock = _index_of(state)
+    now = time.monotonic()
     with lock:
-        index.update(state, KEEP_UP_BUDGET)
+        look = now - index.looked_at >= KEEP_UP_LOOK_S
+        index.update(state, KEEP_UP_BUDGET, look=look)
+        if look:
+            index.looked_at = now
 
 
 def late_workers(state: RunState, now: float, index: SpanIndex | None = None) -> list[Late]:

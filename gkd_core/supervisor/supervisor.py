@@ -43,7 +43,7 @@ from gkd_core.trainer import checkpoints
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
 ALERT_EVERY_S = 0.5
-ALERT_SHARE_INV = 10  # the alerts' pass takes at most a tenth of the supervisor's time
+ALERT_SHARE_INV = 20  # the alerts' pass takes at most a twentieth of the supervisor's time
 DEFAULT_DRIVER = "gkd_core.trainer.driver"
 
 
@@ -317,8 +317,8 @@ class Supervisor:
                 if now >= self._next_alerts:
                     self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
                     self._evaluate_alerts()
-                    # every ALERT_EVERY_S, or less often when a pass costs more than a tenth of that
-                    # (65,536 workers): the diagnosis never crowds out the events it reads
+                    # every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
+                    # (65,536 workers: about every second): the diagnosis never crowds out the events it reads
                     took = time.monotonic() - now
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
                 if self.local_stacks is not None:

@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from gkd_core.diagnosis import stragglers
 from gkd_core.diagnosis.stragglers import SpanIndex, late_workers
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
@@ -94,3 +95,27 @@ def _fresh(state: RunState) -> SpanIndex:
     index = SpanIndex()
     index.update(state)
     return index
+
+
+def test_keep_up_looks_for_what_moved_at_most_every_half_second_and_the_pass_always_looks(monkeypatch):
+    """Between passes the supervisor reads moved workers a slice a tick (keep_up); looking for them walks
+    every worker, so it looks at most every KEEP_UP_LOOK_S (in a burst something moves every tick)."""
+    clock = [100.0]
+    monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
+    state = RunState(state="running")
+    for i in range(4):
+        state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=1, ts=1000.0))
+    stragglers.keep_up(state)
+    index, _ = stragglers._index_of(state)
+    assert index._mark == state.moves  # looked: everything that moved is read
+    state.apply(ev.PhaseEvent(src="rollout/0", phase="train", step=1, ts=1001.0))
+    clock[0] += 0.05  # the next tick
+    stragglers.keep_up(state)
+    assert index._mark < state.moves  # not looked again yet
+    clock[0] += stragglers.KEEP_UP_LOOK_S
+    stragglers.keep_up(state)
+    assert index._mark == state.moves
+    state.apply(ev.PhaseEvent(src="rollout/1", phase="train", step=1, ts=1002.0))
+    clock[0] += 0.05
+    stragglers.late_workers(state, 1002.0)  # the pass
+    assert index._mark == state.moves
