@@ -170,10 +170,11 @@ def decode_stampable(data: bytes) -> Event | None:
     """The typed event, when ``data`` is what ``encode`` writes of it, not yet stamped (``seq`` 0, no
     ``run``), with a ``ts``: the supervisor then stamps it and encodes it again, which writes the bytes
     ``decode_dict`` and ``encode_dict`` would have (no field of a newer writer to keep, none written
-    otherwise), at a third of their cost (tests/unit/test_stamped_events): a worker's phase changes, 20,000
-    a second in a step's burst at 65,536 workers. None: anything else, for ``decode_dict``."""
-    if len(data) > MAX_EVENT_BYTES:
-        return None
+    otherwise, none nested deeper than they allow), at a third of their cost
+    (tests/unit/test_stamped_events): a worker's phase changes, 20,000 a second in a step's burst at 65,536
+    workers. None: anything else, for ``decode_dict``."""
+    if len(data) > MAX_EVENT_BYTES or data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        return None  # (free-form fields, an alert's evidence, can nest: ``_parse`` bounds them)
     try:
         e = _typed.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):

@@ -12,6 +12,7 @@ import random
 import time
 
 import msgspec
+import pytest
 import zmq
 from conftest import RunningSupervisor
 from test_keyframes import assert_same
@@ -30,6 +31,7 @@ PHASES = ("generate", "teacher_wait", "train", "sync_weights")
 SECONDS = 8
 
 
+@pytest.mark.slow
 def test_the_replay_from_keyframes_is_the_live_state_at_16384_workers(tmp_path):
     env = dict(os.environ, GKD_HOME=str(tmp_path), GKD_DEMO_STEP_S="60")
     sup = RunningSupervisor(tmp_path, ["trainer.total_steps=100000", "telemetry.keyframe_mb=0.5",

@@ -16,6 +16,7 @@ from gkd_core.state import RunState
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
+from gkd_core.telemetry.events import MAX_DEPTH
 
 
 def recorder(tmp_path, name: str) -> tuple[Recorder, list[tuple[bytes, bytes]]]:
@@ -60,6 +61,13 @@ def test_a_stamped_event_is_logged_and_published_as_the_general_way_writes_it(tm
             assert (tmp / "fast.jsonl").read_bytes() == (tmp / "general.jsonl").read_bytes()
 
 
+def nested_list(depth: int) -> list:
+    out: list = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
 def phase_bytes(**fields) -> bytes:
     return wire.encode(ev.PhaseEvent(**{"src": "rollout/1", "phase": "generate", "detail": "progress 5",
                                         "ts": time.time(), **fields}))
@@ -75,6 +83,8 @@ def phase_bytes(**fields) -> bytes:
     ("a key written twice", phase_bytes()[:-1] + b',"phase":"train"}'),
     ("a kind this reader does not know", b'{"kind":"zzz_future","v":1,"seq":0,"ts":1.5,"run":"","src":"a"}'),
     ("a newer version", phase_bytes().replace(b'"v":1', b'"v":2')),
+    ("nested deeper than MAX_DEPTH", wire.encode(ev.AlertEvent(code="x", severity="warn", message="m", ts=1.5,
+                                                               evidence={"deep": nested_list(MAX_DEPTH + 5)}))),
 ])
 def test_what_the_sender_wrote_otherwise_takes_the_general_way(tmp_path, why, data):
     assert wire.decode_stampable(data) is None, why
@@ -82,7 +92,8 @@ def test_what_the_sender_wrote_otherwise_takes_the_general_way(tmp_path, why, da
     try:
         the_general_way(rec, data)
     except wire.Rejected:
-        return  # (a newer version: refused, and counted by the ingest)
+        assert why in ("a newer version", "nested deeper than MAX_DEPTH")  # refused, and counted by the ingest
+        return
     kind, line = out[0]
     assert b'"seq":1' in line and b'"run":"run-1"' in line
     if why == "a field of a newer writer":

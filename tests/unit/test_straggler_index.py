@@ -10,6 +10,7 @@ late workers, the same way.
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_keep_up_looks_for_what_moved_at_most_every_half_second_and_the_pass_alw
     """Between passes the supervisor reads moved workers a slice a tick (keep_up); looking for them walks
     every worker, so it looks at most every KEEP_UP_LOOK_S (in a burst something moves every tick)."""
     clock = [100.0]
-    monkeypatch.setattr(stragglers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stragglers, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))  # (its own clock)
     state = RunState(state="running")
     for i in range(4):
         state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=1, ts=1000.0))
