@@ -116,7 +116,9 @@ class OomKilledEvent(Event, tag="oom_killed"):
 class Beat(msgspec.Struct, array_like=True, gc=False):
     """One worker's heartbeat inside a ``heartbeats`` batch, as an array:
     ``[src, ts, phase, elapsed, rss, cpu, dropped, mem]`` (the fields of a ``heartbeat`` event).
-    ``beat_of_event`` and ``event_of_beat`` turn one into the other: the one place that knows both shapes."""
+    ``beat_of_event`` and ``event_of_beat`` turn one into the other: the one place that knows both shapes.
+    Not tracked by the cycle collector (``gc=False``; it holds no container, so it can be in no cycle): 65,536
+    a second at the largest would set off its collections (supervisor/heap)."""
 
     src: str
     ts: float
