@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 
 import ray
+from ray.util.placement_group import placement_group
 
 WAIT_S = 3600  # every wait of the job has a bound; the deadlock holds until the run is stopped
 
@@ -94,6 +95,9 @@ class Rollout:
 if __name__ == "__main__":
     healthy_s = float(sys.argv[1])
     ray.init(num_cpus=2)
+    # the rollout's share of the node reserved, as RL jobs do (a bug report lists it with its demand)
+    rollout_group = placement_group([{"CPU": 1}], name="rollout-group")
+    ray.get(rollout_group.ready(), timeout=60)
     trainer = Trainer.remote()
     inference = Inference.remote(trainer)
     rendezvous = f"file://{tempfile.mkdtemp()}/rendezvous"

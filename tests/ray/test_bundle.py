@@ -13,9 +13,11 @@ import secrets
 import sys
 import tarfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import gkd_tui, logged_events, wait_until
 
 from gkd_core import rundir
@@ -30,8 +32,9 @@ def test_a_stuck_jobs_bundle_holds_every_item_and_never_a_token(gkd_home, tmp_pa
     token_file = tmp_path / "ray_auth_token"
     token_file.write_text(ray_token + "\n")
     planted = "hf_" + secrets.token_hex(14)
-    env = dict(os.environ, HF_TOKEN=planted, RAY_AUTH_TOKEN_PATH=str(token_file), NCCL_DEBUG="WARN",
-               TORCH_NCCL_ASYNC_ERROR_HANDLING="1")
+    shaping = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "CUDA_VISIBLE_DEVICES": "",
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "GKD_TEST_MARK": "bundle", "OMP_NUM_THREADS": "1"}
+    env = dict(os.environ, HF_TOKEN=planted, RAY_AUTH_TOKEN_PATH=str(token_file), **shaping)
     # a wrapper as users write them: it prints the token (a log that leaks one) and a traceback, then runs
     # the job, which deadlocks after 2 s of healthy rounds
     script = (f'echo "the job sees HF_TOKEN=$HF_TOKEN"; {sys.executable} -c "import json; json.loads(\'{{\')"; '
@@ -77,13 +80,19 @@ def test_a_stuck_jobs_bundle_holds_every_item_and_never_a_token(gkd_home, tmp_pa
     assert hw["cpus"] >= 1 and hw["memory_total"] > 0 and hw["memory_limit"]["limit"] > 0
     assert hw["gpus"]["devices"] or hw["gpus"]["none"]  # each GPU, or why there is none
     for name in ("python", "torch", "ray", "vllm", "verl", "transformers", "gkd-tui"):
-        assert versions[name], name
-    assert versions["python"] == sys.version.split()[0] and versions["ray"].startswith("2.")
-    assert {"cuda", "nccl"} <= set(versions["torch_build"])
+        assert versions[name], name  # vllm and verl live in venvs of their own: "not installed" here
+    for name in ("torch", "ray", "transformers", "gkd-tui"):  # the driver's, read with its python
+        assert versions[name] == metadata.version(name), (name, versions[name])
+    assert versions["python"] == sys.version.split()[0]
+    cuda = versions["torch_build"]["cuda"]  # torch's CUDA and NCCL, or that it is a CPU build
+    assert cuda == torch.version.cuda
+    assert versions["torch_build"]["nccl"] == ("none: a CPU build of torch" if cuda is None else
+                                               ".".join(map(str, torch.cuda.nccl.version())))
     # the command and the variables in effect, the token's value hidden
     driver = facts["driver"]
     assert driver["argv"][:2] == ["bash", "-c"] and "ray_deadlock.py" in driver["argv"][2] and driver["pid"] > 0
-    assert driver["env"]["NCCL_DEBUG"] == "WARN" and driver["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    for name, value in shaping.items():  # each family that shapes a run: NCCL_, TORCH_, CUDA_, VLLM_, GKD_...
+        assert driver["env"][name] == value, name
     assert driver["env"]["HF_TOKEN"] == "<redacted>" and "RAY_AUTH_TOKEN_PATH" in driver["env"]
     assert "ray_deadlock.py" in summary.split("## Command")[1].split("##")[0]
 
@@ -104,7 +113,11 @@ def test_a_stuck_jobs_bundle_holds_every_item_and_never_a_token(gkd_home, tmp_pa
     assert {"Trainer", "Inference", "Learner", "Rollout"} <= classes, live["actors"]
     assert all(a["node_id"] for a in live["actors"] if a["state"] == "ALIVE")
     assert {a["worker"] for a in ray["run"]["actors"]} >= {"Trainer/0", "Inference/0"}
-    assert "placement_groups" in live
+    # the job's placement group with its demand, and the summary's count of it
+    groups = {g["name"]: g for g in live["placement_groups"]}
+    assert groups["rollout-group"]["state"] == "CREATED", live["placement_groups"]
+    assert groups["rollout-group"]["bundles"] == [{"CPU": 1.0}], groups["rollout-group"]
+    assert "1 placement group(s)" in summary.split("## Ray's view")[1], summary
 
     # what the dashboard said and what was tried; the run's own files; the traceback in the log
     said = json.loads(files["alerts_and_actions.json"])

@@ -22,6 +22,7 @@ import pytest
 from conftest import logged_events, status_json, wait_until
 
 from gkd_core import memory, rundir
+from gkd_core.units import size
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "jobs" / "ray_memory_grower.py"
@@ -44,6 +45,10 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
     if cg is None:
         _cannot("no memory cgroup hierarchy is mounted")
     path = Path(cg.dir) / f"gkd-test-{os.getpid()}"
+    if cg.version == 2:  # a child has memory.max only where its parent hands the controller down (which the
+        # kernel refuses while the parent itself holds processes, unless it is the root: then no cgroup here)
+        with contextlib.suppress(OSError):
+            (Path(cg.dir) / "cgroup.subtree_control").write_text("+memory")
     try:
         path.mkdir()
         (path / ("memory.max" if cg.version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
@@ -88,7 +93,11 @@ def test_an_actor_growing_to_its_cgroups_limit_is_warned_before_the_oom_killer_a
         assert " in grow" in killed["message"], killed["message"]
 
         state = wait_until(lambda: (status_json(run) or {}).get("state"), 30, "the run's state")
-        last_beat = state["workers"]["Grower/0"]["last_heartbeat"]
+        grower = state["workers"]["Grower/0"]
+        last_beat = grower["last_heartbeat"]
+        # its memory at its last heartbeat, against its cgroup's limit: "... at 2.4 GB of 3.0 GB, in grow"
+        assert killed["evidence"]["rss"] == grower["rss"] > 1 << 30, (killed, grower["rss"])
+        assert f" at {size(grower['rss'])} of 3.0 GB, in grow" in killed["message"], killed["message"]
         growing = alerts(run, "memory_growing")
         assert growing, "no memory_growing alert before the kill"
         first = growing[0]
