@@ -18,8 +18,10 @@ The job times three things of its own:
 - loop: the calls, by its clock, and every process's CPU seconds over it (the job's, Ray's, ours).
 
 Without: ``python bench_ray_watch.py --job CALLS``. With: the same under ``gkd-tui launch --detach --linger 0
---``: the supervisor, Ray's hooks in every worker, the diagnosis. Rounds alternate the two, so that both
-see the same machine; each ratio is the median of each round's with/without.
+--``: the supervisor, Ray's hooks in every worker, the diagnosis. Each round runs both, so that both see
+the same machine, and the rounds take turns at which goes first (without then with, with then without),
+so that whatever favours the first or the second of two runs in a row (caches warm, a file read again)
+lands on both sides. Each ratio is the median of each round's with/without.
 """
 
 from __future__ import annotations
@@ -293,8 +295,12 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gkd-bench-watch-") as tmp:
         for i in range(a.rounds):
-            plain = without(a.calls)
-            seen = watched(a.calls, Path(tmp))
+            if i % 2 == 0:
+                plain = without(a.calls)
+                seen = watched(a.calls, Path(tmp))
+            else:  # the other order: neither side is always the one that runs second
+                seen = watched(a.calls, Path(tmp))
+                plain = without(a.calls)
             rows.append((plain, seen))
             print(f"round {i + 1}: " + ", ".join(f"{m} {plain[m]:.2f} -> {seen[m]:.2f}" for m in MEASURES), flush=True)
     got = subprocess.run([sys.executable, __file__, "--wrappers", "20000"], capture_output=True, text=True,
@@ -305,7 +311,7 @@ def main() -> None:
     caller_us, callee_us = float(found[1]), float(found[2])
     with records.kept("ray_watch", smoke=a.smoke) as kept_run:
         print(f"\n{a.calls} calls by each of 2 actors, then {a.calls} by the driver, each a ray.get on an actor call "
-              f"that returns at once; {a.rounds} round(s), alternated; the loop timed once the machine is quiet")
+              f"that returns at once; {a.rounds} round(s), each order in turn; the loop timed once the machine is quiet")
         labels = {"UP_S": "up (s)", "LOOP_S": "loop (s)", "LOOP_CPU_S": "loop CPU (s)"}
         print(f"{'':8s}" + "".join(f"{labels[m] + ' without':>22s} {'with':>7s} {'ratio':>7s}" for m in MEASURES))
         for i, (plain, seen) in enumerate(rows, 1):
