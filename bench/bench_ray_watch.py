@@ -311,7 +311,8 @@ def main() -> None:
     caller_us, callee_us = float(found[1]), float(found[2])
     with records.kept("ray_watch", smoke=a.smoke) as kept_run:
         print(f"\n{a.calls} calls by each of 2 actors, then {a.calls} by the driver, each a ray.get on an actor call "
-              f"that returns at once; {a.rounds} round(s), each order in turn; the loop timed once the machine is quiet")
+              f"that returns at once; {a.rounds} round(s), each order in turn; the loop timed once the machine "
+              "is quiet")
         labels = {"UP_S": "up (s)", "LOOP_S": "loop (s)", "LOOP_CPU_S": "loop CPU (s)"}
         print(f"{'':8s}" + "".join(f"{labels[m] + ' without':>22s} {'with':>7s} {'ratio':>7s}" for m in MEASURES))
         for i, (plain, seen) in enumerate(rows, 1):
