@@ -45,8 +45,9 @@ def memory_cgroup(limit: int) -> Iterator[Path]:
     if cg is None:
         _cannot("no memory cgroup hierarchy is mounted")
     path = Path(cg.dir) / f"gkd-test-{os.getpid()}"
-    if cg.version == 2:  # a child has memory.max only where its parent hands the controller down (which the
-        # kernel refuses while the parent itself holds processes, unless it is the root: then no cgroup here)
+    # on v2 a child has memory.max only where its parent hands the controller down; the kernel refuses that
+    # while the parent holds processes of its own (the root excepted): then writing the limit below fails, and says so
+    if cg.version == 2:
         with contextlib.suppress(OSError):
             (Path(cg.dir) / "cgroup.subtree_control").write_text("+memory")
     try:
