@@ -55,6 +55,7 @@ import records  # noqa: E402  (bench/records.py, beside this file)
 
 from gkd_core.runlog import keyframes  # noqa: E402
 from gkd_core.state import RunState  # noqa: E402
+from gkd_core.state.views import heartbeat_at  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
@@ -324,8 +325,8 @@ def same_state(live: RunState, replayed: RunState, heartbeat_s: float) -> list[s
             out.append(f"{src} missing")
         elif (r.phase, r.step, r.phase_since) != (w.phase, w.step, w.phase_since):
             out.append(f"{src}: {r.phase}/{r.step} against {w.phase}/{w.step}")
-        elif abs(r.last_heartbeat - w.last_heartbeat) > 1.5 * heartbeat_s:
-            out.append(f"{src}: heartbeat {r.last_heartbeat - w.last_heartbeat:+.1f} s")
+        elif abs((beat := heartbeat_at(replayed, r)) - heartbeat_at(live, w)) > 1.5 * heartbeat_s:
+            out.append(f"{src}: heartbeat {beat - heartbeat_at(live, w):+.1f} s")
     if sorted(live.alerts) != sorted(replayed.alerts):
         out.append(f"alerts {sorted(replayed.alerts)} against {sorted(live.alerts)}")
     return out

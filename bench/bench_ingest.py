@@ -18,7 +18,7 @@ the same way, and times itself from its first message to its last: a PULL socket
 each message as the typed event, its bytes appended to a file. ``--still``: beats that never change and carry no
 memory, as the dashboard bench's were before. ``--against``: another checkout (a ``git
 worktree`` of an older commit), round by round in turn with this one, on the same beats as its own relays
-sent them: every one in full (an older supervisor reads no ``same``).
+sent them: every one in full (an older supervisor reads no relay's clock).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def backlog(workers: int, per_node: int, seconds: int, still: bool = False,
             every_beat: bool = False) -> tuple[list, list, int]:
     """(registrations, the timed messages, how many beats they carry), encoded. ``still``: every beat the same
     numbers and no memory, as the dashboard bench's were before they moved as a real node's. ``every_beat``:
-    every beat in full, as a relay sent them before ``HeartbeatsEvent.same`` (for an older checkout)."""
+    every beat in full, as a relay sent them before its clock (``RelayClock``), for an older checkout."""
     rnd = random.Random(0)
     nodes = (workers + per_node - 1) // per_node
     register = []
@@ -81,7 +81,7 @@ def backlog(workers: int, per_node: int, seconds: int, still: bool = False,
                                                         beats=batchers[n].beats))
                 batchers[n].beats = []
             else:
-                frames = batchers[n].take()
+                frames = batchers[n].take(now=now)
             assert frames is not None
             timed.append(frames)
             beats += min(workers, (n + 1) * per_node) - n * per_node
@@ -214,7 +214,7 @@ def main() -> None:
     if a.smoke:
         a.workers, a.seconds, a.rounds = 4096, 2, 1
     register, timed, beats = backlog(a.workers, a.per_node, a.seconds, a.still)
-    # an older checkout is fed what its own relays sent: every beat in full (it would drop ``same``)
+    # an older checkout is fed what its own relays sent: every beat in full (it reads no relay's clock)
     older = backlog(a.workers, a.per_node, a.seconds, a.still, every_beat=True)[1] if a.against else timed
     trees = [("this checkout", ROOT)] + ([(f"--against {a.against}", a.against.resolve())] if a.against else [])
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in trees}

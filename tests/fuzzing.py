@@ -81,7 +81,9 @@ def _typed(t, hostile: bool = True) -> st.SearchStrategy:
         return JSON_VALUES
     if origin is list:
         return st.lists(_typed(args[0], hostile), max_size=4)
-    if origin is tuple:  # (a batch's ``same``: [src, ts] each)
+    if origin is tuple and args[-1] is Ellipsis:  # (a relay clock's ``joined`` and ``quiet``)
+        return st.lists(_typed(args[0], hostile), max_size=4)
+    if origin is tuple:  # (a clock's ``quiet``: [src, ts] each)
         return st.tuples(*[_typed(a, hostile) for a in args]).map(list)
     if origin is dict:  # the keys the code reads among them (an alert's evidence: elapsed_s, verdict)
         keys = st.one_of(ODD_TEXT, st.text(max_size=6), st.sampled_from(["elapsed_s", "verdict", "where", "phase",

@@ -38,7 +38,7 @@ def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZE
     if w.ray_state == "DEAD":
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
                                                                     if w.ray_death_cause else ""), line)
-    age = silent_for(w, now)
+    age = silent_for(state, w, now)
     if age is not None and age > frozen_s:
         return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"
                        + suffix, line)

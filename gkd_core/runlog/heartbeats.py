@@ -13,22 +13,23 @@ bytes on a real run, where steps take seconds). A worker's heartbeat is logged w
   published again, with a new ``seq`` and its own ``ts``), so the log says when it was last
   heard from to within a beat, which is what "frozen for 12 s" is measured from.
 
-A replay fills the gaps between two logged heartbeats of a worker that are at most
-``every_s`` plus a silence apart (see ``gkd_tui.sources.replay``): the run's ``run`` events
-carry both periods.
+A relay's clock (``RelayClock``: the beats its workers sent that said nothing new) is kept the same
+way (``ClockLog``): each change of its roster (who joined, who went quiet, a new epoch) at once, its
+time every ``every_s``, and its newest restated when the relay falls silent.
+
+A replay fills the gaps between two logged heartbeats of a worker, or two clocks of a relay, that are
+at most ``every_s`` plus a silence apart (``runlog.timeline``): the run's ``run`` events carry both
+periods.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-
-from gkd_core.state import CPU_IDLE_PCT, WorkerState
-from gkd_core.telemetry.events import Beat, HeartbeatEvent
+from gkd_core.state import CPU_IDLE_PCT
+from gkd_core.telemetry.events import FULL_BEAT_S, Beat, HeartbeatEvent, RelayClock
 
 RSS_STEP = 64 << 20  # bytes of RSS change that are worth a line of their own
 SILENT_BEATS = 2.5  # a worker this many heartbeat periods quiet has fallen silent
@@ -36,28 +37,53 @@ SILENT_BEATS = 2.5  # a worker this many heartbeat periods quiet has fallen sile
 Heartbeat = HeartbeatEvent | Beat
 
 
-@dataclass(slots=True)  # one per worker, read for each of its beats
+@dataclass(slots=True)  # one per worker, read for each of its full beats
 class _Src:
     logged: Heartbeat  # the last one logged
-    last: Heartbeat  # the last full one received: a ``same`` beat says what it did, at another time
-    held: Heartbeat | None = None  # the newest not logged, a full one
-    same_at: float = 0.0  # or: the newest not logged is ``last`` at this time (a ``same`` beat)
+    held: Heartbeat | None = None  # the newest not logged
     held_at: float = 0.0  # monotonic time the held one arrived
+    # a relay's clock vouches for it: its full beats are seconds apart, and its silence is the relay's to say
+    clocked: bool = False
 
     def take_held(self) -> Heartbeat | None:
-        """The newest beat not logged (made from ``last`` for a ``same`` one), and it is held no more."""
+        """The newest beat not logged, and it is held no more."""
         held, self.held = self.held, None
-        if self.same_at:
-            held, self.same_at = at(self.last, self.same_at), 0.0
         return held
 
 
-def at(beat: Heartbeat, ts: float) -> Heartbeat:
-    """``beat`` said again at ``ts``: a ``same`` beat as the log keeps it (its time in phase grown with it).
-    Without its memory reading: its scope's numbers at ``ts`` came with another worker's beat (the reducer
-    keeps the worker's own reading when a beat has none), and old ones at a newer time would be taken as
-    the scope's newest by a replay."""
-    return msgspec.structs.replace(beat, ts=ts, elapsed=beat.elapsed + max(0.0, ts - beat.ts), mem=None)
+class ClockLog:
+    """Which relays' clocks (``RelayClock``) the log keeps: one that changes its roster or its epoch at
+    once (a worker joined or went quiet: a change of what the clock vouches for), and its time every
+    ``every_s``; the newest held back is restated when its relay falls silent, and at the run's end."""
+
+    def __init__(self, every_s: float, heartbeat_s: float):
+        self.every_s, self.heartbeat_s = every_s, heartbeat_s
+        self._logged: dict[str, RelayClock] = {}
+        self._held: dict[str, tuple[RelayClock, float]] = {}  # with the monotonic time it came
+
+    def admit(self, clocks: Sequence[RelayClock], into: list[RelayClock], mono: float | None = None) -> None:
+        due_s = self.every_s - self.heartbeat_s / 2
+        for c in clocks:
+            last = self._logged.get(c.relay)
+            if (last is None or self.every_s <= 0 or c.joined or c.quiet or c.epoch != last.epoch
+                    or c.ts - last.ts >= due_s):
+                into.append(c)
+                self._logged[c.relay] = c
+                self._held.pop(c.relay, None)
+            elif c.ts > last.ts:
+                self._held[c.relay] = (c, time.monotonic() if mono is None else mono)
+
+    def silent(self, mono: float | None = None) -> list[RelayClock]:
+        """The held clocks of relays heard from no more since: to restate now (each once)."""
+        now = time.monotonic() if mono is None else mono
+        limit = SILENT_BEATS * self.heartbeat_s
+        gone = [relay for relay, (_, came) in self._held.items() if now - came > limit]
+        out = []
+        for relay in gone:
+            c, _ = self._held.pop(relay)
+            self._logged[relay] = c
+            out.append(c)
+        return out
 
 
 @dataclass
@@ -66,50 +92,52 @@ class HeartbeatLog:
     heartbeat_s: float = 1.0
     _srcs: dict[str, _Src] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.clocks = ClockLog(self.every_s, self.heartbeat_s)  # the relays' clocks, kept alike
+
     def admit(self, e: Heartbeat, mono: float | None = None) -> tuple[bool, Heartbeat | None]:
         """(log this heartbeat now?, the same worker's held one to restate first). A change is logged
         with the beat before it: a CPU share is of the interval since that one, and "idle since" is
         measured from it."""
         s = self._srcs.get(e.src)
         if s is None:
-            self._srcs[e.src] = _Src(e, e)
+            self._srcs[e.src] = _Src(e)
             return True, None
         if self.every_s <= 0 or e.ts - s.logged.ts >= self.every_s - self.heartbeat_s / 2:
             s.take_held()
-            s.logged = s.last = e
+            s.logged = e
             return True, None
         if self._changed(s.logged, e):
             before = s.take_held()
-            s.logged = s.last = e
+            s.logged = e
             return True, before
-        s.same_at = 0.0
-        s.held, s.held_at, s.last = e, time.monotonic() if mono is None else mono, e
+        s.held, s.held_at = e, time.monotonic() if mono is None else mono
         return False, None
 
     def admit_all(self, beats: list[Beat], into: list[Heartbeat], mono: float | None = None,
-                  same: Sequence[tuple[str, float]] = ()) -> None:
+                  clocked: bool = False) -> None:
         """``admit`` for each of a batch's beats, at the cost of one: appends to ``into`` what the log
-        keeps, each held beat to restate before the change that follows it; then its ``same`` beats
-        (``HeartbeatsEvent.same``), kept as beats when one is due. (65,536 beats a second at the largest:
-        the loop is ``admit``'s, inline.)"""
+        keeps, each held beat to restate before the change that follows it. (The loop is ``admit``'s,
+        inline: tens of thousands of full beats a second at the largest.) ``clocked``: a relay's clock
+        vouches for the workers of the batch (``quiet`` says when it no longer does)."""
         if self.every_s <= 0:
             for e in beats:
                 self.admit(e)
                 into.append(e)
-            into.extend(at(s.last, ts) for src, ts in same
-                        if (s := self._srcs.get(src)) is not None and ts > s.last.ts)
+                self._srcs[e.src].clocked = clocked
             return
         mono = time.monotonic() if mono is None else mono
         srcs, due_s = self._srcs, self.every_s - self.heartbeat_s / 2
         for e in beats:
             s = srcs.get(e.src)
             if s is None:
-                srcs[e.src] = _Src(e, e)
+                srcs[e.src] = _Src(e, clocked=clocked)
                 into.append(e)
                 continue
+            s.clocked = clocked
             last = s.logged
             if e.ts - last.ts >= due_s:
-                s.held, s.same_at = None, 0.0
+                s.held = None
                 s.logged = e
                 into.append(e)
             elif ((e.cpu < CPU_IDLE_PCT) != (last.cpu < CPU_IDLE_PCT) or e.dropped != last.dropped
@@ -120,27 +148,7 @@ class HeartbeatLog:
                 s.logged = e
                 into.append(e)
             else:
-                s.held, s.same_at, s.held_at = e, 0.0, mono
-            s.last = e
-        for src, ts in same:
-            s = srcs.get(src)
-            if s is None or ts <= s.last.ts:
-                continue  # what it says is not known here (a supervisor that took over): its next full beat
-            if ts - s.logged.ts >= due_s:
-                s.logged = s.last = at(s.last, ts)
-                s.held, s.same_at = None, 0.0
-                into.append(s.last)
-            else:
-                s.held, s.same_at, s.held_at = None, ts, mono
-
-    def seed(self, workers: Iterable[WorkerState]) -> None:
-        """Each worker's newest heartbeat as the state says it (a run taken over: read from its log): what
-        its ``same`` beats say, before its next full one comes. Its next beat, full or ``same``, is logged,
-        as a first one is."""
-        for w in workers:
-            if w.last_heartbeat and w.src not in self._srcs:
-                b = Beat(w.src, w.last_heartbeat, w.phase, 0.0, w.rss, w.cpu, w.dropped)
-                self._srcs[w.src] = _Src(msgspec.structs.replace(b, ts=-math.inf), b)
+                s.held, s.held_at = e, mono
 
     @staticmethod
     def _changed(last: Heartbeat, e: Heartbeat) -> bool:
@@ -149,18 +157,35 @@ class HeartbeatLog:
                 or abs(e.rss - last.rss) > RSS_STEP)
 
     def silent(self, mono: float | None = None) -> list[Heartbeat]:
-        """The held heartbeats of workers heard from no more since: to restate now (each once)."""
+        """The held heartbeats of workers heard from no more since: to restate now (each once). A worker a
+        relay's clock vouches for is said quiet by its relay (``quiet``), and its full beats come up to
+        ``FULL_BEAT_S`` apart: its held one is restated here only when none came for that long besides (its
+        relay gone without a word, or its word lost)."""
         now = time.monotonic() if mono is None else mono
         limit = SILENT_BEATS * self.heartbeat_s
+        clocked_limit = limit + FULL_BEAT_S
         out = []
         for s in self._srcs.values():
-            if (s.held is not None or s.same_at) and now - s.held_at > limit:
-                held = s.take_held()
-                assert held is not None
-                out.append(held)
-                s.logged = held
+            if s.held is not None and now - s.held_at > (clocked_limit if s.clocked else limit):
+                out.append(self._restate(s))
         return out
+
+    def quiet(self, src: str) -> Heartbeat | None:
+        """Its relay says it quiet: its held beat (its last numbers) to restate with that, and from now on its
+        silence is its own to find."""
+        s = self._srcs.get(src)
+        if s is None:
+            return None
+        s.clocked = False
+        return self._restate(s) if s.held is not None else None
 
     def held(self) -> list[Heartbeat]:
         """Every heartbeat still held back (at the end of a run: restate them all)."""
-        return self.silent(float("inf"))
+        return [self._restate(s) for s in self._srcs.values() if s.held is not None]
+
+    @staticmethod
+    def _restate(s: _Src) -> Heartbeat:
+        held = s.take_held()
+        assert held is not None
+        s.logged = held
+        return held

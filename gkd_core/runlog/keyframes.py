@@ -248,7 +248,8 @@ def _write_and_exit(folder: Path, h: Header, last_line: bytes, state: RunState, 
         except OSError:
             pass
         # the heartbeats the log left out are in the state, and may be newer than its lines
-        h.max_ts = max(h.max_ts, state.last_ts, max((w.last_heartbeat for w in state.workers.values()), default=0.0))
+        h.max_ts = max(h.max_ts, state.last_ts, max((w.last_heartbeat for w in state.workers.values()), default=0.0),
+                       max((ts for _, ts in state.relay_clocks.values()), default=0.0))
         h.last_line_sha256 = hashlib.sha256(last_line).hexdigest()
         tmp, final = folder / f".{_name(h.seq)}.tmp", folder / _name(h.seq)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -34,6 +34,30 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.vocab import RUN_GOING
 
+Filled = ev.HeartbeatEvent | ev.HeartbeatsEvent  # what a gap is filled with: a worker's beat, a relay's clock
+CLOCK = "\0clock "  # a relay's clock among the workers' heartbeats that gaps are filled for (no src has a NUL)
+
+
+def _clock(relay: str, epoch: float, ts: float) -> ev.HeartbeatsEvent:
+    """A relay's clock alone, at ``ts``: what a gap in the log's clocks of it is filled with."""
+    return ev.HeartbeatsEvent(src="supervisor", ts=ts, clocks=[ev.RelayClock(relay, epoch, ts)])
+
+
+def _same_epoch(e: Filled, before: Filled) -> bool:
+    """Is ``e`` of the same relay's run as ``before`` (a worker's beats always are)?"""
+    if type(e) is ev.HeartbeatsEvent and type(before) is ev.HeartbeatsEvent:
+        return e.clocks[0].epoch == before.clocks[0].epoch
+    return True
+
+
+def _copy_at(e: Filled, t: float) -> ev.Event:
+    """A heartbeat the log left out, put back at ``t``: the one before it said again (its time in its phase
+    grown with it), or a relay's clock at ``t``."""
+    if type(e) is ev.HeartbeatsEvent:
+        return _clock(e.clocks[0].relay, e.clocks[0].epoch, t)
+    assert type(e) is ev.HeartbeatEvent
+    return msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts))
+
 
 class Timeline:
     """``state`` as of ``clock``; ``events[:cursor]`` are applied (after the keyframe ``base``)."""
@@ -83,14 +107,20 @@ class Timeline:
         self.cursor = 0  # events[:cursor] are applied
         self._beats: list = []  # heap of (ts, n, heartbeat to copy, fill until)
         self._n = itertools.count()
-        self._fill_at: dict[int, list[tuple[ev.HeartbeatEvent, float]]] = {}  # event index -> gaps after it
-        self._last: dict[str, tuple[int, ev.HeartbeatEvent]] = {}  # each worker's latest heartbeat so far
+        self._fill_at: dict[int, list[tuple[Filled, float]]] = {}  # event index -> gaps after it
+        # a relay's clock seen: its workers' gaps are the clock's to fill, their full beats stay as live
+        self._clocked = bool(frame is not None and self.state.relay_clocks)
+        # each worker's latest heartbeat so far, and each relay's clock (CLOCK + the relay)
+        self._last: dict[str, tuple[int, Filled]] = {}
         if frame is not None:  # its workers' latest heartbeats, for the gaps to their next in the log
             st = self.state
             for w in st.workers.values():
                 if w.last_heartbeat and w.last_heartbeat >= st.running_since:
                     self._last[w.src] = (-1, ev.HeartbeatEvent(src=w.src, ts=w.last_heartbeat, rss=w.rss, cpu=w.cpu,
                                                                dropped=w.dropped))
+            for relay, (epoch, ts) in st.relay_clocks.items():
+                if ts >= st.running_since:
+                    self._last[CLOCK + relay] = (-1, _clock(relay, epoch, ts))
 
     def _frame_for(self, ts: float) -> tuple[kf.Header, Path] | None:
         """The newest keyframe a replay to ``ts`` may start from: every line before it is due by then."""
@@ -152,21 +182,33 @@ class Timeline:
         if type(e) is ev.HeartbeatEvent:
             self._beat(i, e)
         elif type(e) is ev.HeartbeatsEvent:
-            for b in e.beats:
-                self._beat(i, wire.heartbeat_of(b))
+            if e.clocks:
+                self._clocked = True
+            if not self._clocked:  # (a log from before relays' clocks: their workers' quiet beats were logged)
+                for b in e.beats:
+                    self._beat(i, wire.heartbeat_of(b))
+            for c in e.clocks:  # (a clock that says a worker quiet was held back by it since that one's time)
+                until = min(c.ts, min(ts for _, ts in c.quiet)) if c.quiet else c.ts
+                self._beat(i, _clock(c.relay, c.epoch, c.ts), CLOCK + c.relay, until)
         elif type(e) is ev.RunEvent and e.state in RUN_GOING:
             self._last.clear()  # a new driver's workers: no gap to fill across it
 
-    def _beat(self, i: int, e: ev.HeartbeatEvent) -> None:
-        """A gap the log left out of this worker's heartbeats ends at ``e``: copies of the one before
-        to put back, from the time that one is applied (at once when it already is)."""
-        before = self._last.get(e.src)
-        if before is not None and 1.5 * self.heartbeat_s < e.ts - before[1].ts <= self._longest:
-            if before[0] < self.cursor:
-                heapq.heappush(self._beats, (before[1].ts + self.heartbeat_s, next(self._n), before[1], e.ts))
+    def _beat(self, i: int, e: Filled, key: str = "", until: float | None = None) -> None:
+        """A gap the log left out of this worker's heartbeats (or of a relay's clock, ``key``) ends at ``e``:
+        copies of the one before to put back, from the time that one is applied (at once when it already
+        is), up to ``until`` (``e``'s time unless said). A relay started again is not filled across."""
+        key = key or e.src
+        before = self._last.get(key)
+        if (before is not None and 1.5 * self.heartbeat_s < e.ts - before[1].ts <= self._longest
+                and _same_epoch(e, before[1])):
+            end = e.ts if until is None else until
+            if end <= before[1].ts + self.heartbeat_s:
+                pass  # (nothing to put back before it)
+            elif before[0] < self.cursor:
+                heapq.heappush(self._beats, (before[1].ts + self.heartbeat_s, next(self._n), before[1], end))
             else:
-                self._fill_at.setdefault(before[0], []).append((before[1], e.ts))
-        self._last[e.src] = (i, e)
+                self._fill_at.setdefault(before[0], []).append((before[1], end))
+        self._last[key] = (i, e)
 
     @property
     def _longest(self) -> float:
@@ -188,7 +230,7 @@ class Timeline:
                 # jump to the end of a 65,536-worker recording applies one copy per gap, not one per beat
                 last = t + int((min(ts, until) - t) / hb) * hb
                 t = max(t, last - hb if last >= until else last)
-                self.state.apply(msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts)))
+                self.state.apply(_copy_at(e, t))
                 if t + hb < until:
                     heapq.heappush(beats, (t + hb, next(self._n), e, until))
                 continue

@@ -8,9 +8,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gkd_core.state import memory_cases, sync_cases
+from gkd_core.state import heartbeat_cases, memory_cases, sync_cases
 from gkd_core.state.records import (
-    CPU_IDLE_PCT,
     GPU_FULL,
     METRICS_KEEP,
     OOM,
@@ -31,6 +30,7 @@ from gkd_core.state.records import (
 )
 from gkd_core.state.run_record import RunRecord
 from gkd_core.state.series import TeacherPoint, mem_share
+from gkd_core.state.views import vouch_s
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
@@ -46,6 +46,8 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
         st.config_digest = e.config_digest
     if e.total_steps is not None:
         st.total_steps = e.total_steps
+    if e.heartbeat_s and e.heartbeat_log_s is not None:
+        st.vouch_s = vouch_s(e.heartbeat_s, e.heartbeat_log_s)
     st.exit_code = e.exit_code
     st.reason = e.reason
     st.log_tail = list(e.log_tail)
@@ -111,50 +113,6 @@ def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:
         w.step = e.step
         if st.step is None or e.step > st.step:
             st.step = e.step
-
-
-def _on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
-    w = st.worker_seen(e.src, e.ts)
-    if e.ts <= w.last_heartbeat:
-        return  # one the log restated (or a duplicate): nothing new
-    if e.cpu >= CPU_IDLE_PCT:
-        w.cpu_low_since = None
-    elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
-        w.cpu_low_since = w.last_heartbeat or e.ts
-    w.last_heartbeat = e.ts
-    w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
-    memory_cases.on_memory(st, w, e.mem, e.ts)
-
-
-def _on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
-    # the same as `_on_heartbeat` for each beat, inline: 65,536 of them a second at the largest
-    workers = st.workers
-    for b in e.beats:
-        ts = b.ts
-        w = workers.get(b.src)
-        if w is None:
-            w = st.worker_seen(b.src, ts)
-        elif ts > w.last_seen:
-            w.last_seen = ts
-        if ts <= w.last_heartbeat:
-            continue
-        cpu = b.cpu
-        if cpu >= CPU_IDLE_PCT:
-            w.cpu_low_since = None
-        elif w.cpu_low_since is None:
-            w.cpu_low_since = w.last_heartbeat or ts
-        w.last_heartbeat = ts
-        w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
-        if b.mem is not None:
-            memory_cases.on_memory(st, w, b.mem, ts)
-    for src, ts in e.same:  # alive, and as its last full beat said (the same side of the idle line, too)
-        w = workers.get(src)
-        if w is None:
-            w = st.worker_seen(src, ts)  # (its numbers come with its next full beat)
-        elif ts > w.last_seen:
-            w.last_seen = ts
-        if ts > w.last_heartbeat:
-            w.last_heartbeat = ts
 
 
 def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
@@ -346,8 +304,8 @@ HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.RunEvent: _on_run,
     ev.WorkerEvent: _on_worker,
     ev.PhaseEvent: _on_phase,
-    ev.HeartbeatEvent: _on_heartbeat,
-    ev.HeartbeatsEvent: _on_heartbeats,
+    ev.HeartbeatEvent: heartbeat_cases.on_heartbeat,
+    ev.HeartbeatsEvent: heartbeat_cases.on_heartbeats,
     ev.SyncEvent: sync_cases.on_sync,
     ev.SyncPartEvent: sync_cases.on_sync_part,
     ev.TeacherEvent: _on_teacher,

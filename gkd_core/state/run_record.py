@@ -75,6 +75,11 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     waiting: set[str] = set()
     series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
     mem_scopes: dict[str, ScopeMemory] = {}  # "node|scope" -> its memory (memory_cases)
+    # each relay's clock as its newest batch said it: [epoch, ts] (the workers it vouches for: their clock_via)
+    relay_clocks: dict[str, tuple[float, float]] = {}
+    # how far past a worker's newest full beat its relay's clock is taken for it (``views.heartbeat_at``):
+    # the run's periods set it (``vouch_s``); this default is theirs by default
+    vouch_s: float = 18.0
 
     def worker_seen(self, src: str, ts: float) -> WorkerState:
         """The worker ``src`` (made when first heard of), last seen at ``ts`` or later."""

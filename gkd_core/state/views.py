@@ -19,17 +19,39 @@ from gkd_core.state.records import (
     WorkerState,
 )
 from gkd_core.state.run_record import RunRecord
+from gkd_core.telemetry.events import FULL_BEAT_S
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
 
-def heard_from(w: WorkerState) -> float:
+def heartbeat_at(st: RunRecord, w: WorkerState) -> float:
+    """When its newest heartbeat was sent (0.0: never): its relay's clock while that vouches for it (a beat
+    that said nothing new is not sent on its own: ``RelayClock``), else its own newest. The clock counts
+    only up to ``st.vouch_s`` past the worker's own newest: a live worker's full beat comes every
+    ``FULL_BEAT_S`` (and reaches the log every ``heartbeat_log_s``), so a worker whose relay said it quiet
+    in a message that was lost (to a supervisor that died with it) falls silent that much later, not never."""
+    if w.clock_via:
+        clock = st.relay_clocks.get(w.clock_via)
+        if clock is not None and clock[1] > w.last_heartbeat:
+            return min(clock[1], w.last_heartbeat + st.vouch_s)
+    return w.last_heartbeat
+
+
+def vouch_s(heartbeat_s: float, heartbeat_log_s: float) -> float:
+    """``RunRecord.vouch_s`` for a run of these periods: the longest a healthy worker's full beats are
+    apart in the log (a logged one every ``heartbeat_log_s``, the next full one up to ``FULL_BEAT_S`` after
+    it is due), and a few beats to spare."""
+    return heartbeat_log_s + FULL_BEAT_S + 3 * heartbeat_s
+
+
+def heard_from(st: RunRecord, w: WorkerState) -> float:
     """When the process was last heard from (0.0: never a heartbeat): its newest heartbeat, or the start of
     its phase when that is newer. A phase is said by the process itself, through the thread that sends
     its heartbeats, so it is a sign of life too; and a worker that registers under the name of one that
     died (a restart, a teacher started again) is heard from at its own start, not judged by the dead
     one's last beat while its first is still on the way (a node's relay sends heartbeats once a second,
     everything else at once)."""
-    return max(w.last_heartbeat, w.phase_since) if w.last_heartbeat else 0.0
+    beat = heartbeat_at(st, w)
+    return max(beat, w.phase_since) if beat else 0.0
 
 
 def shown_phase(w: WorkerState) -> str:
@@ -49,9 +71,9 @@ def usual_part_time(hist: list[SyncState], part: str) -> tuple[float, int] | Non
     return (statistics.median(took), len(took)) if took else None
 
 
-def silent_for(w: WorkerState, now: float) -> float | None:
+def silent_for(st: RunRecord, w: WorkerState, now: float) -> float | None:
     """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
-    heard = heard_from(w)
+    heard = heard_from(st, w)
     return now - heard if heard else None
 
 
@@ -62,7 +84,8 @@ class RunViews(RunRecord):
         return max(0.0, now - w.phase_since)
 
     def heartbeat_age(self, w: WorkerState, now: float) -> float | None:
-        return max(0.0, now - w.last_heartbeat) if w.last_heartbeat else None
+        beat = heartbeat_at(self, w)
+        return max(0.0, now - beat) if beat else None
 
     def workers_by_role(self) -> dict[str, list[WorkerState]]:
         out: dict[str, list[WorkerState]] = {}
@@ -74,7 +97,7 @@ class RunViews(RunRecord):
         """Workers not finished and silent for more than ``stall_s`` (``silent_for``): frozen or dead.
         src -> seconds silent."""
         return {w.src: age for w in self.workers.values()
-                if w.phase not in WORKER_ENDED and (age := silent_for(w, now)) is not None and age > stall_s}
+                if w.phase not in WORKER_ENDED and (age := silent_for(self, w, now)) is not None and age > stall_s}
 
     def sync_view(self, now: float) -> SyncView | None:
         s = self.sync

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from gkd_core import memory
 from gkd_core.state import RunState
+from gkd_core.state.views import heartbeat_at
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import WORKER_ENDED
 
@@ -40,7 +41,7 @@ class OomWatch:
             m = w.mem
             if m is None or m.oom_kills is None or w.oom_killed is not None:
                 continue
-            silent = now - w.last_heartbeat
+            silent = now - heartbeat_at(state, w)
             if (w.phase in DIED or w.ray_state == "DEAD" or (w.phase not in WORKER_ENDED
                                                               and silent > SILENT_BEATS * self.heartbeat_s)) \
                     and silent <= WATCH_GONE_S:

@@ -40,8 +40,8 @@ class Recorder:
         self.seq = seq
         self.rejects = wire.RejectCounter()
         self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batches`)
+        self._clocks_kept: list[ev.RelayClock] = []  # and their relays' clocks
         self._beats_seq = 0
-        heartbeats.seed(state.workers.values())  # (a run taken over: what its log said last of each)
 
     def commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
         self.seq += 1
@@ -62,7 +62,7 @@ class Recorder:
 
     def _record(self, line: bytes, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool) -> None:
         if logged:
-            if self._beats_kept:
+            if self._beats_kept or self._clocks_kept:
                 self._write_beats()  # the log stays in seq order
             self.log.append(line, typed.ts)
         self.publish(kind, line)
@@ -113,7 +113,7 @@ class Recorder:
                     if type(typed) is ev.HeartbeatsEvent:  # (one the fast path could not take: written otherwise)
                         batch = typed
                 if batch is not None:
-                    size = len(batch.beats) + len(batch.same)
+                    size = len(batch.beats) + len(batch.clocks)
                     if beats + size > BEATS_PER_MESSAGE and batches:
                         taken, batches, beats = batches, [], 0
                         self._take_batches(taken)
@@ -150,39 +150,49 @@ class Recorder:
         else:
             e = ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches),
                                    beats=[b for batch in batches for b in batch.beats],
-                                   same=[s for batch in batches for s in batch.same])
+                                   clocks=[c for batch in batches for c in batch.clocks])
         self.seq += 1
         e.seq, e.run = self.seq, self.run_id
         if not e.ts:
             e.ts = time.time()
         self.publish(b"heartbeats", wire.encode(e))
-        if len(self._beats_kept) + 2 * len(e.beats) + len(e.same) > BEATS_PER_LINE and self._beats_kept:
+        if (len(self._beats_kept) + 2 * len(e.beats) + len(self._clocks_kept) + len(e.clocks) > BEATS_PER_LINE
+                and (self._beats_kept or self._clocks_kept)):
             self._write_beats()  # (a full beat may bring the one held before it)
-        n = len(self._beats_kept)
-        self.heartbeats.admit_all(e.beats, self._beats_kept, same=e.same)
-        if len(self._beats_kept) > n:
+        n = len(self._beats_kept) + len(self._clocks_kept)
+        self.heartbeats.admit_all(e.beats, self._beats_kept, clocked=bool(e.clocks))
+        if e.clocks:
+            for c in e.clocks:
+                for src, _ in c.quiet:  # its last numbers, in the line before its quiet time (the reducer's order)
+                    if (held := self.heartbeats.quiet(src)) is not None:
+                        self._beats_kept.append(held)
+            self.heartbeats.clocks.admit(e.clocks, self._clocks_kept)
+        if len(self._beats_kept) + len(self._clocks_kept) > n:
             self._beats_seq = self.seq  # the line's seq: the newest batch it holds beats of
         self.state.apply(e)
 
     def _write_beats(self) -> None:
         beats = [b if type(b) is ev.Beat else ev.beat_of_event(b) for b in self._beats_kept]
-        self._beats_kept = []
-        ts = max(b.ts for b in beats)
+        clocks, self._beats_kept, self._clocks_kept = self._clocks_kept, [], []
+        ts = max(max((b.ts for b in beats), default=0.0), max((c.ts for c in clocks), default=0.0))
         self.log.append(wire.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
-                                                     ts=ts, beats=beats)), ts)
+                                                     ts=ts, beats=beats, clocks=clocks)), ts)
 
     def restate_silent(self, everyone: bool = False) -> None:
-        """Log the newest heartbeat of each worker that fell silent since (see runlog.heartbeats); of every
-        worker with ``everyone`` (the run's end)."""
+        """Log the newest heartbeat of each worker that fell silent since, and the newest clock of each relay
+        that did (see runlog.heartbeats); of every worker and relay with ``everyone`` (the run's end)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
             self.emit(wire.heartbeat_of(e) if isinstance(e, ev.Beat) else e)  # (a batch's beat)
+        clocks = self.heartbeats.clocks.silent(float("inf") if everyone else None)  # (relays fallen silent)
+        if clocks:
+            self.emit(ev.HeartbeatsEvent(ts=max(c.ts for c in clocks), clocks=clocks))
 
     def flush(self) -> None:
-        if self._beats_kept:
+        if self._beats_kept or self._clocks_kept:
             self._write_beats()
         self.log.flush()
 
     def close(self) -> None:
-        if self._beats_kept:
+        if self._beats_kept or self._clocks_kept:
             self._write_beats()
         self.log.close()

@@ -140,20 +140,44 @@ def event_of_beat(b: Beat, **fields: Any) -> HeartbeatEvent:
                           dropped=b.dropped, mem=b.mem, **fields)
 
 
+# A relay sends each worker's beat in full at least this often, however little it says (``relay.same_beat``):
+# the shown CPU and RSS are never older, and a relay's clock vouches for a worker no further than a while
+# past its newest full beat (``state.views.heartbeat_at``)
+FULL_BEAT_S = 5.0
+
+
+class RelayClock(msgspec.Struct, array_like=True, gc=False):
+    """A relay's word for the workers whose beats it gathers, once a batch, in place of a line per worker:
+    each worker of its roster was heard from at ``ts`` or later (the oldest of their newest beats). Its
+    roster is who it vouches for: a worker joins it with its first beat, sent in full (``joined``: since
+    the relay's last batch), and leaves it when no beat has come from it for ``relay.QUIET_BEATS``
+    periods (``quiet``: ``[src, ts]``, the time of its newest beat). ``epoch``: when the relay started; a
+    relay started again vouches for none of the workers of the one before until they join it.
+    ``[relay, epoch, ts, joined, quiet]``."""
+
+    relay: str
+    epoch: float
+    ts: float
+    joined: tuple[str, ...] = ()  # (tuples: a batch's usual empty ones are no objects of their own)
+    quiet: tuple[tuple[str, float], ...] = ()
+
+
 class HeartbeatsEvent(Event, tag="heartbeats"):
     """The heartbeats of one node's workers over one interval, as one message: what its relay (the
     node agent) received since it last sent one, the newest of each worker. At 65,536 workers, 8 to
     a node, that is 8,192 messages a second instead of 65,536. ``src`` is the relay; in
     ``events.jsonl``, the supervisor's (``node`` empty): the heartbeats it keeps, of any node.
 
-    ``same``: ``[src, ts]`` of each worker whose beat says nothing its last full one in a batch of this
-    relay did not (``relay.same_beat``): a sign of life at ``ts``, the rest as that one said. A full beat
-    comes at least every ``relay.FULL_BEAT_S``, so one missed (a supervisor that took the run over) is
-    made up within that. The log never holds ``same``: the supervisor writes what it keeps as beats."""
+    ``beats``: in full, only a worker's beat that says something its last full one did not
+    (``relay.same_beat``), and one at least every ``FULL_BEAT_S``; the others are a sign of life
+    only, which ``clocks`` says for all of a relay's workers at once (``RelayClock``): a worker's newest
+    heartbeat is its relay's clock while that vouches for it (``state.views.heartbeat_at``). A batch
+    merged by the supervisor holds the clocks of every relay whose batch it took in; the log keeps a
+    relay's clock a few times a minute, and each change of its roster."""
 
     node: str = ""
     beats: list[Beat] = []
-    same: list[tuple[str, float]] = []
+    clocks: list[RelayClock] = []
 
 
 class SyncEvent(Event, tag="sync"):

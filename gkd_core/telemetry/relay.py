@@ -34,9 +34,10 @@ MAX_BEATS = 4096  # a batch is sent early when it holds this many (a node of 8 w
 MAX_IPC_PATH = 100  # sun_path holds 108 bytes
 
 
-# A beat that says nothing new goes as [src, ts] (``HeartbeatsEvent.same``): most of a healthy run's, and
-# each costs the supervisor a fraction of a full one. New is what a rule reads or a person sees move:
-FULL_BEAT_S = 5.0  # a worker's full beat at least this often (the shown CPU and RSS are never older)
+# A beat that says nothing new is not sent: the relay's clock (``RelayClock``) says once a batch that all its
+# workers were heard from, most of a healthy run's beats, which then cost the supervisor nothing each. New is
+# what a rule reads or a person sees move, and a full beat at least every FULL_BEAT_S.
+FULL_BEAT_S = ev.FULL_BEAT_S
 CPU_STEP = 15.0  # points of CPU, or a crossing of the idle line ("stuck: no CPU progress")
 RSS_STEP = 8 << 20  # bytes of RSS (a leak's worker is named by its growth: 8 MB is far below one)
 
@@ -57,50 +58,86 @@ def same_beat(last: ev.Beat, b: ev.Beat, scope_said: bool) -> bool:
     return scope_said and m.scope == was.scope and m.limit == was.limit and m.oom_kills == was.oom_kills
 
 
+QUIET_BEATS = 2.5  # a worker of the roster not heard from for this many periods is said quiet (runlog's silence)
+
+
 class HeartbeatBatcher:
     """Beats in, one encoded ``heartbeats`` event out per ``take``. The relay's, and the benchmark's
-    synthetic nodes' (``bench/bench_dashboard.py``): the same message either way."""
+    synthetic nodes' (``bench/bench_dashboard.py``): the same message either way.
 
-    def __init__(self, src: str, node: str, run: str = ""):
+    Its roster is the workers it vouches for with its clock (``RelayClock``): one joins with its first
+    beat, in full, and leaves when it has sent none for ``QUIET_BEATS`` periods (said ``quiet`` with the
+    time of its newest); it joins again with its next, in full."""
+
+    def __init__(self, src: str, node: str, run: str = "", heartbeat_s: float = 1.0):
         self.src, self.node, self.run = src, node, run
+        self.epoch = time.time()
+        self.quiet_s = QUIET_BEATS * heartbeat_s
         self.beats: list[ev.Beat] = []
         self._full: dict[str, ev.Beat] = {}  # each worker's last beat sent in full
+        self._unsent: dict[str, ev.Beat] = {}  # each worker's newest beat not sent, if its newest was not
+        self._heard: dict[str, float] = {}  # the roster: each worker's newest beat's time
         self._taken: list[str] = []  # the workers whose beats went in full in the last take
+        self._said: tuple[list[str], list[tuple[str, float]]] = ([], [])  # the last take's joined and quiet
+        self._unsaid: tuple[list[str], list[tuple[str, float]]] = ([], [])  # of a take that was lost
+        self._clock_sent = 0.0
 
     def add(self, beat: ev.Beat) -> None:
         self.beats.append(beat)
 
-    def take(self) -> list[bytes] | None:
-        """The frames ``[b"heartbeats", json]`` of what was added since the last take; None if nothing."""
-        if not self.beats:
-            return None
-        full, same, sent = [], [], self._full
+    def take(self, now: float | None = None) -> list[bytes] | None:
+        """The frames ``[b"heartbeats", json]`` of what was added since the last take; None if there is
+        nothing to say (no beat, and the roster and its clock as the last take said)."""
+        now = time.time() if now is None else now
+        full, sent, heard = [], self._full, self._heard
         taken: list[str] = []
-        self._taken = taken
+        joined, quiet = self._unsaid[0] + [], self._unsaid[1] + []
         scopes: set[str] = set()  # of the memory scopes, those a full beat of this batch says
         for b in self.beats:
+            had = heard.get(b.src)
+            if had is None:
+                joined.append(b.src)
+                if quiet and any(src == b.src for src, _ in quiet):  # (said quiet in a take that was lost)
+                    quiet = [q for q in quiet if q[0] != b.src]
+            if had is None or b.ts > had:
+                heard[b.src] = b.ts
             last = sent.get(b.src)
-            if last is not None and same_beat(last, b, b.mem is not None and b.mem.scope in scopes):
-                same.append((b.src, b.ts))
-                continue
+            if had is not None and last is not None and same_beat(last, b, b.mem is not None and b.mem.scope in scopes):
+                self._unsent[b.src] = b
+                continue  # the clock says it
+            before = self._unsent.pop(b.src, None)
+            if before is not None and (before.cpu < CPU_IDLE_PCT) != (b.cpu < CPU_IDLE_PCT):
+                full.append(before)  # idle since the beat before the crossing: the state's "since" is its time
             full.append(b)
             sent[b.src] = b
             taken.append(b.src)
             if b.mem is not None:
                 scopes.add(b.mem.scope)
-        if len(sent) > 2 * len(self.beats) + 64:  # workers that left the node: forget them
-            newest = max(b.ts for b in self.beats)
-            self._full = {src: b for src, b in sent.items() if newest - b.ts < 4 * FULL_BEAT_S}
-        e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=time.time(), beats=full, same=same)
+        for src, ts in list(heard.items()):
+            if now - ts > self.quiet_s:
+                quiet.append((src, ts))
+                del heard[src]
+                sent.pop(src, None)  # (its next beat goes in full: it joins again)
+                self._unsent.pop(src, None)
+                if src in joined:  # (it joined in a take that was lost, and never beat since)
+                    joined.remove(src)
         self.beats = []
+        clock = min(heard.values(), default=0.0)
+        if not (full or joined or quiet) and clock == self._clock_sent:
+            return None
+        self._taken, self._said, self._unsaid, self._clock_sent = taken, (joined, quiet), ([], []), clock
+        e = ev.HeartbeatsEvent(src=self.src, node=self.node, run=self.run, ts=now, beats=full,
+                               clocks=[ev.RelayClock(self.src, self.epoch, clock, tuple(joined), tuple(quiet))])
         return [b"heartbeats", wire.encode(e)]
 
     def lost(self) -> None:
         """The last take was not sent (the supervisor's queue full): its full beats never arrived, so the
-        next beats of those workers go in full, not as ``same`` about them."""
+        next beats of those workers go in full; who joined or went quiet in it is said again."""
         for src in self._taken:
             self._full.pop(src, None)
         self._taken = []
+        self._unsaid, self._said = self._said, ([], [])
+        self._clock_sent = 0.0  # (and its clock, however little it moved)
 
 
 def relay_path(run_id: str, label: str) -> Path:
@@ -129,7 +166,7 @@ class Relay:
         self.src, self.upstream, self.path, self.curve = src, upstream, path, curve
         self.interval_s = interval_s
         self.hwm = hwm
-        self.batcher = HeartbeatBatcher(src, node, run)
+        self.batcher = HeartbeatBatcher(src, node, run, heartbeat_s=interval_s)
         self.ctx = ctx or zmq.Context.instance()
         self.forwarded = 0
         self.batches = 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gkd_core import vocab
 from gkd_core.state import AlertState, RunState, WorkerState
+from gkd_core.state.views import heartbeat_at
 from gkd_core.vocab import SEVERITY_ORDER, WORKER_ENDED
 from gkd_tui.widgets.styles import CAUTION, FAILURE, NAMED_ROW, TROUBLE
 
@@ -68,9 +69,11 @@ def worst_alerts(st: RunState) -> dict[str, AlertState]:
     return out
 
 
-def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float) -> tuple[int, str, str] | None:
+def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float,
+            beat: float) -> tuple[int, str, str] | None:
     """(how bad: 0 worst, the word for it, its row's style) of a worker something is wrong with;
-    None if nothing is. The one place that says so, for the group's counts and order and for the row."""
+    None if nothing is. The one place that says so, for the group's counts and order and for the row.
+    ``beat``: when its newest heartbeat was sent (``views.heartbeat_at``)."""
     if w.phase in WORKER_ENDED:
         return (0, "failed", FAILURE) if w.phase == "failed" else None
     if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
@@ -78,7 +81,7 @@ def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: 
     if alert is not None and alert.severity in NAMED_ROW:  # a straggler, a frozen or an out-of-memory worker
         return (0 if alert.severity == "critical" else 1), CODE_WORD.get(alert.code, alert.code), \
             NAMED_ROW[alert.severity]
-    if w.last_heartbeat and w.last_heartbeat < stale_before:
+    if beat and beat < stale_before:
         return 1, "stale", TROUBLE
     if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
         return 2, "near deadline", CAUTION
@@ -110,9 +113,10 @@ def build(st: RunState, now: float, stall_s: float, toggled: frozenset[str] | se
         g.n += 1
         g.phases[w.phase] = g.phases.get(w.phase, 0) + 1
         # the common case in one test: no alert, not terminal, heartbeat fresh, no deadline
+        beat = heartbeat_at(st, w) if w.last_heartbeat < stale_before else w.last_heartbeat  # (the clock's, later)
         if (w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline
-                or (w.last_heartbeat and w.last_heartbeat < stale_before)):
-            why = trouble(w, named.get(w.src), now, stale_before)
+                or (beat and beat < stale_before)):
+            why = trouble(w, named.get(w.src), now, stale_before, beat)
             if why is not None:
                 g.trouble.append(((why[0], *sort_key(w)), w.src, why[1]))
                 continue

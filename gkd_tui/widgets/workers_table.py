@@ -22,7 +22,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gkd_core.state import AlertState, RunState, WorkerState
-from gkd_core.state.views import shown_phase
+from gkd_core.state.views import heartbeat_at, shown_phase
 from gkd_core.vocab import WORKER_ENDED
 from gkd_tui.widgets import worker_groups
 from gkd_tui.widgets.format import fmt_duration
@@ -159,7 +159,9 @@ class WorkersTable(ScrollView, can_focus=True):
         """The name of its row's style (widgets/styles.py); None for a worker with nothing to say."""
         if w.phase in WORKER_ENDED and w.phase != "failed":
             return DONE
-        why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s)
+        assert self._state is not None  # (a row of the state shown)
+        why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s,
+                                    heartbeat_at(self._state, w))
         return why[2] if why is not None else None
 
     def row_cells(self, w: WorkerState) -> tuple:

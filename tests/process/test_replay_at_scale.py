@@ -1,9 +1,10 @@
 """A replay from keyframes is the live state at a size that stresses what lies between them: 16,384 workers
-on 2,048 nodes through a real supervisor, each node's beats one batch a second from a relay's batcher (full
-beats and ``same`` ones, CPU and RSS that move, the node's memory), merged by the supervisor into events of
-up to BEATS_PER_MESSAGE beats and logged thinned, a lane of workers changing phase each second among bursts
-of progress, and keyframes forked while it streams. At 131,072 workers the replay once was not the live
-state (#37); this is the check, at a size CI runs in seconds."""
+on 2,048 nodes through a real supervisor, each node's beats one batch a second from a relay's batcher (the
+beats where something moved in full, the relay's clock for the rest; CPU and RSS that move, the node's
+memory), merged by the supervisor into events of up to BEATS_PER_MESSAGE beats and logged thinned, a lane
+of workers changing phase each second among bursts of progress, and keyframes forked while it streams. At
+131,072 workers the replay once was not the live state (#37); this is the check, at a size CI runs in
+seconds."""
 
 from __future__ import annotations
 

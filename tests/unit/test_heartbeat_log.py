@@ -95,59 +95,25 @@ def test_a_batch_admitted_at_once_keeps_what_one_by_one_keeps():
     assert everything == beats[:5]
 
 
-def test_same_beats_are_kept_as_the_full_one_at_their_time():
-    """A ``same`` beat ([src, ts]: nothing new since the worker's last full one) is kept as that one at its own
-    time: every period, and restated when the worker falls silent, with its time in phase grown."""
+def test_a_relays_clock_is_kept_at_each_change_of_its_roster_and_once_a_period():
+    """A relay's clock (the sign of life of the beats it did not send in full) is kept as a worker's quiet beats
+    are: its first, each change of its roster (joined, quiet, a new epoch) at once, its time once a period;
+    the newest held back is restated when the relay falls silent, and at the run's end."""
     log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
-    first = ev.Beat("rollout/0", 1000.0, "generate", 4.0, 1 << 30, 90.0, 0)
+
+    def clock(t: float, **kw) -> ev.RelayClock:
+        return ev.RelayClock("agent/n0", kw.pop("epoch", 900.0), 1000.0 + t, **kw)
+
     kept: list = []
-    log.admit_all([first], kept, mono=0.0)
-    for t in range(1, 15):
-        log.admit_all([], kept, mono=float(t), same=[("rollout/0", 1000.0 + t)])
-    assert [(b.ts, b.elapsed) for b in kept] == [(1000.0, 4.0), (1010.0, 14.0)]  # the first, then 10 s on
-    assert all(b.cpu == 90.0 and b.rss == 1 << 30 for b in kept)
-    assert log.silent(mono=15.0) == []
-    last = log.silent(mono=20.0)  # silent since 1014: its newest, once
-    assert [(b.ts, b.elapsed, b.cpu) for b in last] == [(1014.0, 18.0, 90.0)]
-    assert log.silent(mono=99.0) == []
-    # a change after same beats brings the newest of them first, as a held full one would be
-    log.admit_all([], kept, mono=30.0, same=[("rollout/0", 1016.0)])
-    kept.clear()
-    log.admit_all([ev.Beat("rollout/0", 1017.0, "generate", 21.0, 1 << 30, 2.0, 0)], kept, mono=31.0)
-    assert [(b.ts, b.cpu) for b in kept] == [(1016.0, 90.0), (1017.0, 2.0)]
-    # a same beat of a worker not known here (a supervisor that took the run over) is only a sign of life
-    log.admit_all([], kept, mono=32.0, same=[("rollout/9", 1018.0)])
-    assert len(kept) == 2 and log.held() == []
-
-
-def test_a_same_beat_is_made_from_the_last_full_one_not_the_last_logged_and_says_no_memory():
-    """Between a logged beat and its ``same`` ones may come a full beat the log held back: the same beats are
-    that one's; and none carries a memory reading (its scope's numbers then were another worker's)."""
-    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
-    mem = ev.MemoryBeat("node", 10 << 30, 100 << 30, 90 << 30, 0)
-    kept: list = []
-    log.admit_all([ev.Beat("rollout/0", 1000.0, "generate", 0.0, 1 << 30, 90.0, 0, mem)], kept, mono=0.0)
-    log.admit_all([ev.Beat("rollout/0", 1001.0, "generate", 1.0, (1 << 30) + (20 << 20), 80.0, 0, mem)], kept,
-                  mono=1.0)  # held back: 20 MB and 10 points are no change for the log
-    log.admit_all([], kept, mono=2.0, same=[("rollout/0", 1002.0)])
-    assert [b.ts for b in kept] == [1000.0]
-    restated = log.silent(mono=9.0)
-    assert [(b.ts, b.elapsed, b.cpu, b.rss, b.mem) for b in restated] == [(1002.0, 2.0, 80.0, (1 << 30) + (20 << 20),
-                                                                            None)]
-
-
-def test_a_log_seeded_from_a_state_taken_over_keeps_the_same_beats_of_its_workers():
-    from gkd_core.state import RunState
-
-    st = RunState()
-    st.apply(ev.WorkerEvent(src="rollout/0", role="rollout", rank=0, ts=990.0))
-    st.apply(ev.HeartbeatsEvent(src="agent/n0", ts=1000.0, beats=[ev.Beat("rollout/0", 1000.0, "generate", 3.0,
-                                                                            1 << 30, 70.0, 0)]))
-    log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
-    log.seed(st.workers.values())
-    kept: list = []
-    log.admit_all([], kept, mono=1.0, same=[("rollout/0", 1001.0)])
-    assert [(b.ts, b.cpu) for b in kept] == [(1001.0, 70.0)]  # the first after the take-over, as it said it
-    log.admit_all([], kept, mono=2.0, same=[("rollout/0", 1002.0)])
-    assert len(kept) == 1  # the next is held, and restated when it falls silent
-    assert [(b.src, b.ts, b.cpu) for b in log.silent(mono=9.0)] == [("rollout/0", 1002.0, 70.0)]
+    log.clocks.admit([clock(0, joined=("rollout/0", "rollout/1"))], kept, mono=0.0)
+    for t in range(1, 12):
+        log.clocks.admit([clock(t)], kept, mono=float(t))
+    log.clocks.admit([clock(12, quiet=(("rollout/1", 1009.5),))], kept, mono=12.0)
+    log.clocks.admit([clock(13)], kept, mono=13.0)
+    log.clocks.admit([clock(14, epoch=990.0, joined=("rollout/0",))], kept, mono=14.0)  # the relay started again
+    assert [c.ts for c in kept] == [1000.0, 1010.0, 1012.0, 1014.0]
+    assert kept[2].quiet == (("rollout/1", 1009.5),) and kept[3].epoch == 990.0
+    log.clocks.admit([clock(15, epoch=990.0)], kept, mono=15.0)
+    assert log.clocks.silent(mono=16.0) == []  # its next batch is not late yet
+    [restated] = log.clocks.silent(mono=18.0)  # then it falls silent: its newest, once
+    assert restated.ts == 1015.0 and log.clocks.silent(mono=99.0) == []

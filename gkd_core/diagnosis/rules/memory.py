@@ -15,6 +15,7 @@ from gkd_core.diagnosis import memory_growth
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
 from gkd_core.state.records import ScopeMemory
+from gkd_core.state.views import heartbeat_at
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import size, spoken
 from gkd_core.vocab import WORKER_ENDED
@@ -64,7 +65,8 @@ def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEven
             if within > WARN_WITHIN_S and full < CRITICAL_FULL:
                 continue
             growers = [(r, state.workers[src]) for r, src in index.growers(state, key) if r >= GROWING_MIN / 2]
-            growers = [(r, w) for r, w in growers if w.phase not in WORKER_ENDED and now - w.last_heartbeat <= FRESH_S]
+            growers = [(r, w) for r, w in growers
+                       if w.phase not in WORKER_ENDED and now - heartbeat_at(state, w) <= FRESH_S]
             if not growers or sum(r for r, _ in growers) < JOB_SHARE * g.rate:
                 continue  # growth by something that is not the job's workers (processes starting: Ray's own)
             growers = growers[:NAMED_MAX]
@@ -113,7 +115,7 @@ def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     for node, s in sorted(low.items()):
         share = s.available / s.limit
         on_it = sorted((w for w in state.workers.values() if w.node == node and w.phase not in WORKER_ENDED
-                        and w.rss and now - w.last_heartbeat <= FRESH_S), key=lambda w: -w.rss)[:NAMED_MAX]
+                        and w.rss and now - heartbeat_at(state, w) <= FRESH_S), key=lambda w: -w.rss)[:NAMED_MAX]
         if not on_it:
             continue
         out.append(AlertEvent(

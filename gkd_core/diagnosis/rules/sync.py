@@ -7,7 +7,7 @@ from __future__ import annotations
 from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings, frozen_limits
 from gkd_core.diagnosis.stragglers import MIN_S, OWN_FACTOR, OWN_MIN_SAMPLES
 from gkd_core.state import RunState
-from gkd_core.state.views import usual_part_time
+from gkd_core.state.views import heartbeat_at, usual_part_time
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 from gkd_core.vocab import SYNC_OPEN, SYNC_PARTS
@@ -172,8 +172,8 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                      "an exception swallowed before it, or a hang earlier in its step; cancel (c) or restart (r)",
                 evidence={**evidence, "missing": missing}))
         elif unseen <= 0 and all(members[w].left is not None for w in waiting):
-            silent = [w for w in waiting if w in state.workers and state.workers[w].last_heartbeat
-                      and now - state.workers[w].last_heartbeat > fresh]
+            silent = [w for w in waiting if w in state.workers and (beat := heartbeat_at(state, state.workers[w]))
+                      and now - beat > fresh]
             out.append(AlertEvent(
                 severity=severity, code="collective_stuck", targets=silent or waiting,
                 message=f"all {len(members)} ranks joined {what}; {', '.join(waiting[:6])} inside it for "

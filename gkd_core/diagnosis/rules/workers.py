@@ -33,8 +33,11 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     # who has been quiet long enough for any of the limits below (``silent_for``, inline)
     quietest = min(cfg.stall_s, frozen) - 2 * cfg.heartbeat_s
     others_fresh, quiet = 0, []
+    clocks, vouch = state.relay_clocks, state.vouch_s
     for w in state.workers.values():
-        beat = w.last_heartbeat
+        beat = w.last_heartbeat  # (``heartbeat_at``, inline)
+        if w.clock_via and (clock := clocks.get(w.clock_via)) is not None and clock[1] > beat:
+            beat = min(clock[1], beat + vouch)
         if not beat:
             continue  # never heard from: not silent, only not yet started
         if now - beat < fresh:
@@ -202,7 +205,8 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                        default=0.0) if driver is not None else 0.0
     since = now - max(ms[-1].ts, state.running_since, set_up_ended)
     limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
-    alive = [w for w in state.workers.values() if (age := silent_for(w, now)) is not None and age < cfg.stall_s]
+    alive = [w for w in state.workers.values()
+             if (age := silent_for(state, w, now)) is not None and age < cfg.stall_s]
     if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
         return []
     busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in NOT_WORK),

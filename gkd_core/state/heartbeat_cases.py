@@ -1,0 +1,97 @@
+"""The reducer's heartbeat cases: a worker's heartbeat, alone or in its relay's batch, and the relay's clock
+(``RelayClock``), which says once a batch that every worker of its roster is alive, in place of a beat per
+worker that said nothing new. O(1) a beat: 65,536 of them a second at the largest.
+"""
+
+from __future__ import annotations
+
+from gkd_core.state import memory_cases
+from gkd_core.state.records import CPU_IDLE_PCT
+from gkd_core.state.run_record import RunRecord
+from gkd_core.telemetry import events as ev
+
+
+def on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
+    w = st.worker_seen(e.src, e.ts)
+    if e.ts <= w.last_heartbeat:
+        return  # one the log restated (or a duplicate): nothing new
+    if e.cpu >= CPU_IDLE_PCT:
+        w.cpu_low_since = None
+    elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
+        w.cpu_low_since = w.last_heartbeat or e.ts
+    w.last_heartbeat = e.ts
+    w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
+    memory_cases.on_memory(st, w, e.mem, e.ts)
+
+
+def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
+    # the same as ``on_heartbeat`` for each full beat, inline (at the largest, tens of thousands a second); the
+    # other beats are their relays' clocks, one a batch, taken after the beats (a relay started again unclocks
+    # its workers, and those who join it are clocked again). A full beat that came with its relay's clock is
+    # of the relay's roster (its joining may have been lost to a supervisor that took the run over between
+    # the batch and its log line), unless the clock is of another epoch than the relay's known one: an old
+    # relay's late batch is of workers its successor never vouched for (and a new one's roster is `joined`)
+    workers = st.workers
+    relays: set[str] | tuple[()] = ()
+    if e.clocks:
+        known = st.relay_clocks
+        other_epoch = {c.relay for c in e.clocks if (was := known.get(c.relay)) is not None and was[0] != c.epoch}
+        relays = {c.relay for c in e.clocks} - other_epoch
+    for b in e.beats:
+        ts = b.ts
+        w = workers.get(b.src)
+        if w is None:
+            w = st.worker_seen(b.src, ts)
+        elif ts > w.last_seen:
+            w.last_seen = ts
+        if ts <= w.last_heartbeat:
+            continue
+        cpu = b.cpu
+        if cpu >= CPU_IDLE_PCT:
+            w.cpu_low_since = None
+        elif w.cpu_low_since is None:
+            w.cpu_low_since = w.last_heartbeat or ts  # (a relay sends the beat before a crossing with it)
+        w.last_heartbeat = ts
+        w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
+        if b.mem is not None:
+            memory_cases.on_memory(st, w, b.mem, ts)
+        if not w.clock_via and w.via in relays:
+            w.clock_via = w.via
+    for c in e.clocks:
+        if on_clock(st, c) and (c.joined or c.quiet):
+            on_roster(st, c)
+
+
+def on_clock(st: RunRecord, c: ev.RelayClock) -> bool:
+    """A relay's clock (``views.heartbeat_at`` reads it); False for one of an epoch before the relay's newest
+    (an old relay still running beside its successor, or a merged batch of both): no word of it counts."""
+    was = st.relay_clocks.get(c.relay)
+    if was is not None and c.epoch != was[0]:
+        if c.epoch < was[0]:
+            return False
+        for each in st.workers.values():  # started again: it vouches for nobody until they join it (a
+            if each.clock_via == c.relay:  # relay's restart: rare, and the only walk over every worker here)
+                each.clock_via = ""
+        was = None
+    if was is None or c.ts > was[1]:
+        st.relay_clocks[c.relay] = (c.epoch, c.ts)
+    return True
+
+
+def on_roster(st: RunRecord, c: ev.RelayClock) -> None:
+    """Who the relay vouches for from now on, and who no more, after the batch's beats (which hold a joining
+    worker's first; and, in the log, a quiet one's last numbers before its quiet time)."""
+    for src in c.joined:
+        w = st.workers.get(src)
+        if w is not None:
+            w.clock_via = c.relay
+    for src, ts in c.quiet:  # no beat from it for a while: its newest one's time, from here on its own
+        w = st.workers.get(src)
+        if w is None:
+            continue
+        if w.clock_via == c.relay:
+            w.clock_via = ""
+        if ts > w.last_heartbeat:
+            w.last_heartbeat = ts
+        if ts > w.last_seen:
+            w.last_seen = ts
