@@ -7,7 +7,8 @@ after it (``gkd_tui.sources.replay``), as a video player starts from a keyframe.
 
 - **When**: each time the log has grown by ``telemetry.keyframe_mb`` (32 MB; 0: never) since the
   last one, one at a time; the newest ``KEEP`` are kept. A run of 8 workers logs 20 to 200 MB a
-  day: a keyframe of a few KB every few hours.
+  day: a keyframe of a few KB every few hours. And at the run's end, when the log grew by an
+  ``END_SHARE``th of that since the last: a finished run opens at its end at once.
 - **How**: from a forked child, the way Redis writes its snapshots (BGSAVE). The supervisor forks
   between two events with the log's buffer flushed, so the child's copy of the state is the state
   at that line, and the child encodes and writes it (0.4 s and 84 MB of JSON at 65,536 workers)
@@ -48,6 +49,9 @@ from gkd_core.state import RunState, decode_state, encode_state
 FORMAT = 2
 KEEP = 8  # keyframes kept: a seek before the oldest reads the log from its start
 DEADLINE_S = 120.0  # a child not done by then is killed, and says so
+# at the run's end, one more keyframe when the log grew by this share of keyframe_mb since the last: a finished
+# run opens at its end from it (less than a second at 65,536 workers), not from up to keyframe_mb of lines
+END_SHARE = 8
 HEADER_MAX = 64 * 1024
 LINE_MAX = 4 << 20  # the longest line of a log (an event is at most 1 MiB)
 GLOB = "seq-*.jsonl"
@@ -195,8 +199,19 @@ class KeyframeWriter:
             return ""  # said when it was killed
         return f"keyframe at seq {h.seq} not written (exit {code}): {err or 'no error given'}"
 
-    def close(self, wait_s: float = 5.0) -> str:
-        """At the end of the run: wait a little for a child at work, else kill it."""
+    def close(self, wait_s: float = 5.0, end_of: tuple[RunState, EventLog, int] | None = None) -> str:
+        """At the end of the run: wait a little for a child at work, else kill it. ``end_of``: the state, the
+        log (flushed) and the seq at the run's end, for one more keyframe there when the log grew by a
+        ``END_SHARE``th of keyframe_mb since the last; waited for up to ``deadline_s`` (the run is over:
+        nothing else is kept waiting), then killed as any other."""
+        said = self._finish(wait_s)
+        if end_of is not None and self.every and end_of[1].offset - self.last_offset >= self.every // END_SHARE:
+            said = self._start(*end_of) or said
+            said = self._finish(self.deadline_s) or said
+        return said
+
+    def _finish(self, wait_s: float) -> str:
+        """The child at work (if any) done within ``wait_s``, else killed."""
         end = time.monotonic() + wait_s
         said = ""
         while self.pid and time.monotonic() < end:

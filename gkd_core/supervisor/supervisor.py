@@ -334,7 +334,8 @@ class Supervisor:
             if s.ingest_tcp is not None:
                 self.rec.drain(s.ingest_tcp)
             self.rec.restate_silent(everyone=True)
-            self._keyframe(self.keyframes.close())
+            self.rec.flush()
+            self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq)))
             self.close()
         return life.exit_status
 

@@ -238,6 +238,45 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     log.close()
 
 
+def test_the_runs_end_has_a_keyframe_of_its_own_when_the_log_grew_enough_since_the_last(tmp_path):
+    """A finished run opens at its end from a keyframe there, not from up to keyframe_mb of lines before it;
+    one whose log grew by less than an END_SHARE-th of keyframe_mb since the last gets none (that one is near)."""
+    every_mb = 0.01
+    step = int(every_mb * (1 << 20))
+    log = EventLog(tmp_path / "events.jsonl")
+    st = RunState()
+    seq = 0
+
+    def grow(n_bytes: int) -> int:
+        nonlocal seq
+        start = log.offset
+        while log.offset - start < n_bytes:
+            seq += 1
+            e = ev.LogEvent(src="driver", message="x" * 100, ts=100.0 + seq, seq=seq)
+            log.append(wire.encode(e), e.ts)
+            st.apply(e)
+        log.flush()
+        return seq
+
+    def seqs() -> list[int]:
+        return [kf.read_header(f).seq for f in kf.frames(tmp_path / "keyframes")]
+
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=every_mb)
+    due = grow(step)
+    assert w.tick(st, log, seq) == "" and w.pid  # the one due by size, still at work when the run ends
+    grow(step // kf.END_SHARE // 2)  # then less than a share more
+    assert w.close(end_of=(st, log, seq)) == "" and not w.pid
+    assert seqs() == [due]
+
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=every_mb)
+    end = grow(step // kf.END_SHARE + 1)
+    assert w.close(end_of=(st, log, seq)) == "" and not w.pid
+    assert seqs() == [due, end]
+    h = kf.read_header(kf.frames(tmp_path / "keyframes")[-1])
+    assert (h.offset, h.lines) == (log.offset, log.line_no) and kf.load(kf.frames(tmp_path / "keyframes")[-1]) == st
+    log.close()
+
+
 def test_a_log_taken_over_knows_where_it_stands_and_so_does_its_writer(tmp_path):
     path = tmp_path / "events.jsonl"
     log = EventLog(path)
