@@ -159,11 +159,11 @@ class HeartbeatLog:
     def silent(self, mono: float | None = None) -> list[Heartbeat]:
         """The held heartbeats of workers heard from no more since: to restate now (each once). A worker a
         relay's clock vouches for is said quiet by its relay (``quiet``), and its full beats come up to
-        ``FULL_BEAT_S`` apart: its held one is restated here only when none came for that long besides (its
-        relay gone without a word, or its word lost)."""
+        ``FULL_BEAT_S`` and a batch's wait apart: its held one is restated here only when none came for that
+        long besides (its relay gone without a word, or its word lost)."""
         now = time.monotonic() if mono is None else mono
         limit = SILENT_BEATS * self.heartbeat_s
-        clocked_limit = limit + FULL_BEAT_S
+        clocked_limit = limit + FULL_BEAT_S + 2 * self.heartbeat_s  # (2 periods: a batch's own wait, and one)
         out = []
         for s in self._srcs.values():
             if s.held is not None and now - s.held_at > (clocked_limit if s.clocked else limit):

@@ -52,6 +52,7 @@ DEADLINE_S = 120.0  # a child not done by then is killed, and says so
 # at the run's end, one more keyframe when the log grew by this share of keyframe_mb since the last: a finished
 # run opens at its end from it (less than a second at 65,536 workers), not from up to keyframe_mb of lines
 END_SHARE = 8
+END_DEADLINE_S = 15.0  # that one is waited for (0.4 s at 65,536 workers): the supervisor's exit, not 2 minutes
 HEADER_MAX = 64 * 1024
 LINE_MAX = 4 << 20  # the longest line of a log (an event is at most 1 MiB)
 GLOB = "seq-*.jsonl"
@@ -142,6 +143,7 @@ class KeyframeWriter:
                 self.last_offset = read_header(done[-1]).offset
             except KeyframeError:
                 pass
+        self.written_offset = self.last_offset  # the newest one written (a started one may yet fail)
         self.written = 0
 
     def tick(self, state: RunState, log: EventLog, seq: int) -> str:
@@ -193,6 +195,7 @@ class KeyframeWriter:
             return ""
         if code == 0:
             self.written += 1
+            self.written_offset = h.offset
             return ""
         _remove_temporary(self.folder, h.seq)
         if self._killed:
@@ -201,14 +204,14 @@ class KeyframeWriter:
 
     def close(self, wait_s: float = 5.0, end_of: tuple[RunState, EventLog, int] | None = None) -> str:
         """At the end of the run: wait a little for a child at work, else kill it. ``end_of``: the state, the
-        log (flushed) and the seq at the run's end, for one more keyframe there when the log grew by a
-        ``END_SHARE``th of keyframe_mb since the last; waited for up to ``deadline_s`` (the run is over:
-        nothing else is kept waiting), then killed as any other."""
-        said = self._finish(wait_s)
-        if end_of is not None and self.every and end_of[1].offset - self.last_offset >= self.every // END_SHARE:
-            said = self._start(*end_of) or said
-            said = self._finish(self.deadline_s) or said
-        return said
+        log (flushed) and the seq at the run's end, for one more keyframe there when the log grew by an
+        ``END_SHARE``th of keyframe_mb since the last one written; waited for up to ``END_DEADLINE_S``, then
+        killed as any other."""
+        said = [self._finish(wait_s)]
+        if end_of is not None and self.every and end_of[1].offset - self.written_offset >= self.every // END_SHARE:
+            said.append(self._start(*end_of))
+            said.append(self._finish(min(self.deadline_s, END_DEADLINE_S)))
+        return "; ".join(filter(None, said))
 
     def _finish(self, wait_s: float) -> str:
         """The child at work (if any) done within ``wait_s``, else killed."""

@@ -29,7 +29,7 @@ def heartbeat_at(st: RunRecord, w: WorkerState) -> float:
     only up to ``st.vouch_s`` past the worker's own newest: a live worker's full beat comes every
     ``FULL_BEAT_S`` (and reaches the log every ``heartbeat_log_s``), so a worker whose relay said it quiet
     in a message that was lost (to a supervisor that died with it) falls silent that much later, not never."""
-    if w.clock_via:
+    if w.clock_via and w.last_heartbeat:  # (a worker said to join whose first beat was lost: never heard)
         clock = st.relay_clocks.get(w.clock_via)
         if clock is not None and clock[1] > w.last_heartbeat:
             return min(clock[1], w.last_heartbeat + st.vouch_s)

@@ -288,6 +288,7 @@ class Supervisor:
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         next_chores = 0.0
+        ended = False  # by the loop's own way out, not an exception: the run's end is worth a keyframe
         try:
             while True:
                 ready = dict(poller.poll(int(TICK_S * 1000)))
@@ -328,6 +329,7 @@ class Supervisor:
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
                 if life.ended_at is not None and life.driver is None:
                     if life.stopping or now - life.ended_at >= self.linger_s:
+                        ended = True
                         break
         finally:
             self.rec.drain(s.ingest)  # what the workers said last is worth keeping
@@ -335,7 +337,7 @@ class Supervisor:
                 self.rec.drain(s.ingest_tcp)
             self.rec.restate_silent(everyone=True)
             self.rec.flush()
-            self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq)))
+            self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq) if ended else None))
             self.close()
         return life.exit_status
 

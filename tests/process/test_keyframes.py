@@ -112,8 +112,10 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
         head, state, end = f.read_bytes().split(b"\n")  # the header, then the state as a snapshot has it
         assert head.startswith(b'{"format":2,') and state.startswith(b'{"run":') and end == b""
     assert [h.seq for h in headers] == sorted(h.seq for h in headers)
-    # about one per 10 KB of log; more were written than kept
+    # about one per 10 KB of log; more were written than kept; the newest at the run's end (the lines after it:
+    # what the supervisor said as it closed)
     assert headers[-1].offset >= log.stat().st_size // 2
+    assert log.stat().st_size - headers[-1].offset < int(0.01 * (1 << 20)) // kf.END_SHARE
     assert headers[0].seq > 1
 
 
@@ -238,7 +240,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     log.close()
 
 
-def test_the_runs_end_has_a_keyframe_of_its_own_when_the_log_grew_enough_since_the_last(tmp_path):
+def test_the_runs_end_has_a_keyframe_of_its_own_when_the_log_grew_enough_since_the_last(tmp_path, monkeypatch):
     """A finished run opens at its end from a keyframe there, not from up to keyframe_mb of lines before it;
     one whose log grew by less than an END_SHARE-th of keyframe_mb since the last gets none (that one is near)."""
     every_mb = 0.01
@@ -274,6 +276,26 @@ def test_the_runs_end_has_a_keyframe_of_its_own_when_the_log_grew_enough_since_t
     assert seqs() == [due, end]
     h = kf.read_header(kf.frames(tmp_path / "keyframes")[-1])
     assert (h.offset, h.lines) == (log.offset, log.line_no) and kf.load(kf.frames(tmp_path / "keyframes")[-1]) == st
+
+    # one still at work when the run ends is abandoned: the end's own is measured from the last one written
+    slow, started = tmp_path / "slow", tmp_path / "started"
+    slow.touch()
+    encode = kf.encode_state
+
+    def held(state):
+        started.touch()
+        while slow.exists():
+            time.sleep(0.01)
+        return encode(state)
+    monkeypatch.setattr(kf, "encode_state", held)  # (the child is a fork: it has this patch too)
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=every_mb)
+    grow(step)
+    assert w.tick(st, log, seq) == "" and w.pid
+    wait_until(started.exists, 10, "the writer at work")
+    slow.unlink()  # (the one at work sleeps on: it looked before)
+    grow(step // kf.END_SHARE // 2)  # less than a share since the one abandoned, more since the one written
+    said = w.close(wait_s=0.0, end_of=(st, log, seq))
+    assert "abandoned" in said and seqs() == [due, end, seq]
     log.close()
 
 

@@ -256,5 +256,17 @@ def test_the_log_restates_a_vouched_for_workers_held_beat_once_its_full_beats_st
     log.admit_all([beat(5)], kept, mono=5.0, clocked=True)  # held: nothing new, and not due
     assert len(kept) == 1
     assert log.silent(mono=5.0 + SILENT_BEATS + 1) == []  # an unvouched one's limit: not yet
-    [held] = log.silent(mono=5.0 + SILENT_BEATS + FULL_BEAT_S + 0.1)
+    assert log.silent(mono=5.0 + SILENT_BEATS + FULL_BEAT_S + 1) == []  # a full beat can be a batch late
+    [held] = log.silent(mono=5.0 + SILENT_BEATS + FULL_BEAT_S + 2 + 0.1)
     assert held.ts == T0 + 5
+
+
+def test_a_worker_said_to_join_whose_first_beat_was_lost_is_not_heard_from_by_the_clock():
+    """A relay says again who joined in a take that was lost; their full beats go with their next beats,
+    which may come a batch later: until then the clock does not make up a heartbeat (nor one at 1970)."""
+    st = RunState()
+    _node(st, 1)
+    st.apply(ev.HeartbeatsEvent(src="agent/n0", ts=T0 + 1, clocks=[ev.RelayClock("agent/n0", 1.0, T0 + 1,
+                                                                                 ("rollout/0",))]))
+    w = st.workers["rollout/0"]
+    assert w.clock_via == "agent/n0" and heartbeat_at(st, w) == 0.0  # never heard from: not yet started

@@ -36,7 +36,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     clocks, vouch = state.relay_clocks, state.vouch_s
     for w in state.workers.values():
         beat = w.last_heartbeat  # (``heartbeat_at``, inline)
-        if w.clock_via and (clock := clocks.get(w.clock_via)) is not None and clock[1] > beat:
+        if beat and w.clock_via and (clock := clocks.get(w.clock_via)) is not None and clock[1] > beat:
             beat = min(clock[1], beat + vouch)
         if not beat:
             continue  # never heard from: not silent, only not yet started
