@@ -290,7 +290,7 @@ class Supervisor:
         next_chores = 0.0
         ended = False  # by the loop's own way out, not an exception: the run's end is worth a keyframe
         try:
-            while True:
+            while not ended:
                 ready = dict(poller.poll(int(TICK_S * 1000)))
                 if s.ingest in ready:
                     self.rec.drain(s.ingest)
@@ -327,10 +327,8 @@ class Supervisor:
                 self.rec.flush()
                 self.heap.tick(now)
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
-                if life.ended_at is not None and life.driver is None:
-                    if life.stopping or now - life.ended_at >= self.linger_s:
-                        ended = True
-                        break
+                ended = (life.ended_at is not None and life.driver is None
+                         and (life.stopping or now - life.ended_at >= self.linger_s))
         finally:
             self.rec.drain(s.ingest)  # what the workers said last is worth keeping
             if s.ingest_tcp is not None:
