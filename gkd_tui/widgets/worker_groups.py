@@ -8,12 +8,14 @@ stragglers") until enter opens it. A worker alone in its role (the driver, the s
 of its own, without a group line. A filter shows every worker it matches, by name, phase, node or
 pid, in any group.
 
-One pass over the workers builds it (about 0.5 µs a worker): the table rebuilds at most once a
-second, and each redraw reads the rows on screen straight from the state.
+One pass over the workers builds it (about 0.4 µs a worker alone, two or three times that on a busy
+machine): the table rebuilds at most once a second, a large run's in slices (``Pass``), and each redraw
+reads the rows on screen straight from the state.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from gkd_core import vocab
@@ -100,36 +102,66 @@ def build(st: RunState, now: float, stall_s: float, toggled: frozenset[str] | se
           filter_text: str = "") -> list[tuple]:
     """The rows, in order: ``("group", Group)`` or ``("worker", src)``. ``toggled``: the keys of the
     groups enter opened (or closed, for a small one)."""
-    named = worst_alerts(st)
-    stale_before = now - stall_s
-    groups: dict[str, Group] = {}
-    for w in st.workers.values():
-        if filter_text and not matches(w, filter_text):
-            continue
-        role = w.role or w.src
-        g = groups.get(role)
-        if g is None:
-            g = groups[role] = Group(role)
-        g.n += 1
-        g.phases[w.phase] = g.phases.get(w.phase, 0) + 1
-        # the common case in one test: no alert, not terminal, heartbeat fresh, no deadline
-        beat = heartbeat_at(st, w) if w.last_heartbeat < stale_before else w.last_heartbeat  # (the clock's, later)
-        if (w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline
-                or (beat and beat < stale_before)):
-            why = trouble(w, named.get(w.src), now, stale_before, beat)
-            if why is not None:
-                g.trouble.append(((why[0], *sort_key(w)), w.src, why[1]))
+    one = Pass(st, stall_s, toggled, filter_text)
+    one.take(now)
+    return one.rows()
+
+
+class Pass:
+    """One pass over the workers, which makes the rows: whole (``build``), or a slice at a time. A large
+    run's table takes a slice a redraw (WorkersTable), so that no redraw holds the state for a whole pass:
+    at 65,536 workers on a busy 2-core machine that was 60-150 ms, the slowest part of a phase change's way
+    to the screen (bench/bench_dashboard.py). A worker that joins during a pass is in the next one."""
+
+    def __init__(self, st: RunState, stall_s: float, toggled: frozenset[str] | set[str] = frozenset(),
+                 filter_text: str = ""):
+        self.st, self.stall_s, self.filter_text = st, stall_s, filter_text
+        self.toggled = frozenset(toggled)
+        self.named = worst_alerts(st)
+        self.groups: dict[str, Group] = {}
+        self._workers = list(st.workers.values())  # as they were when it began
+        self._next = 0
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._workers)
+
+    def take(self, now: float, n: int | None = None) -> None:
+        """The next ``n`` workers (all that are left: None), judged at ``now``."""
+        end = len(self._workers) if n is None else min(len(self._workers), self._next + n)
+        st, named, groups, filter_text = self.st, self.named, self.groups, self.filter_text
+        stale_before = now - self.stall_s
+        for w in itertools.islice(self._workers, self._next, end):
+            if filter_text and not matches(w, filter_text):
                 continue
-        g.members.append(w)
-    order = sorted(groups.values(), key=lambda g: (g.worst, ROLE_ORDER.get(g.role, 9), g.role))
-    rows: list[tuple] = []
-    for g in order:
-        g.trouble.sort()
-        g.open = bool(filter_text) or (g.n <= OPEN_UP_TO) != (g.key in toggled)
-        if g.n > 1:
-            rows.append(("group", g))
-        rows += [("worker", src) for _, src, _ in g.trouble]
-        if g.open or g.n == 1:
-            rows += [("worker", w.src) for w in sorted(g.members, key=sort_key)]
-        g.members = []  # the rows hold what is shown; the group need not keep 65,536 workers
-    return rows
+            role = w.role or w.src
+            g = groups.get(role)
+            if g is None:
+                g = groups[role] = Group(role)
+            g.n += 1
+            g.phases[w.phase] = g.phases.get(w.phase, 0) + 1
+            # the common case in one test: no alert, not terminal, heartbeat fresh, no deadline
+            beat = heartbeat_at(st, w) if w.last_heartbeat < stale_before else w.last_heartbeat  # (the clock's, later)
+            if (w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline
+                    or (beat and beat < stale_before)):
+                why = trouble(w, named.get(w.src), now, stale_before, beat)
+                if why is not None:
+                    g.trouble.append(((why[0], *sort_key(w)), w.src, why[1]))
+                    continue
+            g.members.append(w)
+        self._next = end
+
+    def rows(self) -> list[tuple]:
+        """The rows of the workers taken so far (all of them, once ``done``); asked once: it empties the groups."""
+        order = sorted(self.groups.values(), key=lambda g: (g.worst, ROLE_ORDER.get(g.role, 9), g.role))
+        rows: list[tuple] = []
+        for g in order:
+            g.trouble.sort()
+            g.open = bool(self.filter_text) or (g.n <= OPEN_UP_TO) != (g.key in self.toggled)
+            if g.n > 1:
+                rows.append(("group", g))
+            rows += [("worker", src) for _, src, _ in g.trouble]
+            if g.open or g.n == 1:
+                rows += [("worker", w.src) for w in sorted(g.members, key=sort_key)]
+            g.members = []  # the rows hold what is shown; the group need not keep 65,536 workers
+        return rows

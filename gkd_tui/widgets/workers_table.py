@@ -33,10 +33,15 @@ COLUMNS = ("worker", "phase", "in phase", "heartbeat", "step", "gpu", "pid", "no
 WIDTHS = (13, 12, 8, 10, 5, 3, 7, 12, 10)
 # the name and phase columns grow to fit (RolloutWorker/12, sync_rollout_weights), up to this
 GROW_TO = {0: 22, 1: 22}
-# the rows are rebuilt (one pass over the workers: 30 ms at 65,536) when workers join or leave, a
-# group is opened, or the filter changes, and otherwise at most this often: a straggler moves to the
-# top within a second, while the rows on screen are redrawn from the state ten times a second
+# the rows are rebuilt (one pass over the workers: 30 ms at 65,536, 60-150 ms on a busy machine) when workers
+# join or leave, a group is opened, or the filter changes, and otherwise at most this often: a straggler moves
+# to the top within a second, while the rows on screen are redrawn from the state ten times a second
 RESORT_S = 1.0
+# a larger run's rows, rebuilt because their time is up, go a slice of this many workers a redraw
+# (worker_groups.Pass: a few ms each); when anything else changed (workers joined, a filter, a group opened, a
+# replay's seek) they are built whole, at once
+SLICE = 8192
+SLICES = 8  # ... and at most this many slices (a larger one's are larger): the rows follow within a second
 
 
 def cells_line(cells, widths=WIDTHS) -> list[str]:
@@ -79,6 +84,8 @@ class WorkersTable(ScrollView, can_focus=True):
         self._filter = ""
         self._built_for: tuple = ()
         self._built_at = 0.0
+        self._pass: worker_groups.Pass | None = None  # a large run's rows under way, a slice a redraw
+        self._pass_for: tuple = ((), 0.0)  # (its signature, when it began)
         self._base: Style | None = None  # the widget's own style, looked up once per redraw
         self.widths: tuple[int, ...] = WIDTHS
         self._header = cells_line(COLUMNS)
@@ -92,21 +99,39 @@ class WorkersTable(ScrollView, can_focus=True):
         self._base = None
         signature = (id(st), len(st.workers), filter_text, frozenset(self._toggled))
         mono = time.monotonic()
-        if signature != self._built_for or mono - self._built_at > RESORT_S:
-            self.rebuild()
-            self._built_for, self._built_at = signature, mono
+        if self._pass is not None and signature != self._pass_for[0]:
+            self._pass = None  # what is shown changed under it: the rows are built whole, below
+        if self._pass is None and (signature != self._built_for or mono - self._built_at > RESORT_S):
+            if len(st.workers) > SLICE and signature == self._built_for:  # only their time is up: in slices
+                self._pass = worker_groups.Pass(st, stall_s, self._toggled, filter_text)
+                self._pass_for = (signature, mono)
+            else:
+                self.rebuild()
+                self._built_for, self._built_at = signature, mono
+        if self._pass is not None:
+            self._pass.take(now, max(SLICE, -(-len(st.workers) // SLICES)))
+            if self._pass.done:
+                self._install(self._pass.rows())
+                (self._built_for, self._built_at), self._pass = self._pass_for, None
         self.refresh()
 
     def resort_soon(self) -> None:
-        """Rebuild the rows at the next ``show``, not up to RESORT_S later: the state jumped (a replay's seek),
-        and the groups' lines must not show a moment the rows under them have left."""
-        self._built_at = 0.0
+        """Rebuild the rows whole at the next ``show``, not up to RESORT_S later: the state jumped (a replay's
+        seek), and the groups' lines must not show a moment the rows under them have left."""
+        self._built_for, self._built_at, self._pass = (), 0.0, None
 
     def rebuild(self) -> None:
+        """The rows, whole, now."""
+        st = self._state
+        assert st is not None  # (shown first)
+        self._pass = None
+        self._install(worker_groups.build(st, self._now, self._stall_s, self._toggled, self._filter))
+
+    def _install(self, rows: list[tuple]) -> None:
         selected = self.order[self.cursor] if 0 <= self.cursor < len(self.order) else None
         st = self._state
         assert st is not None  # (shown first)
-        self.rows = worker_groups.build(st, self._now, self._stall_s, self._toggled, self._filter)
+        self.rows = rows
         self.order = [row[1].key if row[0] == "group" else row[1] for row in self.rows]
         if selected in self.order:
             self.cursor = self.order.index(selected)  # the cursor follows its worker

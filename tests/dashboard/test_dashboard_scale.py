@@ -12,7 +12,8 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_tui.app import GkdApp
 from gkd_tui.sources.replay import ReplaySource
-from gkd_tui.widgets.workers_table import WorkersTable
+from gkd_tui.widgets import worker_groups
+from gkd_tui.widgets.workers_table import RESORT_S, SLICES, WorkersTable
 
 WORKERS, PER_NODE = 65_536, 8
 STRAGGLERS = ("rollout/17", "rollout/40211")
@@ -101,4 +102,34 @@ async def test_enter_opens_the_group_and_the_filter_reaches_any_worker(big_run):
             await pilot.press("escape")
         await pilot.press("slash", *"42767", "enter")  # rollout/42767, and pid 10,000 + 32,767
         await pilot.pause()
+        assert sorted(table.workers_shown) == ["rollout/32767", "rollout/42767"]
+
+
+async def test_a_large_run_s_rows_follow_in_slices_one_a_redraw(big_run):
+    """At 65,536 workers a redraw takes an eighth of the pass over the workers, not all of it (60-150 ms on a
+    busy machine, where a phase change waited for it on its way to the screen); the rows shown meanwhile stay
+    the last pass's, and the pass ends with the rows a whole one makes. What a person changes is whole at once."""
+    app = GkdApp(ReplaySource(big_run))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await at_now()(pilot)
+        table = app.query_one(WorkersTable)
+        whole = list(table.order)
+        assert whole == [row[1].key if row[0] == "group" else row[1]
+                         for row in worker_groups.build(app.source.state, NOW, app.stall_s)]
+        table._built_at -= 2 * RESORT_S  # a pass is due
+        shown, redraws = table.rows, 0
+        while True:
+            app.redraw()
+            redraws += 1
+            if table._pass is None:
+                break
+            assert table.rows is shown  # the last pass's, until this one is done
+        assert redraws == SLICES
+        assert table.rows is not shown and table.order == whole
+        table._built_at -= 2 * RESORT_S
+        app.redraw()
+        assert table._pass is not None
+        app.filter_text = "42767"  # typed in the middle of a pass: its rows at once
+        app.redraw()
+        assert table._pass is None
         assert sorted(table.workers_shown) == ["rollout/32767", "rollout/42767"]
