@@ -6,9 +6,10 @@ that can start from the newest keyframe before the moment it is asked for reads 
 after it (``gkd_tui.sources.replay``), as a video player starts from a keyframe.
 
 - **When**: each time the log has grown by ``telemetry.keyframe_mb`` (32 MB; 0: never) since the
-  last one, one at a time; the newest ``KEEP`` are kept. A run of 8 workers logs 20 to 200 MB a
-  day: a keyframe of a few KB every few hours. And at the run's end, when the log grew by an
-  ``END_SHARE``th of that since the last: a finished run opens at its end at once.
+  last one, one at a time, not in a burst of events (up to ``DEFER_MAX_S`` later); the newest ``KEEP``
+  are kept. A run of 8 workers logs 20 to 200 MB a day: a keyframe of a few KB every few hours. And
+  at the run's end, when the log grew by an ``END_SHARE``th of that since the last: a finished run
+  opens at its end at once.
 - **How**: from a forked child, the way Redis writes its snapshots (BGSAVE). The supervisor forks
   between two events with the log's buffer flushed, so the child's copy of the state is the state
   at that line, and the child encodes and writes it (0.4 s and 84 MB of JSON at 65,536 workers)
@@ -53,6 +54,11 @@ DEADLINE_S = 120.0  # a child not done by then is killed, and says so
 # run opens at its end from it (less than a second at 65,536 workers), not from up to keyframe_mb of lines
 END_SHARE = 8
 END_DEADLINE_S = 15.0  # that one is waited for (0.4 s at 65,536 workers): the supervisor's exit, not 2 minutes
+# a keyframe that falls due in a burst of events (a step's phase changes at 65,536 workers: 20,000 a second) waits
+# until a second after it, for at most DEFER_MAX_S: while the child lives, every page the supervisor writes is
+# copied, which the burst's events would wait for on their way to the screen (bench/bench_dashboard.py)
+BURST_PER_S = 5000
+DEFER_MAX_S = 10.0
 HEADER_MAX = 64 * 1024
 LINE_MAX = 4 << 20  # the longest line of a log (an event is at most 1 MiB)
 GLOB = "seq-*.jsonl"
@@ -145,14 +151,36 @@ class KeyframeWriter:
                 pass
         self.written_offset = self.last_offset  # the newest one written (a started one may yet fail)
         self.written = 0
+        self._rate_from: tuple[int, float] | None = None  # (seq, when): the events counted since
+        self._burst_until = 0.0  # (monotonic) a due keyframe waits until then
+        self._due_since: float | None = None
 
-    def tick(self, state: RunState, log: EventLog, seq: int) -> str:
-        """Call with the log flushed. "" or a line that says what went wrong with a keyframe."""
+    def tick(self, state: RunState, log: EventLog, seq: int, now: float | None = None) -> str:
+        """Call with the log flushed. "" or a line that says what went wrong with a keyframe. ``now``: the
+        monotonic clock (a test's)."""
+        now = time.monotonic() if now is None else now
+        in_burst = self._in_burst(seq, now)
         if self.pid:
             return self._reap()
         if self.every and log.offset - self.last_offset >= self.every and log.offset:
+            if self._due_since is None:
+                self._due_since = now
+            if in_burst and now - self._due_since < DEFER_MAX_S:
+                return ""
+            self._due_since = None
             return self._start(state, log, seq)
         return ""
+
+    def _in_burst(self, seq: int, now: float) -> bool:
+        """Whether the events have come at BURST_PER_S or more in the last second, counted a quarter second at
+        a time."""
+        if self._rate_from is None:
+            self._rate_from = (seq, now)
+        elif now - self._rate_from[1] >= 0.25:
+            if (seq - self._rate_from[0]) / (now - self._rate_from[1]) >= BURST_PER_S:
+                self._burst_until = now + 1.0
+            self._rate_from = (seq, now)
+        return now < self._burst_until
 
     def _start(self, state: RunState, log: EventLog, seq: int) -> str:
         h = Header(format=FORMAT, seq=seq, offset=log.offset, lines=log.line_no, max_ts=log.max_ts,

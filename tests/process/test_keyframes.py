@@ -386,3 +386,35 @@ def test_replay_take_over_and_the_dashboard_read_one_state_from_one_log(recorded
                {s: comparable(w) for s, w in whole.workers.items()}
         assert msgspec.structs.replace(replayed, applied=0, workers={}) == \
                msgspec.structs.replace(whole, applied=0, workers={})
+
+
+def test_a_keyframe_due_in_a_burst_of_events_waits_for_its_end_or_at_most_defer_max_s(tmp_path):
+    """While the child lives, every page the supervisor writes is copied: a keyframe due in a step's burst of
+    phase changes is forked a second after the burst, not in it, and never more than DEFER_MAX_S late."""
+    log = EventLog(tmp_path / "events.jsonl")
+    st = RunState()
+    w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6)
+    assert w.tick(st, log, 0, now=0.0) == "" and not w.pid  # nothing logged yet: the count starts
+
+    def grow(seq: int) -> None:
+        log.append(wire.encode(ev.LogEvent(src="driver", message="more", ts=100.0 + seq, seq=seq)), 100.0 + seq)
+        log.flush()
+
+    grow(1)
+    burst = kf.BURST_PER_S  # events a second
+    assert w.tick(st, log, burst // 2, now=0.5) == "" and not w.pid  # due, in a burst: waits
+    assert w.tick(st, log, burst // 2 + 1, now=1.0) == "" and not w.pid  # the burst over a moment ago: still waits
+    assert w.tick(st, log, burst // 2 + 2, now=1.6) == "" and w.pid  # a second after it: forked
+    wait_until(lambda: w.tick(st, log, burst // 2 + 2, now=1.7) == "" and not w.pid, 10, "the writer done")
+    assert w.written == 1
+
+    grow(2)
+    seq, now = burst, 2.0
+    while now < 3.0 + kf.DEFER_MAX_S:  # a burst that goes on: the keyframe waits at most DEFER_MAX_S
+        seq, now = seq + burst // 4, now + 0.25
+        w.tick(st, log, seq, now=now)
+        if w.pid:
+            break
+    assert w.pid and now == pytest.approx(2.25 + kf.DEFER_MAX_S, abs=0.3)
+    wait_until(lambda: w.tick(st, log, seq, now=now + 0.1) == "" and not w.pid, 10, "the writer done")
+    log.close()
