@@ -17,6 +17,10 @@ The job times three things of its own:
   loop and be counted as the cost of each call;
 - loop: the calls, by its clock, and every process's CPU seconds over it (the job's, Ray's, ours).
 
+Watched, the job then times the wrappers alone (``our_wrappers``): blocks of calls with them and with Ray's own
+calls put back in every process, in turn, in the same processes beside the same threads and supervisor, so
+that what drifts between two separate runs (a 2-core machine's ±15 % a round) lands on both sides of a pair.
+
 Without: ``python bench_ray_watch.py --job CALLS``. With: the same under ``gkd-tui launch --detach --linger 0
 --``: the supervisor, Ray's hooks in every worker, the diagnosis. Each round runs both, so that both see
 the same machine, and the rounds take turns at which goes first (without then with, with then without),
@@ -165,6 +169,30 @@ def wrappers(n: int) -> None:
     print(f"CALLEE_US {1e6 * callee / n:.2f}", flush=True)
 
 
+def our_wrappers(on: bool) -> None:
+    """In a watched process: the watching's wrappers around Ray's calls, waits and actor methods (ray_hook)
+    put back (on) or bypassed (off: Ray's own, which the wrappers name as ``__wrapped__``). Its threads and
+    the supervisor go on either way."""
+    import ray
+    from ray.actor import ActorMethod
+
+    from gkd_core.integrations import ray_hook
+
+    kept = _WRAPPED.setdefault("wrappers", {"get": ray.get, "wait": ray.wait, "remote": ActorMethod._remote,
+                                            "begin": ray_hook.begin, "end": ray_hook.end})
+    if on:
+        ray.get, ray.wait, ActorMethod._remote = kept["get"], kept["wait"], kept["remote"]
+        ray_hook.begin, ray_hook.end = kept["begin"], kept["end"]
+    else:
+        ray.get, ray.wait = kept["get"].__wrapped__, kept["wait"].__wrapped__
+        ActorMethod._remote = kept["remote"].__wrapped__
+        ray_hook.begin, ray_hook.end = (lambda *args, **kwargs: None), (lambda token: None)
+
+
+_WRAPPED: dict[str, dict] = {}
+IN_PLACE_PAIRS = 8  # blocks with the wrappers and without, in turn, in one watched job
+
+
 def job(calls: int) -> None:
     import ray
 
@@ -179,6 +207,9 @@ def job(calls: int) -> None:
         def threads_cpu(self) -> dict[str, float]:
             return our_threads_cpu()
 
+        def wrappers(self, on: bool) -> None:
+            our_wrappers(on)
+
     @ray.remote(num_cpus=0)
     class Caller:
         def __init__(self, callee):
@@ -192,6 +223,9 @@ def job(calls: int) -> None:
 
         def threads_cpu(self) -> dict[str, float]:
             return our_threads_cpu()
+
+        def wrappers(self, on: bool) -> None:
+            our_wrappers(on)
 
     def threads_cpu() -> collections.Counter:
         total = collections.Counter(our_threads_cpu())
@@ -222,6 +256,25 @@ def job(calls: int) -> None:
     print(f"JOB_CPU_S {sum(used.get(pid, 0.0) for pid in job_pids):.2f}", flush=True)
     # the supervisor, beside the job (its command line: `python -m gkd_core run ...`)
     print(f"SUPERVISOR_CPU_S {sum(u for pid, u in used.items() if 'gkd_core run' in cpu1[pid][1]):.2f}", flush=True)
+    if os.environ.get("RAY_RUNTIME_ENV_HOOK"):  # watched: the wrappers' part alone, in the same processes
+        def block(on: bool, n: int) -> float:
+            ray.get([a.wrappers.remote(on) for a in callers + callees], timeout=60)
+            our_wrappers(on)
+            t0 = time.perf_counter()
+            running = [c.run.remote(n) for c in callers]
+            for i in range(n):
+                ray.get(callees[i % 2].answer.remote(i), timeout=60)
+            ray.get(running, timeout=LIMIT_S)
+            return time.perf_counter() - t0
+
+        n = max(50, calls // 4)
+        ratios = []
+        for k in range(IN_PLACE_PAIRS):  # each pair in turn with and without first: drift lands on both
+            first = k % 2 == 0
+            a, b = block(first, n), block(not first, n)
+            on, off = (a, b) if first else (b, a)
+            ratios.append(on / off)
+        print(f"IN_PLACE_RATIO {statistics.median(ratios):.4f}", flush=True)
     ray.shutdown()
 
 
@@ -273,7 +326,14 @@ def watched(calls: int, home: Path) -> dict[str, float]:
         time.sleep(0.5)
     subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run)], capture_output=True, env=env, timeout=60,
                    cwd=ROOT)
-    return measured(log.read_text() if log.exists() else "", f"under launch ({run.name})")
+    output = log.read_text() if log.exists() else ""
+    got = measured(output, f"under launch ({run.name})")
+    in_place = re.search(r"^IN_PLACE_RATIO ([\d.]+)$", output, re.M)
+    if not in_place:
+        raise SystemExit(f"bench_ray_watch: the job under launch ({run.name}) printed no IN_PLACE_RATIO: "
+                         f"{output[-2000:]}")
+    got["IN_PLACE_RATIO"] = float(in_place[1])
+    return got
 
 
 def main() -> None:
@@ -341,6 +401,13 @@ def main() -> None:
         for part, pcts in share.items():
             print(f"  {statistics.median(pcts):5.2f} % ({min(pcts):.2f}-{max(pcts):.2f})  {what[part]}")
         print(f"  {statistics.median(total):5.2f} % ({min(total):.2f}-{max(total):.2f})  in all")
+        in_place = [seen["IN_PLACE_RATIO"] for _, seen in rows]
+        print(f"\nour wrappers in place: in the watched job, {IN_PLACE_PAIRS} pairs of blocks of "
+              f"{max(50, a.calls // 4)} calls each way, with the wrappers and with Ray's own calls put back, in turn "
+              "(the same processes, threads and supervisor; drift lands on both): with / without, the median of each "
+              "round's pairs")
+        print(f"  {statistics.median(in_place):.3f}x ({min(in_place):.3f}-{max(in_place):.3f}) "
+              f"over {len(rows)} round(s)")
         print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
         kept_run.figure("the loop of small calls, watched against not (median of the rounds)",
                         statistics.median(ratios["LOOP_S"]), "x")
@@ -348,6 +415,8 @@ def main() -> None:
                         statistics.median(ratios["LOOP_CPU_S"]), "x")
         kept_run.figure("ray.init and the actors' start, watched against not", statistics.median(ratios["UP_S"]), "x")
         kept_run.figure("the watching's own work, against the job's CPU over the loop", statistics.median(total), " %")
+        kept_run.figure("the wrappers in place, with against without in one watched job (median of the rounds)",
+                        statistics.median(in_place), "x")
 
 
 if __name__ == "__main__":
