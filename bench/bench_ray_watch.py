@@ -315,7 +315,7 @@ def watched(calls: int, home: Path) -> dict[str, float]:
     run = (home / "runs" / "latest").resolve()  # the run launch just made
     log = run / "logs" / "driver.log"
     deadline = time.monotonic() + LIMIT_S
-    while time.monotonic() < deadline and "LOOP_CPU_S" not in (log.read_text() if log.exists() else ""):
+    while time.monotonic() < deadline and "IN_PLACE_RATIO" not in (log.read_text() if log.exists() else ""):
         if ended(run):
             break  # the job ended without its time: said below, with its output
         time.sleep(0.5)
