@@ -171,8 +171,9 @@ def wrappers(n: int) -> None:
 
 def our_wrappers(on: bool) -> None:
     """In a watched process: the watching's wrappers around Ray's calls, waits and actor methods (ray_hook)
-    put back (on) or bypassed (off: Ray's own, which the wrappers name as ``__wrapped__``). Its threads and
-    the supervisor go on either way."""
+    put back (on) or bypassed (off: Ray's own ``ray.get``, ``ray.wait`` and actor call, which the wrappers name
+    as ``__wrapped__``; an actor's method executors, made once, stay wrapped, their ``begin`` and ``end`` made to
+    do nothing). Its threads and the supervisor go on either way. The first call must find them on."""
     import ray
     from ray.actor import ActorMethod
 

@@ -38,8 +38,8 @@ GROW_TO = {0: 22, 1: 22}
 # to the top within a second, while the rows on screen are redrawn from the state ten times a second
 RESORT_S = 1.0
 # a larger run's rows, rebuilt because their time is up, go a slice of this many workers a redraw
-# (worker_groups.Pass: a few ms each); when anything else changed (workers joined, a filter, a group opened, a
-# replay's seek) they are built whole, at once
+# (worker_groups.Pass: 3 ms each alone, about 12 ms on a busy machine); when anything else changed (workers
+# joined, a filter, a group opened, a replay's seek) they are built whole, at once
 SLICE = 8192
 SLICES = 8  # ... and at most this many slices (a larger one's are larger): the rows follow within a second
 
