@@ -34,7 +34,8 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.vocab import RUN_GOING
 
-Filled = ev.HeartbeatEvent | ev.HeartbeatsEvent  # what a gap is filled with: a worker's beat, a relay's clock
+# what a gap is filled with: a worker's beat (alone, or of its relay's batch), a relay's clock
+Filled = ev.HeartbeatEvent | ev.Beat | ev.HeartbeatsEvent
 CLOCK = "\0clock "  # a relay's clock among the workers' heartbeats that gaps are filled for (no src has a NUL)
 
 
@@ -55,6 +56,8 @@ def _copy_at(e: Filled, t: float) -> ev.Event:
     grown with it), or a relay's clock at ``t``."""
     if type(e) is ev.HeartbeatsEvent:
         return _clock(e.clocks[0].relay, e.clocks[0].epoch, t)
+    if type(e) is ev.Beat:  # (a batch's)
+        e = wire.heartbeat_of(e)
     assert type(e) is ev.HeartbeatEvent
     return msgspec.structs.replace(e, ts=t, seq=0, elapsed=e.elapsed + (t - e.ts))
 
@@ -187,6 +190,10 @@ class Timeline:
             if not self._clocked:  # (a log from before relays' clocks: their workers' quiet beats were logged)
                 for b in e.beats:
                     self._beat(i, wire.heartbeat_of(b))
+            else:  # a vouched-for worker's full beat: its clock fills the gap before it, and one the log
+                last = self._last  # restates later (fallen silent) is filled from this one's numbers, not
+                for b in e.beats:  # an older beat's, whose copies would undo a change in between
+                    last[b.src] = (i, b)
             for c in e.clocks:  # (a clock that says a worker quiet was held back by it since that one's time)
                 until = min(c.ts, min(ts for _, ts in c.quiet)) if c.quiet else c.ts
                 self._beat(i, _clock(c.relay, c.epoch, c.ts), CLOCK + c.relay, until)

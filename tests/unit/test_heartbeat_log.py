@@ -117,3 +117,35 @@ def test_a_relays_clock_is_kept_at_each_change_of_its_roster_and_once_a_period()
     assert log.clocks.silent(mono=16.0) == []  # its next batch is not late yet
     [restated] = log.clocks.silent(mono=18.0)  # then it falls silent: its newest, once
     assert restated.ts == 1015.0 and log.clocks.silent(mono=99.0) == []
+
+
+def test_a_replay_fills_a_gap_of_a_vouched_for_worker_from_its_newest_full_beat(tmp_path):
+    """A worker a relay's clock vouches for: its full beats come in its relay's batches, and the log may restate
+    one alone later (it fell silent, or the run ended). The gap before that one is filled from the newest beat of
+    the worker the log holds, in a batch or not: not with the numbers of an older one, over a crossing of the
+    idle line that came between (a replay from a keyframe before the crossing once showed it busy)."""
+    def full(t, cpu):
+        return ev.Beat("rollout/0", 1000.0 + t, "generate", 0.0, 1 << 30, cpu, 0, None)
+
+    def batch(t, *beats, **kw):
+        return ev.HeartbeatsEvent(src="supervisor", ts=1000.0 + t, beats=list(beats),
+                                  clocks=[ev.RelayClock("agent/n0", 900.0, 1000.0 + t, **kw)])
+
+    lines = [ev.RunEvent(src="supervisor", state="starting", ts=999.0, heartbeat_s=1.0, heartbeat_log_s=10.0),
+             ev.WorkerEvent(src="rollout/0", role="rollout", rank=0, via="agent/n0", ts=999.5),
+             beat(0, cpu=50.0),  # logged alone: its first
+             batch(0, joined=("rollout/0",)),
+             batch(4, full(3, 50.0), full(4, 2.0)),  # idle from 4, with the beat before it
+             beat(9, cpu=2.0),  # its held beat, restated
+             ev.LogEvent(src="driver", message="later", ts=1012.0)]
+    for i, e in enumerate(lines, 1):
+        e.seq = i
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
+
+    r = ReplaySource(path)
+    for t in (4.5, 6.2, 8.5, 11.0):
+        r.seek(1000.0 + t)
+        assert r.state.workers["rollout/0"].cpu == 2.0, t
+    r.seek(3.5 + 1000.0)
+    assert r.state.workers["rollout/0"].cpu == 50.0
