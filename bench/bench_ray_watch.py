@@ -118,19 +118,13 @@ def wrappers(n: int) -> None:
     from ray._raylet import ActorID
     from ray.actor import ActorMethod
 
-    from gkd_core.integrations import ray_hook
+    from gkd_core.integrations import ray_hook, ray_process
 
-    class Ref:  # an ObjectRef as the wrappers read it
-        def __init__(self, i: int):
-            self._binary = i.to_bytes(28, "little")
-
-        def binary(self) -> bytes:
-            return self._binary
-
+    refs = [ray.ObjectRef(i.to_bytes(28, "little")) for i in range(n)]  # made ahead: Ray's part of a call
     bare_get = ray.get = lambda refs, *args, **kwargs: refs  # set before the hook wraps them: what it wraps
-    bare_remote = ActorMethod._remote = lambda self, *args, **kwargs: Ref(args[0][0] if args and args[0] else 0)
+    bare_remote = ActorMethod._remote = lambda self, *args, **kwargs: refs[args[0][0] if args and args[0] else 0]
     FunctionActorManager._make_actor_method_executor = lambda self, name, method: method
-    p = ray_hook._process = ray_hook._Process("driver")  # the caller's side
+    p = ray_hook._process = ray_process.WatchedProcess("driver")  # the caller's side
     ray_hook._patch_actor_creation(p)
     ray_hook._patch_waits(p)
     ray_hook._patch_actor_methods(p)

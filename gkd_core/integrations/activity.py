@@ -1,7 +1,11 @@
 """What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
 
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
-start and end, a microsecond or two a call. A watcher thread, every ``TICK_S``, shows the newest call
+start and end, a microsecond a call (in a hot loop; several in a job, whose caches Ray's own work keeps
+cold between two calls: bench/bench_ray_watch.py measures both). A wait on the main thread is noted as a
+tuple and nothing more (``main_wait``): the watcher makes it a call once it has lasted, with whom it waits
+on (``make_wait``), so the thousands of waits a second that return within milliseconds cost no object
+and no event. A watcher thread, every ``TICK_S``, shows the newest call
 that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the process's phase, with its
 real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
 fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
@@ -46,30 +50,41 @@ PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answer
 BRIEF_PER_S = 5.0
 BRIEF_BURST = 5
 BRIEF_KEEP = 4 * BRIEF_BURST
+get_ident = threading.get_ident
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
 
 class Call:
-    __slots__ = ("name", "number", "started", "ended", "detail", "deadline", "progress", "step", "wait", "shown",
-                 "waits_on", "lane")
+    """A call in flight. A method of the job's sets only these (``enter_call``: thousands a second in a job of
+    tiny calls); a wait or a framework's phase is a ``DetailedCall``, with a detail, a deadline, a progress."""
 
-    def __init__(self, name: str, number: int, detail: str = "", deadline: float | None = None,
-                 progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
-                 waits_on: Callable[[], list[str]] | None = None, lane: Any = None):
-        self.name, self.number, self.detail, self.deadline, self.step = name, number, detail, deadline, step
-        # what runs it: its thread's ident, or the coroutine of an asyncio call (whose stack it is)
-        self.lane = lane if lane is not None else threading.get_ident()
+    __slots__ = ("name", "number", "lane", "step", "started", "ended", "shown")
+    detail: str = ""
+    deadline: float | None = None
+    progress: Callable[[], str] | None = None  # asked from the watcher's thread: what the call has left to do
+    wait = False  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
+    waits_on: Callable[[], list[str]] | None = None  # the calls a wait has not had answered yet (``Worker.method``)
+
+    def __init__(self, name: str, number: int, lane: Any, step: int | None = None):
+        self.name, self.number, self.step = name, number, step
+        self.lane = lane  # what runs it: its thread's ident, or the coroutine of an asyncio call (whose stack it is)
         self.started = time.time()
         self.ended: float | None = None
-        self.progress = progress  # asked from the watcher's thread: what the call has left to do
-        self.wait = wait  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
-        self.waits_on = waits_on  # the calls a wait has not had answered yet (``Worker.method``), as its progress knows
         self.shown = False
 
     @property
     def is_async(self) -> bool:
         return not isinstance(self.lane, int)
+
+
+class DetailedCall(Call):
+    __slots__ = ("detail", "deadline", "progress", "wait", "waits_on")
+
+    def __init__(self, name: str, number: int, lane: Any, step: int | None, detail: str, deadline: float | None,
+                 progress: Callable[[], str] | None, wait: bool, waits_on: Callable[[], list[str]] | None):
+        super().__init__(name, number, lane, step)
+        self.detail, self.deadline, self.progress, self.wait, self.waits_on = detail, deadline, progress, wait, waits_on
 
 
 class View(NamedTuple):
@@ -105,9 +120,16 @@ class Activity:
         self._task_stacks: TaskStackAnswer | None = None
         self._brief_budget, self._brief_budget_at = float(BRIEF_BURST), time.monotonic()
         self._last_started = 0.0  # the newest call's start (time.time)
-        self._asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``)
+        self.asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``, or ``wake``)
         self._wake = threading.Event()
         self.reporter: Reporter | None = None
+        # the main thread's wait now, as its wrapper noted it: (name, start, what it waits on...), nothing more;
+        # one that lasts SHOW_AFTER_S is made a call by the watcher (``make_wait``: its progress, whom it waits
+        # on, its deadline, its end), kept in ``waits_made`` by the note's id until the wrapper ends it
+        self.main_wait: tuple | None = None
+        self.make_wait: Callable[[tuple], Any] | None = None
+        self.waits_made: dict[int, tuple[tuple, int, Any]] = {}
+        self._main = threading.main_thread().ident
 
     def answer_task_stacks(self, folder: Path) -> None:
         """Offer this process's asyncio calls' stacks to a capture, in ``folder`` (once it has one in flight)."""
@@ -123,14 +145,40 @@ class Activity:
         number = self._counts.get(name, 0) + 1
         self._counts[name] = number
         token = next(self._ids)
-        call = self._active[token] = Call(name, number, detail, deadline, progress, step, wait, waits_on, lane)
+        call = self._active[token] = DetailedCall(name, number, get_ident() if lane is None else lane, step, detail,
+                                                  deadline, progress, wait, waits_on)
         self._last_started = call.started
-        if self._asleep:
-            self._asleep = False
+        if self.asleep or self._thread is None:
+            self.wake()
+        return token
+
+    def enter_call(self, name: str, step: int | None = None, lane: Any = None) -> int:
+        """``enter`` for a call of the job's (an actor's method), at the least cost: a job of tiny calls makes
+        thousands a second."""
+        counts = self._counts
+        number = counts[name] = counts.get(name, 0) + 1
+        token = next(self._ids)
+        call = self._active[token] = Call(name, number, get_ident() if lane is None else lane, step)
+        self._last_started = call.started
+        if self.asleep or self._thread is None:
+            self.wake()
+        return token
+
+    def wake(self) -> None:
+        """A call began: the watcher, asleep, looks again (started, the first time)."""
+        if self.asleep:
+            self.asleep = False
             self._wake.set()
         elif self._thread is None:
             self.start()
-        return token
+
+    def wait_ended(self, noted: tuple, error: BaseException | None) -> None:
+        """The main thread's wait ``noted`` ended (its wrapper calls this only when ``waits_made`` holds any):
+        the call the watcher made of it ends."""
+        made = self.waits_made.pop(id(noted), None)
+        if made is not None and made[0] is noted:
+            self.leave(made[1])
+            made[2].ended(error)
 
     def leave(self, token: int) -> None:
         call = self._active.get(token)
@@ -205,6 +253,8 @@ class Activity:
                     continue
             try:
                 now = time.time()
+                if self.main_wait is not None and self.make_wait is not None:
+                    self._make_main_wait(now)
                 view = self._view(now)
                 phase, about = view.phase, view.about
                 if phase is not shown.phase or about is not shown.about:
@@ -248,20 +298,36 @@ class Activity:
                     failed = True
                     print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
 
+    def _make_main_wait(self, now: float) -> None:
+        """The main thread's wait, once it has lasted SHOW_AFTER_S: a call (in the main thread's lane, from its
+        start; its number counts the waits that lasted), with the progress and edges ``make_wait`` gives it. If
+        the wait ended meanwhile, its wrapper may not have seen it made: the call is dropped here, never shown."""
+        noted = self.main_wait
+        if noted is None or now - noted[1] < SHOW_AFTER_S or id(noted) in self.waits_made:
+            return
+        assert self.make_wait is not None  # (asked only with one)
+        wait = self.make_wait(noted)
+        token = self.enter(noted[0], deadline=wait.deadline, progress=wait.progress, wait=True, waits_on=wait.waits_on,
+                           lane=self._main)
+        self._active[token].started = noted[1]
+        self.waits_made[id(noted)] = (noted, token, wait)
+        if self.main_wait is not noted and self.waits_made.pop(id(noted), None) is not None:
+            self.leave(token)
+
     def _may_sleep(self) -> bool:
         """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""
-        return (self.reporter is not None and not self._active and not self._brief
+        return (self.reporter is not None and not self._active and not self._brief and self.main_wait is None
                 and (self._task_stacks is None or not self._task_stacks.offered)
                 and time.time() - self._last_started > SLEEP_AFTER_S)
 
     def _sleep(self) -> None:
         self._wake.clear()
-        self._asleep = True
-        if self._active:  # a call began between the look and the flag: its enter saw no flag to clear
-            self._asleep = False
+        self.asleep = True
+        if self._active or self.main_wait is not None:  # a call began between the look and the flag: it saw none
+            self.asleep = False
             return
         self._wake.wait(SLEEP_MAX_S)
-        self._asleep = False
+        self.asleep = False
 
     def _answer_task_stacks(self) -> None:
         answer = self._task_stacks

@@ -22,33 +22,19 @@ import functools
 import importlib
 import inspect
 import os
-import sys
 import threading
 import time
 from typing import Any
 
-from gkd_core.integrations import job_env, opt_in, remote_stacks, routes, torchrun
-from gkd_core.integrations.activity import Activity
-from gkd_core.integrations.actor_names import ActorNames
+from gkd_core.integrations import job_env, opt_in, remote_stacks, routes
 from gkd_core.integrations.cancels import start_commands
 from gkd_core.integrations.cluster_watch import ClusterWatch
-from gkd_core.integrations.routes import KV_NAMESPACE
-from gkd_core.integrations.waits import RefBook, Wait
+from gkd_core.integrations.ray_process import WatchedProcess, say_once
+from gkd_core.integrations.waits import BOOK_MAX
 from gkd_core.node.stacks import install_faulthandler
-from gkd_core.telemetry.reporter import Reporter
-from gkd_core.vocab import WorkerId, src_of
 
 USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
-NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
-ROUTE_WAIT_S = 30.0  # a worker whose node the driver has not routed by then tries the supervisor's ipc
-_said: set[str] = set()
-
-
-def _say_once(what: str, err: BaseException) -> None:
-    if what not in _said:
-        _said.add(what)
-        print(f"gkd: {what} failed, this process is not watched by the run ({type(err).__name__}: {err})",
-              file=sys.stderr, flush=True)
+CALL_NAMES = "_gkd_call_names"  # on an actor handle: its methods' (actor name, method) as the book keeps them
 
 
 def _load(path: str):
@@ -70,7 +56,7 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
         try:
             opt_in.start_run()
         except Exception as e:
-            _say_once("starting a run for this job (GKD_WATCH=1)", e)
+            say_once("starting a run for this job (GKD_WATCH=1)", e)
             return runtime_env
     if not job_env.asked() or not _claim_driver():
         return runtime_env
@@ -93,12 +79,12 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
         # each (bench/bench_ray_watch.py's "up"). The job's own setting wins.
         os.environ.setdefault(PRESTART, "0")
     except Exception as e:
-        _say_once("adding the run's reporting to the Ray job", e)
+        say_once("adding the run's reporting to the Ray job", e)
         return runtime_env
     try:
         _install("driver")
     except Exception as e:
-        _say_once("watching the driver", e)
+        say_once("watching the driver", e)
     return out
 
 
@@ -119,100 +105,14 @@ def setup_worker() -> None:
     try:
         _install("worker")
     except Exception as e:
-        _say_once("watching this Ray worker", e)
+        say_once("watching this Ray worker", e)
 
 
-class _Process:
-    """This process's part: its Activity, and (in a worker) the actor it hosts."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self.run = os.environ.get(job_env.RUN_ID, "")
-        self.actor_id = ""
-        self.class_name = ""
-        self.asked_since = 0.0
-        self.activity = Activity(self._identify)
-        self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
-        self.current_wait: Wait | None = None  # what the main thread waits on now (cancel reads it)
-        self.book = RefBook()  # the calls this process made, by ref
-        self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
-        self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
-        self.sync_in_parts: int | None = None  # a sync said in parts (verl's checkpoint engine) now under way
-        self.roles = ""  # a fused actor's roles (verl's WorkerDict: "actor_rollout+ref"), once its __init__ made them
-        self._registered: tuple[Reporter, int | None] | None = None  # (its reporter, rank) once it said who it is
-        self._roles_lock = threading.Lock()  # the watcher's registration and the actor's roles, in either order
-
-    def _identify(self) -> Reporter | None:
-        if self.kind == "driver":
-            src, (role, rank) = torchrun.driver_src()  # each rank of a torchrun job is a driver: rank/<RANK>
-            r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), with_children=True)
-            r.register(role, rank)
-            return r
-        if not self.actor_id:
-            return None  # a task worker until an actor's __init__ runs here
-        import ray
-        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
-
-        name = _internal_kv_get(f"{self.run}/actor/{self.actor_id}", namespace=KV_NAMESPACE)
-        if name is None and time.monotonic() - self.asked_since < NAME_WAIT_S:
-            return None  # its creator writes it a moment after creating it
-        where = self._route()
-        if where is None:
-            return None
-        # where the driver finds this worker to take its stacks, when its node is not the supervisor's
-        _internal_kv_put(remote_stacks.node_key(self.run, self.actor_id), ray.get_runtime_context().get_node_id(),
-                         namespace=KV_NAMESPACE)
-        src = name.decode() if name else src_of(self.class_name, self.actor_id[:8])
-        role, rank = WorkerId.parse(src)
-        r = Reporter(src, heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1], with_children=True)
-        with self._roles_lock:
-            r.register(self.roles or role, rank, actor_id=self.actor_id)
-            self._registered = (r, rank)
-        return r
-
-    def initialized(self, actor: Any) -> None:
-        """After the actor's ``__init__``: a verl fused actor (``WorkerDict``, ``FusedWorker``) holds one worker
-        per role, made there; its role is then theirs (``actor_rollout+ref``), so its peers are the actors
-        fused alike, not every fused actor of the job."""
-        fused = getattr(actor, "worker_dict", None) or getattr(actor, "fused_worker_dict", None)
-        if not isinstance(fused, dict) or not fused or not all(isinstance(k, str) for k in fused):
-            return
-        with self._roles_lock:
-            self.roles = "+".join(fused)
-            if self._registered is not None:
-                reporter, rank = self._registered
-                reporter.register(self.roles, rank, actor_id=self.actor_id)
-
-    def _route(self) -> tuple[str, Any] | None:
-        """Where this worker's events go: the driver's route for its node (routes), once written."""
-        import ray
-
-        where = routes.lookup(self.run, ray.get_runtime_context().get_node_id())
-        if where is None and time.monotonic() - self.asked_since > ROUTE_WAIT_S:
-            _say_once("finding the run's ingest for this node", TimeoutError(
-                f"the job's driver wrote no route within {ROUTE_WAIT_S:.0f} s; trying {os.environ[job_env.INGEST]}"))
-            where = (os.environ[job_env.INGEST], None)
-        return where
-
-    def entering_actor(self, actor: Any) -> None:
-        if self.actor_id:
-            return
-        import ray
-
-        self.class_name = type(actor).__name__
-        self.asked_since = time.monotonic()
-        self.actor_id = ray.get_runtime_context().get_actor_id() or ""
-
-    def emit(self, event) -> None:
-        if self.activity.reporter is not None:
-            self.activity.reporter.emit(event)
-
-
-_process: _Process | None = None
+_process: WatchedProcess | None = None
 _install_lock = threading.Lock()
 
 
-def installed() -> _Process | None:
+def installed() -> WatchedProcess | None:
     """This process's part, once a hook (or a framework plugin) installed it."""
     return _process
 
@@ -223,7 +123,7 @@ def in_ray_worker() -> bool:
     return ray.is_initialized() and ray._private.worker.global_worker.mode == ray.WORKER_MODE
 
 
-def ensure_installed() -> _Process | None:
+def ensure_installed() -> WatchedProcess | None:
     """For a framework plugin, which may be imported before Ray's hooks ran (verl's driver imports verl
     before ``ray.init``): a Ray worker's part, or else the driver's (None in a child of either)."""
     if _process is None:
@@ -245,7 +145,7 @@ def _install(kind: str) -> None:
     with _install_lock:
         if _process is not None or (kind == "driver" and not _claim_driver()):
             return
-        _process = _Process(kind)
+        _process = WatchedProcess(kind)
         stacks = routes.stacks_dir(_process.run, os.environ.get(job_env.RUN_DIR, ""))  # the run's, or a private one
         install_faulthandler(stacks)  # stacks without py-spy, on SIGUSR1
         _process.activity.answer_task_stacks(stacks)  # an async actor's coroutines, which no thread shows
@@ -264,7 +164,7 @@ def _install(kind: str) -> None:
             ClusterWatch(_process.emit, on_nodes=[route.update, *on_nodes]).start()
 
 
-def _patch_actor_creation(p: _Process) -> None:
+def _patch_actor_creation(p: WatchedProcess) -> None:
     from ray.actor import ActorClass, ActorMethod
 
     make = ActorClass._remote
@@ -276,20 +176,35 @@ def _patch_actor_creation(p: _Process) -> None:
             if self.__ray_metadata__.class_name != remote_stacks.GkdStacksHelper.__name__:  # ours, not the job's
                 p.actors.name_created(self.__ray_metadata__.class_name, handle, kwargs)
         except Exception as e:
-            _say_once("naming a new actor", e)
+            say_once("naming a new actor", e)
         return handle
 
     ActorClass._remote = _remote  # type: ignore[method-assign]  # (Ray's own, wrapped)
 
     call = ActorMethod._remote
+    book = p.book
+    from ray import ObjectRef
 
     @functools.wraps(call)
     def _call(self, *args, **kwargs):
         out = call(self, *args, **kwargs)
-        try:
-            p.book.sent(p.actors.name_of(self._actor), self._method_name, out)
+        try:  # at every call of the job: a name found once a handle and method, then one store in the book
+            handle, method = self._actor, self._method_name
+            names = handle.__dict__.get(CALL_NAMES)  # (Ray makes an ActorMethod at every `handle.method`)
+            if names is None:
+                names = handle.__dict__[CALL_NAMES] = {}
+            key = names.get(method)
+            if key is None:
+                key = names[method] = (p.actors.name_of(handle), method)
+            if type(out) is ObjectRef:
+                newer = book.newer
+                newer[out.binary()] = key
+                if len(newer) >= BOOK_MAX:
+                    book.turn()
+            else:
+                book.note(key, out)
         except Exception as e:
-            _say_once("noting an actor call", e)
+            say_once("noting an actor call", e)
         return out
 
     ActorMethod._remote = _call  # type: ignore[method-assign]  # (Ray's own, wrapped)
@@ -297,13 +212,14 @@ def _patch_actor_creation(p: _Process) -> None:
 
 def begin(name: str, actor: Any = None, step: int | None = None, lane: Any = None) -> int | None:
     """A call of the job's begins (an actor's method, a framework's phase): noted, never raising into it."""
+    p = _process
     try:
-        assert _process is not None, "no hook installed"  # (a plugin's call before the hooks: said once below)
-        if actor is not None:
-            _process.entering_actor(actor)
-        return _process.activity.enter(name, step=step, lane=lane)
+        assert p is not None, "no hook installed"  # (a plugin's call before the hooks: said once below)
+        if actor is not None and not p.actor_id:
+            p.entering_actor(actor)
+        return p.activity.enter_call(name, step, lane)
     except Exception as e:
-        _say_once("noting a call", e)
+        say_once("noting a call", e)
         return None
 
 
@@ -313,10 +229,10 @@ def end(token: int | None) -> None:
             assert _process is not None, "no hook installed"
             _process.activity.leave(token)
         except Exception as e:
-            _say_once("noting the end of a call", e)
+            say_once("noting the end of a call", e)
 
 
-def _patch_actor_methods(p: _Process) -> None:
+def _patch_actor_methods(p: WatchedProcess) -> None:
     from ray._private.function_manager import FunctionActorManager
 
     make = FunctionActorManager._make_actor_method_executor
@@ -346,7 +262,7 @@ def _patch_actor_methods(p: _Process) -> None:
                     try:
                         p.initialized(__ray_actor)
                     except Exception as e:
-                        _say_once("reading the roles of a fused actor", e)
+                        say_once("reading the roles of a fused actor", e)
                 return out
         run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
         return run
@@ -354,42 +270,40 @@ def _patch_actor_methods(p: _Process) -> None:
     FunctionActorManager._make_actor_method_executor = make_executor  # type: ignore[method-assign]  # (Ray's)
 
 
-def _patch_waits(p: _Process) -> None:
+def _patch_waits(p: WatchedProcess) -> None:
     """``ray.get`` and ``ray.wait`` on the main thread: what they wait for, as a phase or as the detail of
     the phase they are in; a wait on a weight sync, a ``sync``."""
     import ray
 
+    activity = p.activity
+    activity.make_wait = p.make_wait
+    main, get_ident, wall = threading.main_thread().ident, threading.get_ident, time.time
     for name in ("get", "wait"):
         original = getattr(ray, name)
 
+        # Made on every wait of the job (thousands a second in a job of tiny calls), whose cost here is a cold
+        # cache's, several times a hot loop's: a wait is noted (a tuple) and nothing more, and the watcher makes
+        # one that lasts a call, with whom it waits on (Activity.main_wait). bench/bench_ray_watch.py times it.
         def waiting(refs, *args, _original=original, _name=f"ray.{name}", **kwargs):
-            if threading.current_thread() is not threading.main_thread() or (p.kind == "worker" and not p.actor_id):
+            if get_ident() != main or (p.kind == "worker" and not p.actor_id):
                 return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
-            timeout = kwargs.get("timeout")
-            deadline = time.time() + timeout if isinstance(timeout, (int, float)) else None
-            try:
-                wait = Wait(p.book, list(refs) if isinstance(refs, (list, tuple)) else [refs], p.emit, p.sync_timeout_s,
-                            p.step, whole=_name == "ray.get", num_returns=kwargs.get("num_returns", 1),
-                            in_sync=p.sync_in_parts is not None)
-                token = p.activity.enter(_name, progress=wait.progress, wait=True, waits_on=wait.waits_on,
-                                         deadline=deadline)  # whom it waits for: asked once it is shown
-            except Exception as e:  # the job's wait goes on, unseen
-                _say_once("noting a wait", e)
-                return _original(refs, *args, **kwargs)
+            noted = (_name, wall(), refs, kwargs)
+            outer, activity.main_wait = activity.main_wait, noted
+            if activity.asleep:
+                activity.wake()
             error = None
-            outer, p.current_wait = p.current_wait, wait
             try:
                 return _original(refs, *args, **kwargs)
             except BaseException as e:
                 error = e
                 raise
             finally:
-                p.current_wait = outer
-                try:  # never in place of the job's own result or error
-                    p.activity.leave(token)
-                    wait.ended(error)
-                except Exception as e:
-                    _say_once("noting the end of a wait", e)
+                activity.main_wait = outer
+                if activity.waits_made:  # the watcher made it a call (it lasted): it ends as one
+                    try:  # never in place of the job's own result or error
+                        activity.wait_ended(noted, error)
+                    except Exception as e:
+                        say_once("noting the end of a wait", e)
 
         functools.update_wrapper(waiting, original)
         setattr(ray, name, waiting)

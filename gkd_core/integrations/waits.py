@@ -10,7 +10,6 @@ the dashboard's sync gauge, with the pending workers, for a job that is not ours
 
 from __future__ import annotations
 
-import collections
 import itertools
 import os
 import re
@@ -21,30 +20,42 @@ from typing import Any
 
 from gkd_core.telemetry import events as ev
 
-BOOK_MAX = 65_536  # calls remembered; a wait on an older one says "an object" instead of its worker
+BOOK_MAX = 65_536  # calls remembered at least; a wait on an older one says "an object" instead of its worker
 SYNC_METHOD = re.compile(r"sync.*weight|weight.*sync|update_weights|broadcast_weights")
 SYNC_TIMEOUT_ENV = "GKD_SYNC_TIMEOUT_S"  # where nothing better is known (verl's nccl_timeout is)
 DEFAULT_SYNC_TIMEOUT_S = 600.0  # NCCL's and verl's default
 
 
 class RefBook:
-    """ref -> (worker, method) of the calls this process made, the newest ``BOOK_MAX``."""
+    """ref -> (worker, method) of the calls this process made: the newest ``BOOK_MAX`` at least, in two halves:
+    ``newer`` fills, and once it holds ``BOOK_MAX`` the older half is dropped whole and it starts again. A call
+    noted is one store in a dict (``note``, or the actor call's wrapper itself: at every call of a job)."""
 
     def __init__(self):
-        self._calls: collections.OrderedDict[bytes, tuple[str, str]] = collections.OrderedDict()
+        self.newer: dict[bytes, tuple[str, str]] = {}
+        self._older: dict[bytes, tuple[str, str]] = {}
 
     def sent(self, worker: str, method: str, out: Any) -> None:
-        refs = out if isinstance(out, list) else [out]
-        for ref in refs:
+        self.note((worker, method), out)
+
+    def note(self, call: tuple[str, str], out: Any) -> None:
+        """``out``: what an actor call returned (a ref, a list of them, or a generator, which is not kept)."""
+        for ref in out if isinstance(out, list) else [out]:
             binary = getattr(ref, "binary", None)
             if binary is not None:
-                self._calls[binary()] = (worker, method)
-        while len(self._calls) > BOOK_MAX:
-            self._calls.popitem(last=False)
+                self.newer[binary()] = call
+        if len(self.newer) >= BOOK_MAX:
+            self.turn()
+
+    def turn(self) -> None:
+        self._older, self.newer = self.newer, {}
 
     def who(self, ref: Any) -> tuple[str, str] | None:
         binary = getattr(ref, "binary", None)
-        return self._calls.get(binary()) if binary is not None else None
+        if binary is None:
+            return None
+        key = binary()
+        return self.newer.get(key) or self._older.get(key)
 
 
 def _names(calls: list[tuple[str, str] | None]) -> str:
@@ -70,10 +81,10 @@ def _names(calls: list[tuple[str, str] | None]) -> str:
 class Wait:
     """One wait of the main thread on ``refs``: its phase detail and, for a weight sync, its sync events.
 
-    Made on every ``ray.get`` of the job, most of which return within milliseconds: only what the wait
-    itself needs is done then (a microsecond or two). Who it waits for, and whether it is a sync, is
-    found the first time something asks (the watcher's thread, once the wait has lasted long enough to be
-    shown; a cancel), from the refs and the book of calls."""
+    Made of a wait that has lasted long enough to be shown (the watcher's thread: most of a job's waits
+    return within milliseconds, and are only noted, by ray_hook), or that a cancel asks about. Who it waits
+    for, and whether it is a sync, is found the first time something asks, from the refs and the book of
+    calls."""
 
     _sync_ids = itertools.count(1)
 
@@ -83,7 +94,8 @@ class Wait:
         return next(cls._sync_ids)
 
     def __init__(self, book: RefBook, refs: list, emit: Callable[[ev.Event], None], sync_timeout_s: float | None,
-                 step: int | None, whole: bool = True, num_returns: int = 1, in_sync: bool = False):
+                 step: int | None, whole: bool = True, num_returns: int = 1, in_sync: bool = False,
+                 started: float | None = None, deadline: float | None = None):
         """``whole``: the wait returns once every ref has (``ray.get``), so its normal end is a sync's end;
         a ``ray.wait`` may return on the first, and is never a sync. A wait that needs every ref (``whole``,
         or a ``ray.wait`` for ``num_returns`` of all of them) waits on each: each is an edge of the wait-for
@@ -91,7 +103,8 @@ class Wait:
         sync already said (verl's checkpoint engine, in parts), never a sync of its own."""
         self.book, self._given, self.emit, self.step, self.in_sync = book, refs, emit, step, in_sync
         self.whole, self.num_returns, self.sync_timeout_s = whole, num_returns, sync_timeout_s
-        self.started = time.time()
+        self.started = time.time() if started is None else started
+        self.deadline = deadline  # (time.time) the wait's own timeout, where it has one
         self.said_sync = False
         self._over = False
         self._resolved = False

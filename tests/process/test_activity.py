@@ -233,3 +233,64 @@ def test_calls_in_flight_at_once_show_as_the_oldest_with_their_count_and_their_a
         activity.close()
         reporter.close()
         rx.close()
+
+
+def test_a_wait_is_only_noted_until_it_lasts_then_shown_from_its_start_and_ended_as_a_call(tmp_path):
+    """The main thread's waits, as ray_hook's wrapper notes them (``Activity.main_wait``): one that returns at
+    once is never made a call and sends nothing; one that lasts is made one by the watcher, shown as its
+    phase's detail, and ended as a call (its Wait's end: the refs let go); one
+    that ends while the watcher makes it is dropped there, never shown."""
+    from gkd_core.integrations.waits import RefBook, Wait
+
+    rx = Received(tmp_path)
+    reporter = Reporter("Trainer/0", ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+    made: list[Wait] = []
+
+    def make_wait(noted: tuple) -> Wait:  # as ray_hook's ``make_wait``: a Wait of the noted refs
+        made.append(Wait(RefBook(), list(noted[2]), reporter.emit, None, None, started=noted[1]))
+        return made[-1]
+
+    def waited(seconds: float) -> float:  # as ray_hook's wrapper, around a wait of ``seconds``
+        noted = ("ray.get", time.time(), [], {})
+        outer, activity.main_wait = activity.main_wait, noted
+        if activity.asleep:
+            activity.wake()
+        time.sleep(seconds)
+        activity.main_wait = outer
+        if activity.waits_made:
+            activity.wait_ended(noted, None)
+        return noted[1]
+
+    activity.make_wait = make_wait
+    try:
+        step = activity.enter("step")
+        time.sleep(SHOW_AFTER_S + 3 * TICK_S)  # the step shown
+        for _ in range(50):
+            waited(0.0005)  # each well within SHOW_AFTER_S
+        assert made == [] and activity.waits_made == {}
+        began = waited(SHOW_AFTER_S + 4 * TICK_S)
+        assert len(made) == 1 and activity.waits_made == {} and made[0]._over  # made once, then ended
+        time.sleep(3 * TICK_S)
+        activity.leave(step)
+        phases = rx.phases()
+
+        noted = ("ray.get", time.time() - 1.0, [], {})  # the race: the wait ends while the watcher makes it
+
+        def ended_meanwhile(noted: tuple) -> Wait:
+            activity.main_wait = None  # (the main thread, between the watcher's look and its note)
+            return make_wait(noted)
+
+        activity.make_wait = ended_meanwhile
+        activity.main_wait = noted
+        activity._make_main_wait(time.time())
+        assert activity.waits_made == {} and activity._active == {}  # dropped, never shown
+    finally:
+        activity.close()
+        reporter.close()
+        rx.close()
+    inside = [p for p in phases if p["phase"] == "step" and "ray.get:" in p["detail"]]
+    assert inside and "all 0 answered" in inside[0]["detail"], phases
+    back = [p for p in phases if p["phase"] == "step" and "ray.get" not in p["detail"]]
+    assert back[-1]["ts"] >= began + SHOW_AFTER_S + 4 * TICK_S  # the step alone again, once the wait returned
+    assert all(p["phase"] != "ray.get" for p in phases)
