@@ -1,11 +1,9 @@
 """What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
 
 The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
-start and end, a microsecond a call (in a hot loop; several in a job, whose caches Ray's own work keeps
-cold between two calls: bench/bench_ray_watch.py measures both). A wait on the main thread is noted as a
-tuple and nothing more (``main_wait``): the watcher makes it a call once it has lasted, with whom it waits
-on (``make_wait``), so the thousands of waits a second that return within milliseconds cost no object
-and no event. A watcher thread, every ``TICK_S``, shows the newest call
+start and end, a microsecond a call in a hot loop (several in a job: bench/bench_ray_watch.py); a wait on
+the main thread, as a tuple (``main_wait``), made a call by the watcher only once it lasts (``make_wait``:
+whom it waits on). A watcher thread, every ``TICK_S``, shows the newest call
 that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the process's phase, with its
 real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
 fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
@@ -129,6 +127,7 @@ class Activity:
         self.main_wait: tuple | None = None
         self.make_wait: Callable[[tuple], Any] | None = None
         self.waits_made: dict[int, tuple[tuple, int, Any]] = {}
+        self._unmade: int | None = None  # the id of a noted wait whose making failed
         self._main = threading.main_thread().ident
 
     def answer_task_stacks(self, folder: Path) -> None:
@@ -303,16 +302,20 @@ class Activity:
         start; its number counts the waits that lasted), with the progress and edges ``make_wait`` gives it. If
         the wait ended meanwhile, its wrapper may not have seen it made: the call is dropped here, never shown."""
         noted = self.main_wait
-        if noted is None or now - noted[1] < SHOW_AFTER_S or id(noted) in self.waits_made:
+        if (noted is None or now - noted[1] < SHOW_AFTER_S or id(noted) in self.waits_made
+                or id(noted) == self._unmade):
             return
         assert self.make_wait is not None  # (asked only with one)
+        self._unmade = id(noted)  # (until it is made: a wait ours cannot make is tried once, and goes unseen)
         wait = self.make_wait(noted)
         token = self.enter(noted[0], deadline=wait.deadline, progress=wait.progress, wait=True, waits_on=wait.waits_on,
                            lane=self._main)
         self._active[token].started = noted[1]
         self.waits_made[id(noted)] = (noted, token, wait)
+        self._unmade = None
         if self.main_wait is not noted and self.waits_made.pop(id(noted), None) is not None:
             self.leave(token)
+            wait.ended(None)  # (its refs let go of here, not whenever this frame's locals go)
 
     def _may_sleep(self) -> bool:
         """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""

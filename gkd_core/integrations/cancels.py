@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gkd_core.integrations import job_env, remote_stacks
+from gkd_core.integrations.waits import Wait
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.commands import Command, CommandInbox
@@ -68,9 +69,9 @@ class DriverCommands:
             return
         target, force = args.target, args.mode == "force"
         p = self.process
+        wait = p.current_wait  # (read once: the main thread moves on meanwhile, and a Wait made on asking is one)
+        wait = wait.resolve() if wait is not None else None
         if target == "sync":
-            wait = p.current_wait  # (read once: the main thread moves on meanwhile)
-            wait = wait.resolve() if wait is not None else None
             names = list(wait.pending) if wait is not None and wait.is_sync else []
             if not names:
                 self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, request=cmd.id,
@@ -80,11 +81,11 @@ class DriverCommands:
             names = sorted(set(p.actors.names.values()))
         else:
             names = [target]
-        outcome = {n: self._cancel(n, force) for n in names}
+        outcome = {n: self._cancel(n, force, wait) for n in names}
         self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=all(not o.startswith("no ") for o in outcome.values()),
                                  result={"target": target, "mode": args.mode, "outcome": outcome}, request=cmd.id))
 
-    def _cancel(self, name: str, force: bool) -> str:
+    def _cancel(self, name: str, force: bool, wait: Wait | None) -> str:
         import ray
 
         if force:
@@ -93,10 +94,8 @@ class DriverCommands:
                 return "no handle to it here (not made by this driver, and not a named actor)"
             ray.kill(handle, no_restart=True)
             return "killed"
-        # the calls the driver waits on now: their refs are alive in its ray.get (a ref is not ours to keep
-        # alive longer: it would pin its result in the object store)
-        wait = self.process.current_wait
-        wait = wait.resolve() if wait is not None else None
+        # the calls the driver waits on now (``wait``, resolved): their refs are alive in its ray.get (a ref is
+        # not ours to keep alive longer: it would pin its result in the object store)
         book = self.process.book
         refs = [r for r in (wait.refs if wait is not None else []) if (book.who(r) or ("",))[0] == name]
         if not refs:

@@ -200,7 +200,7 @@ def _patch_actor_creation(p: WatchedProcess) -> None:
                 newer = book.newer
                 newer[out.binary()] = key
                 if len(newer) >= BOOK_MAX:
-                    book.turn()
+                    book.turn(newer)
             else:
                 book.note(key, out)
         except Exception as e:
@@ -287,12 +287,12 @@ def _patch_waits(p: WatchedProcess) -> None:
         def waiting(refs, *args, _original=original, _name=f"ray.{name}", **kwargs):
             if get_ident() != main or (p.kind == "worker" and not p.actor_id):
                 return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
-            noted = (_name, wall(), refs, kwargs)
-            outer, activity.main_wait = activity.main_wait, noted
-            if activity.asleep:
-                activity.wake()
-            error = None
+            noted = (_name, wall(), refs, kwargs, p.step, p.sync_in_parts)  # (the step and sync as it began)
+            outer, error = activity.main_wait, None
             try:
+                activity.main_wait = noted
+                if activity.asleep:
+                    activity.wake()
                 return _original(refs, *args, **kwargs)
             except BaseException as e:
                 error = e

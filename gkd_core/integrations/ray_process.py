@@ -118,13 +118,12 @@ class WatchedProcess:
             self.activity.reporter.emit(event)
 
     def make_wait(self, noted: tuple) -> Wait:
-        """The Wait of a wait the main thread's wrapper noted: ``(name, start, refs, kwargs)``."""
-        name, started, refs, kwargs = noted
+        """The Wait of a wait the main thread's wrapper noted: ``(name, start, refs, kwargs, step, sync in parts)``."""
+        name, started, refs, kwargs, step, sync_in_parts = noted
         timeout = kwargs.get("timeout")
         refs = list(refs) if isinstance(refs, (list, tuple)) else [refs]
-        return Wait(self.book, refs, self.emit, self.sync_timeout_s, self.step, whole=name == "ray.get",
-                    num_returns=kwargs.get("num_returns", 1),
-                    in_sync=self.sync_in_parts is not None, started=started,
+        return Wait(self.book, refs, self.emit, self.sync_timeout_s, step, whole=name == "ray.get",
+                    num_returns=kwargs.get("num_returns", 1), in_sync=sync_in_parts is not None, started=started,
                     deadline=started + timeout if isinstance(timeout, (int, float)) else None)
 
     @property

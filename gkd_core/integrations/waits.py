@@ -45,10 +45,12 @@ class RefBook:
             if binary is not None:
                 self.newer[binary()] = call
         if len(self.newer) >= BOOK_MAX:
-            self.turn()
+            self.turn(self.newer)
 
-    def turn(self) -> None:
-        self._older, self.newer = self.newer, {}
+    def turn(self, full: dict) -> None:
+        """``full`` (the ``newer`` its caller filled) becomes the older half: once, when two threads see it full."""
+        if self.newer is full:
+            self._older, self.newer = full, {}
 
     def who(self, ref: Any) -> tuple[str, str] | None:
         binary = getattr(ref, "binary", None)
