@@ -127,7 +127,7 @@ class Activity:
         self.main_wait: tuple | None = None
         self.make_wait: Callable[[tuple], Any] | None = None
         self.waits_made: dict[int, tuple[tuple, int, Any]] = {}
-        self._unmade: int | None = None  # the id of a noted wait whose making failed
+        self._unmade: tuple[int, float] | None = None  # (id, start) of a noted wait whose making failed
         self._main = threading.main_thread().ident
 
     def answer_task_stacks(self, folder: Path) -> None:
@@ -303,10 +303,10 @@ class Activity:
         the wait ended meanwhile, its wrapper may not have seen it made: the call is dropped here, never shown."""
         noted = self.main_wait
         if (noted is None or now - noted[1] < SHOW_AFTER_S or id(noted) in self.waits_made
-                or id(noted) == self._unmade):
+                or (id(noted), noted[1]) == self._unmade):
             return
         assert self.make_wait is not None  # (asked only with one)
-        self._unmade = id(noted)  # (until it is made: a wait ours cannot make is tried once, and goes unseen)
+        self._unmade = (id(noted), noted[1])  # (until made: a wait ours cannot make is tried once, goes unseen)
         wait = self.make_wait(noted)
         token = self.enter(noted[0], deadline=wait.deadline, progress=wait.progress, wait=True, waits_on=wait.waits_on,
                            lane=self._main)

@@ -294,3 +294,34 @@ def test_a_wait_is_only_noted_until_it_lasts_then_shown_from_its_start_and_ended
     back = [p for p in phases if p["phase"] == "step" and "ray.get" not in p["detail"]]
     assert back[-1]["ts"] >= began + SHOW_AFTER_S + 4 * TICK_S  # the step alone again, once the wait returned
     assert all(p["phase"] != "ray.get" for p in phases)
+
+
+def test_a_wait_whose_making_fails_is_tried_once_and_the_next_wait_is_made(tmp_path):
+    """A failure of ours in making a Wait (``make_wait`` raises) is tried once for that wait, not at every tick
+    while it lasts; the next wait is made as usual."""
+    from gkd_core.integrations.waits import RefBook, Wait
+
+    activity = Activity(lambda: None)
+    tries: list[tuple] = []
+
+    def failing(noted: tuple) -> Wait:
+        tries.append(noted)
+        raise RuntimeError("ours")
+
+    activity.make_wait = failing
+    noted = ("ray.get", time.time() - 1.0, [], {})
+    activity.main_wait = noted
+    for _ in range(3):
+        try:
+            activity._make_main_wait(time.time())
+        except RuntimeError:
+            pass
+    assert len(tries) == 1 and activity.waits_made == {}
+    activity.make_wait = lambda n: Wait(RefBook(), [], lambda e: None, None, None, started=n[1])
+    later = ("ray.get", time.time() - 1.0, [], {})
+    activity.main_wait = later
+    activity._make_main_wait(time.time())
+    assert list(activity.waits_made) == [id(later)]
+    activity.main_wait = None
+    activity.wait_ended(later, None)
+    assert activity.waits_made == {} and activity._active == {}

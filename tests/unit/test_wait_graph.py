@@ -188,3 +188,24 @@ def test_the_state_keeps_who_waits_so_a_pass_does_not_read_every_worker():
     st.apply(ev.WorkerEvent(src="Trainer/0", role="Trainer", rank=0, node="node-a", pid=101, ts=T0 + 2))  # anew
     assert st.waiting == {"driver"}
     assert deadlocks(st, T0 + 30) == []
+
+
+def test_the_book_of_calls_keeps_the_newest_half_and_turns_once_when_two_threads_see_it_full():
+    from gkd_core.integrations import waits
+
+    book = waits.RefBook()
+
+    class Ref:
+        def __init__(self, i: int):
+            self.i = i
+
+        def binary(self) -> bytes:
+            return self.i.to_bytes(28, "little")
+
+    for i in range(waits.BOOK_MAX):
+        book.sent("Callee/0", "answer", Ref(i))
+    assert book.newer == {}  # full: turned into the older half
+    full = book._older
+    book.sent("Callee/1", "answer", Ref(waits.BOOK_MAX))
+    book.turn(full)  # a second thread that saw the same half full: nothing more is dropped
+    assert book.who(Ref(0)) == ("Callee/0", "answer") and book.who(Ref(waits.BOOK_MAX)) == ("Callee/1", "answer")
