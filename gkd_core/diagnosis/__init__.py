@@ -10,6 +10,7 @@ The supervisor runs them for gkd runs, the Ray-state source for jobs it only obs
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from gkd_core import vocab
 from gkd_core.diagnosis import cascade
@@ -26,10 +27,16 @@ AUTO_STACK_AGAIN_S = 3.0
 DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call is safe)
 
 
-def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:
+def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
+             between: Callable[[], object] | None = None) -> list[AlertEvent]:
+    """``between``: called after each rule (the supervisor takes in what came meanwhile: at 65,536 workers
+    a whole pass is some 100 ms, which its ingest would wait for at once). Each rule reads the state as it
+    is when the rule runs; a finding is of that moment, as it would be one pass later."""
     out: list[AlertEvent] = []
     for rule in RULES:
         out.extend(rule(state, now, settings))
+        if between is not None:
+            between()
     # "slower than usual" is for when nothing else explains the wait: once a rule names a cause (a
     # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):

@@ -8,6 +8,8 @@ everything else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gkd_core import diagnosis
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
@@ -15,8 +17,10 @@ from gkd_core.telemetry.wire import RejectCounter
 
 
 def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
-             setup_s: float = diagnosis.Settings().setup_s) -> list[AlertEvent]:
-    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s, setup_s=setup_s))
+             setup_s: float = diagnosis.Settings().setup_s,
+             between: Callable[[], object] | None = None) -> list[AlertEvent]:
+    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s, setup_s=setup_s),
+                              between)
 
 
 def diff(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:

@@ -76,9 +76,10 @@ class Recorder:
         obj["kind"] = event.__struct_config__.tag
         self.commit(obj, event, obj["kind"].encode())
 
-    def drain(self, sock: zmq.Socket) -> None:
+    def drain(self, sock: zmq.Socket) -> int:
         """The events waiting on ``sock``, up to INGEST_BATCH; what cannot be read is counted by reason.
-        Batches of heartbeats that arrive one after the other are taken as one (``_take_batches``)."""
+        Batches of heartbeats that arrive one after the other are taken as one (``_take_batches``).
+        Returns how many messages it read (INGEST_BATCH: there may be more)."""
         # the hot path, at 65,536 workers 8,192 batches a second and 20,000 phase changes in a burst: frames
         # read until there is none (an option read per message, to ask first, costs more than the one
         # zmq.Again at the end); a message is [json] or [kind, json]
@@ -86,11 +87,11 @@ class Recorder:
         batches: list[ev.HeartbeatsEvent] = []  # in a row, not taken yet: nothing else came between
         beats = 0  # in them
         try:
-            for _ in range(INGEST_BATCH):
+            for read in range(INGEST_BATCH):
                 try:
                     frame = recv(_NOBLOCK, copy=False)
                 except zmq.Again:
-                    return
+                    return read
                 n, first = 1, frame.bytes
                 data = first
                 while frame.more:
@@ -134,6 +135,7 @@ class Recorder:
                     self.commit_stamped(typed, logged)
                 else:
                     self.commit(obj, typed, _kind_bytes(typed.kind), logged)
+            return INGEST_BATCH
         finally:
             if batches:
                 self._take_batches(batches)

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -32,6 +33,7 @@ from gkd_core.supervisor import alerts, control_ops
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
 from gkd_core.supervisor.heap import Heap
+from gkd_core.supervisor.ingest import Ingest
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
@@ -94,6 +96,7 @@ class Supervisor:
                             HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s),
                             self.sockets.publish, seq)
         self.emit = self.rec.emit
+        self.ingest = Ingest(self.rec, self.sockets)
         self.life = DriverLife(run_dir=self.run_dir, run_id=self.run_id, endpoints=self.endpoints,
                                drivers=self.sockets.drivers, driver_module=driver_module, command=command,
                                adopt=adopt, grace_s=grace_s, restarts=restarts, emit=self.emit)
@@ -216,10 +219,10 @@ class Supervisor:
 
     # --- the loop ------------------------------------------------------------------------
 
-    def _evaluate_alerts(self) -> None:
+    def _evaluate_alerts(self, between_rules: Callable[[], object] | None = None) -> None:
         self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
         wanted = alerts.evaluate(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
-                                 setup_s=self.cfg.trainer.init_timeout_s)
+                                 setup_s=self.cfg.trainer.init_timeout_s, between=between_rules)
         wanted += alerts.refusals(self.rec.rejects, self._auth_refused)
         for a in alerts.diff(self.state, wanted):
             if a.code == "ingest_rejected" and self.rec.rejects.total == self._rejects_reported:
@@ -291,11 +294,9 @@ class Supervisor:
         ended = False  # by the loop's own way out, not an exception: the run's end is worth a keyframe
         try:
             while not ended:
+                self.ingest.gather()
                 ready = dict(poller.poll(int(TICK_S * 1000)))
-                if s.ingest in ready:
-                    self.rec.drain(s.ingest)
-                if s.ingest_tcp is not None and s.ingest_tcp in ready:
-                    self.rec.drain(s.ingest_tcp)
+                self.ingest.read(ready)
                 if s.control in ready:
                     control_ops.serve(s.control, "ipc", self._ops, self.emit, self._recent_replies)
                 if s.control_tcp is not None and s.control_tcp in ready:
@@ -317,10 +318,11 @@ class Supervisor:
                 stragglers.keep_up(self.state)
                 if now >= self._next_alerts:
                     self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
-                    self._evaluate_alerts()
+                    self.ingest.between_s = 0.0
+                    self._evaluate_alerts(between_rules=self.ingest.between)
                     # every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
                     # (65,536 workers: about every second): the diagnosis never crowds out the events it reads
-                    took = time.monotonic() - now
+                    took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
                 if self.local_stacks is not None:
                     self._take_local_stacks(self.local_stacks)
@@ -330,9 +332,7 @@ class Supervisor:
                 ended = (life.ended_at is not None and life.driver is None
                          and (life.stopping or now - life.ended_at >= self.linger_s))
         finally:
-            self.rec.drain(s.ingest)  # what the workers said last is worth keeping
-            if s.ingest_tcp is not None:
-                self.rec.drain(s.ingest_tcp)
+            self.ingest.last()
             self.rec.restate_silent(everyone=True)
             self.rec.flush()
             self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq) if ended else None))

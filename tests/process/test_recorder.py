@@ -4,12 +4,14 @@ in a row are one event to the subscribers, and nothing is reordered around the e
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import zmq
 
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.state import RunState
+from gkd_core.supervisor.ingest import COALESCE_S, Ingest
 from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE, Recorder
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
@@ -80,3 +82,42 @@ def test_a_long_run_of_batches_is_cut_into_events_a_subscriber_takes(tmp_path):
     lines = (tmp_path / "events.jsonl").read_bytes().splitlines()
     assert sum(len(wire.decode(line).beats) for line in lines) == 4 * nodes  # each worker's first beat, logged
     assert max(len(line) for line in lines) < MAX_EVENT_BYTES // 2
+
+
+def test_the_ingest_waits_for_more_after_it_is_emptied_and_what_gathered_is_one_event(tmp_path):
+    """At 8,192 batches a second a loop that woke for each paid a publish and the reducer's call for every
+    one: after a read that empties the ingest it waits COALESCE_S, and the batches that came meanwhile go to
+    the subscribers as one event. A read cut off at INGEST_BATCH does not wait: there is more."""
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind("inproc://ingest")
+    push.connect("inproc://ingest")
+    published: list[tuple[bytes, bytes]] = []
+    state = RunState()
+    rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
+                   lambda kind, line: published.append((kind, line)))
+    ingest = Ingest(rec, SimpleNamespace(ingest=pull, ingest_tcp=None))  # type: ignore[arg-type]
+    try:
+        t = time.time()
+        push.send_multipart(batch(0, t))
+        assert pull.poll(1000)
+        ingest.read({pull: zmq.POLLIN})
+        assert ingest.emptied and len(published) == 1
+        for n in (1, 2, 3):  # three more nodes' batches, as they come while the ingest waits
+            push.send_multipart(batch(n, t))
+        started = time.monotonic()
+        ingest.gather()
+        assert time.monotonic() - started >= COALESCE_S
+        assert pull.poll(1000)
+        ingest.read({pull: zmq.POLLIN})
+        assert len(published) == 2 and len(state.workers) == 16  # one read, one event
+        assert [b.src for b in wire.decode(published[1][1]).beats] == [f"rollout/{i}" for i in range(4, 16)]
+        ingest.emptied = False  # a read cut off at INGEST_BATCH: read on at once
+        started = time.monotonic()
+        ingest.gather()
+        assert time.monotonic() - started < COALESCE_S
+    finally:
+        rec.close()
+        push.close(0)
+        pull.close(0)
+        ctx.term()

@@ -678,3 +678,26 @@ def test_a_teacher_proxy_started_again_counts_from_its_own_first_word():
     assert (server.received_at, server.progress_at) == (T0 + 20, T0 + 20)
     assert named(st, T0 + 21, "teacher_unreached") == []
 
+
+
+def test_what_comes_in_between_two_rules_is_read_by_the_rules_after_it():
+    """The supervisor takes in its ingest between two rules of a pass (``between``): a pass at 65,536
+    workers is some 100 ms, which no event should wait for whole. A rule reads the state as it is when
+    the rule runs, and the findings are the same as one pass later."""
+    from gkd_core.diagnosis.rules import RULES
+
+    st = running_sync(until=T0 + 30)
+    for t in range(31, 40):
+        for src in ("driver", "student/0", "rollout/0"):
+            beat(st, src, T0 + t, 30.0)
+    calls = []
+
+    def between():
+        calls.append(len(calls))
+        if len(calls) == 1:  # after the first rule (heartbeat_stale): rollout/1's beat comes back
+            beat(st, "rollout/1", T0 + 36.4, 30.0)
+
+    found = diagnosis.diagnose(st, T0 + 36.5, between=between)
+    assert len(calls) == len(RULES)
+    assert [a.targets for a in found if a.code == "heartbeat_stale"] == [["rollout/1"]]  # found before it came
+    assert named(st, T0 + 36.5, "heartbeat_stale") == []  # the next pass reads it

@@ -33,18 +33,20 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     # who has been quiet long enough for any of the limits below (``silent_for``, inline)
     quietest = min(cfg.stall_s, frozen) - 2 * cfg.heartbeat_s
     others_fresh, quiet = 0, []
-    clocks, vouch = state.relay_clocks, state.vouch_s
+    vouch = state.vouch_s
+    clock_at = {relay: ts for relay, (_, ts) in state.relay_clocks.items()}
+    fresh_after, quiet_before = now - fresh, now - quietest  # (times, not ages: one subtraction less a worker)
     for w in state.workers.values():
         beat = w.last_heartbeat  # (``heartbeat_at``, inline)
-        if beat and w.clock_via and (clock := clocks.get(w.clock_via)) is not None and clock[1] > beat:
-            beat = min(clock[1], beat + vouch)
         if not beat:
             continue  # never heard from: not silent, only not yet started
-        if now - beat < fresh:
+        if w.clock_via and (clock := clock_at.get(w.clock_via)) is not None and clock > beat:
+            beat = clock if clock < beat + vouch else beat + vouch
+        if beat > fresh_after:
             others_fresh += 1
-        age = now - (beat if beat >= w.phase_since else w.phase_since)
-        if age > quietest:
-            quiet.append((w, age))
+        heard = beat if beat >= w.phase_since else w.phase_since
+        if heard < quiet_before:
+            quiet.append((w, now - heard))
     limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
     quiet = [(w, age) for w, age in quiet if w.phase not in WORKER_ENDED]
     silent = {w.src: age for w, age in quiet if age > limit}  # (``RunState.stale_workers``)
