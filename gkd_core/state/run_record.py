@@ -79,7 +79,7 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     relay_clocks: dict[str, tuple[float, float]] = {}
     # how far past a worker's newest full beat its relay's clock is taken for it (``views.heartbeat_at``):
     # the run's periods set it (``vouch_s``); this default is theirs by default
-    vouch_s: float = 18.0
+    vouch_s: float = 23.0
 
     def worker_seen(self, src: str, ts: float) -> WorkerState:
         """The worker ``src`` (made when first heard of), last seen at ``ts`` or later."""

@@ -141,9 +141,11 @@ def event_of_beat(b: Beat, **fields: Any) -> HeartbeatEvent:
 
 
 # A relay sends each worker's beat in full at least this often, however little it says (``relay.same_beat``):
-# the shown CPU and RSS are never older, and a relay's clock vouches for a worker no further than a while
-# past its newest full beat (``state.views.heartbeat_at``)
-FULL_BEAT_S = 5.0
+# the shown CPU and RSS are never older (a larger change goes at once), and a relay's clock vouches for a
+# worker no further than a while past its newest full beat (``state.views.heartbeat_at``). The log's period
+# (``heartbeat_log_s``, 10 s by default): the log keeps one beat of a still worker that often, and a full beat
+# more often than it keeps is work for nothing (at 65,536 still workers, 6,554 beats a second)
+FULL_BEAT_S = 10.0
 
 
 class RelayClock(msgspec.Struct, array_like=True, gc=False):

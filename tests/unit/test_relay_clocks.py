@@ -49,17 +49,19 @@ def test_what_is_new_in_a_beat():
 def test_a_node_sends_its_clock_and_only_the_beats_that_say_something():
     b = HeartbeatBatcher("agent/n0", "n0")
     sent = []
-    for t in range(7):
+    full_every = int(FULL_BEAT_S)
+    for t in range(full_every + 2):
         for i in range(4):  # each worker beats a little later in the second than the one before
             b.add(beat(t + i / 10, src=f"rollout/{i}", cpu=60.0 + (t % 3), mem=MEM))
         e = taken(b, t + 0.5)
         assert e is not None
         sent.append(e)
-    assert [len(e.beats) for e in sent] == [4, 1, 1, 1, 1, 4, 1]  # all at first, one for the scope, all at 5 s
+    # all at first, then one for the scope, and all again at FULL_BEAT_S
+    assert [len(e.beats) for e in sent] == [4] + [1] * (full_every - 1) + [4, 1]
     [clock] = sent[1].clocks
     assert (clock.relay, clock.epoch, clock.ts) == ("agent/n0", b.epoch, T0 + 1.0)  # the oldest of their newest
     assert sent[0].clocks[0].joined == tuple(f"rollout/{i}" for i in range(4)) and not clock.joined and not clock.quiet
-    assert taken(b, 6.6) is None  # nothing new: not a beat, not a change of the clock
+    assert taken(b, full_every + 1.6) is None  # nothing new: not a beat, not a change of the clock
 
 
 def test_a_worker_that_stops_is_said_quiet_with_its_newest_beat_and_joins_again_in_full():
