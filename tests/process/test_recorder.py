@@ -3,7 +3,9 @@ in a row are one event to the subscribers, and nothing is reordered around the e
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import zmq
@@ -23,9 +25,10 @@ def batch(node: int, t: float) -> list[bytes]:
     return wire.frames(ev.HeartbeatsEvent(src=f"agent/n{node}", node=f"n{node}", ts=t, beats=beats))
 
 
-def take_in(tmp_path, messages: list[list[bytes]], done) -> tuple[Recorder, RunState, list[tuple[bytes, bytes]]]:
-    """A Recorder draining a real PULL socket that ``messages`` were pushed to, until ``done(published,
-    state)`` or 5 s; (the recorder, its state, what it published as (kind, line))."""
+@contextlib.contextmanager
+def wired(tmp_path) -> Iterator[tuple[zmq.Socket, zmq.Socket, Recorder, RunState, list[tuple[bytes, bytes]]]]:
+    """A real PULL socket and a PUSH connected to it, and a Recorder whose publishes are kept as (kind, line):
+    (pull, push, recorder, its state, what it published)."""
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.bind("inproc://ingest")
@@ -34,16 +37,25 @@ def take_in(tmp_path, messages: list[list[bytes]], done) -> tuple[Recorder, RunS
     state = RunState()
     rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
                    lambda kind, line: published.append((kind, line)))
-    for message in messages:
-        push.send_multipart(message)
-    deadline = time.monotonic() + 5
-    while not done(published, state) and time.monotonic() < deadline:
-        if pull.poll(100):
-            rec.drain(pull)
-    rec.close()
-    push.close(0)
-    pull.close(0)
-    ctx.term()
+    try:
+        yield pull, push, rec, state, published
+    finally:
+        rec.close()
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+def take_in(tmp_path, messages: list[list[bytes]], done) -> tuple[Recorder, RunState, list[tuple[bytes, bytes]]]:
+    """A Recorder draining a real PULL socket that ``messages`` were pushed to, until ``done(published,
+    state)`` or 5 s; (the recorder, its state, what it published as (kind, line))."""
+    with wired(tmp_path) as (pull, push, rec, state, published):
+        for message in messages:
+            push.send_multipart(message)
+        deadline = time.monotonic() + 5
+        while not done(published, state) and time.monotonic() < deadline:
+            if pull.poll(100):
+                rec.drain(pull)
     return rec, state, published
 
 
@@ -88,16 +100,8 @@ def test_the_ingest_waits_for_more_after_it_is_emptied_and_what_gathered_is_one_
     """At 8,192 batches a second a loop that woke for each paid a publish and the reducer's call for every
     one: after a read that empties the ingest it waits COALESCE_S, and the batches that came meanwhile go to
     the subscribers as one event. A read cut off at INGEST_BATCH does not wait: there is more."""
-    ctx = zmq.Context()
-    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    pull.bind("inproc://ingest")
-    push.connect("inproc://ingest")
-    published: list[tuple[bytes, bytes]] = []
-    state = RunState()
-    rec = Recorder("r", state, EventLog(tmp_path / "events.jsonl"), HeartbeatLog(every_s=10.0, heartbeat_s=1.0),
-                   lambda kind, line: published.append((kind, line)))
-    ingest = Ingest(rec, SimpleNamespace(ingest=pull, ingest_tcp=None))  # type: ignore[arg-type]
-    try:
+    with wired(tmp_path) as (pull, push, rec, state, published):
+        ingest = Ingest(rec, SimpleNamespace(ingest=pull, ingest_tcp=None))  # (the sockets it reads of Sockets)
         t = time.time()
         push.send_multipart(batch(0, t))
         assert pull.poll(1000)
@@ -116,8 +120,3 @@ def test_the_ingest_waits_for_more_after_it_is_emptied_and_what_gathered_is_one_
         started = time.monotonic()
         ingest.gather()
         assert time.monotonic() - started < COALESCE_S
-    finally:
-        rec.close()
-        push.close(0)
-        pull.close(0)
-        ctx.term()
