@@ -76,10 +76,10 @@ class Recorder:
         obj["kind"] = event.__struct_config__.tag
         self.commit(obj, event, obj["kind"].encode())
 
-    def drain(self, sock: zmq.Socket) -> int:
-        """The events waiting on ``sock``, up to INGEST_BATCH; what cannot be read is counted by reason.
+    def drain(self, sock: zmq.Socket, most: int = INGEST_BATCH) -> int:
+        """The events waiting on ``sock``, up to ``most``; what cannot be read is counted by reason.
         Batches of heartbeats that arrive one after the other are taken as one (``_take_batches``).
-        Returns how many messages it read (INGEST_BATCH: there may be more)."""
+        Returns how many messages it read (``most``: there may be more)."""
         # the hot path, at 65,536 workers 8,192 batches a second and 20,000 phase changes in a burst: frames
         # read until there is none (an option read per message, to ask first, costs more than the one
         # zmq.Again at the end); a message is [json] or [kind, json]
@@ -87,7 +87,7 @@ class Recorder:
         batches: list[ev.HeartbeatsEvent] = []  # in a row, not taken yet: nothing else came between
         beats = 0  # in them
         try:
-            for read in range(INGEST_BATCH):
+            for read in range(most):
                 try:
                     frame = recv(_NOBLOCK, copy=False)
                 except zmq.Again:
@@ -135,7 +135,7 @@ class Recorder:
                     self.commit_stamped(typed, logged)
                 else:
                     self.commit(obj, typed, _kind_bytes(typed.kind), logged)
-            return INGEST_BATCH
+            return most
         finally:
             if batches:
                 self._take_batches(batches)

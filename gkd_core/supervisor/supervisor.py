@@ -318,7 +318,7 @@ class Supervisor:
                 stragglers.keep_up(self.state)
                 if now >= self._next_alerts:
                     self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
-                    self.ingest.between_s = 0.0
+                    self.ingest.pass_begins()
                     self._evaluate_alerts(between_rules=self.ingest.between)
                     # every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
                     # (65,536 workers: about every second): the diagnosis never crowds out the events it reads
