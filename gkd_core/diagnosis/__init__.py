@@ -30,8 +30,9 @@ DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call
 def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
              between: Callable[[], object] | None = None) -> list[AlertEvent]:
     """``between``: called after each rule (the supervisor takes in what came meanwhile: at 65,536 workers
-    a whole pass is some 100 ms, which its ingest would wait for at once). Each rule reads the state as it
-    is when the rule runs; a finding is of that moment, as it would be one pass later."""
+    a whole pass is some 100 ms, which its ingest would otherwise wait for at once). A rule reads the state
+    as it is when the rule runs, with the pass's ``now``: a worker heard from since the pass began reads as
+    fresh, as it will in the next pass."""
     out: list[AlertEvent] = []
     for rule in RULES:
         out.extend(rule(state, now, settings))
