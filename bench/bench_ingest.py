@@ -5,7 +5,8 @@ one Python process), as a ratio.
     python bench/bench_ingest.py [--workers 65536] [--per-node 8] [--seconds 4] [--rounds 3]
     python bench/bench_ingest.py --against ../old-checkout   # the same load on another checkout's supervisor
     python bench/bench_ingest.py --still   # beats that never change, no memory (the dashboard bench's before)
-    python bench/bench_ingest.py --smoke   # for CI: 4,096 workers, 2 s of their messages, one round
+    python bench/bench_ingest.py --merged  # and with a process before the supervisor that merges the batches
+    python bench/bench_ingest.py --smoke   # for CI: 4,096 workers, 2 s of their messages, one round, --merged
 
 The load is ``--seconds`` of what ``workers`` send, made and encoded before the clock starts, in the
 dashboard bench's shape (``bench_dashboard.load``): each node's heartbeats as one batch a second from its
@@ -18,7 +19,11 @@ the same way, and times itself from its first message to its last: a PULL socket
 each message as the typed event, its bytes appended to a file. ``--still``: beats that never change and carry no
 memory, as the dashboard bench's were before. ``--against``: another checkout (a ``git
 worktree`` of an older commit), round by round in turn with this one, on the same beats as its own relays
-sent them: every one in full (an older supervisor reads no relay's clock).
+sent them: every one in full (an older supervisor reads no relay's clock). ``--merged``: a round more each time,
+with a process before the supervisor that takes the batches that come in a row as one event, as the
+supervisor does once it has read them (``Recorder._take_batches``), and passes the rest on in order: the
+supervisor reads one message where it read dozens. It answers whether a second process that decodes and
+gathers on the way in would raise the ceiling (#37), where the CPU column adds that process's.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 import records  # noqa: E402  (bench/records.py, beside this file)
 
+from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
@@ -106,8 +112,53 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def supervisor_round(tree: Path, register: list, timed: list) -> tuple[float, float]:
-    """(seconds the supervisor took for ``timed``, its CPU over them as a share of a core)."""
+def merger_main(pull_address: str, push_address: str, ready: str) -> None:
+    """``--merged``'s process before the supervisor: the ``heartbeats`` batches that come in a row, up to
+    ``BEATS_PER_MESSAGE`` beats and clocks, go on as one event (``Recorder._take_batches``'s merge); every
+    other message goes on as it came, in order. It runs until it is stopped."""
+    ctx = zmq.Context.instance()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.rcvhwm, push.sndhwm = 0, 0
+    pull.bind(pull_address)
+    push.connect(push_address)
+    Path(ready).write_text("1")
+    gathered: list[ev.HeartbeatsEvent] = []
+
+    def send_gathered() -> None:
+        e = gathered[0] if len(gathered) == 1 else ev.HeartbeatsEvent(
+            src="supervisor", ts=max(b.ts for b in gathered), beats=[b for g in gathered for b in g.beats],
+            clocks=[c for g in gathered for c in g.clocks])
+        push.send_multipart([b"heartbeats", wire.encode(e)])
+        gathered.clear()
+
+    while True:
+        message = pull.recv_multipart()  # (a wait for the first, then what is there)
+        items = 0
+        while True:
+            batch = wire.decode_batch(message[1]) if len(message) == 2 and message[0] == b"heartbeats" else None
+            if batch is None:
+                if gathered:
+                    send_gathered()
+                push.send_multipart(message)
+            else:
+                size = len(batch.beats) + len(batch.clocks)
+                if gathered and items + size > BEATS_PER_MESSAGE:
+                    send_gathered()
+                    items = 0
+                gathered.append(batch)
+                items += size
+            try:
+                message = pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        if gathered:
+            send_gathered()
+
+
+def supervisor_round(tree: Path, register: list, timed: list, merged: bool = False) -> tuple[float, float, float]:
+    """(seconds the supervisor took for ``timed``, its CPU over them as a share of a core, and the merging
+    process's before it, ``merged``)."""
+    merger: subprocess.Popen | None = None
     with tempfile.TemporaryDirectory(prefix="gkdi") as tmp:
         env = dict(os.environ, GKD_HOME=tmp, GKD_DEMO_STEP_S="60", PYTHONPATH=str(tree))
         sup = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "trainer.total_steps=100000",
@@ -121,24 +172,38 @@ def supervisor_round(tree: Path, register: list, timed: list) -> tuple[float, fl
                     raise SystemExit(f"bench_ingest: the supervisor of {tree} did not start")
                 time.sleep(0.05)
             endpoints = json.loads((run / "endpoints.json").read_text())
+            ingest = endpoints["ingest"]
+            if merged:
+                ingest, ready = f"ipc://{tmp}/merger.sock", Path(tmp) / "merger.ready"
+                merger = subprocess.Popen([sys.executable, __file__, "--merger", ingest, endpoints["ingest"],
+                                           str(ready)], env=env, cwd=tree)
+                while not ready.exists():
+                    if merger.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit("bench_ingest: the merging process did not start")
+                    time.sleep(0.02)
             sub = zmq.Context.instance().socket(zmq.SUB)
             sub.setsockopt(zmq.SUBSCRIBE, b"log")
             sub.rcvhwm = 0
             sub.connect(endpoints["events"])
             with ControlClient.for_run(run, endpoints, timeout_s=60.0) as c:
                 seq0 = c.request("ping")["seq"]
-                push = push_all(endpoints["ingest"], register)
+                push = push_all(ingest, register)
                 while c.request("ping")["seq"] < seq0 + len(register):  # the registrations: not timed
                     if time.monotonic() > deadline + 120:
                         raise SystemExit("bench_ingest: the registrations were not taken in within 240 s")
                     time.sleep(0.1)
             time.sleep(1.0)
             os.kill(sup.pid, signal.SIGSTOP)  # the backlog queued whole while it is stopped: then it takes it all
+            if merger is not None:
+                os.kill(merger.pid, signal.SIGSTOP)
             for m in timed:
                 push.send_multipart(m)
             push.send(wire.encode(ev.LogEvent(src=MARK, message="the end", ts=time.time())))
             time.sleep(0.5)
             cpu0, t0 = cpu_seconds(sup.pid), time.monotonic()
+            merger_cpu0 = cpu_seconds(merger.pid) if merger is not None else 0.0
+            if merger is not None:
+                os.kill(merger.pid, signal.SIGCONT)
             os.kill(sup.pid, signal.SIGCONT)
             while True:  # until the marker is published: everything before it was taken in
                 if not sub.poll(300_000):
@@ -147,12 +212,16 @@ def supervisor_round(tree: Path, register: list, timed: list) -> tuple[float, fl
                     break
             took = time.monotonic() - t0
             cpu = (cpu_seconds(sup.pid) - cpu0) / took
+            merger_cpu = (cpu_seconds(merger.pid) - merger_cpu0) / took if merger is not None else 0.0
             push.close(0)
             sub.close(0)
-            return took, cpu
+            return took, cpu, merger_cpu
         finally:
             sup.terminate()
             sup.wait(60)
+            if merger is not None:
+                merger.kill()
+                merger.wait(60)
 
 
 def bare_loop_main(address: str, count: int, out: str) -> None:
@@ -191,6 +260,9 @@ def bare_round(timed: list) -> tuple[float, float]:
         return took, cpu / took
 
 
+MERGED = "merged before it"
+
+
 def spread(values: list[float], fmt: str) -> str:
     v = sorted(values)
     return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
@@ -199,6 +271,7 @@ def spread(values: list[float], fmt: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bare", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--merger", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--workers", type=int, default=65536)
     p.add_argument("--per-node", type=int, default=8)
     p.add_argument("--seconds", type=int, default=4, help="seconds of the workers' messages in the backlog")
@@ -206,23 +279,29 @@ def main() -> None:
     p.add_argument("--still", action="store_true", help="beats that never change and carry no memory (the "
                                                         "dashboard bench's before they moved as a real node's)")
     p.add_argument("--against", type=Path, help="another checkout's supervisor on the same backlog, in turn")
+    p.add_argument("--merged", action="store_true", help="also this checkout with a process before its supervisor "
+                                                         "that merges the batches that come in a row")
     p.add_argument("--smoke", action="store_true", help="4,096 workers, 2 s of messages, one round: for CI")
     a = p.parse_args()
     if a.bare:
         bare_loop_main(a.bare[0], int(a.bare[1]), a.bare[2])
         return
-    if a.smoke:
-        a.workers, a.seconds, a.rounds = 4096, 2, 1
+    if a.merger:
+        merger_main(*a.merger)
+        return
+    if a.smoke:  # (with the merging process: its code path is the bench's too)
+        a.workers, a.seconds, a.rounds, a.merged = 4096, 2, 1, True
     register, timed, beats = backlog(a.workers, a.per_node, a.seconds, a.still)
     # an older checkout is fed what its own relays sent: every beat in full (it reads no relay's clock)
     older = backlog(a.workers, a.per_node, a.seconds, a.still, every_beat=True)[1] if a.against else timed
-    trees = [("this checkout", ROOT)] + ([(f"--against {a.against}", a.against.resolve())] if a.against else [])
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in trees}
+    trees = [("this checkout", ROOT, False)] + ([(MERGED, ROOT, True)] if a.merged else []) + (
+        [(f"--against {a.against}", a.against.resolve(), False)] if a.against else [])
+    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _, _ in trees}
     bare: list[tuple[float, float]] = []
     for _ in range(a.rounds):
         bare.append(bare_round(timed))
-        for name, tree in trees:
-            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older))
+        for name, tree, merged in trees:
+            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older, merged))
     with records.kept("ingest", smoke=a.smoke) as kept_run:
         batches = -(-a.workers // a.per_node) * a.seconds
         print(f"{a.workers:,} workers, {a.per_node} to a node: {a.seconds} s of their messages ({len(timed):,}: "
@@ -234,21 +313,27 @@ def main() -> None:
         bare_beats = spread([beats / t for t, _ in bare], "{:,.0f}")
         print(f"{'bare loop':26} {spread(bare_rate, '{:,.0f}'):>22} {bare_beats:>24} "
               f"{spread([100 * c for _, c in bare], '{:.0f} %'):>18} {'1':>17}")
-        for name, _ in trees:
-            rate = [len(timed) / t for t, _ in rows[name]]
+        for name, _, merged in trees:
+            rate = [len(timed) / t for t, _, _ in rows[name]]
             ratio = [r / b for r, b in zip(rate, bare_rate, strict=True)]
             print(f"{'supervisor, ' + name:26} {spread(rate, '{:,.0f}'):>22} "
-                  f"{spread([beats / t for t, _ in rows[name]], '{:,.0f}'):>24} "
-                  f"{spread([100 * c for _, c in rows[name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}")
+                  f"{spread([beats / t for t, _, _ in rows[name]], '{:,.0f}'):>24} "
+                  f"{spread([100 * c for _, c, _ in rows[name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}"
+                  + (f"   and the merging process {spread([100 * m for _, _, m in rows[name]], '{:.0f} %')}"
+                     if merged else ""))
         print(f"\n{os.cpu_count()} cores; a second of the run is {len(timed) // a.seconds:,} messages: the supervisor "
               "keeps up with a run whose rate is below its own")
-        ours = [len(timed) / t for t, _ in rows["this checkout"]]
+        ours = [len(timed) / t for t, _, _ in rows["this checkout"]]
         what = f"{a.workers:,} workers" + (", still beats" if a.still else "")
         kept_run.figure(f"{what}, the supervisor's messages a second at one core (median)",
                         statistics.median(ours), " msg/s")
         kept_run.figure(f"{what}, the supervisor's rate over the bare loop's (median)",
                         statistics.median(r / b for r, b in zip(ours, bare_rate, strict=True)))
-    if a.smoke and not all(t > 0 for t, _ in rows["this checkout"]):
+        if a.merged:
+            kept_run.figure(f"{what}, the supervisor's rate with its batches merged before it, over its rate without"
+                            " (median)", statistics.median(len(timed) / t / r for (t, _, _), r in
+                                                             zip(rows[MERGED], ours, strict=True)), "x")
+    if a.smoke and not all(t > 0 for each in rows.values() for t, _, _ in each):
         sys.exit("bench_ingest: no round measured")
 
 
