@@ -23,7 +23,7 @@ sent them: every one in full (an older supervisor reads no relay's clock). ``--m
 with a process before the supervisor that takes the batches that come in a row as one event, as the
 supervisor does once it has read them (``Recorder._take_batches``), and passes the rest on in order: the
 supervisor reads one message where it read dozens. It answers whether a second process that decodes and
-gathers on the way in would raise the ceiling (#37), where the CPU column adds that process's.
+gathers on the way in would raise the ceiling (#37); that process's CPU is printed after the row's ratio.
 """
 
 from __future__ import annotations
