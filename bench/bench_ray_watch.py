@@ -20,6 +20,9 @@ The job times three things of its own:
 Watched, the job then times the wrappers alone (``our_wrappers``): blocks of calls with them and with Ray's own
 calls put back in every process, in turn, in the same processes beside the same threads and supervisor, so
 that what drifts between two separate runs (a 2-core machine's ±15 % a round) lands on both sides of a pair.
+After each such pair, a control: a pair of the same blocks both with the wrappers, taken apart the same way.
+What it reads is the method's own spread and lean where there is nothing to find (a pair's ratio moves by
+several percent here); the wrappers' cost is what the pairs read over it.
 
 Without: ``python bench_ray_watch.py --job CALLS``. With: the same under ``gkd-tui launch --detach --linger 0
 --``: the supervisor, Ray's hooks in every worker, the diagnosis. Each round runs both, so that both see
@@ -185,7 +188,7 @@ def our_wrappers(on: bool) -> None:
 
 
 _WRAPPED: dict[str, dict] = {}
-IN_PLACE_PAIRS = 8  # blocks with the wrappers and without, in turn, in one watched job
+IN_PLACE_PAIRS = 8  # blocks with the wrappers and without, in turn, in one watched job (and as many controls)
 
 
 def job(calls: int) -> None:
@@ -263,13 +266,18 @@ def job(calls: int) -> None:
             return time.perf_counter() - t0
 
         n = max(50, calls // 4)
-        ratios = []
+        ratios, control = [], []
         for k in range(IN_PLACE_PAIRS):  # each pair in turn with and without first: drift lands on both
             first = k % 2 == 0
             a, b = block(first, n), block(not first, n)
             on, off = (a, b) if first else (b, a)
             ratios.append(on / off)
+            # and the control: a pair of the same blocks both with them, taken apart the same way (the first of
+            # the pair where the other pair's was "with"), the method's own spread and lean
+            a, b = block(True, n), block(True, n)
+            control.append(a / b if first else b / a)
         print(f"IN_PLACE_RATIO {statistics.median(ratios):.4f}", flush=True)
+        print(f"IN_PLACE_CONTROL {statistics.median(control):.4f}", flush=True)
     ray.shutdown()
 
 
@@ -328,6 +336,11 @@ def watched(calls: int, home: Path) -> dict[str, float]:
         raise SystemExit(f"bench_ray_watch: the job under launch ({run.name}) printed no IN_PLACE_RATIO: "
                          f"{output[-2000:]}")
     got["IN_PLACE_RATIO"] = float(in_place[1])
+    control = re.search(r"^IN_PLACE_CONTROL ([\d.]+)$", output, re.M)
+    if not control:
+        raise SystemExit(f"bench_ray_watch: the job under launch ({run.name}) printed no IN_PLACE_CONTROL: "
+                         f"{output[-2000:]}")
+    got["IN_PLACE_CONTROL"] = float(control[1])
     return got
 
 
@@ -403,6 +416,13 @@ def main() -> None:
               "round's pairs")
         print(f"  {statistics.median(in_place):.3f}x ({min(in_place):.3f}-{max(in_place):.3f}) "
               f"over {len(rows)} round(s)")
+        control = [seen["IN_PLACE_CONTROL"] for _, seen in rows]
+        over_control = [r / c for r, c in zip(in_place, control, strict=True)]
+        print("the control, a pair of the same blocks both with the wrappers after each of those pairs, taken apart "
+              "the same way (what the method reads where there is nothing to find):")
+        print(f"  {statistics.median(control):.3f}x ({min(control):.3f}-{max(control):.3f}); with / without over "
+              f"the control, each round's: {statistics.median(over_control):.3f}x "
+              f"({min(over_control):.3f}-{max(over_control):.3f})")
         print(f"\n{os.cpu_count()} cores, Python {sys.version.split()[0]}")
         kept_run.figure("the loop of small calls, watched against not (median of the rounds)",
                         statistics.median(ratios["LOOP_S"]), "x")
@@ -412,6 +432,10 @@ def main() -> None:
         kept_run.figure("the watching's own work, against the job's CPU over the loop", statistics.median(total), " %")
         kept_run.figure("the wrappers in place, with against without in one watched job (median of the rounds)",
                         statistics.median(in_place), "x")
+        kept_run.figure("the wrappers in place, the control: with against with (median of the rounds)",
+                        statistics.median(control), "x")
+        kept_run.figure("the wrappers in place over the control (median of the rounds)",
+                        statistics.median(over_control), "x")
 
 
 if __name__ == "__main__":
