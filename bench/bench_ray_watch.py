@@ -272,8 +272,8 @@ def job(calls: int) -> None:
             a, b = block(first, n), block(not first, n)
             on, off = (a, b) if first else (b, a)
             ratios.append(on / off)
-            # and the control: a pair of the same blocks both with them, taken apart the same way (the first of
-            # the pair where the other pair's was "with"), the method's own spread and lean
+            # and the control: a pair of the same blocks both with them, taken apart the same way (the block in
+            # the place the pair's "with" had, over the other): the method's own spread and lean
             a, b = block(True, n), block(True, n)
             control.append(a / b if first else b / a)
         print(f"IN_PLACE_RATIO {statistics.median(ratios):.4f}", flush=True)
