@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 import msgspec  # noqa: E402
 import records  # noqa: E402  (bench/records.py, beside this file)
 
-from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE  # noqa: E402
+from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE, merged  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
@@ -56,6 +56,7 @@ from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 
 PHASES_A_SECOND = 2_000
 MARK = "ceiling/end"
+MERGER_IDLE_S = 600  # --merged's process, with nothing to take in for this long, is left behind by its bench: it ends
 
 
 def backlog(workers: int, per_node: int, seconds: int, still: bool = False,
@@ -114,8 +115,8 @@ def cpu_seconds(pid: int) -> float:
 
 def merger_main(pull_address: str, push_address: str, ready: str) -> None:
     """``--merged``'s process before the supervisor: the ``heartbeats`` batches that come in a row, up to
-    ``BEATS_PER_MESSAGE`` beats and clocks, go on as one event (``Recorder._take_batches``'s merge); every
-    other message goes on as it came, in order. It runs until it is stopped."""
+    ``BEATS_PER_MESSAGE`` beats and clocks, go on as one event (``recorder.merged``, the supervisor's); every
+    other message goes on as it came, in order. It runs until it is stopped, or MERGER_IDLE_S with nothing."""
     ctx = zmq.Context.instance()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     pull.rcvhwm, push.sndhwm = 0, 0
@@ -125,14 +126,13 @@ def merger_main(pull_address: str, push_address: str, ready: str) -> None:
     gathered: list[ev.HeartbeatsEvent] = []
 
     def send_gathered() -> None:
-        e = gathered[0] if len(gathered) == 1 else ev.HeartbeatsEvent(
-            src="supervisor", ts=max(b.ts for b in gathered), beats=[b for g in gathered for b in g.beats],
-            clocks=[c for g in gathered for c in g.clocks])
-        push.send_multipart([b"heartbeats", wire.encode(e)])
+        push.send_multipart([b"heartbeats", wire.encode(merged(gathered))])
         gathered.clear()
 
     while True:
-        message = pull.recv_multipart()  # (a wait for the first, then what is there)
+        if not pull.poll(MERGER_IDLE_S * 1000):  # (a wait for the first, then what is there)
+            sys.exit(f"bench_ingest: the merging process heard nothing for {MERGER_IDLE_S} s: its bench is gone")
+        message = pull.recv_multipart()
         items = 0
         while True:
             batch = wire.decode_batch(message[1]) if len(message) == 2 and message[0] == b"heartbeats" else None
@@ -155,9 +155,9 @@ def merger_main(pull_address: str, push_address: str, ready: str) -> None:
             send_gathered()
 
 
-def supervisor_round(tree: Path, register: list, timed: list, merged: bool = False) -> tuple[float, float, float]:
+def supervisor_round(tree: Path, register: list, timed: list, merging: bool = False) -> tuple[float, float, float]:
     """(seconds the supervisor took for ``timed``, its CPU over them as a share of a core, and the merging
-    process's before it, ``merged``)."""
+    process's before it, ``merging``)."""
     merger: subprocess.Popen | None = None
     with tempfile.TemporaryDirectory(prefix="gkdi") as tmp:
         env = dict(os.environ, GKD_HOME=tmp, GKD_DEMO_STEP_S="60", PYTHONPATH=str(tree))
@@ -173,7 +173,7 @@ def supervisor_round(tree: Path, register: list, timed: list, merged: bool = Fal
                 time.sleep(0.05)
             endpoints = json.loads((run / "endpoints.json").read_text())
             ingest = endpoints["ingest"]
-            if merged:
+            if merging:
                 ingest, ready = f"ipc://{tmp}/merger.sock", Path(tmp) / "merger.ready"
                 merger = subprocess.Popen([sys.executable, __file__, "--merger", ingest, endpoints["ingest"],
                                            str(ready)], env=env, cwd=tree)
@@ -300,8 +300,8 @@ def main() -> None:
     bare: list[tuple[float, float]] = []
     for _ in range(a.rounds):
         bare.append(bare_round(timed))
-        for name, tree, merged in trees:
-            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older, merged))
+        for name, tree, merging in trees:
+            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older, merging))
     with records.kept("ingest", smoke=a.smoke) as kept_run:
         batches = -(-a.workers // a.per_node) * a.seconds
         print(f"{a.workers:,} workers, {a.per_node} to a node: {a.seconds} s of their messages ({len(timed):,}: "
@@ -313,14 +313,14 @@ def main() -> None:
         bare_beats = spread([beats / t for t, _ in bare], "{:,.0f}")
         print(f"{'bare loop':26} {spread(bare_rate, '{:,.0f}'):>22} {bare_beats:>24} "
               f"{spread([100 * c for _, c in bare], '{:.0f} %'):>18} {'1':>17}")
-        for name, _, merged in trees:
+        for name, _, merging in trees:
             rate = [len(timed) / t for t, _, _ in rows[name]]
             ratio = [r / b for r, b in zip(rate, bare_rate, strict=True)]
             print(f"{'supervisor, ' + name:26} {spread(rate, '{:,.0f}'):>22} "
                   f"{spread([beats / t for t, _, _ in rows[name]], '{:,.0f}'):>24} "
                   f"{spread([100 * c for _, c, _ in rows[name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}"
                   + (f"   and the merging process {spread([100 * m for _, _, m in rows[name]], '{:.0f} %')}"
-                     if merged else ""))
+                     if merging else ""))
         print(f"\n{os.cpu_count()} cores; a second of the run is {len(timed) // a.seconds:,} messages: the supervisor "
               "keeps up with a run whose rate is below its own")
         ours = [len(timed) / t for t, _, _ in rows["this checkout"]]

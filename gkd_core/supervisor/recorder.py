@@ -33,6 +33,16 @@ def _kind_bytes(kind: str) -> bytes:
     return _KINDS.get(kind) or kind.encode()
 
 
+def merged(batches: list[ev.HeartbeatsEvent]) -> ev.HeartbeatsEvent:
+    """Nodes' batches of heartbeats that came in a row, as one event of the supervisor's (one alone stays its
+    relay's)."""
+    if len(batches) == 1:
+        return batches[0]
+    return ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches),
+                              beats=[b for batch in batches for b in batch.beats],
+                              clocks=[c for batch in batches for c in batch.clocks])
+
+
 class Recorder:
     def __init__(self, run_id: str, state: RunState, log: EventLog, heartbeats: HeartbeatLog,
                  publish: Callable[[bytes, bytes], None], seq: int = 0):
@@ -147,12 +157,7 @@ class Recorder:
         (``runlog.heartbeats``), gathered across batches into one ``heartbeats`` line of the supervisor's,
         written before the next line of any other kind (or at the next flush), under the seq of the newest
         batch it holds."""
-        if len(batches) == 1:
-            e = batches[0]
-        else:
-            e = ev.HeartbeatsEvent(src="supervisor", ts=max(b.ts for b in batches),
-                                   beats=[b for batch in batches for b in batch.beats],
-                                   clocks=[c for batch in batches for c in batch.clocks])
+        e = merged(batches)
         self.seq += 1
         e.seq, e.run = self.seq, self.run_id
         if not e.ts:
