@@ -24,6 +24,12 @@ After each such pair, a control: a pair of the same blocks both with the wrapper
 What it reads is the method's own spread and lean where there is nothing to find (a pair's ratio moves by
 several percent here); the wrappers' cost is what the pairs read over it.
 
+Then it times each wrapper where it runs (``timed_places``): a timer around it and one around what it wraps,
+in blocks of calls in turn with a block whose outer timer calls the inner one directly. That reads what a
+few percent of spread hides from the ratios: our wrappers' microseconds a call, on the caches the job leaves
+them (several times what the same lines cost in a loop of their own), which with our threads' and the
+supervisor's CPU is the watching's own work against the job's.
+
 Without: ``python bench_ray_watch.py --job CALLS``. With: the same under ``gkd-tui launch --detach --linger 0
 --``: the supervisor, Ray's hooks in every worker, the diagnosis. Each round runs both, so that both see
 the same machine, and the rounds take turns at which goes first (without then with, with then without),
@@ -43,6 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import records  # bench/records.py, beside this file
 
@@ -112,83 +119,126 @@ def our_threads_cpu() -> dict[str, float]:
     return out
 
 
-def wrappers(n: int) -> None:
-    """Our code around one call, timed alone: the watching's real wrappers (ray_hook's) installed in this
-    process over stand-ins for what they wrap (Ray's call, wait and method executor, which return at once),
-    so that only our part of a call is timed. Prints the microseconds a call of each side."""
-    import ray
-    from ray._private.function_manager import FunctionActorManager
-    from ray._raylet import ActorID
-    from ray.actor import ActorMethod
-
-    from gkd_core.integrations import ray_hook, ray_process
-
-    refs = [ray.ObjectRef(i.to_bytes(28, "little")) for i in range(n)]  # made ahead: Ray's part of a call
-    bare_get = ray.get = lambda refs, *args, **kwargs: refs  # set before the hook wraps them: what it wraps
-    bare_remote = ActorMethod._remote = lambda self, *args, **kwargs: refs[args[0][0] if args and args[0] else 0]
-    FunctionActorManager._make_actor_method_executor = lambda self, name, method: method
-    p = ray_hook._process = ray_process.WatchedProcess("driver")  # the caller's side
-    ray_hook._patch_actor_creation(p)
-    ray_hook._patch_waits(p)
-    ray_hook._patch_actor_methods(p)
-    handle = type("Handle", (), {"_ray_actor_id": ActorID.from_random()})()
-    p.actors.names[handle._ray_actor_id.hex()] = "Callee/0"
-    method = object.__new__(ActorMethod)
-    method._actor, method._method_name = handle, "answer"
-
-    def answer(actor, i):
-        return i
-
-    answer.name, answer.method = "answer", answer
-    run = FunctionActorManager._make_actor_method_executor(None, "answer", answer)
-    actor = object()
-    p.actor_id = "0" * 32  # as once an actor's first call has read its id
-
-    def calls(get, remote, k: int) -> float:
-        t0 = time.perf_counter()
-        for i in range(k):
-            get(remote(method, [i], {}), timeout=60)
-        return time.perf_counter() - t0
-
-    def executed(execute, k: int) -> float:
-        t0 = time.perf_counter()
-        for i in range(k):
-            execute(actor, i)
-        return time.perf_counter() - t0
-
-    calls(ray.get, ActorMethod._remote, 1000), executed(run, 1000)  # warm
-    p.activity.close()  # its thread's cost is measured in the job, on its own
-    # each: (with our wrappers - the stand-ins alone), the median of 5 runs of n
-    caller = statistics.median(calls(ray.get, ActorMethod._remote, n) - calls(bare_get, bare_remote, n)
-                               for _ in range(5))
-    callee = statistics.median(executed(run, n) - executed(answer, n) for _ in range(5))
-    print(f"CALLER_US {1e6 * caller / n:.2f}", flush=True)
-    print(f"CALLEE_US {1e6 * callee / n:.2f}", flush=True)
-
-
 def our_wrappers(on: bool) -> None:
     """In a watched process: the watching's wrappers around Ray's calls, waits and actor methods (ray_hook)
-    put back (on) or bypassed (off: Ray's own ``ray.get``, ``ray.wait`` and actor call, which the wrappers name
-    as ``__wrapped__``; an actor's method executors, made once, stay wrapped, their ``begin`` and ``end`` made to
-    do nothing). Its threads and the supervisor go on either way. The first call must find them on."""
+    put back (on) or bypassed (off): Ray's own ``ray.get``, ``ray.wait``, actor call and method executors, which
+    the wrappers name as ``__wrapped__``. Its threads and the supervisor go on either way. The first call must
+    find them on."""
     import ray
+    from ray._private.worker import global_worker
     from ray.actor import ActorMethod
 
-    from gkd_core.integrations import ray_hook
-
-    kept = _WRAPPED.setdefault("wrappers", {"get": ray.get, "wait": ray.wait, "remote": ActorMethod._remote,
-                                            "begin": ray_hook.begin, "end": ray_hook.end})
+    kept = _WRAPPED.setdefault("wrappers", {"get": ray.get, "wait": ray.wait, "remote": ActorMethod._remote})
     if on:
         ray.get, ray.wait, ActorMethod._remote = kept["get"], kept["wait"], kept["remote"]
-        ray_hook.begin, ray_hook.end = kept["begin"], kept["end"]
     else:
         ray.get, ray.wait = kept["get"].__wrapped__, kept["wait"].__wrapped__
         ActorMethod._remote = kept["remote"].__wrapped__
-        ray_hook.begin, ray_hook.end = (lambda *args, **kwargs: None), (lambda token: None)
+    # an actor's methods: Ray keeps each one's executor in two tables (the second, once it has run)
+    manager = global_worker.function_actor_manager
+    ours = _WRAPPED.setdefault("executors", {})  # Ray's executor -> ours around it
+    for table in (manager._function_execution_info, manager.execution_infos):
+        for key, info in list(table.items()):
+            wrapped = getattr(info.function, "__wrapped__", None)
+            if not on and wrapped is not None:
+                ours[wrapped] = info.function
+                table[key] = info._replace(function=wrapped)
+            elif on and info.function in ours:
+                table[key] = info._replace(function=ours[info.function])
 
 
 _WRAPPED: dict[str, dict] = {}
+
+
+# --- our wrappers timed in place ------------------------------------------------------------------------
+# Timed alone (``wrappers``), a wrapper runs on hot caches; in the job, between two of its calls Ray's own code
+# (its serializer, its gRPC threads) has run and evicted ours, and the same lines cost several times as much.
+# So each wrapper is timed where it runs, as the job calls it: a timer around it (outer) and one around what it
+# wraps (inner), the wrapper's part being outer - inner; in turn with a block where outer calls inner directly,
+# whose outer - inner is the timers' own part, taken off. A call preempted between the two readings (a 2-core
+# machine runs 5 busy processes) reads milliseconds: such a call (over PREEMPTED_S) is left out of both.
+PLACES = ("call", "wait", "run")
+PLACE_SAID = {"call": "around the actor call where it is made", "wait": "around its ray.get",
+              "run": "around the method where it runs"}
+PREEMPTED_S = 0.0005
+_TIMED: dict = {}
+
+
+def timed_places(ours: bool) -> dict[str, list[float]]:
+    """In a watched process: the timers around our wrappers put in (the first time), and the next calls timed
+    with them (``ours``) or without them (outer straight to inner). Returns each place's sums so far: [seconds
+    and calls with ours, seconds and calls without, calls left out]."""
+    if not _TIMED:
+        _install_timers()
+    _TIMED["ours"] = ours
+    return _TIMED["sums"]
+
+
+def _install_timers() -> None:
+    import ray
+    from ray._private.worker import global_worker
+    from ray.actor import ActorMethod
+
+    clock, state = time.perf_counter, _TIMED
+    state["sums"] = {}
+
+    def timers(place: str, wrapper, cell_of, real):
+        """An outer and an inner timer for ``wrapper``, whose call of ``real`` (Ray's) is set to the inner."""
+        sums = state["sums"][place] = [0.0, 0, 0.0, 0, 0]
+        inner_s = [0.0]
+
+        def inner(*args, **kwargs):
+            t0 = clock()
+            out = real(*args, **kwargs)
+            inner_s[0] = clock() - t0
+            return out
+
+        cell_of(inner)
+
+        def outer(*args, **kwargs):
+            ours = state["ours"]
+            t0 = clock()
+            out = (wrapper if ours else inner)(*args, **kwargs)
+            ours_s = clock() - t0 - inner_s[0]
+            if ours_s > PREEMPTED_S:
+                sums[4] += 1
+            elif ours:
+                sums[0] += ours_s
+                sums[1] += 1
+            else:
+                sums[2] += ours_s
+                sums[3] += 1
+            return out
+
+        return outer
+
+    def cell(function, name: str):
+        """The cell of ``function``'s closure that holds ``name`` (what a wrapper of ray_hook's calls)."""
+        return function.__closure__[function.__code__.co_freevars.index(name)]
+
+    call = ActorMethod._remote  # ray_hook's _call, around Ray's (its closure's ``call``)
+    ActorMethod._remote = timers("call", call, lambda inner: setattr(cell(call, "call"), "cell_contents", inner),
+                                 cell(call, "call").cell_contents)
+    get = ray.get  # ray_hook's waiting, around Ray's (its keyword default ``_original``)
+    ray.get = timers("wait", get, lambda inner: get.__kwdefaults__.update(_original=inner),
+                     get.__kwdefaults__["_original"])
+    # a Callee's method, ray_hook's run around Ray's executor: Ray keeps it in two tables (the second, once run)
+    manager = global_worker.function_actor_manager
+    tables = (manager._function_execution_info, manager.execution_infos)
+    kept: dict[int, Any] = {}  # (the same info in both tables: one pair of timers)
+    for table in tables:
+        for key, info in list(table.items()):
+            if info.function_name == "answer":
+                if id(info) not in kept:
+                    run, executor = info.function, cell(info.function, "executor")
+                    outer = timers("run", run, lambda inner, held=executor: setattr(held, "cell_contents", inner),
+                                   executor.cell_contents)
+                    outer.name, outer.method = run.name, run.method  # what Ray's task executor reads
+                    kept[id(info)] = info._replace(function=outer)
+                table[key] = kept[id(info)]
+
 IN_PLACE_PAIRS = 8  # blocks with the wrappers and without, in turn, in one watched job (and as many controls)
+TIMED_PAIRS = 4  # blocks with the timers around our wrappers, and around nothing, in turn
 
 
 def job(calls: int) -> None:
@@ -208,6 +258,9 @@ def job(calls: int) -> None:
         def wrappers(self, on: bool) -> None:
             our_wrappers(on)
 
+        def timed(self, ours: bool) -> dict[str, list[float]]:
+            return timed_places(ours)
+
     @ray.remote(num_cpus=0)
     class Caller:
         def __init__(self, callee):
@@ -224,6 +277,9 @@ def job(calls: int) -> None:
 
         def wrappers(self, on: bool) -> None:
             our_wrappers(on)
+
+        def timed(self, ours: bool) -> dict[str, list[float]]:
+            return timed_places(ours)
 
     def threads_cpu() -> collections.Counter:
         total = collections.Counter(our_threads_cpu())
@@ -278,6 +334,23 @@ def job(calls: int) -> None:
             control.append(a / b if first else b / a)
         print(f"IN_PLACE_RATIO {statistics.median(ratios):.4f}", flush=True)
         print(f"IN_PLACE_CONTROL {statistics.median(control):.4f}", flush=True)
+
+        def timed_block(ours: bool, n: int) -> list[dict[str, list[float]]]:
+            sums = ray.get([a.timed.remote(ours) for a in callers + callees], timeout=60)
+            sums.append(timed_places(ours))
+            running = [c.run.remote(n) for c in callers]
+            for i in range(n):
+                ray.get(callees[i % 2].answer.remote(i), timeout=60)
+            ray.get(running, timeout=LIMIT_S)
+            return sums
+
+        for k in range(TIMED_PAIRS):
+            timed_block(k % 2 == 0, n), timed_block(k % 2 == 1, n)
+        each = timed_block(True, 0)  # (the sums: each process's, its places' so far)
+        for place in PLACES:
+            sums = [sum(process[place][i] for process in each if place in process) for i in range(5)]
+            ours_us = 1e6 * (sums[0] / max(sums[1], 1) - sums[2] / max(sums[3], 1))
+            print(f"PLACE_US {place} {ours_us:.2f} {sums[1]:.0f} {sums[3]:.0f} {sums[4]:.0f}", flush=True)
     ray.shutdown()
 
 
@@ -318,7 +391,7 @@ def watched(calls: int, home: Path) -> dict[str, float]:
     run = (home / "runs" / "latest").resolve()  # the run launch just made
     log = run / "logs" / "driver.log"
     deadline = time.monotonic() + LIMIT_S
-    while time.monotonic() < deadline and "IN_PLACE_RATIO" not in (log.read_text() if log.exists() else ""):
+    while time.monotonic() < deadline and "PLACE_US run" not in (log.read_text() if log.exists() else ""):
         if ended(run):
             break  # the job ended without its time: said below, with its output
         time.sleep(0.5)
@@ -341,22 +414,24 @@ def watched(calls: int, home: Path) -> dict[str, float]:
         raise SystemExit(f"bench_ray_watch: the job under launch ({run.name}) printed no IN_PLACE_CONTROL: "
                          f"{output[-2000:]}")
     got["IN_PLACE_CONTROL"] = float(control[1])
+    for place in PLACES:
+        timed = re.search(rf"^PLACE_US {place} (-?[\d.]+) ", output, re.M)
+        if not timed:
+            raise SystemExit(f"bench_ray_watch: the job under launch ({run.name}) printed no PLACE_US {place}: "
+                             f"{output[-2000:]}")
+        got[f"PLACE_US_{place}"] = float(timed[1])
     return got
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--job", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--wrappers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=2000, help="calls by each Caller, and by the driver")
     p.add_argument("--smoke", action="store_true", help="one round each way of 200 calls: for CI; nothing recorded")
     a = p.parse_args()
     if a.job is not None:
         job(a.job)
-        return
-    if a.wrappers is not None:
-        wrappers(a.wrappers)
         return
     if a.smoke:
         a.rounds, a.calls = 1, 200
@@ -371,12 +446,6 @@ def main() -> None:
                 plain = without(a.calls)
             rows.append((plain, seen))
             print(f"round {i + 1}: " + ", ".join(f"{m} {plain[m]:.2f} -> {seen[m]:.2f}" for m in MEASURES), flush=True)
-    got = subprocess.run([sys.executable, __file__, "--wrappers", "20000"], capture_output=True, text=True,
-                         timeout=LIMIT_S, cwd=ROOT)
-    found = re.search(r"CALLER_US ([\d.]+)\nCALLEE_US ([\d.]+)", got.stdout)
-    if not found:
-        raise SystemExit(f"bench_ray_watch: the wrappers' timing printed nothing: {(got.stdout + got.stderr)[-2000:]}")
-    caller_us, callee_us = float(found[1]), float(found[2])
     with records.kept("ray_watch", smoke=a.smoke) as kept_run:
         print(f"\n{a.calls} calls by each of 2 actors, then {a.calls} by the driver, each a ray.get on an actor call "
               f"that returns at once; {a.rounds} round(s), each order in turn; the loop timed once the machine "
@@ -394,17 +463,20 @@ def main() -> None:
         # the watching's own work, each part measured where it runs (the difference of two times above is
         # within the machine's spread from round to round)
         calls = 3 * a.calls  # each Caller's, and the driver's
-        share = {"threads": [], "wrappers": [], "supervisor": []}
+        share: dict[str, list[float]] = {"threads": [], "wrappers": [], "supervisor": []}
+        ours_us = {place: [seen[f"PLACE_US_{place}"] for _, seen in rows] for place in PLACES}
         for _, seen in rows:
             share["threads"].append(100 * seen["THREADS_CPU_S"] / seen["JOB_CPU_S"])
-            share["wrappers"].append(100 * calls * (caller_us + callee_us) / 1e6 / seen["JOB_CPU_S"])
+            a_call_us = sum(seen[f"PLACE_US_{place}"] for place in PLACES)  # each call passes all three
+            share["wrappers"].append(100 * calls * a_call_us / 1e6 / seen["JOB_CPU_S"])
             share["supervisor"].append(100 * seen["SUPERVISOR_CPU_S"] / seen["JOB_CPU_S"])
         total = [sum(parts) for parts in zip(*share.values(), strict=True)]
         print("\nthe watching's own work over the loop, as a share of the job's CPU seconds (its 5 processes; "
               "median of the rounds, min-max):")
+        said = ", ".join(f"{statistics.median(us):.1f} us ({min(us):.1f}-{max(us):.1f}) {PLACE_SAID[place]}"
+                         for place, us in ours_us.items())
         what = {"threads": "our threads in the job's processes (call watcher, heartbeat, command inbox), their CPU",
-                "wrappers": f"our wrappers: {caller_us:.1f} us a call where it is made, {callee_us:.1f} us where it "
-                            f"runs (timed alone), x {calls} calls",
+                "wrappers": f"our wrappers, timed in place: {said}; x {calls} calls",
                 "supervisor": "the supervisor beside the job, its CPU"}
         for part, pcts in share.items():
             print(f"  {statistics.median(pcts):5.2f} % ({min(pcts):.2f}-{max(pcts):.2f})  {what[part]}")
@@ -430,6 +502,8 @@ def main() -> None:
                         statistics.median(ratios["LOOP_CPU_S"]), "x")
         kept_run.figure("ray.init and the actors' start, watched against not", statistics.median(ratios["UP_S"]), "x")
         kept_run.figure("the watching's own work, against the job's CPU over the loop", statistics.median(total), " %")
+        kept_run.figure("our wrappers timed in place, microseconds a call (its three places)",
+                        statistics.median(sum(us) for us in zip(*ours_us.values(), strict=True)), " us")
         kept_run.figure("the wrappers in place, with against without in one watched job (median of the rounds)",
                         statistics.median(in_place), "x")
         kept_run.figure("the wrappers in place, the control: with against with (median of the rounds)",

@@ -85,6 +85,18 @@ class DetailedCall(Call):
         self.detail, self.deadline, self.progress, self.wait, self.waits_on = detail, deadline, progress, wait, waits_on
 
 
+class Lane:
+    """A thread's method calls, as ``Activity.tracked`` notes them at the least cost: the one it runs now,
+    ``(name, number, started)``, and the newest that ended, ``((name, number, started), ended)``; the watcher
+    makes Calls of them (``_take_lanes``)."""
+
+    __slots__ = ("running", "ended")
+
+    def __init__(self):
+        self.running: tuple[str, int, float] | None = None
+        self.ended: tuple[tuple[str, int, float], float] | None = None
+
+
 class View(NamedTuple):
     """What the watcher shows: the phase, the call whose detail it shows (a wait inside it), and the calls
     in flight at once (their lanes' outermost calls, oldest first; one when nothing runs beside the phase)."""
@@ -117,6 +129,12 @@ class Activity:
         self._brief: collections.deque[Call] = collections.deque(maxlen=BRIEF_KEEP)
         self._task_stacks: TaskStackAnswer | None = None
         self._brief_budget, self._brief_budget_at = float(BRIEF_BURST), time.monotonic()
+        self._lanes: dict[int, Lane] = {}  # the tracked methods' calls, by their thread's ident
+        # the watcher's own: the Call it made of each lane's newest call it saw (running, or over), with the
+        # tuple it was made of; the newest ended tuple taken; the lanes' calls running as of the last tick
+        self._lane_calls: dict[int, tuple[tuple, Call]] = {}
+        self._lane_ended: dict[int, tuple[tuple[str, int, float], float]] = {}
+        self._lane_running: list[Call] = []
         self._last_started = 0.0  # the newest call's start (time.time)
         self.asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``, or ``wake``)
         self._wake = threading.Event()
@@ -163,6 +181,30 @@ class Activity:
             self.wake()
         return token
 
+    def tracked(self, name: str, executor: Callable[..., Any]) -> Callable[..., Any]:
+        """``executor`` (an actor's method, Ray's executor of it) made a call of this process's at the least cost
+        there is: a job of tiny calls runs thousands a second, each on a cache that Ray's own work between two
+        of them has emptied (bench/bench_ray_watch.py times it in place). One frame, a count, two tuples and
+        two clock reads: its thread's Lane holds the call it runs and the newest that ended, and the watcher
+        makes them Calls once a tick (a call that lasts shown as the phase, the newest brief one sent after)."""
+        lanes, counts, wall = self._lanes, self._counts, time.time
+
+        def run(*args, **kwargs):
+            lane = lanes.get(get_ident())
+            if lane is None:
+                lane = lanes[get_ident()] = Lane()
+            number = counts[name] = counts.get(name, 0) + 1
+            running = lane.running = (name, number, wall())  # (a thread runs one method at a time)
+            if self.asleep or self._thread is None:
+                self.wake()
+            try:
+                return executor(*args, **kwargs)
+            finally:
+                lane.ended = (running, wall())  # before it stops running: never seen gone and unended
+                lane.running = None
+
+        return run
+
     def wake(self) -> None:
         """A call began: the watcher, asleep, looks again (started, the first time)."""
         if self.asleep:
@@ -202,12 +244,50 @@ class Activity:
 
     # --- the watcher's thread -------------------------------------------------------------
 
+    def _take_lanes(self) -> None:
+        """The lanes' calls as Calls: each running one (the same Call while it runs) in ``_lane_running``; each
+        that ended, with its end, to the brief calls (the one that ran at the last tick, and the newest since)."""
+        running_now: list[Call] = []
+        for ident, lane in list(self._lanes.items()):
+            running, ended = lane.running, lane.ended  # (in this order: the thread sets them in the other)
+            if running is not None and ended is not None and ended[0][2] >= running[2]:
+                running = None  # it ended after the first read (and perhaps a newer one too)
+            new_end = ended is not None and ended is not self._lane_ended.get(ident)
+            if ended is not None:
+                self._lane_ended[ident] = ended
+            held = self._lane_calls.get(ident)
+            if held is not None and held[0] is not running:  # the call made of one that ran is over
+                call = held[1]
+                if ended is not None and ended[0] is held[0]:
+                    call.ended, new_end = ended[1], False
+                else:  # newer calls ran since: it ended before the first of them began
+                    later = [t[2] for t in (running, ended[0] if ended is not None else None) if t is not None]
+                    call.ended = min(later, default=time.time())
+                self._brief.append(call)
+                del self._lane_calls[ident]
+                held = None
+            if new_end:
+                assert ended is not None  # (a new end is one)
+                (name, number, started), end = ended
+                call = Call(name, number, ident)
+                call.started, call.ended = started, end
+                self._brief.append(call)
+                self._last_started = max(self._last_started, started)
+            if running is not None:
+                if held is None:
+                    call = Call(running[0], running[1], ident)
+                    call.started = running[2]
+                    held = self._lane_calls[ident] = (running, call)
+                    self._last_started = max(self._last_started, running[2])
+                running_now.append(held[1])
+        self._lane_running = running_now
+
     def _view(self, now: float) -> View:
         """The oldest lane's newest call that has lasted SHOW_AFTER_S is the phase (a wait inside a phase
         shows as that phase, with the wait's detail); every lane in flight is counted."""
-        if not self._active:
+        if not self._active and not self._lane_running:
             return NOTHING
-        calls = sorted(list(self._active.values()), key=lambda c: c.started)
+        calls = sorted(list(self._active.values()) + self._lane_running, key=lambda c: c.started)
         lanes: dict[Any, list[Call]] = {}
         for c in calls:
             if now - c.started >= SHOW_AFTER_S:
@@ -236,6 +316,12 @@ class Activity:
             time.sleep(TICK_S)  # (an Event's wait with a timeout costs several times a sleep, at every tick)
             if self._closed.is_set():
                 return
+            try:
+                self._take_lanes()
+            except Exception as e:  # a bug of ours: said once (below, the same way)
+                if not failed:
+                    failed = True
+                    print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
             if shown.phase is None and self._may_sleep():
                 self._sleep()
                 continue
@@ -319,14 +405,18 @@ class Activity:
 
     def _may_sleep(self) -> bool:
         """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""
-        return (self.reporter is not None and not self._active and not self._brief and self.main_wait is None
+        return (self.reporter is not None and not self._active and not self._lane_running and not self._brief
+                and self.main_wait is None
                 and (self._task_stacks is None or not self._task_stacks.offered)
                 and time.time() - self._last_started > SLEEP_AFTER_S)
 
     def _sleep(self) -> None:
         self._wake.clear()
         self.asleep = True
-        if self._active or self.main_wait is not None:  # a call began between the look and the flag: it saw none
+        # a call that began between the look and the flag saw none: it is looked for again
+        if self._active or self.main_wait is not None or any(
+                lane.running is not None or (lane.ended is not None and lane.ended is not self._lane_ended.get(ident))
+                for ident, lane in list(self._lanes.items())):
             self.asleep = False
             return
         self._wake.wait(SLEEP_MAX_S)
@@ -358,7 +448,7 @@ class Activity:
         ended: list[Call] = []
         while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
             ended.append(self._brief.popleft())  # iterated while another thread appends to it)
-        active = list(self._active.values())
+        active = list(self._active.values()) + self._lane_running
         brief = [(c, c.ended) for c in ended if not c.shown and (since is None or c.started >= since)
                  and c.ended is not None and c.ended <= until and not any(a.started < c.started for a in active)]
         sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]

@@ -45,9 +45,8 @@ class ActorNames:
             self.ray_names[name] = (options["name"], options.get("namespace"))
         _internal_kv_put(f"{self.run}/actor/{actor_id}", self.names[actor_id], namespace=KV_NAMESPACE)
 
-    def name_of(self, handle: Any) -> str:
-        """The name of the actor behind ``handle``: known here, else from its creator's note (once)."""
-        actor_id = handle._ray_actor_id.hex()
+    def name_of(self, actor_id: str) -> str:
+        """The name of the actor ``actor_id`` (hex): known here, else from its creator's note (read once)."""
         name = self.names.get(actor_id)
         if name is None:
             from ray.experimental.internal_kv import _internal_kv_get

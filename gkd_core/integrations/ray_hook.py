@@ -34,7 +34,6 @@ from gkd_core.integrations.waits import BOOK_MAX
 from gkd_core.node.stacks import install_faulthandler
 
 USER_SETUP_HOOK = "GKD_USER_WORKER_SETUP_HOOK"
-CALL_NAMES = "_gkd_call_names"  # on an actor handle: its methods' (actor name, method) as the book keeps them
 
 
 def _load(path: str):
@@ -188,21 +187,14 @@ def _patch_actor_creation(p: WatchedProcess) -> None:
     @functools.wraps(call)
     def _call(self, *args, **kwargs):
         out = call(self, *args, **kwargs)
-        try:  # at every call of the job: a name found once a handle and method, then one store in the book
-            handle, method = self._actor, self._method_name
-            names = handle.__dict__.get(CALL_NAMES)  # (Ray makes an ActorMethod at every `handle.method`)
-            if names is None:
-                names = handle.__dict__[CALL_NAMES] = {}
-            key = names.get(method)
-            if key is None:
-                key = names[method] = (p.actors.name_of(handle), method)
+        try:  # at every call of the job: the method's name stored in the book by the ref, nothing looked up
             if type(out) is ObjectRef:
                 newer = book.newer
-                newer[out.binary()] = key
+                newer[out.binary()] = self._method_name
                 if len(newer) >= BOOK_MAX:
                     book.turn(newer)
             else:
-                book.note(key, out)
+                book.note(self._method_name, out)
         except Exception as e:
             say_once("noting an actor call", e)
         return out
@@ -235,6 +227,18 @@ def end(token: int | None) -> None:
 def _patch_actor_methods(p: WatchedProcess) -> None:
     from ray._private.function_manager import FunctionActorManager
 
+    load = FunctionActorManager.load_actor_class
+
+    @functools.wraps(load)
+    def load_actor_class(self, *args, **kwargs):
+        actor_class = load(self, *args, **kwargs)
+        try:  # in the actor's creation, before any of its methods runs: who it is, so that they need not ask
+            p.entering_actor_class(actor_class.__name__)
+        except Exception as e:
+            say_once("reading which actor this worker hosts", e)
+        return actor_class
+
+    FunctionActorManager.load_actor_class = load_actor_class  # type: ignore[method-assign]  # (Ray's, wrapped)
     make = FunctionActorManager._make_actor_method_executor
 
     @functools.wraps(make)
@@ -251,20 +255,22 @@ def _patch_actor_methods(p: WatchedProcess) -> None:
                     return await coro
                 finally:
                     end(token)
-        else:
+        elif method_name == "__init__":
             def run(__ray_actor, *args, **kwargs):
                 token = begin(method_name, __ray_actor)
                 try:
                     out = executor(__ray_actor, *args, **kwargs)
                 finally:
                     end(token)
-                if method_name == "__init__":
-                    try:
-                        p.initialized(__ray_actor)
-                    except Exception as e:
-                        say_once("reading the roles of a fused actor", e)
+                try:
+                    p.initialized(__ray_actor)
+                except Exception as e:
+                    say_once("reading the roles of a fused actor", e)
                 return out
+        else:  # at every call of the job: the least there is (Activity.tracked)
+            run = p.activity.tracked(method_name, executor)
         run.name, run.method = executor.name, executor.method  # what Ray's task executor reads
+        run.__wrapped__ = executor  # (what bench/bench_ray_watch.py puts back, to time the job without)
         return run
 
     FunctionActorManager._make_actor_method_executor = make_executor  # type: ignore[method-assign]  # (Ray's)

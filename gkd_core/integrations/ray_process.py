@@ -44,7 +44,7 @@ class WatchedProcess:
         self.asked_since = 0.0
         self.activity = Activity(self._identify)
         self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
-        self.book = RefBook()  # the calls this process made, by ref
+        self.book = RefBook(self.actors.name_of)  # the calls this process made, by ref
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
         self.sync_in_parts: int | None = None  # a sync said in parts (verl's checkpoint engine) now under way
@@ -105,11 +105,17 @@ class WatchedProcess:
         return where
 
     def entering_actor(self, actor: Any) -> None:
+        """A call of ``actor``'s begins in this worker (a framework's, or an async actor's method)."""
+        if not self.actor_id:
+            self.entering_actor_class(type(actor).__name__)
+
+    def entering_actor_class(self, class_name: str) -> None:
+        """This worker hosts an actor of ``class_name``, being made now (or already running)."""
         if self.actor_id:
             return
         import ray
 
-        self.class_name = type(actor).__name__
+        self.class_name = class_name
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
 

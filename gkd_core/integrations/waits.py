@@ -1,8 +1,8 @@
 """A watched process's waits on Ray: who it waits for, who has answered, and weight syncs as syncs.
 
-Every actor call this process makes is noted (``RefBook.sent``: the ref, the actor's name, the
-method), so a ``ray.get`` on a list of refs is shown as what it is: "1 of 2 answered; waiting for
-rollout/1.sync_rollout_weights". A wait whose calls are all a weight-sync method (verl's
+Every actor call this process makes is noted (``RefBook``: the ref and the method; the actor is in
+the ref itself, named once a wait asks), so a ``ray.get`` on a list of refs is shown as what it is: "1 of 2
+answered; waiting for rollout/1.sync_rollout_weights". A wait whose calls are all a weight-sync method (verl's
 ``sync_rollout_weights``, ``update_weights``) is also a ``sync`` event, started, progressing and
 done or failed, against the sync timeout (verl's ``nccl_timeout`` where the verl plugin read it):
 the dashboard's sync gauge, with the pending workers, for a job that is not ours.
@@ -28,18 +28,25 @@ DEFAULT_SYNC_TIMEOUT_S = 600.0  # NCCL's and verl's default
 
 class RefBook:
     """ref -> (worker, method) of the calls this process made: the newest ``BOOK_MAX`` at least, in two halves:
-    ``newer`` fills, and once it holds ``BOOK_MAX`` the older half is dropped whole and it starts again. A call
-    noted is one store in a dict (``note``, or the actor call's wrapper itself: at every call of a job)."""
+    ``newer`` fills, and once it holds ``BOOK_MAX`` the older half is dropped whole and it starts again.
 
-    def __init__(self):
-        self.newer: dict[bytes, tuple[str, str]] = {}
-        self._older: dict[bytes, tuple[str, str]] = {}
+    A call is noted at every actor call of a job (the actor call's wrapper itself stores into ``newer``): one
+    store of the method's name, nothing looked up. Which actor it went to is in the ref (its task's actor id),
+    named by ``name_of_actor`` only when a wait asks ``who``: most refs are waited on and gone within a
+    millisecond, and the name can take a read of Ray's key-value store. A caller that knows the worker's name
+    (``sent``) stores both."""
+
+    def __init__(self, name_of_actor: Callable[[str], str] | None = None):
+        self.newer: dict[bytes, str | tuple[str, str]] = {}
+        self._older: dict[bytes, str | tuple[str, str]] = {}
+        self._name_of_actor = name_of_actor
 
     def sent(self, worker: str, method: str, out: Any) -> None:
         self.note((worker, method), out)
 
-    def note(self, call: tuple[str, str], out: Any) -> None:
-        """``out``: what an actor call returned (a ref, a list of them, or a generator, which is not kept)."""
+    def note(self, call: str | tuple[str, str], out: Any) -> None:
+        """``out``: what an actor call returned (a ref, a list of them, or a generator, which is not kept);
+        ``call``: its method, or (worker, method)."""
         for ref in out if isinstance(out, list) else [out]:
             binary = getattr(ref, "binary", None)
             if binary is not None:
@@ -57,7 +64,12 @@ class RefBook:
         if binary is None:
             return None
         key = binary()
-        return self.newer.get(key) or self._older.get(key)
+        call = self.newer.get(key) or self._older.get(key)
+        if call is None or isinstance(call, tuple):
+            return call
+        if self._name_of_actor is None:
+            return None
+        return self._name_of_actor(ref.task_id().actor_id().hex()), call
 
 
 def _names(calls: list[tuple[str, str] | None]) -> str:

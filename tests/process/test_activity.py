@@ -83,6 +83,89 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
     assert names[-1] == "idle"  # after the last call, with its end
 
 
+def test_methods_tracked_at_the_least_cost_show_as_any_call_does(tmp_path, capfd):
+    """An actor's methods (``tracked``: a tuple in its thread's lane, made a Call by the watcher): a brief one
+    after the fact with its start; a flood, the newest within the budget; one that lasts from its real start,
+    with a wait inside it as its detail, and idle from its real end; one that raises, its error the caller's;
+    threads churning through calls meanwhile never stop the watcher."""
+    import threading
+
+    import pytest
+
+    rx = Received(tmp_path)
+    reporter = Reporter("Callee/0", ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+
+    def training(actor, step):
+        time.sleep(SHOW_AFTER_S + 3 * TICK_S)
+        wait = activity.enter("ray.get", detail="waiting for Inference/0.generate", wait=True)
+        time.sleep(SHOW_AFTER_S + 4 * TICK_S)
+        activity.leave(wait)
+        return step + 1
+
+    def failing(actor):
+        raise ValueError("the job's own error")
+
+    tiny, flood = activity.tracked("tiny", lambda actor: None), activity.tracked("flood", lambda actor: None)
+    train, boom = activity.tracked("train", training), activity.tracked("boom", failing)
+    stop = threading.Event()
+
+    def churn():
+        for _ in range(100_000):  # bounded; about a second of calls on each thread
+            if stop.is_set():
+                return
+            tiny(None)
+
+    switch = sys.getswitchinterval()
+    try:
+        tiny_at = time.time()
+        tiny(None)
+        time.sleep(3 * TICK_S)
+        for _ in range(500):  # within one tick
+            flood(None)
+        time.sleep(3 * TICK_S)
+        t0 = time.time()
+        assert train(None, step=6) == 7
+        t1 = time.time()
+        time.sleep(3 * TICK_S)
+        with pytest.raises(ValueError, match="own error"):
+            boom(None)
+        time.sleep(3 * TICK_S)
+        threads = [threading.Thread(target=churn) for _ in range(4)]
+        sys.setswitchinterval(1e-6)  # threads taking turns every few bytecodes: the races come within the test
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        sys.setswitchinterval(switch)
+        t2 = time.time()
+        train(None, step=0)  # shown by a watcher still alive
+        phases = rx.phases(0.5)
+        assert "failed" not in capfd.readouterr().err
+    finally:
+        sys.setswitchinterval(switch)
+        stop.set()
+        activity.close()
+        reporter.close()
+        rx.close()
+    names = [p["phase"] for p in phases]
+    assert names[:2] == ["tiny", "idle"] and abs(phases[0]["started"] - tiny_at) < 0.01
+    assert phases[0]["call"] == 1 and phases[1]["started"] >= phases[0]["started"]
+    floods = [p["call"] for p in phases if p["phase"] == "flood"]
+    assert 1 <= len(floods) <= BRIEF_BURST and floods[-1] == 500  # the newest, not 500 of them
+    first = next(p for p in phases if p["phase"] == "train")
+    assert first["call"] == 1 and abs(first["started"] - t0) < 0.01  # its real start
+    inside = [p for p in phases if p["phase"] == "train" and "ray.get:" in p["detail"]]
+    assert inside and inside[0]["started"] == first["started"] and "Inference/0.generate" in inside[0]["detail"]
+    idle = phases[names.index("idle", names.index("train"))]
+    assert t1 - 0.01 < idle["started"] <= t1  # from its real end
+    assert "boom" in names  # brief, and ended though it raised
+    last = [p for p in phases if p["phase"] == "train"][-1]
+    assert last["call"] == 2 and last["started"] >= t2 and names[-1] == "idle"
+
+
 def test_a_steady_stream_of_brief_calls_is_sampled_within_the_budget(tmp_path):
     """A thousand calls a second, too brief to show, for two seconds: the bucket's worth and BRIEF_PER_S a
     second after it are sent, each the newest at its tick; a call a second is sent every time."""

@@ -50,3 +50,28 @@ def test_a_ray_wait_that_may_return_on_the_first_answer_is_no_sync(local_ray):
     wait.progress()
     wait.ended(None)  # one answered, one not: nothing says the sync ended
     assert said == []
+
+
+def test_a_call_noted_by_its_method_alone_is_named_by_the_actor_its_ref_was_made_for():
+    """The actor call's wrapper stores the method only: the actor is in the ref (its task's actor id), named
+    only when a wait asks; a ref the book never had, or one of a task, names nobody."""
+    from ray._raylet import ActorID, JobID, ObjectRef, TaskID
+
+    job = JobID.from_int(1)
+    driver = TaskID.for_driver_task(job)
+    actors = [ActorID.of(job, driver, i) for i in (1, 2)]
+
+    def ref_of(actor: ActorID, call: int) -> ObjectRef:  # the first return of the actor's call
+        return ObjectRef(TaskID.for_actor_task(job, driver, call, actor).binary() + (1).to_bytes(4, "little"))
+
+    asked: list[str] = []
+    names = {actors[0].hex(): "Inference/0", actors[1].hex(): "Trainer/0"}
+    book = RefBook(lambda actor_id: asked.append(actor_id) or names[actor_id])
+    generate, ready = ref_of(actors[0], 3), ref_of(actors[1], 4)
+    book.note("generate", generate)
+    book.note("weights_ready", [ready])  # (a call of several returns gives a list)
+    assert book.who(generate) == ("Inference/0", "generate")
+    assert book.who(ready) == ("Trainer/0", "weights_ready")
+    assert asked == [actors[0].hex(), actors[1].hex()]
+    assert book.who(ref_of(actors[0], 5)) is None  # never noted
+    assert book.who(ObjectRef(TaskID.for_normal_task(job, driver, 6).binary() + (1).to_bytes(4, "little"))) is None
