@@ -151,7 +151,7 @@ _WRAPPED: dict[str, dict] = {}
 
 
 # --- our wrappers timed in place ------------------------------------------------------------------------
-# Timed alone (``wrappers``), a wrapper runs on hot caches; in the job, between two of its calls Ray's own code
+# Timed alone, in a loop of its own, a wrapper runs on hot caches; in the job, between two of its calls Ray's own code
 # (its serializer, its gRPC threads) has run and evicted ours, and the same lines cost several times as much.
 # So each wrapper is timed where it runs, as the job calls it: a timer around it (outer) and one around what it
 # wraps (inner), the wrapper's part being outer - inner; in turn with a block where outer calls inner directly,
@@ -344,8 +344,9 @@ def job(calls: int) -> None:
             ray.get(running, timeout=LIMIT_S)
             return sums
 
-        for k in range(TIMED_PAIRS):
-            timed_block(k % 2 == 0, n), timed_block(k % 2 == 1, n)
+        for k in range(TIMED_PAIRS):  # each pair in turn with ours first and without first
+            timed_block(k % 2 == 0, n)
+            timed_block(k % 2 == 1, n)
         each = timed_block(True, 0)  # (the sums: each process's, its places' so far)
         for place in PLACES:
             sums = [sum(process[place][i] for process in each if place in process) for i in range(5)]

@@ -1,9 +1,11 @@
 """What one process of a watched job is doing: the calls it is in, shown by a watcher thread.
 
-The wrappers around the job's code (an actor's methods, the driver's ``ray.get``) only note a call's
-start and end, a microsecond a call in a hot loop (several in a job: bench/bench_ray_watch.py); a wait on
-the main thread, as a tuple (``main_wait``), made a call by the watcher only once it lasts (``make_wait``:
-whom it waits on). A watcher thread, every ``TICK_S``, shows the newest call
+The wrappers around the job's code only note what they must, a few microseconds a call in a job
+(bench/bench_ray_watch.py times them where they run): an actor's method, as a tuple in its thread's
+``Lane`` (``tracked``), made a call by the watcher once a tick; a wait on the main thread, as a tuple
+(``main_wait``), made a call by the watcher only once it lasts (``make_wait``: whom it waits on); a
+framework's phase or an async actor's call, a Call (``enter_call``). A watcher thread, every ``TICK_S``,
+shows the newest call
 that has lasted at least ``SHOW_AFTER_S`` (of the oldest lane, below) as the process's phase, with its
 real start, and the return to ``idle`` with its real end; a call too brief for that is sent after the
 fact, the newest of them, at most ``BRIEF_PER_S`` a second (with bursts of ``BRIEF_BURST``). So a job of
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gkd_core.integrations.calls import Brief, Call, DetailedCall, Lanes, get_ident
 from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
@@ -50,51 +53,6 @@ BRIEF_BURST = 5
 BRIEF_KEEP = 4 * BRIEF_BURST
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
-get_ident = threading.get_ident  # (read at each call: one lookup fewer)
-
-
-class Call:
-    """A call in flight. A method of the job's sets only these (``enter_call``: thousands a second in a job of
-    tiny calls); a wait or a framework's phase is a ``DetailedCall``, with a detail, a deadline, a progress."""
-
-    __slots__ = ("name", "number", "lane", "step", "started", "ended", "shown")
-    detail: str = ""
-    deadline: float | None = None
-    progress: Callable[[], str] | None = None  # asked from the watcher's thread: what the call has left to do
-    wait = False  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
-    waits_on: Callable[[], list[str]] | None = None  # the calls a wait has not had answered yet (``Worker.method``)
-
-    def __init__(self, name: str, number: int, lane: Any, step: int | None = None):
-        self.name, self.number, self.step = name, number, step
-        self.lane = lane  # what runs it: its thread's ident, or the coroutine of an asyncio call (whose stack it is)
-        self.started = time.time()
-        self.ended: float | None = None
-        self.shown = False
-
-    @property
-    def is_async(self) -> bool:
-        return not isinstance(self.lane, int)
-
-
-class DetailedCall(Call):
-    __slots__ = ("detail", "deadline", "progress", "wait", "waits_on")
-
-    def __init__(self, name: str, number: int, lane: Any, step: int | None, detail: str, deadline: float | None,
-                 progress: Callable[[], str] | None, wait: bool, waits_on: Callable[[], list[str]] | None):
-        super().__init__(name, number, lane, step)
-        self.detail, self.deadline, self.progress, self.wait, self.waits_on = detail, deadline, progress, wait, waits_on
-
-
-class Lane:
-    """A thread's method calls, as ``Activity.tracked`` notes them at the least cost: the one it runs now,
-    ``(name, number, started)``, and the newest that ended, ``((name, number, started), ended)``; the watcher
-    makes Calls of them (``_take_lanes``)."""
-
-    __slots__ = ("running", "ended")
-
-    def __init__(self):
-        self.running: tuple[str, int, float] | None = None
-        self.ended: tuple[tuple[str, int, float], float] | None = None
 
 
 class View(NamedTuple):
@@ -124,18 +82,11 @@ class Activity:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        # ended, perhaps never shown: the newest few, as at most the budget's worth (the newest) is ever sent, and
-        # a tick reads them all (a job of tiny calls ends hundreds between two ticks)
-        self._brief: collections.deque[Call] = collections.deque(maxlen=BRIEF_KEEP)
+        self._brief = Brief(BRIEF_PER_S, BRIEF_BURST, BRIEF_KEEP)  # ended, perhaps never shown
         self._task_stacks: TaskStackAnswer | None = None
-        self._brief_budget, self._brief_budget_at = float(BRIEF_BURST), time.monotonic()
-        self._lanes: dict[int, Lane] = {}  # the tracked methods' calls, by their thread's ident
-        # the watcher's own: the Call it made of each lane's newest call it saw (running, or over), with the
-        # tuple it was made of; the newest ended tuple taken; the lanes' calls running as of the last tick
-        self._lane_calls: dict[int, tuple[tuple, Call]] = {}
-        self._lane_ended: dict[int, tuple[tuple[str, int, float], float]] = {}
-        self._lane_running: list[Call] = []
+        self._lanes = Lanes()  # the tracked methods' calls, by thread
         self._last_started = 0.0  # the newest call's start (time.time)
+        self.started = False  # its thread (a call's wrapper starts it, the first time)
         self.asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``, or ``wake``)
         self._wake = threading.Event()
         self.reporter: Reporter | None = None
@@ -165,7 +116,7 @@ class Activity:
         call = self._active[token] = DetailedCall(name, number, get_ident() if lane is None else lane, step, detail,
                                                   deadline, progress, wait, waits_on)
         self._last_started = call.started
-        if self.asleep or self._thread is None:
+        if self.asleep or not self.started:
             self.wake()
         return token
 
@@ -177,40 +128,21 @@ class Activity:
         token = next(self._ids)
         call = self._active[token] = Call(name, number, get_ident() if lane is None else lane, step)
         self._last_started = call.started
-        if self.asleep or self._thread is None:
+        if self.asleep or not self.started:
             self.wake()
         return token
 
     def tracked(self, name: str, executor: Callable[..., Any]) -> Callable[..., Any]:
-        """``executor`` (an actor's method, Ray's executor of it) made a call of this process's at the least cost
-        there is: a job of tiny calls runs thousands a second, each on a cache that Ray's own work between two
-        of them has emptied (bench/bench_ray_watch.py times it in place). One frame, a count, two tuples and
-        two clock reads: its thread's Lane holds the call it runs and the newest that ended, and the watcher
-        makes them Calls once a tick (a call that lasts shown as the phase, the newest brief one sent after)."""
-        lanes, counts, wall = self._lanes, self._counts, time.time
-
-        def run(*args, **kwargs):
-            lane = lanes.get(get_ident())
-            if lane is None:
-                lane = lanes[get_ident()] = Lane()
-            number = counts[name] = counts.get(name, 0) + 1
-            running = lane.running = (name, number, wall())  # (a thread runs one method at a time)
-            if self.asleep or self._thread is None:
-                self.wake()
-            try:
-                return executor(*args, **kwargs)
-            finally:
-                lane.ended = (running, wall())  # before it stops running: never seen gone and unended
-                lane.running = None
-
-        return run
+        """``executor`` (an actor's method, Ray's executor of it) as a call of this process's, at the least cost
+        there is (``Lanes.tracked``): the watcher makes it a Call once a tick."""
+        return self._lanes.tracked(name, executor, self._counts, self)
 
     def wake(self) -> None:
         """A call began: the watcher, asleep, looks again (started, the first time)."""
         if self.asleep:
             self.asleep = False
             self._wake.set()
-        elif self._thread is None:
+        elif not self.started:
             self.start()
 
     def wait_ended(self, noted: tuple, error: BaseException | None) -> None:
@@ -241,53 +173,16 @@ class Activity:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._watch, name="gkd-activity", daemon=True)
                 self._thread.start()
+                self.started = True
 
     # --- the watcher's thread -------------------------------------------------------------
-
-    def _take_lanes(self) -> None:
-        """The lanes' calls as Calls: each running one (the same Call while it runs) in ``_lane_running``; each
-        that ended, with its end, to the brief calls (the one that ran at the last tick, and the newest since)."""
-        running_now: list[Call] = []
-        for ident, lane in list(self._lanes.items()):
-            running, ended = lane.running, lane.ended  # (in this order: the thread sets them in the other)
-            if running is not None and ended is not None and ended[0][2] >= running[2]:
-                running = None  # it ended after the first read (and perhaps a newer one too)
-            new_end = ended is not None and ended is not self._lane_ended.get(ident)
-            if ended is not None:
-                self._lane_ended[ident] = ended
-            held = self._lane_calls.get(ident)
-            if held is not None and held[0] is not running:  # the call made of one that ran is over
-                call = held[1]
-                if ended is not None and ended[0] is held[0]:
-                    call.ended, new_end = ended[1], False
-                else:  # newer calls ran since: it ended before the first of them began
-                    later = [t[2] for t in (running, ended[0] if ended is not None else None) if t is not None]
-                    call.ended = min(later, default=time.time())
-                self._brief.append(call)
-                del self._lane_calls[ident]
-                held = None
-            if new_end:
-                assert ended is not None  # (a new end is one)
-                (name, number, started), end = ended
-                call = Call(name, number, ident)
-                call.started, call.ended = started, end
-                self._brief.append(call)
-                self._last_started = max(self._last_started, started)
-            if running is not None:
-                if held is None:
-                    call = Call(running[0], running[1], ident)
-                    call.started = running[2]
-                    held = self._lane_calls[ident] = (running, call)
-                    self._last_started = max(self._last_started, running[2])
-                running_now.append(held[1])
-        self._lane_running = running_now
 
     def _view(self, now: float) -> View:
         """The oldest lane's newest call that has lasted SHOW_AFTER_S is the phase (a wait inside a phase
         shows as that phase, with the wait's detail); every lane in flight is counted."""
-        if not self._active and not self._lane_running:
+        if not self._active and not self._lanes.running:
             return NOTHING
-        calls = sorted(list(self._active.values()) + self._lane_running, key=lambda c: c.started)
+        calls = sorted(list(self._active.values()) + self._lanes.running, key=lambda c: c.started)
         lanes: dict[Any, list[Call]] = {}
         for c in calls:
             if now - c.started >= SHOW_AFTER_S:
@@ -317,7 +212,9 @@ class Activity:
             if self._closed.is_set():
                 return
             try:
-                self._take_lanes()
+                for call in self._lanes.take():
+                    self._brief.append(call)
+                self._last_started = max(self._last_started, self._lanes.newest_start)
             except Exception as e:  # a bug of ours: said once (below, the same way)
                 if not failed:
                     failed = True
@@ -405,7 +302,7 @@ class Activity:
 
     def _may_sleep(self) -> bool:
         """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""
-        return (self.reporter is not None and not self._active and not self._lane_running and not self._brief
+        return (self.reporter is not None and not self._active and not self._lanes.running and not self._brief
                 and self.main_wait is None
                 and (self._task_stacks is None or not self._task_stacks.offered)
                 and time.time() - self._last_started > SLEEP_AFTER_S)
@@ -414,9 +311,7 @@ class Activity:
         self._wake.clear()
         self.asleep = True
         # a call that began between the look and the flag saw none: it is looked for again
-        if self._active or self.main_wait is not None or any(
-                lane.running is not None or (lane.ended is not None and lane.ended is not self._lane_ended.get(ident))
-                for ident, lane in list(self._lanes.items())):
+        if self._active or self.main_wait is not None or self._lanes.busy():
             self.asleep = False
             return
         self._wake.wait(SLEEP_MAX_S)
@@ -438,21 +333,7 @@ class Activity:
         if not self._brief:
             return since
         assert self.reporter is not None  # (the watcher sends once it has one)
-        mono = time.monotonic()
-        refill = (mono - self._brief_budget_at) * BRIEF_PER_S
-        self._brief_budget = min(float(BRIEF_BURST), self._brief_budget + refill)
-        self._brief_budget_at = mono
-        if self._brief_budget < 1:  # none may go now: the next that may will be newer than these
-            self._brief.clear()
-            return since
-        ended: list[Call] = []
-        while self._brief:  # taken one by one: the job's threads append meanwhile (a deque is not to be
-            ended.append(self._brief.popleft())  # iterated while another thread appends to it)
-        active = list(self._active.values()) + self._lane_running
-        brief = [(c, c.ended) for c in ended if not c.shown and (since is None or c.started >= since)
-                 and c.ended is not None and c.ended <= until and not any(a.started < c.started for a in active)]
-        sent = brief[len(brief) - min(len(brief), int(self._brief_budget)):]
-        self._brief_budget -= len(sent)
+        sent = self._brief.due(since, until, list(self._active.values()) + self._lanes.running)
         for call, end in sent:
             call.shown = True
             self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,

@@ -1,0 +1,189 @@
+"""The calls a watched process is in, as its Activity keeps them (activity): a ``Call`` each, the tracked
+methods' calls by thread (``Lanes``: a tuple a call, made Calls by the watcher), and the ones that ended
+too briefly to be shown (``Brief``: the newest few, within a budget of events a second)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+get_ident = threading.get_ident  # (read at each call: one lookup fewer)
+
+
+class Call:
+    """A call in flight: an async actor's method (``Activity.enter_call``), or a tracked method's that the
+    watcher made of its lane's tuple (``Lanes``); a wait or a framework's phase is a ``DetailedCall``, with a
+    detail, a deadline, a progress."""
+
+    __slots__ = ("name", "number", "lane", "step", "started", "ended", "shown")
+    detail: str = ""
+    deadline: float | None = None
+    progress: Callable[[], str] | None = None  # asked from the watcher's thread: what the call has left to do
+    wait = False  # a wait (ray.get) inside a phase: shown as that phase, with what it waits for
+    waits_on: Callable[[], list[str]] | None = None  # the calls a wait has not had answered yet (``Worker.method``)
+
+    def __init__(self, name: str, number: int, lane: Any, step: int | None = None):
+        self.name, self.number, self.step = name, number, step
+        self.lane = lane  # what runs it: its thread's ident, or the coroutine of an asyncio call (whose stack it is)
+        self.started = time.time()
+        self.ended: float | None = None
+        self.shown = False
+
+    @property
+    def is_async(self) -> bool:
+        return not isinstance(self.lane, int)
+
+
+class DetailedCall(Call):
+    __slots__ = ("detail", "deadline", "progress", "wait", "waits_on")
+
+    def __init__(self, name: str, number: int, lane: Any, step: int | None, detail: str, deadline: float | None,
+                 progress: Callable[[], str] | None, wait: bool, waits_on: Callable[[], list[str]] | None):
+        super().__init__(name, number, lane, step)
+        self.detail, self.deadline, self.progress, self.wait, self.waits_on = detail, deadline, progress, wait, waits_on
+
+
+class Lane:
+    """A thread's method calls, as ``Lanes.tracked`` notes them at the least cost: the one it runs now,
+    ``(name, number, started)``, and the newest that ended, ``((name, number, started), ended)``."""
+
+    __slots__ = ("running", "ended")
+
+    def __init__(self):
+        self.running: tuple[str, int, float] | None = None
+        self.ended: tuple[tuple[str, int, float], float] | None = None
+
+
+class Wakes(Protocol):
+    """What a tracked call wakes, as it begins: the watcher, asleep or not started yet (an Activity)."""
+
+    asleep: bool
+    started: bool
+
+    def wake(self) -> None: ...
+
+
+class Lanes:
+    """The tracked methods' calls of one process, by thread: written by the job's threads at the least cost
+    (``tracked``), made Calls by the watcher once a tick (``take``): the same Call while one runs (the phase
+    shown keeps its identity), and each that ended, with its end, to the brief calls."""
+
+    def __init__(self):
+        self._lanes: dict[int, Lane] = {}  # by thread ident
+        # the watcher's own: the Call it made of each lane's newest call it saw running, with the tuple it was
+        # made of; and the newest ended tuple it took
+        self._made: dict[int, tuple[tuple, Call]] = {}
+        self._taken: dict[int, tuple[tuple[str, int, float], float]] = {}
+        self.running: list[Call] = []  # as of the last take
+        self.newest_start = 0.0  # (time.time) of the newest call taken
+
+    def tracked(self, name: str, executor: Callable[..., Any], counts: dict[str, int],
+                watcher: Wakes) -> Callable[..., Any]:
+        """``executor`` (an actor's method, Ray's executor of it) made a call of this process's at the least cost
+        there is: a job of tiny calls runs thousands a second, each on a cache that Ray's own work between two
+        of them has emptied (bench/bench_ray_watch.py times it in place). One frame, a count, two tuples and
+        two clock reads: its thread's Lane holds the call it runs and the newest that ended; ``counts``: the
+        calls of each name so far, the Activity's (a call's number counts them all)."""
+        lanes, wall = self._lanes, time.time
+
+        def run(*args, **kwargs):
+            lane = lanes.get(get_ident())
+            if lane is None:
+                lane = lanes[get_ident()] = Lane()
+            number = counts[name] = counts.get(name, 0) + 1
+            running = lane.running = (name, number, wall())  # (a thread runs one method at a time)
+            if watcher.asleep or not watcher.started:
+                watcher.wake()
+            try:
+                return executor(*args, **kwargs)
+            finally:
+                lane.ended = (running, wall())  # before it stops running: never seen gone and unended
+                lane.running = None
+
+        return run
+
+    def take(self) -> list[Call]:
+        """The lanes' calls as Calls: each running one in ``running``; returns those that ended since the last
+        take, with their ends (of each lane, the one that ran then and the newest since)."""
+        running_now: list[Call] = []
+        ended_now: list[Call] = []
+        for ident, lane in list(self._lanes.items()):
+            running, ended = lane.running, lane.ended  # (in this order: the thread sets them in the other)
+            if running is not None and ended is not None and ended[0][2] >= running[2]:
+                running = None  # it ended after the first read (and perhaps a newer one too)
+            new_end = ended is not None and ended is not self._taken.get(ident)
+            if ended is not None:
+                self._taken[ident] = ended
+            held = self._made.get(ident)
+            if held is not None and held[0] is not running:  # the call made of one that ran is over
+                call = held[1]
+                if ended is not None and ended[0] is held[0]:
+                    call.ended, new_end = ended[1], False
+                else:  # newer calls ran since: it ended before the first of them began
+                    later = [t[2] for t in (running, ended[0] if ended is not None else None) if t is not None]
+                    call.ended = min(later, default=time.time())
+                ended_now.append(call)
+                del self._made[ident]
+                held = None
+            if new_end:
+                assert ended is not None  # (a new end is one)
+                (name, number, started), end = ended
+                call = Call(name, number, ident)
+                call.started, call.ended = started, end
+                ended_now.append(call)
+                self.newest_start = max(self.newest_start, started)
+            if running is not None:
+                if held is None:
+                    call = Call(running[0], running[1], ident)
+                    call.started = running[2]
+                    held = self._made[ident] = (running, call)
+                    self.newest_start = max(self.newest_start, running[2])
+                running_now.append(held[1])
+        self.running = running_now
+        return ended_now
+
+    def busy(self) -> bool:
+        """Whether a call runs, or one ended that the last take did not see (a look before the watcher sleeps)."""
+        return any(lane.running is not None or (lane.ended is not None and lane.ended is not self._taken.get(ident))
+                   for ident, lane in list(self._lanes.items()))
+
+
+class Brief:
+    """Calls that ended, perhaps never shown: the newest ``keep`` (a tick reads them all, and a job of tiny
+    calls ends hundreds between two ticks), of which at most ``per_s`` a second is sent (a bucket that holds
+    ``burst``): a peer's 5 ms sync is what its stuck peer is measured against, and a flood is sampled."""
+
+    def __init__(self, per_s: float, burst: int, keep: int):
+        self.per_s, self.burst = per_s, burst
+        self._calls: collections.deque[Call] = collections.deque(maxlen=keep)
+        self._budget, self._budget_at = float(burst), time.monotonic()
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def append(self, call: Call) -> None:
+        self._calls.append(call)
+
+    def clear(self) -> None:
+        self._calls.clear()
+
+    def due(self, since: float | None, until: float, active: list[Call]) -> list[tuple[Call, float]]:
+        """Those to send now, with their ends: begun after ``since``, ended by ``until`` while none of
+        ``active`` was under way, never shown; the newest the budget allows. The rest are dropped."""
+        mono = time.monotonic()
+        self._budget = min(float(self.burst), self._budget + (mono - self._budget_at) * self.per_s)
+        self._budget_at = mono
+        if self._budget < 1:  # none may go now: the next that may will be newer than these
+            self._calls.clear()
+            return []
+        ended: list[Call] = []
+        while self._calls:  # taken one by one: the job's threads append meanwhile (a deque is not to be
+            ended.append(self._calls.popleft())  # iterated while another thread appends to it)
+        brief = [(c, c.ended) for c in ended if not c.shown and (since is None or c.started >= since)
+                 and c.ended is not None and c.ended <= until and not any(a.started < c.started for a in active)]
+        sent = brief[len(brief) - min(len(brief), int(self._budget)):]
+        self._budget -= len(sent)
+        return sent
