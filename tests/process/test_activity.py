@@ -4,12 +4,17 @@ phase's detail; a call too brief to be shown, after the fact; a flood of them, b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import zmq
 
 from gkd_core.integrations.activity import BRIEF_BURST, BRIEF_PER_S, SHOW_AFTER_S, TICK_S, Activity
@@ -34,6 +39,58 @@ class Received:
     def close(self):
         self.pull.close(0)
         self.ctx.term()
+
+
+@contextlib.contextmanager
+def watched(tmp_path: Path, src: str):
+    """An Activity reporting as ``src`` through a real Reporter to a real socket (its events read by the
+    Received also given); closed after."""
+    rx = Received(tmp_path)
+    reporter = Reporter(src, ingest=rx.addr, heartbeat_s=60)
+    activity = Activity(lambda: reporter)
+    try:
+        yield rx, activity
+    finally:
+        activity.close()
+        reporter.close()
+        rx.close()
+
+
+@contextlib.contextmanager
+def churning(call: Callable[[], Any], count: int):
+    """Four threads making ``call`` (at most ``count`` times each) while the block runs, taking turns every few
+    bytecodes: the races between them and the watcher come within the test."""
+    stop = threading.Event()
+
+    def churn():
+        for _ in range(count):  # bounded
+            if stop.is_set():
+                return
+            call()
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        sys.setswitchinterval(switch)
+
+
+def said_a_tiny_call_then_a_flood(phases: list[dict], tiny_at: float) -> list[str]:
+    """The phases' names, once checked to open with a call too brief to show (sent after the fact, with its start
+    and its number), then 500 calls within one tick: the newest of them, as many as the bucket held, not 500."""
+    names = [p["phase"] for p in phases]
+    assert names[:2] == ["tiny", "idle"] and abs(phases[0]["started"] - tiny_at) < 0.01 and phases[0]["call"] == 1
+    assert phases[1]["started"] >= phases[0]["started"]
+    floods = [p["call"] for p in phases if p["phase"] == "flood"]
+    assert 1 <= len(floods) <= BRIEF_BURST and floods[-1] == 500
+    return names
 
 
 def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phases_detail(tmp_path):
@@ -66,11 +123,7 @@ def test_calls_are_shown_once_they_last_with_their_start_and_waits_as_their_phas
         activity.close()
         reporter.close()
         rx.close()
-    names = [p["phase"] for p in phases]
-    assert names[:2] == ["tiny", "idle"] and abs(phases[0]["started"] - tiny_at) < 0.01
-    assert phases[1]["started"] >= phases[0]["started"]
-    # the newest of the flood, as many as the bucket held (the tiny call took one), not 500
-    assert 1 <= names.count("flood") <= BRIEF_BURST and [p["call"] for p in phases if p["phase"] == "flood"][-1] == 500
+    names = said_a_tiny_call_then_a_flood(phases, tiny_at)
     first = next(p for p in phases if p["phase"] == "update_weights")
     assert first["phase"] == "update_weights" and first["step"] == 3 and first.get("call") is None
     assert abs(first["started"] - t0) < 0.01  # its real start, not when it was first shown
@@ -88,36 +141,19 @@ def test_methods_tracked_at_the_least_cost_show_as_any_call_does(tmp_path, capfd
     after the fact with its start; a flood, the newest within the budget; one that lasts from its real start,
     with a wait inside it as its detail, and idle from its real end; one that raises, its error the caller's;
     threads churning through calls meanwhile never stop the watcher."""
-    import threading
+    with watched(tmp_path, "Callee/0") as (rx, activity):
+        def training(actor, step):
+            time.sleep(SHOW_AFTER_S + 3 * TICK_S)
+            wait = activity.enter("ray.get", detail="waiting for Inference/0.generate", wait=True)
+            time.sleep(SHOW_AFTER_S + 4 * TICK_S)
+            activity.leave(wait)
+            return step + 1
 
-    import pytest
+        def failing(actor):
+            raise ValueError("the job's own error")
 
-    rx = Received(tmp_path)
-    reporter = Reporter("Callee/0", ingest=rx.addr, heartbeat_s=60)
-    activity = Activity(lambda: reporter)
-
-    def training(actor, step):
-        time.sleep(SHOW_AFTER_S + 3 * TICK_S)
-        wait = activity.enter("ray.get", detail="waiting for Inference/0.generate", wait=True)
-        time.sleep(SHOW_AFTER_S + 4 * TICK_S)
-        activity.leave(wait)
-        return step + 1
-
-    def failing(actor):
-        raise ValueError("the job's own error")
-
-    tiny, flood = activity.tracked("tiny", lambda actor: None), activity.tracked("flood", lambda actor: None)
-    train, boom = activity.tracked("train", training), activity.tracked("boom", failing)
-    stop = threading.Event()
-
-    def churn():
-        for _ in range(100_000):  # bounded; about a second of calls on each thread
-            if stop.is_set():
-                return
-            tiny(None)
-
-    switch = sys.getswitchinterval()
-    try:
+        tiny, flood = activity.tracked("tiny", lambda actor: None), activity.tracked("flood", lambda actor: None)
+        train, boom = activity.tracked("train", training), activity.tracked("boom", failing)
         tiny_at = time.time()
         tiny(None)
         time.sleep(3 * TICK_S)
@@ -131,30 +167,13 @@ def test_methods_tracked_at_the_least_cost_show_as_any_call_does(tmp_path, capfd
         with pytest.raises(ValueError, match="own error"):
             boom(None)
         time.sleep(3 * TICK_S)
-        threads = [threading.Thread(target=churn) for _ in range(4)]
-        sys.setswitchinterval(1e-6)  # threads taking turns every few bytecodes: the races come within the test
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-        stop.set()
-        for t in threads:
-            t.join(10)
-        sys.setswitchinterval(switch)
+        with churning(lambda: tiny(None), 100_000):  # about a second of calls on each thread
+            time.sleep(1.0)
         t2 = time.time()
         train(None, step=0)  # shown by a watcher still alive
         phases = rx.phases(0.5)
         assert "failed" not in capfd.readouterr().err
-    finally:
-        sys.setswitchinterval(switch)
-        stop.set()
-        activity.close()
-        reporter.close()
-        rx.close()
-    names = [p["phase"] for p in phases]
-    assert names[:2] == ["tiny", "idle"] and abs(phases[0]["started"] - tiny_at) < 0.01
-    assert phases[0]["call"] == 1 and phases[1]["started"] >= phases[0]["started"]
-    floods = [p["call"] for p in phases if p["phase"] == "flood"]
-    assert 1 <= len(floods) <= BRIEF_BURST and floods[-1] == 500  # the newest, not 500 of them
+    names = said_a_tiny_call_then_a_flood(phases, tiny_at)
     first = next(p for p in phases if p["phase"] == "train")
     assert first["call"] == 1 and abs(first["started"] - t0) < 0.01  # its real start
     inside = [p for p in phases if p["phase"] == "train" and "ray.get:" in p["detail"]]
@@ -204,29 +223,12 @@ def test_a_wait_says_whom_it_waits_for():
 def test_threads_making_brief_calls_all_the_while_do_not_stop_the_watcher(tmp_path, capfd):
     """An actor's threads end calls while the watcher takes the brief ones: it must go on showing calls
     (a deque iterated while another thread appends raises, and a watcher that died showed nothing more)."""
-    import threading
-
     rx = Received(tmp_path)
     reporter = Reporter("Learner/0", ingest=rx.addr, heartbeat_s=60)
     activity = Activity(lambda: reporter)
-    stop = threading.Event()
-
-    def churn():
-        for _ in range(200_000):  # bounded; about 2 s of calls on each thread
-            if stop.is_set():
-                return
-            activity.leave(activity.enter("tiny"))
-
-    threads = [threading.Thread(target=churn) for _ in range(4)]
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads taking turns every few bytecodes: the race comes within the test
     try:
-        for t in threads:
-            t.start()
-        time.sleep(2.0)
-        stop.set()
-        for t in threads:
-            t.join(10)
+        with churning(lambda: activity.leave(activity.enter("tiny")), 200_000):  # about 2 s on each thread
+            time.sleep(2.0)
         t = activity.enter("train")  # shown by a watcher still alive
         time.sleep(SHOW_AFTER_S + 4 * TICK_S)
         activity.leave(t)
@@ -234,8 +236,6 @@ def test_threads_making_brief_calls_all_the_while_do_not_stop_the_watcher(tmp_pa
         assert any(p["phase"] == "train" for p in phases), phases[-5:]
         assert "failed" not in capfd.readouterr().err
     finally:
-        sys.setswitchinterval(switch)
-        stop.set()
         activity.close()
         reporter.close()
         rx.close()
@@ -247,7 +247,6 @@ def test_calls_in_flight_at_once_show_as_the_oldest_with_their_count_and_their_a
     its age unchanged; and a capture that asks gets each coroutine's chain of awaits down to the line
     it waits at."""
     import asyncio
-    import threading
 
     from gkd_core.node.stacks import task_stack_files, via_task_stacks
 
