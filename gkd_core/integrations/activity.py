@@ -121,8 +121,8 @@ class Activity:
         return token
 
     def enter_call(self, name: str, step: int | None = None, lane: Any = None) -> int:
-        """``enter`` for a call of the job's (an actor's method), at the least cost: a job of tiny calls makes
-        thousands a second."""
+        """``enter`` for a call of the job's with no detail (an async actor's method, a framework's phase), at
+        little cost: such calls can come thousands a second (a sync method's cost least: ``tracked``)."""
         counts = self._counts
         number = counts[name] = counts.get(name, 0) + 1
         token = next(self._ids)
@@ -215,10 +215,8 @@ class Activity:
                 for call in self._lanes.take():
                     self._brief.append(call)
                 self._last_started = max(self._last_started, self._lanes.newest_start)
-            except Exception as e:  # a bug of ours: said once (below, the same way)
-                if not failed:
-                    failed = True
-                    print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
+            except Exception as e:  # a bug of ours: said once; the watcher goes on
+                failed = _said_once(failed, e)
             if shown.phase is None and self._may_sleep():
                 self._sleep()
                 continue
@@ -276,9 +274,7 @@ class Activity:
                     next_asked = now + ASKED_EVERY_S
                     self._answer_task_stacks()
             except Exception as e:  # a bug of ours: said once; the watcher goes on with the next tick
-                if not failed:
-                    failed = True
-                    print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
+                failed = _said_once(failed, e)
 
     def _make_main_wait(self, now: float) -> None:
         """The main thread's wait, once it has lasted SHOW_AFTER_S: a call (in the main thread's lane, from its
@@ -360,6 +356,13 @@ class Activity:
                                          detail=detail[:300], in_flight=in_flight if in_flight > 1 else 0,
                                          waits_on=about.waits_on()[:ev.WAITS_ON_MAX] if about.waits_on else [],
                                          ts=now))
+
+
+def _said_once(said: bool, e: Exception) -> bool:
+    """A bug of ours in the watcher, said on stderr the first time (``said``: already); it goes on."""
+    if not said:
+        print(f"gkd: watching this process's calls failed ({type(e).__name__}: {e})", file=sys.stderr)
+    return True
 
 
 def _progress_of(call: Call) -> str:
