@@ -15,8 +15,10 @@ each.
 Measured in the dashboard process: phase-change-to-screen latency (a probe worker changes phase
 every 0.3-0.7 s with its emit time in the detail; the time is taken when the table renders its row).
 Every probe sent counts: one overtaken by the next before a redraw showed it is on screen when a
-newer one first is, and its latency runs to then; the table prints how many were sent and how many
-were drawn themselves. Also CPU (percent of one core), RSS after 10 s, half-way and at the end
+newer one first is, and its latency runs to then; one never on screen by the end, neither itself nor
+overtaken, counts as the whole time from its sending to the end of the measurement (the least it could
+have been). The table prints how many were sent, how many were drawn themselves and how many never were
+on screen (``unseen``). Also CPU (percent of one core), RSS after 10 s, half-way and at the end
 (flat = no growth), and the backlog: each second of the load, from its first, how old the newest
 event the dashboard has applied is (one that falls behind sees that age grow), and how often it had
 to re-snapshot because its SUB queue overflowed. ``--plots``: the plots view is open instead of the
@@ -149,7 +151,7 @@ def dashboard_main(run: str, out: str, seconds: float, plots: bool = False) -> N
             await pilot.pause(seconds)
             cpu = (sum(os.times()[:2]) - cpu0) / (time.monotonic() - t0) * 100
             Path(out).write_text(json.dumps({"lat_ms": lat, "lat_t": lat_t, "lat_in": lat_in, "rss": rss, "cpu": cpu,
-                                             "lag_s": lag, "drawn": drawn,
+                                             "lag_s": lag, "drawn": drawn, "end_ns": time.monotonic_ns(),
                                              "resnapshots": app.source.sub.snapshots - snapshots0}))
             app.source.stop()
 
@@ -276,10 +278,10 @@ def plotted_events(step: int, rnd: random.Random) -> list:
     return out
 
 
-def every_probe(sent: list[int], drawn: dict[str, int]) -> tuple[list[float], int]:
+def every_probe(sent: list[int], drawn: dict[str, int], end: int) -> tuple[list[float], int]:
     """Each probe's latency (ms): to when its row was drawn with it, or, overtaken by a newer one before a
-    redraw showed it, to when a newer one first was (the screen had gone past it then); and how many were
-    never on screen by the end, neither themselves nor overtaken."""
+    redraw showed it, to when a newer one first was (the screen had gone past it then), or, never on screen
+    by ``end`` (when the measurement stopped, ns), to then; and how many were never on screen."""
     shown = sorted((int(d[2:]), t) for d, t in drawn.items())
     out, missing = [], 0
     first_after: list[int | None] = [None] * len(shown)  # from each drawn probe on: the earliest drawing
@@ -290,8 +292,9 @@ def every_probe(sent: list[int], drawn: dict[str, int]) -> tuple[list[float], in
     emits = [e for e, _ in shown]
     for t in sent:
         j = bisect.bisect_left(emits, t)
-        if j == len(shown):
+        if j == len(shown):  # (no probe from it on was drawn: it counts, as long as the bench went on after it)
             missing += 1
+            out.append((end - t) / 1e6)
         else:
             out.append((first_after[j] - t) / 1e6)
     return out, missing
@@ -421,7 +424,7 @@ def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfr
         if differ:
             print(f"  replay at {workers}: {len(differ)} difference(s), e.g. "
                   + "; ".join(d[:200] for d in differ[:3]), file=sys.stderr)
-    lat, missing = every_probe(probes, res["drawn"])
+    lat, missing = every_probe(probes, res["drawn"], res["end_ns"])
     rss = res["rss"]
     lag = [age for t, age in res["lag_s"] if t <= seconds - 1]  # while the load ran (after it, nothing is new)
     return {"workers": workers, "plots": plots, "sent": sent, "p50": pct(lat, 50), "p99": pct(lat, 99),
@@ -459,14 +462,15 @@ def main() -> None:
     rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots, a.busy)
             for n in a.workers for _ in range(a.rounds)]
     with records.kept("dashboard_plots" if a.plots else "dashboard", smoke=a.smoke) as kept_run:
-        print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'latency p50':>12} {'p99':>7} {'max':>7} "
-              f"{'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} {'lag max':>8} "
-              f"{'last 10s':>9} {'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} {'whole':>6} "
-              f"{'same':>5}")
+        print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'unseen':>6} {'latency p50':>12} "
+              f"{'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} "
+              f"{'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} "
+              f"{'whole':>6} {'same':>5}")
         for r in rows:
             latency = (f"{r['p50']:10.0f}ms {r['p99']:5.0f}ms {r['max']:5.0f}ms " if not r["plots"]
                        else f"{'-':>12} {'-':>7} {'-':>7} ")
-            print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} "
+            unseen = f"{r['missing']:6d}" if not r["plots"] else f"{'-':>6}"  # (plots: no table, nothing drawn)
+            print(f"{r['workers']:8d} {r['sent']:10d} {r['probes']:7d} {r['drawn']:6d} {unseen} "
                   + latency
                   + f"{r['cpu']:4.0f}% {r['sup_cpu']:7.0f}% {r['load_cpu']:4.0f}% {r['rss0']:6.0f}MB "
                   f"{r['rss_mid']:4.0f}MB {r['rss1']:4.0f}MB {r['lag_max']:7.2f}s {r['lag_end']:8.2f}s "
@@ -489,7 +493,8 @@ def main() -> None:
                  else "; ")
               + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "
                  if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
-                                 f"newer one was; {missing} never on screen by the end); ")
+                                 f"newer one was; one never on screen by the end, {missing} in all (unseen): from its "
+                                 "sending to the end); ")
               + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
               "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
               "log, and the same state as live")

@@ -3,27 +3,36 @@ bare loop on the same machine in the same run (ZeroMQ PULL, msgspec decode, appe
 one Python process), as a ratio.
 
     python bench/bench_ingest.py [--workers 65536] [--per-node 8] [--seconds 4] [--rounds 3]
-    python bench/bench_ingest.py --against ../old-checkout   # the same load on another checkout's supervisor
+    python bench/bench_ingest.py --against ../old-checkout   # the same bytes into another checkout's supervisor
     python bench/bench_ingest.py --still   # beats that never change, no memory (the dashboard bench's before)
     python bench/bench_ingest.py --merged  # and with a process before the supervisor that merges the batches
     python bench/bench_ingest.py --smoke   # for CI: 4,096 workers, 2 s of their messages, one round, --merged
+    python bench/bench_ingest.py --smoke --against ../old-checkout   # and the comparison's code path too
 
 The load is ``--seconds`` of what ``workers`` send, made and encoded before the clock starts, in the
 dashboard bench's shape (``bench_dashboard.load``): each node's heartbeats as one batch a second from its
 relay's batcher, every beat with a CPU share and RSS that move a little and the node's memory, and phase
-changes between them (about 2,000 a second). The workers register first (not timed). Then the supervisor
+changes between them (about 2,000 a second). It is made twice, the same beats each time: as the relays send
+them (``HeartbeatBatcher``: a beat in full only when it says something its worker's last one did not, the
+relay's clock for the rest) and with every beat in full, as relays sent them before that clock. Every
+supervisor and the bare loop take in both: the table shows each stream's rows apart, with its bytes, and a
+last line says what the relays' thinning saves (this supervisor on the thinned stream over it on the full
+one), which is the relays' work, not the supervisor's. The workers register first (not timed). Then the supervisor
 is stopped (SIGSTOP), the whole backlog and a marker after it are queued, and from SIGCONT the clock runs
 until it has published the marker: messages a second at full speed (its CPU over that time, its ZeroMQ
 I/O thread's included, says whether it had a core to itself). The bare loop takes the same bytes, queued
 the same way, and times itself from its first message to its last: a PULL socket, ``msgspec`` decoding
 each message as the typed event, its bytes appended to a file. ``--still``: beats that never change and carry no
 memory, as the dashboard bench's were before. ``--against``: another checkout (a ``git
-worktree`` of an older commit), round by round in turn with this one, on the same beats as its own relays
-sent them: every one in full (an older supervisor reads no relay's clock). ``--merged``: a round more each time,
+worktree`` of an older commit), round by round in turn with this one, fed the same bytes as this checkout's
+supervisor: the stream with every beat in full, the one an older supervisor reads whole (it reads no relay's
+clock, so the thinned stream would tell it that most workers had gone quiet); the comparison's figure is
+this checkout's rate over its on those same bytes. ``--merged``: a round more each time,
 with a process before the supervisor that takes the batches that come in a row as one event, as the
 supervisor does once it has read them (``Recorder._take_batches``), and passes the rest on in order: the
-supervisor reads one message where it read dozens. It answers whether a second process that decodes and
-gathers on the way in would raise the ceiling (#37); that process's CPU is printed after the row's ratio.
+supervisor reads one message where it read dozens (on the relays' thinned stream). It answers whether a second
+process that decodes and gathers on the way in would raise the ceiling (#37); that process's CPU is printed after
+the row's ratio.
 """
 
 from __future__ import annotations
@@ -260,7 +269,19 @@ def bare_round(timed: list) -> tuple[float, float]:
         return took, cpu / took
 
 
-MERGED = "merged before it"
+THIS, MERGED = "this checkout", "merged before it"
+BEATS_HEAD = "workers' beats/s"  # (what they made: a beat said by a clock counts as one)
+THINNED, FULL = "the relays' thinned batches", "every beat in full (what an older supervisor reads)"
+
+
+def in_full(timed: list[list[bytes]]) -> int:
+    """How many beats the ``heartbeats`` batches of ``timed`` carry in full."""
+    return sum(len(batch.beats) for m in timed if len(m) == 2 and (batch := wire.decode_batch(m[1])) is not None)
+
+
+def per_round(over: list[float], under: list[float]) -> list[float]:
+    """Each round's ratio of two rows' rates (the rounds ran in turn, so a round's are beside each other)."""
+    return [o / u for o, u in zip(over, under, strict=True)]
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -278,7 +299,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--still", action="store_true", help="beats that never change and carry no memory (the "
                                                         "dashboard bench's before they moved as a real node's)")
-    p.add_argument("--against", type=Path, help="another checkout's supervisor on the same backlog, in turn")
+    p.add_argument("--against", type=Path, help="another checkout's supervisor, in turn, fed the same bytes as "
+                                                "this one's: every beat in full")
     p.add_argument("--merged", action="store_true", help="also this checkout with a process before its supervisor "
                                                          "that merges the batches that come in a row")
     p.add_argument("--smoke", action="store_true", help="4,096 workers, 2 s of messages, one round: for CI")
@@ -289,50 +311,72 @@ def main() -> None:
     if a.merger:
         merger_main(*a.merger)
         return
-    if a.smoke:  # (with the merging process: its code path is the bench's too)
+    if a.smoke:  # (with the merging process and the full beats' stream: their code paths are the bench's too)
         a.workers, a.seconds, a.rounds, a.merged = 4096, 2, 1, True
-    register, timed, beats = backlog(a.workers, a.per_node, a.seconds, a.still)
-    # an older checkout is fed what its own relays sent: every beat in full (it reads no relay's clock)
-    older = backlog(a.workers, a.per_node, a.seconds, a.still, every_beat=True)[1] if a.against else timed
-    trees = [("this checkout", ROOT, False)] + ([(MERGED, ROOT, True)] if a.merged else []) + (
-        [(f"--against {a.against}", a.against.resolve(), False)] if a.against else [])
-    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _, _ in trees}
-    bare: list[tuple[float, float]] = []
+    register, thinned, beats = backlog(a.workers, a.per_node, a.seconds, a.still)
+    full = backlog(a.workers, a.per_node, a.seconds, a.still, every_beat=True)[1]
+    assert len(full) == len(thinned)  # (the same messages, a batch for a batch: only what each batch says differs)
+    # (the stream, the row's name, its checkout, whether merged before it); the same bytes into every row of a stream
+    against = f"--against {a.against}"
+    rows_of = [(FULL, THIS, ROOT, False)] + ([(FULL, against, a.against.resolve(), False)] if a.against else []) + [
+        (THINNED, THIS, ROOT, False)] + ([(THINNED, MERGED, ROOT, True)] if a.merged else [])
+    streams = {FULL: full, THINNED: thinned}
+    rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {(st, name): [] for st, name, _, _ in rows_of}
+    bare: dict[str, list[tuple[float, float]]] = {FULL: [], THINNED: []}
     for _ in range(a.rounds):
-        bare.append(bare_round(timed))
-        for name, tree, merging in trees:
-            rows[name].append(supervisor_round(tree, register, timed if tree == ROOT else older, merging))
+        for st, timed in streams.items():
+            bare[st].append(bare_round(timed))
+        for st, name, tree, merging in rows_of:
+            rows[st, name].append(supervisor_round(tree, register, streams[st], merging))
+    messages = len(thinned)
     with records.kept("ingest", smoke=a.smoke) as kept_run:
         batches = -(-a.workers // a.per_node) * a.seconds
-        print(f"{a.workers:,} workers, {a.per_node} to a node: {a.seconds} s of their messages ({len(timed):,}: "
-              f"{beats:,} beats in {batches:,} batches and {len(timed) - batches:,} phase changes), queued whole "
+        print(f"{a.workers:,} workers, {a.per_node} to a node: {a.seconds} s of their messages ({messages:,}: "
+              f"{beats:,} beats in {batches:,} batches and {messages - batches:,} phase changes), queued whole "
               f"and then taken in; {a.rounds} round(s), the median (min-max)"
               + ("; beats that never change and carry no memory (--still)" if a.still else ""))
-        print(f"{'':26} {'messages/s':>22} {'beats/s':>24} {'CPU (of a core)':>18} {'of the bare loop':>17}")
-        bare_rate = [len(timed) / t for t, _ in bare]
-        bare_beats = spread([beats / t for t, _ in bare], "{:,.0f}")
-        print(f"{'bare loop':26} {spread(bare_rate, '{:,.0f}'):>22} {bare_beats:>24} "
-              f"{spread([100 * c for _, c in bare], '{:.0f} %'):>18} {'1':>17}")
-        for name, _, merging in trees:
-            rate = [len(timed) / t for t, _, _ in rows[name]]
-            ratio = [r / b for r, b in zip(rate, bare_rate, strict=True)]
-            print(f"{'supervisor, ' + name:26} {spread(rate, '{:,.0f}'):>22} "
-                  f"{spread([beats / t for t, _, _ in rows[name]], '{:,.0f}'):>24} "
-                  f"{spread([100 * c for _, c, _ in rows[name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}"
-                  + (f"   and the merging process {spread([100 * m for _, _, m in rows[name]], '{:.0f} %')}"
-                     if merging else ""))
-        print(f"\n{os.cpu_count()} cores; a second of the run is {len(timed) // a.seconds:,} messages: the supervisor "
+        print(f"{'':30} {'messages/s':>22} {BEATS_HEAD:>24} {'CPU (of a core)':>18} {'of its bare loop':>17}")
+        bare_rate = {st: [messages / t for t, _ in bare[st]] for st in streams}
+        rate = {key: [messages / t for t, _, _ in each] for key, each in rows.items()}
+        for st, timed in streams.items():
+            print(f"{st}: {sum(len(f) for m in timed for f in m) / 2**20:,.1f} MB, {in_full(timed):,} beats in full"
+                  + (" (every one)" if st == FULL else " (the rest said by the relays' clocks, one a batch)"))
+            print(f"{'  bare loop':30} {spread(bare_rate[st], '{:,.0f}'):>22} "
+                  f"{spread([beats / t for t, _ in bare[st]], '{:,.0f}'):>24} "
+                  f"{spread([100 * c for _, c in bare[st]], '{:.0f} %'):>18} {'1':>17}")
+            for _, name, _, merging in (r for r in rows_of if r[0] == st):
+                ratio = [r / b for r, b in zip(rate[st, name], bare_rate[st], strict=True)]
+                print(f"{'  supervisor, ' + name:30} {spread(rate[st, name], '{:,.0f}'):>22} "
+                      f"{spread([beats / t for t, _, _ in rows[st, name]], '{:,.0f}'):>24} "
+                      f"{spread([100 * c for _, c, _ in rows[st, name]], '{:.0f} %'):>18} {spread(ratio, '{:.2f}'):>17}"
+                      + (f"   and the merging process {spread([100 * m for _, _, m in rows[st, name]], '{:.0f} %')}"
+                         if merging else ""))
+        thinning = per_round(rate[THINNED, THIS], rate[FULL, THIS])
+        print(f"\nwhat the relays' thinning saves (their work, not the supervisor's): this checkout's supervisor on "
+              f"the thinned stream over it on every beat in full, {spread(thinning, '{:.2f}x')}")
+        if a.against:
+            speedup = per_round(rate[FULL, THIS], rate[FULL, against])
+            print(f"the supervisor's own speed-up, the same bytes into both (every beat in full): this checkout over "
+                  f"{against}, {spread(speedup, '{:.2f}x')}")
+        print(f"{os.cpu_count()} cores; a second of the run is {messages // a.seconds:,} messages: the supervisor "
               "keeps up with a run whose rate is below its own")
-        ours = [len(timed) / t for t, _, _ in rows["this checkout"]]
         what = f"{a.workers:,} workers" + (", still beats" if a.still else "")
-        kept_run.figure(f"{what}, the supervisor's messages a second at one core (median)",
-                        statistics.median(ours), " msg/s")
-        kept_run.figure(f"{what}, the supervisor's rate over the bare loop's (median)",
-                        statistics.median(r / b for r, b in zip(ours, bare_rate, strict=True)))
+        ours = rate[THINNED, THIS]
+        kept_run.figure(f"{what}, the supervisor's messages a second at one core, fed the relays' thinned batches "
+                        "(median)", statistics.median(ours), " msg/s")
+        kept_run.figure(f"{what}, the supervisor's rate over the bare loop's, both fed the relays' thinned batches "
+                        "(median)", statistics.median(per_round(ours, bare_rate[THINNED])))
+        kept_run.figure(f"{what}, the supervisor's messages a second at one core, fed every beat in full (median)",
+                        statistics.median(rate[FULL, THIS]), " msg/s")
+        kept_run.figure(f"{what}, what the relays' thinning saves: the supervisor's rate on their thinned batches over"
+                        " its rate on every beat in full (median)", statistics.median(thinning), "x")
+        if a.against:
+            kept_run.figure(f"{what}, the supervisor's own speed-up: this checkout's rate over {against}'s, the same "
+                            "bytes into both, every beat in full (median)", statistics.median(speedup), "x")
         if a.merged:
-            kept_run.figure(f"{what}, the supervisor's rate with its batches merged before it, over its rate without"
-                            " (median)", statistics.median(len(timed) / t / r for (t, _, _), r in
-                                                             zip(rows[MERGED], ours, strict=True)), "x")
+            kept_run.figure(f"{what}, the supervisor's rate with its batches merged before it, over its rate without,"
+                            " both fed the relays' thinned batches (median)",
+                            statistics.median(per_round(rate[THINNED, MERGED], ours)), "x")
     if a.smoke and not all(t > 0 for each in rows.values() for t, _, _ in each):
         sys.exit("bench_ingest: no round measured")
 

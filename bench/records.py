@@ -1,12 +1,20 @@
 """What a bench measured, kept, and the tables in bench/RESULTS.md made from it alone.
 
 Every full run of a bench appends one line to ``bench/records/NAME.jsonl``: the command as typed, when,
-the machine, the table it printed, and the figures it names (numbers, for the spread over runs). RESULTS
-shows a record between ``<!-- record: NAME -->`` and ``<!-- /record: NAME -->``: for each command its
-count of runs, the newest run's table as printed, and each figure's median (min-max) over the runs of that
-command. ``python bench/records.py --check`` renders every block again from its record and fails on any
-difference, and on a figure in a section's prose that none of its blocks shows (a number typed by hand).
-A ``--smoke`` run records nothing: it is the same code path on sizes nobody should quote.
+the machine, the code it ran (a digest of the product's source and the bench's own: runs of the same code
+share it, whatever the commit), the table it printed, and the figures it names (numbers, for the spread
+over runs). RESULTS shows a record between ``<!-- record: NAME -->`` and ``<!-- /record: NAME -->``: for
+each command the runs of the newest code it ran (older runs stay in the record as history, counted), the
+newest run's table as printed, and each figure's median (min-max) over those runs; README's summary the
+same figures. A run recorded before the code was kept has no digest: it is a version of its own.
+
+``python bench/records.py --check`` renders every block and the summary again and fails on any difference
+(a summary that mixes code versions among them), and on a figure typed by hand: a number with a unit
+("139 ms", "1.89 %", "23.6x") or a p50/p99/precision/recall/F1 in the prose of RESULTS or README that no
+record shows, in a paragraph that does not say the day it was seen (a one-off observation, "one run,
+2026-11-28"). Settings and bounds are not figures: a number after "every", "within", "at most", "under",
+"timeout" and the like, and the product's own words in double quotes. A ``--smoke`` run records nothing:
+it is the same code path on sizes nobody should quote.
 
     python bench/records.py            # write every block from its record
     python bench/records.py --check    # CI: fail where RESULTS is not its records
@@ -15,6 +23,7 @@ A ``--smoke`` run records nothing: it is the same code path on sizes nobody shou
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -30,11 +39,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "records"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 README = ROOT / "README.md"
+CHAOS = ROOT / "tests" / "chaos" / "CHAOS.md"
+# the code a bench measures: what its version digest is made of (with the bench's own script)
+MEASURED = ("gkd_core", "gkd_tui")
 # README's summary of every record's figures, between these (written and checked with RESULTS' blocks)
 SUMMARY = ("<!-- records: summary -->", "<!-- /records: summary -->")
+SUMMARY_BLOCK = re.compile(r"<!-- records: summary -->\n.*?<!-- /records: summary -->", re.S)
 BLOCK = re.compile(r"<!-- record: (?P<name>[\w-]+) -->\n.*?<!-- /record: (?P=name) -->", re.S)
-# the other generated tables in RESULTS (their benches render and check them themselves)
-OTHER_BLOCKS = [re.compile(r"<!-- restart under load -->\n.*?<!-- /restart under load -->", re.S)]
+# the other generated tables in RESULTS and CHAOS.md (their benches render and check them themselves)
+OTHER_BLOCKS = [re.compile(r"<!-- restart under load -->\n.*?<!-- /restart under load -->", re.S),
+                re.compile(r"<!-- random trials -->\n.*?<!-- /random trials -->", re.S)]
 
 
 def machine() -> str:
@@ -52,6 +66,18 @@ def command() -> str:
     return " ".join([python, str(shown), *sys.argv[1:]])
 
 
+def code_version(script: Path | None = None) -> str:
+    """A digest of the source a bench measures (``MEASURED``'s Python files) and of its own script, as they
+    are on disk: two runs share it exactly when they ran the same code, committed or not."""
+    script = script or Path(sys.argv[0]).resolve()
+    digest = hashlib.sha1()
+    files = sorted(f for top in MEASURED for f in (ROOT / top).rglob("*.py"))
+    for f in [*files, script] if script.is_file() else files:
+        digest.update(str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name).encode())
+        digest.update(hashlib.sha1(f.read_bytes()).digest())
+    return digest.hexdigest()[:12]
+
+
 def save(name: str, command: str, table: str, figures: dict[str, float] | None = None,
          units: dict[str, str] | None = None) -> Path:
     """One run of bench ``name``: appended to its record, and its block in RESULTS written again.
@@ -61,7 +87,7 @@ def save(name: str, command: str, table: str, figures: dict[str, float] | None =
     RECORDS.mkdir(exist_ok=True)
     path = RECORDS / f"{name}.jsonl"
     row = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": machine(),
-           "table": table.rstrip("\n"), "figures": figures or {}, "units": units or {}}
+           "code": code_version(), "table": table.rstrip("\n"), "figures": figures or {}, "units": units or {}}
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
     text = RESULTS.read_text()
@@ -127,18 +153,30 @@ def number(value: float, places: int) -> str:
     return f"{value:,.{places}f}"
 
 
+def newest_code(runs: list[dict]) -> list[dict]:
+    """The runs (of one command) of the code its newest run ran: those sharing its digest, or the newest
+    alone when it was recorded without one."""
+    code = runs[-1].get("code")
+    return [r for r in runs if code and r.get("code") == code] or runs[-1:]
+
+
 def render(name: str, runs: list[dict]) -> str:
-    """The block for one record: per command, its runs, the newest table, and each figure's spread."""
+    """The block for one record: per command, its newest code's runs, the newest table, and each figure's
+    spread over those runs; the older runs counted as history."""
     if not runs:
         return (f"No run of this bench is recorded yet (bench/records/{name}.jsonl): the command in the heading "
                 "makes the first.")
     out = []
     for command in dict.fromkeys(r["command"] for r in runs):
-        mine = [r for r in runs if r["command"] == command]
+        every = [r for r in runs if r["command"] == command]
+        mine = newest_code(every)
         newest = mine[-1]
         dates = sorted({r["when"][:10] for r in mine})
-        out.append(f"`{command}`: {len(mine)} run{'s' * (len(mine) != 1)} recorded "
-                   f"(bench/records/{name}.jsonl, {', '.join(dates)}, {newest['machine']})"
+        older = len(every) - len(mine)
+        history = (f"; {older} earlier run{'s' * (older != 1)} of older code kept in the record as history"
+                   if older else "")
+        out.append(f"`{command}`: {len(mine)} run{'s' * (len(mine) != 1)} of its newest code recorded "
+                   f"(bench/records/{name}.jsonl, {', '.join(dates)}, {newest['machine']}{history})"
                    + ("; the newest, as printed:" if len(mine) > 1 else ", as printed:"))
         out += ["", "```", newest["table"], "```"]
         spreads = [f"- {label}: {said}" for label, said in figures_of(mine)]
@@ -168,13 +206,17 @@ def figures_of(runs: list[dict]) -> list[tuple[str, str]]:
 
 
 def summary(results_text: str) -> str:
-    """README's table: every recorded figure, with its command and its count of runs, in RESULTS' order."""
-    lines = ["| figure | over the runs: median (min-max), or each of one or two | command |", "|---|---|---|"]
+    """README's table: every recorded figure over the runs of its command's newest code, with the command,
+    the count of those runs and their days, in RESULTS' order (older code's runs are RESULTS' history)."""
+    lines = ["| figure | over the newest code's runs: median (min-max), or each of one or two | when | command |",
+             "|---|---|---|---|"]
     for m in BLOCK.finditer(results_text):
         runs = read(m["name"])
         for command in dict.fromkeys(r["command"] for r in runs):
-            for label, said in figures_of([r for r in runs if r["command"] == command]):
-                lines.append(f"| {label} | {said} | `{command}` |")
+            mine = newest_code([r for r in runs if r["command"] == command])
+            when = ", ".join(sorted({r["when"][:10] for r in mine}))
+            for label, said in figures_of(mine):
+                lines.append(f"| {label} | {said} | {when} | `{command}` |")
     return "\n".join(lines)
 
 
@@ -210,6 +252,101 @@ def typed_figures(text: str) -> list[tuple[str, str]]:
     return found
 
 
+# A figure in prose: a number with a unit of measure (a range's ends share it: "2.2-3.2 s"), or a number
+# after a percentile or a precision, recall or F1. A number just after a word of bound or setting ("every
+# 10 s", "at most 2 s", "a timeout of 600 s", "max(5 s, ...)") is a setting, not a measurement.
+_NUM = r"\d[\d,]*(?:\.\d+)?"
+_UNIT = r"(?:ms|µs|us|seconds?|s|%|x|MB|GB|KB|kB|KiB|MiB|GiB|msg/s|minutes?|min|hours?|h)"
+FIGURE = re.compile(rf"(?<![\w.\-–])(?P<a>{_NUM})(?:\s?[-–]\s?(?P<b>{_NUM}))?\s?(?P<unit>{_UNIT})(?![\w/]|\.\d)")
+KEYED = re.compile(rf"\b(?:p50|p90|p95|p99|precision|recall|F1)\s+(?P<a>{_NUM})(?!\s?{_UNIT}(?![\w/]))(?![\w.]\d)")
+BOUND = re.compile(r"(?:\bevery|\bwithin|\bat most|\bat least|\bup to|\bunder|\bover|\bpast|\bfor|\bafter|\bthan"
+                   r"|\bby|\bdefault|\btimeout|\bdeadline|\bfloor of|\bwindows of|\bcritical at|\bmax\(|\bmin\("
+                   r"|\blasted|\blasts|\b(?:limit|timeout|deadline|period|goal) of|[<>≤≥±~])\s*\(?\s*$", re.I)
+BOUND_AFTER = re.compile(r"^\s*(?:timeout|deadline|limit|period|threshold|floor|cgroup|at most|at least)\b", re.I)
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# what prose is not: code, the product's own words quoted, pictures' captions, comments
+# (a span may wrap onto the next line, not past a paragraph's end)
+_WRAPS = r"(?:\n(?![ \t]*\n))"
+NOT_PROSE = re.compile(rf"```.*?```|`(?:[^`\n]|{_WRAPS})*`|\"(?:[^\"\n]|{_WRAPS})*\"|!\[[^\]]*\]|<!--.*?-->", re.S)
+
+
+def _blanked(text: str, pattern: re.Pattern) -> str:
+    """``text`` with ``pattern``'s matches blanked out, newlines kept (so offsets and line numbers hold)."""
+    return pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def _plain(number: str) -> str:
+    return number.replace(",", "")
+
+
+def figures_in(text: str) -> set[tuple[str, str]]:
+    """(number, unit) of every figure ``text`` shows, and ``(number, "")`` of every number in it."""
+    known = {(_plain(n), "") for n in NUMBER.findall(text)}
+    for m in FIGURE.finditer(text):
+        known |= {(_plain(m["a"]), m["unit"])} | ({(_plain(m["b"]), m["unit"])} if m["b"] else set())
+    return known
+
+
+SCRIPT = re.compile(r"\b(bench_\w+|chaos_trials|gpu_check|CHAOS\.md)(?:\.py)?\b")
+
+
+def recorded_figures() -> dict[str, set[tuple[str, str]]]:
+    """Per bench script (``bench_ray_watch``), every figure its records show: each run's table as printed and
+    its named figures (at each precision a text may round them to); the blocks rendered from the other
+    records (the random trials' in CHAOS.md, the restart table in RESULTS) and the GPU check's saved logs.
+    ``"RESULTS.md"``: all of them, for a paragraph that cites RESULTS rather than a bench."""
+    known: dict[str, set[tuple[str, str]]] = {}
+    for path in sorted(RECORDS.glob("*.jsonl")):
+        for r in read(path.stem):
+            mine = known.setdefault(m[1] if (m := SCRIPT.search(r["command"])) else path.stem, set())
+            mine |= figures_in(r["table"])
+            for label, value in r["figures"].items():
+                unit = r["units"].get(label, "").strip().split(" ")[0]
+                mine |= {(_plain(number(value, places)), u) for places in range(4) for u in (unit, "")}
+    for script, path, pattern in (("chaos_trials", CHAOS, OTHER_BLOCKS[1]), ("bench_restart_load", RESULTS,
+                                                                              OTHER_BLOCKS[0])):
+        if path.exists():
+            blocks = [m.group(0) for m in pattern.finditer(path.read_text())]
+            known.setdefault(script, set()).update(*map(figures_in, blocks))
+    if CHAOS.exists():  # the chaos suite's tables, which tests/chaos/test_chaos.py writes from its run
+        known["CHAOS.md"] = figures_in(CHAOS.read_text())
+    for log in sorted((ROOT / "bench").glob("gpu_check-*.log")):
+        known.setdefault("gpu_check", set()).update(figures_in(log.read_text()))
+    known["RESULTS.md"] = set().union(*known.values())
+    return known
+
+
+def figures_typed_by_hand(text: str, known: dict[str, set[tuple[str, str]]],
+                          generated: list[re.Pattern]) -> list[tuple[int, str]]:
+    """(line, figure) for each figure in ``text``'s prose that no record its paragraph cites (a bench script by
+    name, or RESULTS.md) shows, in a paragraph that does not say the day it was seen; ``generated``: the blocks
+    rendered from records, which are not prose."""
+    prose = text
+    for pattern in generated:
+        prose = _blanked(prose, pattern)
+    start = 0
+    found = []
+    heading = ""  # a section's heading cites for all its paragraphs (RESULTS: "## Stacks — `python bench/...`")
+    # a paragraph: a blank line's, or a list item's (a list's items are one block of lines)
+    for paragraph in re.split(r"(\n[ \t]*\n|\n(?=[ \t]*(?:[-*]|\d+\.)[ \t]))", prose):
+        if paragraph.startswith("#"):
+            heading = paragraph.partition("\n")[0]
+        names = {m[1] for m in SCRIPT.finditer(heading + paragraph)} | ({"RESULTS.md"} if "RESULTS.md" in paragraph
+                                                                         else set())
+        cited = set().union(*(known.get(name, set()) for name in names))
+        words = _blanked(paragraph, NOT_PROSE)
+        if not DATED.search(words):
+            for m in [*FIGURE.finditer(words), *KEYED.finditer(words)]:
+                if BOUND.search(words[max(0, m.start() - 30):m.start()]) or BOUND_AFTER.match(words[m.end():]):
+                    continue
+                unit = m.groupdict().get("unit") or ""
+                ends = [m["a"], *([m["b"]] if m.groupdict().get("b") else [])]
+                if any((_plain(n), unit) not in cited for n in ends):
+                    found.append((text.count("\n", 0, start + m.start()) + 1, " ".join(m.group(0).split())))
+        start += len(paragraph)
+    return found
+
+
 def main() -> int:
     check = "--check" in sys.argv[1:]
     text = RESULTS.read_text()
@@ -232,8 +369,14 @@ def main() -> int:
     for title, figure in typed_figures(text):
         problems.append(f"{title!r}: {figure} is in the prose but in none of the section's tables from records: "
                         "quote it from a block, or drop it")
+    for path, shown, blocks in ((RESULTS, "bench/RESULTS.md", [BLOCK, *OTHER_BLOCKS]),
+                                (README, "README.md", [SUMMARY_BLOCK])):
+        for line, figure in figures_typed_by_hand(path.read_text(), recorded_figures(), blocks):
+            problems.append(f"{shown}:{line}: "
+                            f"{figure!r} is in no record: quote a record's figure, or say the day it was seen "
+                            "in its paragraph (a one-off observation: \"one run, YYYY-MM-DD\")")
     for p in problems:
-        print(p if p.startswith("README") else f"bench/RESULTS.md: {p}", file=sys.stderr)
+        print(p if p.startswith(("README", "bench/")) else f"bench/RESULTS.md: {p}", file=sys.stderr)
     if not problems:
         print(f"bench/RESULTS.md: {len(BLOCK.findall(text))} blocks are their records', no figure typed by hand; "
               "README.md's summary is theirs")

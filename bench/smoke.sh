@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name
-# and wall time printed, then the tables rendered from records (bench/records.py's, chaos_trials',
-# bench_restart_load's) checked against them. Run from the repository root with the main venv active: `bash bench/smoke.sh`
-# (CI runs it after the suite, .ci/run).
+# Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name,
+# wall time and, for a comparison, which of its halves ran (bench/halves.py: the other half runs where its
+# package is installed; GKD_SMOKE_REQUIRE makes a missing one fail), then the tables rendered from records
+# (bench/records.py's, chaos_trials', bench_restart_load's) checked against them. Run from the repository
+# root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, with the bench extra
+# installed and GKD_SMOKE_REQUIRE="trl textual_plotext"; vLLM's half in its own venv: .ci/run).
 # A bench that fails does not stop the others; the script fails at the end, naming every one that did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,9 +27,11 @@ for bench in bench/bench_*.py bench/chaos_trials.py bench/gpu_check.py; do
     echo "== $name --smoke"
     start=$(date +%s%N)
     rc=0
-    timeout --kill-after=30 "$LIMIT_S" python "$bench" --smoke || rc=$?
+    timeout --kill-after=30 "$LIMIT_S" python "$bench" --smoke 2>&1 | tee "$GKD_HOME/smoke.log" || rc=${PIPESTATUS[0]}
     took=$(( ($(date +%s%N) - start) / 1000000 ))
     line=$(printf '%-22s %6d.%01d s' "$name" $(( took / 1000 )) $(( took % 1000 / 100 )))
+    halves=$(grep -m1 '^halves: ' "$GKD_HOME/smoke.log" | cut -d' ' -f2- || true)
+    [[ -n "$halves" ]] && line="$line  halves: $halves"
     if (( rc != 0 )); then
         why="exit $rc"
         (( rc == 124 || rc == 137 )) && why="still running after $LIMIT_S s"

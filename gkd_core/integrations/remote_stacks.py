@@ -12,6 +12,8 @@ job's life. Made at the first dump instead, the first dump on a loaded node wait
 process to start (over 15 s in CI), longer than the supervisor waits for the answer. A dump that still
 finds its helper starting (a node that joined a moment ago) waits for it up to ``FIRST_WAIT_S``, and
 the stack follows on the record when the helper answers later (within ``START_GIVE_UP_S`` of its start).
+What making or killing a node's helper raised is said with that node's stacks that a dump could not take
+(their events' ``error``), until a helper there answers.
 The helper is not one of the job's workers: it is not named, and it does not report (its
 ``GKD_REPORT`` is "0").
 """
@@ -86,14 +88,17 @@ class _Helpers:
         self._here = ""  # the driver's node id: a new one is a new Ray cluster, whose helpers these are not
         self._by_node: dict[str, _Helper] = {}
         self._started: set[str] = set()  # nodes given a helper with the job: not again (a dump remakes one)
-        # what making or killing a helper raised last, by its type alone: kept, not logged or formatted (in a
-        # job's process, formatting an error of Ray's after ``ray.shutdown`` can touch Ray and end the process)
-        self.last_error = ""
+        # what making or killing a node's helper raised since one there last answered, by its type alone: not
+        # logged or formatted (in a job's process, formatting an error of Ray's after ``ray.shutdown`` can touch
+        # Ray and end the process), but said by a dump with the stacks it could not take there (``trouble``);
+        # under "" a look at the cluster that failed before any node
+        self._trouble: dict[str, str] = {}
 
     def start_on(self, nodes: list[dict]) -> None:
         """A helper on every live node of ``nodes`` (``ray.nodes()``) not seen before, but the driver's own;
         the helpers of nodes gone are forgotten (they went with their node). Never raises: it runs in the
         job's driver, whose job goes on whatever becomes of its helpers."""
+        making = ""  # the node whose helper was being made, if it came to that
         try:
             import ray
 
@@ -101,17 +106,19 @@ class _Helpers:
             alive = {n.get("NodeID", "") for n in nodes if n.get("Alive")}
             with self._lock:
                 if here != self._here:
-                    self._here, self._by_node, self._started = here, {}, set()
+                    self._here, self._by_node, self._started, self._trouble = here, {}, set(), {}
+                self._trouble.pop("", None)
                 for node in [n for n in self._by_node if n not in alive]:
                     del self._by_node[node]
                 # once per node: a helper that cannot start there (gkd-tui not installed on it) is not
                 # made again every poll, only by the next dump that needs it
                 for node in sorted(alive - {here, ""} - self._started):
+                    making = node
                     if node not in self._by_node:
                         self._make(node)
                     self._started.add(node)
         except Exception as e:  # Ray refused to make it: tried again at the next look, and a dump there says why
-            self.last_error = f"a stacks helper could not be made: {type(e).__name__}"
+            self._note(making, f"stacks helpers could not be started with the job ({type(e).__name__})")
 
     def _make(self, node: str) -> _Helper:
         """(under the lock) The node's helper, started now; its ``ready`` call says when it is up."""
@@ -152,7 +159,23 @@ class _Helpers:
         try:
             ray.kill(helper.handle, no_restart=True)
         except Exception as e:  # already gone with its node
-            self.last_error = f"a stacks helper could not be killed: {type(e).__name__}"
+            self._note(node, f"a failed stacks helper could not be killed ({type(e).__name__})")
+
+    def _note(self, node: str, what: str) -> None:
+        with self._lock:
+            self._trouble[node] = what
+
+    def trouble(self, node: str) -> str:
+        """What went wrong with the helpers of ``node`` (or with a whole look at the cluster) since one there
+        last answered, for a dump to say with the stacks it could not take there; "" when nothing did."""
+        with self._lock:
+            return "; ".join(t for t in (self._trouble.get(node, ""), self._trouble.get("", "")) if t)
+
+    def answered(self, node: str, helper: _Helper) -> None:
+        """``helper`` answered a dump: it is up, and what went wrong on its node before is over."""
+        helper.up = True
+        with self._lock:
+            self._trouble.pop(node, None)
 
 
 HELPERS = _Helpers()
@@ -174,9 +197,17 @@ def take(targets: dict[str, list], dump_id: str, run: str, run_dir: str, emit: C
     pending: dict[Any, tuple[str, _Helper, dict[str, int]]] = {}
     wait_s = 0.0
     for node, pids in by_node.items():
-        helper, limit = HELPERS.get(node)
-        pending[helper.handle.capture.remote(pids, run, run_dir)] = (node, helper, pids)
+        try:
+            helper, limit = HELPERS.get(node)
+            pending[helper.handle.capture.remote(pids, run, run_dir)] = (node, helper, pids)
+        except Exception as e:  # no helper there: its workers' stacks say why, the other nodes' still come
+            for target in pids:
+                emit(ev.StackEvent(dump_id=dump_id, target=target, error=_with_trouble(
+                    node, f"no stacks helper could be made on its node: {type(e).__name__}: {e}"[:300])))
+            continue
         wait_s = max(wait_s, limit)
+    if not pending:
+        return
     done, late = ray.wait(list(pending), num_returns=len(pending), timeout=max(0.0, t0 + wait_s - time.monotonic()))
     for ref in done:
         _answer(ref, pending[ref], dump_id, emit)
@@ -190,7 +221,7 @@ def take(targets: dict[str, list], dump_id: str, run: str, run_dir: str, emit: C
                "stack follows when it answers" if starting else f"the stacks helper on its node did not answer "
                                                                 f"within {wait_s:g} s")
         for target in pids:
-            emit(ev.StackEvent(dump_id=dump_id, target=target, error=why))
+            emit(ev.StackEvent(dump_id=dump_id, target=target, error=_with_trouble(node, why)))
     if still_starting:
         # the same dump's stack, later: on the record (and the dashboard) once the helper is up
         give_up = max(pending[ref][1].made for ref in still_starting) + START_GIVE_UP_S
@@ -211,9 +242,16 @@ def _answer(ref: Any, asked: tuple[str, _Helper, dict[str, int]], dump_id: str,
     except Exception as e:
         HELPERS.drop(node, helper)
         for target in pids:
-            emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"the stacks helper on its node failed: "
-                                                                      f"{type(e).__name__}: {e}"[:300]))
+            emit(ev.StackEvent(dump_id=dump_id, target=target, error=_with_trouble(
+                node, f"the stacks helper on its node failed: {type(e).__name__}: {e}"[:300])))
         return
-    helper.up = True
+    HELPERS.answered(node, helper)
     for target, (method, text, error) in caps.items():
         emit(ev.StackEvent(dump_id=dump_id, target=target, method=method, text=text, error=error))
+
+
+def _with_trouble(node: str, why: str) -> str:
+    """Why a stack of ``node`` did not come, and what went wrong with that node's helpers before (or as this
+    one was dropped): the one place the user hears of it."""
+    trouble = HELPERS.trouble(node)
+    return f"{why}; {trouble}" if trouble else why

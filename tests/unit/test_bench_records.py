@@ -53,14 +53,77 @@ def test_each_run_is_a_line_and_the_block_counts_them_shows_the_newest_and_the_s
     lines = (bench_dir / "records" / "stacks.jsonl").read_text().splitlines()
     assert [json.loads(x)["command"] for x in lines] == ["python bench/bench_stacks.py --workers 16"] * 3
     text = (bench_dir / "RESULTS.md").read_text()
-    assert "`python bench/bench_stacks.py --workers 16`: 3 runs recorded" in text
+    assert "`python bench/bench_stacks.py --workers 16`: 3 runs of its newest code recorded" in text
     assert "gkd agent 0.70s 7.0x" in text and "gkd agent 0.76s" not in text  # the newest table, as printed
     assert "- a node's stacks: 0.760 s (0.700-0.800), 3 runs" in text
     assert "- against sequential: 6.70x (6.10-7.00), 3 runs" in text
     assert "gkd agent 0.70s 7.0x" in capsys.readouterr().out  # printed as usual too
-    # README's summary: each figure with its command and its count of runs
-    assert ("| a node's stacks | 0.760 s (0.700-0.800), 3 runs | `python bench/bench_stacks.py --workers 16` |"
+    # README's summary: each figure with its command, its count of runs and their day
+    today = json.loads(lines[-1])["when"][:10]
+    assert (f"| a node's stacks | 0.760 s (0.700-0.800), 3 runs | {today} "
+            "| `python bench/bench_stacks.py --workers 16` |"
             in (bench_dir / "README.md").read_text())
+
+
+def test_a_figure_is_its_newest_codes_runs_and_older_code_stays_as_history(bench_dir, monkeypatch, capsys):
+    """Runs of the code before a change are not pooled with the runs after it: the block's spread and README's
+    summary are the newest code's; the older runs are counted as history. The check fails on a summary that
+    mixes them."""
+    monkeypatch.setattr(records, "code_version", lambda script=None: "old-code")
+    kept_run(2.00, 1.0)
+    kept_run(2.20, 1.1)
+    monkeypatch.setattr(records, "code_version", lambda script=None: "new-code")
+    kept_run(0.70, 7.0)
+    kept_run(0.80, 6.0)
+    kept_run(0.90, 6.5)
+    text = (bench_dir / "RESULTS.md").read_text()
+    assert "3 runs of its newest code recorded" in text and "2 earlier runs of older code kept in the record" in text
+    assert "- a node's stacks: 0.800 s (0.700-0.900), 3 runs" in text
+    readme = (bench_dir / "README.md").read_text()
+    assert "| a node's stacks | 0.800 s (0.700-0.900), 3 runs |" in readme and "2.20" not in readme
+    # the summary as a pooling of every run would write it: the check says no
+    mixed = records.figures_of(records.read("stacks"))[0][1]
+    assert mixed == "0.900 s (0.700-2.200), 5 runs"
+    (bench_dir / "README.md").write_text(readme.replace("0.800 s (0.700-0.900), 3 runs", mixed))
+    monkeypatch.setattr(sys, "argv", ["records.py", "--check"])
+    assert records.main() == 1
+    assert "README.md's summary of the records is not theirs" in capsys.readouterr().err
+    # a run recorded before runs carried their code is a version of its own
+    assert records.newest_code([{"when": "x"}, {"when": "y"}]) == [{"when": "y"}]
+
+
+def test_the_code_version_is_the_measured_source_and_the_bench(tmp_path):
+    script = tmp_path / "bench_x.py"
+    script.write_text("print(1)\n")
+    before = records.code_version(script)
+    assert records.code_version(script) == before and len(before) == 12
+    script.write_text("print(2)\n")
+    assert records.code_version(script) != before
+
+
+def test_a_figure_typed_into_readmes_prose_fails_the_check_unless_a_record_or_its_day_says_it(bench_dir, monkeypatch,
+                                                                                              capsys):
+    kept_run(0.76, 6.7)
+    monkeypatch.setattr(sys, "argv", ["records.py", "--check"])
+    assert records.main() == 0
+    readme = bench_dir / "README.md"
+    good = readme.read_text()
+
+    def check_with(prose: str) -> str:
+        readme.write_text(good + "\n" + prose + "\n")
+        records.main()
+        return capsys.readouterr().err
+
+    # typed by hand: a measurement no record shows, or one that a record shows only as a bare number ("2", "5")
+    err = check_with("The supervisor held 37 % of a core, and the dump took 2 s.")
+    assert "README.md:" in err and "'37 %' is in no record" in err and "'2 s' is in no record" in err
+    assert "'p99 139' is in no record" in check_with("Its p99 139 over the rounds.")
+    # a record's figure, in a paragraph that cites its bench: quoted, not typed
+    assert "README.md:" not in check_with("`python bench/bench_stacks.py --workers 16` read 0.760 s, 6.70x.")
+    assert "'0.760 s' is in no record" in check_with("A node's stacks take 0.760 s.")  # cites no bench
+    # a one-off observation says its day; settings and bounds, and the product's quoted words, are no figures
+    assert "README.md:" not in check_with("Named in 5.2 s (one run, 2026-11-28).")
+    assert "README.md:" not in check_with('Every 10 s, at most 2 s, a timeout of 600 s: "held 12 s".')
 
 
 def test_a_smoke_run_or_a_failed_one_records_nothing(bench_dir):
@@ -89,6 +152,7 @@ def test_the_check_fails_on_a_block_edited_by_hand_and_on_a_figure_typed_into_th
     assert records.main() == 1
     err = capsys.readouterr().err
     assert "12 is in the prose but in none of the section's tables" in err and "6.7 is" not in err
+    assert "bench/RESULTS.md:" in err and "'12x' is in no record" in err and "'6.7x'" not in err
 
     readme = bench_dir / "README.md"
     summary = readme.read_text()
@@ -107,5 +171,10 @@ def test_results_md_is_its_records():
     text = (ROOT / "bench" / "RESULTS.md").read_text()
     assert records.with_blocks(text) == text, "run `python bench/records.py` and commit the result"
     assert records.typed_figures(text) == [], "figures in RESULTS' prose that no block from a record shows"
+    known = records.recorded_figures()
+    assert records.figures_typed_by_hand(text, known, [records.BLOCK, *records.OTHER_BLOCKS]) == []
+    readme_text = (ROOT / "README.md").read_text()
+    assert records.figures_typed_by_hand(readme_text, known, [records.SUMMARY_BLOCK]) == [], (
+        "figures in README's prose from no record and not dated: quote a record, or say the day it was seen")
     readme = (ROOT / "README.md").read_text()
     assert records.with_summary(readme, text) == readme, "README's summary: run `python bench/records.py`"

@@ -56,14 +56,18 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
     ]
     table = chaos_trials.render(record)
     student = row_of(table, "student")
-    assert student[1:11] == ["2", "0 / 2", "1 / 1", "1, 1", "0", "0", "0.67", "1.00", "0.80", "1.0 s, 4.0 s"]
+    # the driver's report (1/1) is its own column, out of the diagnosis's trials, recall and times
+    assert student[1:13] == ["2", "0 / 2", "1 / 1", "1 / 1, 1.0 s", "1", "1", "0", "0", "0.50", "1.00", "0.67",
+                             "4.0 s, 4.0 s"]
     # two namings of a rollout: the right one but too late (precision's, not recall's), and a false alarm
     rollout = row_of(table, "rollout")
-    assert rollout[1:10] == ["2", "0 / 2", "0 / 0", "0, 0", "1", "1", "0.50", "0.00", "0.00"]
+    assert rollout[1:12] == ["2", "0 / 2", "0 / 0", "0 / 0, -", "2", "0", "1", "1", "0.50", "0.00", "0.00"]
     agent = row_of(table, "agent")
-    assert agent[5:9] == ["0", "1", "-", "0.00"]
+    assert agent[7:11] == ["0", "1", "-", "0.00"]
     everyone = row_of(table, "**all**")
-    assert everyone[7:10] == ["**0.60**", "**0.40**", "**0.48**"]  # 3 of 5 namings on target; 2 of 5 trials right
+    # the diagnosis's own: 2 of its 4 namings on target (a false alarm among them); 1 of its 4 trials right
+    assert everyone[4:6] == ["1 / 1, 1.0 s", "4"]
+    assert everyone[9:13] == ["**0.50**", "**0.25**", "**0.33**", "**4.0 s, 4.0 s**"]
     assert "8 trials started" in table and "2 did not end" in table
     assert "`1/6` driver: no end: the runner died in it" in table and "`1/7` proxy: crashed: TimeoutError: x" in table
     assert "Left out: the 1 trials of runner 1 (`--seed` 25)" in table
@@ -95,13 +99,17 @@ def test_the_readmes_figures_are_the_records():
     """README quotes the matrix's totals: they must be what the committed record renders."""
     table = chaos_trials.render(chaos_trials.read_record(ROOT / "bench" / "chaos_trials.jsonl"))
     everyone = row_of(table, "**all**")
-    precision, recall, f1 = (x.strip("*") for x in everyone[7:10])
-    p50, p90 = everyone[10].split(", ")
+    precision, recall, f1 = (x.strip("*") for x in everyone[9:12])
+    p50, p90 = everyone[12].strip("*").split(", ")
+    reported_right, reported = everyone[4].split(",")[0].split(" / ")
+    report_p50 = everyone[4].split(", ")[1]
     readme = " ".join((ROOT / "README.md").read_text().split())
-    faults = everyone[1]
+    faults, diagnosed = everyone[1], everyone[5]
     alarms = table.split("false alarms (a critical alert with no fault): ")[1].split(";")[0]
-    said = (f"Over {faults} faults", f"precision {precision}, recall {recall}, F1 {f1}",
-            f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms")
+    said = (f"Over {faults} faults",
+            f"the diagnosis's own {diagnosed}: precision {precision}, recall {recall}, F1 {f1}",
+            f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms",
+            f"the driver reported the other {reported} first ({reported_right} right, p50 {report_p50})")
     assert all(s in readme for s in said), f"README's random-trial figures are not the record's: {said}"
 
 
@@ -117,7 +125,8 @@ def test_the_readmes_frozen_times_are_the_suites_table():
     said = {c: seconds(c) for c in ("driver", "student/0", "rollout/0", "teacher/proxy", "teacher/0", "node agent")}
     low, high = min(said.values(), key=float), max(said.values(), key=float)
     readme = " ".join((ROOT / "README.md").read_text().split())
-    sentence = (f"in {low}–{high} s over the six processes of the run (the table's one run of the suite: the driver "
+    sentence = (f"in {low}–{high} s over the six processes of the run (CHAOS.md's table, one run of the suite: "
+                "the driver "
                 f"{said['driver']} s, the student {said['student/0']}, a rollout {said['rollout/0']}, the teacher's "
                 f"proxy {said['teacher/proxy']} and worker {said['teacher/0']}, the node agent {said['node agent']}:")
     assert sentence in readme, f"README's frozen-process times are not tests/chaos/CHAOS.md's: want {sentence!r}"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gkd_core.integrations import torchrun
+from gkd_core.integrations import opt_in, torchrun
 from gkd_core.vocab import WorkerId
 
 TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "none", "RANK": "3", "WORLD_SIZE": "8", "GROUP_RANK": "1",
@@ -59,10 +59,11 @@ def test_a_run_whose_supervisor_is_gone_is_not_joined(tmp_path):
 def test_a_failed_start_of_this_round_ends_the_wait_at_once_and_says_why(tmp_path):
     torchrun.NodeMeeting(rank(rank=0), tmp_path).publish_failure("its supervisor did not start within 30 s")
     t0 = time.monotonic()
+    # under the wait a rank has (JOIN_WAIT_S, a minute: within pytest's timeout), and done before it ran out
     with pytest.raises(RuntimeError, match=r"rank 0 of 2 .* could not start the run \(its supervisor did not start "
                                            r"within 30 s\); rank 1 of 2 .* is not watched either"):
-        torchrun.NodeMeeting(rank(), tmp_path).wait_run(600)
-    assert time.monotonic() - t0 < 600
+        torchrun.NodeMeeting(rank(), tmp_path).wait_run(opt_in.JOIN_WAIT_S)
+    assert time.monotonic() - t0 < opt_in.JOIN_WAIT_S
     # a failure of an earlier round is not this round's: its rank 0 may start the run yet
     with pytest.raises(RuntimeError, match="waited 0.1 s"):
         torchrun.NodeMeeting(rank(restart=1), tmp_path).wait_run(0.1)
