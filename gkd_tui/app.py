@@ -280,11 +280,16 @@ class GkdApp(App):
                 answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
                 with self.source.lock:
                     stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
+        def state_now():
+            with self.source.lock:
+                # a copy: the source goes on changing its state while the report is written (seconds)
+                return msgspec.json.decode(msgspec.json.encode(self.source.state), type=type(self.source.state))
+
+        state = state_now()
         with self.source.lock:
-            # a copy: the source goes on changing its state while the report is written (seconds)
-            state = msgspec.json.decode(msgspec.json.encode(self.source.state), type=type(self.source.state))
             status = status_text(state, self.source.now(), Path(run))
-        out = write_bundle(Path(run), status=status, state=state, stacks=stacks, live=live)
+        # read again once the rest is gathered: the workers that joined meanwhile have their stacks taken too
+        out = write_bundle(Path(run), status=status, state=state, stacks=stacks, live=live, reread=state_now)
         self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8, markup=False)
 
     def _wait_for_dump(self, dump_id: str, timeout_s: float) -> dict:

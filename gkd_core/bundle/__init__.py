@@ -8,10 +8,11 @@ dumps and restart configs. Never keys, Ray's auth token or checkpoints.
     environment   RUN/driver.json: the driver's command and variables, secrets hidden, at its start
     probe         versions and hardware, read in a process of its own under a deadline
     report        summary.md, Ray's view, the tracebacks in the logs
+    targets       the stacks the dump missed: workers that joined since, actors alive in Ray's view alone
     archive       the tar, every text scrubbed of the secrets this machine knows
 """
 
 from gkd_core.bundle.archive import write_bundle
-from gkd_core.bundle.report import StacksTaken
+from gkd_core.bundle.report import StacksTaken, UnreportedActor
 
-__all__ = ["StacksTaken", "write_bundle"]
+__all__ = ["StacksTaken", "UnreportedActor", "write_bundle"]

@@ -22,12 +22,13 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
-from gkd_core.bundle import environment, probe, report
+from gkd_core.bundle import environment, probe, report, targets
 from gkd_core.bundle.report import StacksTaken
 from gkd_core.stack_text import grouped_report
 from gkd_core.state import RunState
@@ -150,10 +151,12 @@ class Scrubber:
 
 def write_bundle(run: Path, out: Path | None = None, status: str = "", state: RunState | None = None,
                  stacks: StacksTaken | None = None, live: bool = False,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> Path:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, reread: Callable[[], RunState | None] | None = None) -> Path:
     """Write ``run``'s bundle (default: RUN/bundles/bundle-<time>.tar.gz); returns its path. ``state``: the
     run's state (live, or replayed from its log); ``stacks``: those taken for this bundle; ``live``: the run
-    is going on here, so Ray's state API is asked too."""
+    is going on here, so Ray's state API is asked too, and, where stacks were taken, those of every process
+    of the job the dump missed (targets.py); ``reread``: the run's state again, once the rest is gathered
+    (None when it does not answer)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = out or run / "bundles" / f"bundle-{stamp}.tar.gz"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +168,9 @@ def write_bundle(run: Path, out: Path | None = None, status: str = "", state: Ru
                       timeout_s=probe_timeout_s)
     traces = report.tracebacks(run / "logs")
     scrub = Scrubber(known_secrets(run, driver))
+    if live and not stacks.note:  # stacks were taken: of every live process of the job there is now
+        state = (reread() if reread is not None else None) or state  # with the workers that joined meanwhile
+        stacks = targets.take_missed(run, stacks, state, facts.get("ray"))
     ours = _our_files(state, driver, facts, stacks, traces, status)
     theirs = _run_files(run)  # (path, its name in the archive)
     text = report.summary(run, state, time.time(), driver, facts, stacks, traces,

@@ -9,7 +9,8 @@ fails says why in its place ("error"), and the others are still given.
                and memory (NVML), or why there are none
     versions   python, torch with its CUDA and NCCL, ray, vllm, verl, transformers, gkd-tui, ...
     ray        with --ray [DRIVER_PID]: Ray's own view of the cluster (its state API, as `ray list ... --detail`):
-               nodes with their resources and state, actors with their state and node, placement groups
+               nodes with their resources and state (and whether each is this machine: ``here``), actors
+               with their state, node and pid, placement groups
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import platform
 import re
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -124,8 +126,10 @@ def ray_view(address: str | None) -> dict[str, Any]:
 
     kw: dict[str, Any] = {"address": address, "timeout": RAY_TIMEOUT_S, "limit": RAY_LIMIT,
                           "raise_on_missing_output": False}
+    here = this_machine()
     nodes = [{"node_ip": n.node_ip, "node_id": n.node_id, "state": n.state, "is_head": n.is_head_node,
-              "resources": dict(n.resources_total or {})} for n in ray_state.list_nodes(**kw)]
+              "resources": dict(n.resources_total or {}), "here": n.node_ip in here}
+             for n in ray_state.list_nodes(**kw)]
     actors = [{"class": a.class_name, "name": a.name or "", "actor_id": a.actor_id, "state": a.state,
                "node_id": a.node_id or "", "pid": a.pid or 0,
                "required": dict(getattr(a, "required_resources", None) or {}),
@@ -135,6 +139,20 @@ def ray_view(address: str | None) -> dict[str, Any]:
             "scheduling": str((p.stats or {}).get("scheduling_state", ""))}
            for p in ray_state.list_placement_groups(detail=True, **kw)]
     return {"address": address or "auto", "nodes": nodes, "actors": actors, "placement_groups": pgs}
+
+
+def this_machine() -> set[str]:
+    """This machine's addresses, as Ray gives a node's (``node_ip``): the address Ray picks for a node started
+    here, the host name's, and the loopback (a cluster of one node on a machine without a network)."""
+    from ray.util import get_node_ip_address
+
+    found = {"127.0.0.1"}
+    try:  # (a failure here leaves a node not known to be this one, never Ray's view unread)
+        found.add(get_node_ip_address())
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:  # no network, or a host name that does not resolve: the addresses read so far
+        pass
+    return found
 
 
 def cluster_of(pid: int) -> str | None:

@@ -28,9 +28,22 @@ TRACEBACK_LINES = 60  # a traceback's lines past this are cut (a chained one can
 SUMMARY_TRACEBACKS = 2
 
 
+@dataclass(frozen=True)
+class UnreportedActor:
+    """An actor alive in Ray's view that the run's state does not hold (not reported to the run, or not yet)."""
+
+    target: str  # its name in the bundle: its class, its Ray name if it has one, and its pid
+    cls: str
+    name: str
+    actor_id: str
+    pid: int
+    node: str  # its node's address in Ray's view ("" when Ray's view does not say)
+
+
 @dataclass
 class StacksTaken:
-    """The stacks taken for this bundle (the same fan-out as `D`): target -> text, or why there is none."""
+    """The stacks taken for this bundle (the same fan-out as `D`, then what it missed: bundle/targets.py):
+    target -> text, or why there is none."""
 
     dump_id: str = ""
     folder: str = ""  # RUN/stacks/<folder>, where the driver saved them
@@ -38,6 +51,7 @@ class StacksTaken:
     missing: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # target -> what its stack's reader said beside it
     note: str = ""  # why none were taken (the run is over, nobody answered)
+    unreported: list[UnreportedActor] = field(default_factory=list)  # targets from Ray's view alone
 
 
 def tracebacks(logs: Path) -> list[tuple[str, str]]:
@@ -123,23 +137,39 @@ def _what_is_wrong(st: RunState, now: float, stacks: StacksTaken) -> list[str]:
         out.append(f"- **{a.severity}** `{a.code}`: {a.message}" + (f" — {a.hint}" if a.hint else ""))
     named = sorted({t for a in alerts for t in a.targets if t in st.workers}) or \
         sorted(t for t, w in st.workers.items() if w.phase not in ("", "idle", "exited"))[:8]
-    if named:
+    if named or stacks.unreported:
         out += ["", "| worker | phase | for | node | pid | memory | stack (this bundle's dump) |",
                 "|---|---|---|---|---|---|---|"]
         for t in named:
             w = st.workers[t]
             since = compact(now - w.phase_since) if w.phase_since else ""
             mem = size(w.rss) if w.rss else ""
-            at = where(stacks.taken[t]) if t in stacks.taken else stacks.missing.get(t, "not taken")
-            out.append(f"| {t} | {_cell(w.phase)} | {since} | {w.node} | {w.pid or ''} | {mem} | `{_cell(at)}` |")
+            out.append(f"| {t} | {_cell(w.phase)} | {since} | {w.node} | {w.pid or ''} | {mem} | "
+                       f"`{_cell(_stack_at(t, stacks, w.phase))}` |")
+        # alive in Ray's view, unknown to the run: each said, so that none is missed by whoever reads this
+        for actor in stacks.unreported:
+            out.append(f"| {_cell(actor.target)} | (not reported to the run) | | {actor.node} | {actor.pid or ''} | | "
+                       f"`{_cell(_stack_at(actor.target, stacks, ''))}` |")
     if stacks.note:
         out += ["", f"Stacks: {stacks.note}"]
     elif stacks.taken or stacks.missing:
         unread = "; ".join(f"{t}: {why}" for t, why in sorted(stacks.missing.items())[:6])
+        unknown = (f" {len(stacks.unreported)} actor(s) alive in Ray's view had not reported to the run: asked for "
+                   "by their pid, beside the run's workers (the rows `(not reported to the run)` above)."
+                   if stacks.unreported else "")
         out += ["", f"Stacks of {len(stacks.taken)} worker(s) and their child processes taken for this bundle "
                     f"(`stacks.txt`, grouped; each in `{stacks.folder or 'stacks/'}`)"
-                + (f"; {len(stacks.missing)} could not be read: {unread}" if stacks.missing else ".")]
+                + (f"; {len(stacks.missing)} could not be read: {unread}." if stacks.missing else ".") + unknown]
     return out + [""]
+
+
+def _stack_at(target: str, stacks: StacksTaken, phase: str) -> str:
+    """Where ``target``'s stack stands, or why it was not taken."""
+    if target in stacks.taken:
+        return where(stacks.taken[target])
+    if target in stacks.missing:
+        return f"not taken: {stacks.missing[target]}"
+    return "not taken: it had exited" if phase == "exited" else "not taken: not in this bundle's dump"
 
 
 def _tried(st: RunState) -> list[str]:

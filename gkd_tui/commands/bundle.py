@@ -43,12 +43,26 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         status = f"(no live state: {e})\n" + status
         stacks = StacksTaken(note=f"the run did not answer ({e}); the stacks it took before are in stacks/")
     try:
-        out = write_bundle(run, Path(a.output) if a.output else None, status, state=state, stacks=stacks, live=live)
+        out = write_bundle(run, Path(a.output) if a.output else None, status, state=state, stacks=stacks, live=live,
+                           reread=lambda: _state_now(run))
     except OSError as e:  # a folder not ours to write, a full disk: said, and where
         print(f"gkd-tui: cannot write the bundle: {e}; give another path with -o", file=sys.stderr)
         return 1
     print(out)
     return 0
+
+
+def _state_now(run: Path) -> RunState | None:
+    """The run's state now (its supervisor's snapshot), with the workers that joined while the bundle was made;
+    None when it does not answer (the bundle keeps the state it had)."""
+    try:
+        c, _ = client(run, 2.0)
+        with c:
+            return msgspec.convert(c.request("snapshot")["state"], RunState)
+    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+        print(f"gkd-tui: the run's state not read again ({e}): the workers that joined meanwhile are read from "
+              "Ray's view alone", file=sys.stderr)
+        return None
 
 
 def _state_from_log(run: Path) -> tuple[RunState, str]:

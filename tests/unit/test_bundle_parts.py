@@ -5,6 +5,7 @@ of it on a real stuck job)."""
 from __future__ import annotations
 
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,54 @@ def test_a_chained_traceback_is_one(tmp_path):
         "During handling of the above exception, another exception occurred:\n\n"
         "Traceback (most recent call last):\n  File \"a.py\", line 2, in g\nRuntimeError: wrapped\nafter\n")
     assert text.splitlines()[-1] == "RuntimeError: wrapped" and "KeyError: 'x'" in text
+
+
+def test_the_bundle_takes_what_its_dump_missed_and_says_why_not_where_it_cannot():
+    """Issue #54 (11): the union of the run's live workers, read again (those that joined while the bundle was
+    made), and every ALIVE actor of Ray's view that no target is yet; each other one says why it is not taken."""
+    from gkd_core.bundle import targets
+
+    st = RunState()
+    for e in (ev.WorkerEvent(src="driver", role="driver", node="here-host", pid=10, ts=1.0),
+              ev.WorkerEvent(src="Learner/0", role="Learner", rank=0, node="here-host", pid=11, actor_id="a0" * 16),
+              ev.WorkerEvent(src="Learner/1", role="Learner", rank=1, node="here-host", pid=12, actor_id="a1" * 16),
+              ev.WorkerEvent(src="Learner/2", role="Learner", rank=2, node="other-host", pid=13, actor_id="a2" * 16),
+              ev.WorkerEvent(src="Learner/3", role="Learner", rank=3, node="here-host", pid=14, actor_id="a3" * 16),
+              ev.PhaseEvent(src="Learner/3", phase="exited", ts=2.0)):
+        st.apply(e)
+    # the dump named the driver and Learner/0 alone: Learner/1 and Learner/2 joined after it was asked
+    dump = StacksTaken(dump_id="d", folder="stacks/d", taken={"driver": "x", "Learner/0": "y"})
+    nodes = [{"node_id": "n-here", "node_ip": "10.0.0.1", "here": True},
+             {"node_id": "n-other", "node_ip": "10.0.0.2", "here": False}, {"node_id": "n-old", "node_ip": "10.0.0.3"}]
+
+    def actor(cls, actor_id, pid, node="n-here", state="ALIVE", name=""):
+        return {"class": cls, "name": name, "actor_id": actor_id, "state": state, "node_id": node, "pid": pid}
+
+    ray = {"nodes": nodes, "actors": [
+        actor("Learner", "a0" * 16, 11), actor("Learner", "a1" * 16, 12),  # the run's own, by their actor id
+        actor("Learner", "b0" * 16, 21), actor("Learner", "b1" * 16, 22, name="spare"),  # alive, never reported
+        actor("Learner", "b2" * 16, 23, node="n-other"), actor("Learner", "b3" * 16, 0),  # elsewhere; no pid yet
+        actor("Learner", "b4" * 16, 24, node="n-old"),  # a node Ray's view says nothing of
+        actor("Learner", "b5" * 16, 25, state="DEAD"), actor("GkdStacksHelper", "c0" * 16, 26),  # gone; ours
+        actor("Learner", "b6" * 16, 10)]}  # the driver's pid on this machine: already a target
+    got = targets.missed(dump, st, ray, host="here-host")
+    assert got.pids == {"Learner/1": 12, "Learner pid 21": 21, "Learner 'spare' pid 22": 22}
+    assert set(got.missing) == {"Learner/2", "Learner pid 23", f"Learner {'b3' * 4}", "Learner pid 24"}
+    assert "on other-host: `py-spy dump --native --pid 13` there" in got.missing["Learner/2"]
+    assert got.missing["Learner pid 23"].startswith("it runs on 10.0.0.2, not on this machine")
+    assert "no pid yet" in got.missing[f"Learner {'b3' * 4}"]
+    assert "does not say whether 10.0.0.3 is this machine" in got.missing["Learner pid 24"]
+    assert [(a.target, a.pid, a.node) for a in got.unreported][:2] == [
+        (f"Learner {'b3' * 4}", 0, "10.0.0.1"), ("Learner pid 21", 21, "10.0.0.1")]
+    assert len(got.unreported) == 5
+    # Ray's view not read: the workers that joined are still taken
+    assert targets.missed(dump, st, {"error": "no dashboard"}, host="here-host").pids == {"Learner/1": 12}
+
+    # the summary lists the actors Ray's view alone has, and says why one was not taken
+    stacks = StacksTaken(dump_id="d", folder="stacks/d", taken={"driver": "x", "Learner pid 21": "y"},
+                         missing={"Learner pid 23": got.missing["Learner pid 23"]}, unreported=got.unreported[1:4])
+    text = report.summary(Path("run"), st, 5.0, None, {}, stacks, [], [])
+    assert "| Learner pid 21 | (not reported to the run) | | 10.0.0.1 | 21 |" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| Learner pid 23 |"))
+    assert "`not taken: it runs on 10.0.0.2, not on this machine" in row
+    assert "3 actor(s) alive in Ray's view had not reported to the run" in text
