@@ -10,10 +10,12 @@ and as long again of healthy running, to count the alarms no fault explains.
 One real run of the embedded demo (the real trainer, a local Ray cluster, the chaos suite's settings:
 tests/chaos/test_chaos.py ``SETTINGS``, the shipped checkpoint interval) takes every trial in turn. A trial
 draws, from its own recorded seed, the process (a student, a rollout, the teacher's worker or proxy, the
-driver, the node agent), the fault (SIGKILL, or SIGSTOP held until it is named or the window ends) and a
-moment: a random delay after a step ends, or the instant a worker enters a weight sync (seen live on the
-supervisor's event socket), aimed into the sync. Where it landed is read from the log afterwards: the
-step, and the phase of the target and of the student at the signal. Then, from ``events.jsonl`` alone:
+driver, the node agent) and the fault (SIGKILL, or SIGSTOP held until it is named or the window ends); its
+round gives the moment (``--moments``, in turn): a random delay after a step ends, or inside a weight sync:
+armed for the student to send at the start of its next sync (gkd_core/trainer/faults.py ``arm``; a sync
+lasts tens of milliseconds, which no watcher outside the run can aim at). Where it landed is read from the
+log afterwards: the step, and the phase of the target and of the student at the signal. Then, from
+``events.jsonl`` alone:
 
 - **named**: the first naming after the fault (tests/chaos/chaos_naming.py: a critical alert, or the
   driver's word that it started the process again); right when the process hit is in its targets, and
@@ -47,14 +49,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "chaos")]
 
-import zmq  # noqa: E402
 from chaos_naming import criticals, first_naming, hits  # noqa: E402
 from conftest import RunningSupervisor, wait_until  # noqa: E402
 from test_chaos import NAME_WITHIN_S, SETTINGS, TRAINER, Chaos  # noqa: E402
 
-from gkd_core import rundir  # noqa: E402
-from gkd_core.telemetry import events as ev  # noqa: E402
-from gkd_core.telemetry import wire  # noqa: E402
+from gkd_core.trainer.faults import arm  # noqa: E402
 
 RUNNER = 3  # the record's format and the diagnosis it ran against; older rows are left out, with why:
 LEFT_OUT = {
@@ -105,39 +104,6 @@ class TailedRun(Chaos):
         return self._step
 
 
-class SyncStarts:
-    """The run's live events (the supervisor's PUB socket), for one thing: the instant a worker enters a weight
-    sync.
-    The log is flushed every 100 ms and the demo's sync lasts tens of ms, so only the live stream can aim a
-    fault into it."""
-
-    def __init__(self, run: Path):
-        self.sock = zmq.Context.instance().socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sock.connect(rundir.read_endpoints(run)["events"])
-
-    def wait(self, timeout_s: float) -> bool:
-        """Until a worker next enters a sync (True), or ``timeout_s`` (False). Events queued before the call are old."""
-        while self.sock.poll(0, zmq.POLLIN):
-            self.sock.recv_multipart()
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                continue
-            try:
-                e = wire.decode(self.sock.recv_multipart()[-1])
-            except wire.Rejected:
-                continue
-            # the driver's "sync started" comes before any worker is in it: a worker's own phase is inside
-            if isinstance(e, ev.PhaseEvent) and e.phase == "sync_weights":
-                return True
-        return False
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-
-
 def phase_of(chaos: Chaos, src: str, t0: float) -> str:
     return next((e["phase"] for e in reversed(chaos.events())
                  if e["kind"] == "phase" and e["src"].startswith(src) and e["ts"] <= t0), "?")
@@ -182,24 +148,27 @@ def bring_back(chaos: Chaos, fault: str, pid: int, seq0: int, done_before: int) 
     return f"restarted from step {resumed}"
 
 
-def fault_trial(chaos: Chaos, syncs: SyncStarts, seed: str, kind: str) -> dict:
+def fault_trial(chaos: Chaos, seed: str, kind: str, moment: str) -> dict:
     rng = random.Random(seed)
     src = rng.choice(KINDS[kind])
     fault = rng.choice(["kill", "stop"])
-    moment = rng.choice(MOMENTS)
     delay = rng.uniform(0.0, 0.6)  # about a step of the demo
     chaos.quiet()
     chaos.wait_step(chaos.step(), 240, "a step to end")
     pid = chaos.pid(src)
     src = next(e["src"] for e in reversed(chaos.events()) if e["kind"] == "worker" and e["src"].startswith(src))
     seq0, before = chaos.events()[-1]["seq"], chaos.step()
+    sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
     if moment == "in_sync":
-        if not syncs.wait(60):
-            raise TimeoutError("no worker entered a weight sync within 60 s to aim the fault into")
+        # armed for the student to send at the start of its next sync: inside it, whoever the target is
+        fired = arm(chaos.run, pid, sig)
+        said = wait_until(lambda: fired.exists() and fired.read_text(), 60, "the armed fault to fire in a weight sync",
+                          every_s=0.01)
+        t0 = json.loads(said)["ts"]
     else:
         time.sleep(delay)
-    t0 = time.time()
-    os.kill(pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        t0 = time.time()
+        os.kill(pid, sig)
     naming = None
     deadline = time.monotonic() + WINDOW_S
     while naming is None and time.monotonic() < deadline:
@@ -209,6 +178,8 @@ def fault_trial(chaos: Chaos, syncs: SyncStarts, seed: str, kind: str) -> dict:
     row = {"target": src, "fault": fault, "moment": moment, "delay_s": round(delay, 3) if moment == "after_step"
            else None, "at_step": step_at(chaos, t0), "phase": phase_of(chaos, src, t0),
            "student_phase": phase_of(chaos, "student/0", t0),
+           # in_sync: armed for the student's next sync start (the older rows' were aimed from the live events)
+           "aim": "armed" if moment == "in_sync" else "",
            "named": naming.targets if naming else [], "code": naming.code if naming else "",
            "severity": naming.severity if naming else "", "by": naming.by if naming else "",
            "message": naming.message[:300] if naming else "", "after_s": naming.after_s if naming else None}
@@ -423,9 +394,9 @@ def run_trials(a: argparse.Namespace, record: Path, command: str) -> None:
     os.environ["GKD_HOME"] = str(home)
     sup = RunningSupervisor(home, [*SETTINGS, *a.set, "--linger", "3600", "--driver", TRAINER], dict(os.environ))
     chaos = TailedRun(sup, home)
-    syncs = SyncStarts(sup.run)
     healthy_s = len(a.kinds) * WINDOW_S  # a round's faults are watched this long: as long again healthy
     order = [k for _ in range(a.trials) for k in [*a.kinds, "healthy"]]
+    per_round = len(a.kinds) + 1  # a round: a fault of each kind, then a healthy window
     try:
         chaos.wait_step(2, 300, "the run's first steps")
         for i, kind in enumerate(order):
@@ -433,7 +404,7 @@ def run_trials(a: argparse.Namespace, record: Path, command: str) -> None:
             append(record, {**head, "status": "started", "ts": round(time.time(), 3)})
             try:
                 row = (healthy_window(chaos, healthy_s) if kind == "healthy"
-                       else fault_trial(chaos, syncs, head["seed"], kind))
+                       else fault_trial(chaos, head["seed"], kind, a.moments[(i // per_round) % len(a.moments)]))
             except KeyboardInterrupt:
                 append(record, {**head, "status": "cut", "error": "stopped by a time limit or Ctrl-C"})
                 raise
@@ -447,7 +418,6 @@ def run_trials(a: argparse.Namespace, record: Path, command: str) -> None:
                 f"{'RIGHT' if row['right'] else 'MISS'} {row['code']} {row['named']} {row['after_s']} s; "
                 f"{row['recovery']}"), flush=True)
     finally:
-        syncs.close()
         chaos.gkd("stop", str(chaos.run))
         sup.kill()
 
@@ -457,6 +427,8 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=20, help="per kind (and as many healthy windows)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     p.add_argument("--seed", default="1")
+    p.add_argument("--moments", nargs="+", default=list(MOMENTS), choices=MOMENTS,
+                   help="the moments the rounds take in turn: every kind's faults land in each as often")
     p.add_argument("--record", default=str(ROOT / "bench" / "chaos_trials.jsonl"))
     p.add_argument("--table", default=str(TABLE), help="render the whole record into this file, between its markers")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -471,7 +443,7 @@ def main() -> int:
         scratch = Path(tempfile.mkdtemp(prefix="gkd-chaos-smoke-"))
         record, table = scratch / "trials.jsonl", scratch / "CHAOS.md"
         table.write_text("# smoke\n")
-        a.trials, a.kinds, a.seed = 1, ["teacher"], "smoke"
+        a.trials, a.kinds, a.seed, a.moments = 1, ["teacher"], "smoke", ["in_sync"]  # the armed path
     if a.render_only:
         rendered = block(read_record(record))
         if a.check:

@@ -258,6 +258,7 @@ def typed_figures(text: str) -> list[tuple[str, str]]:
 _NUM = r"\d[\d,]*(?:\.\d+)?"
 _UNIT = r"(?:ms|µs|us|seconds?|s|%|x|MB|GB|KB|kB|KiB|MiB|GiB|msg/s|minutes?|min|hours?|h)"
 FIGURE = re.compile(rf"(?<![\w.\-–])(?P<a>{_NUM})(?:\s?[-–]\s?(?P<b>{_NUM}))?\s?(?P<unit>{_UNIT})(?![\w/]|\.\d)")
+SPREAD = re.compile(rf"{_NUM}\s?(?P<unit>{_UNIT})\s*\((?P<low>{_NUM})\s?[-–]\s?(?P<high>{_NUM})\)")
 KEYED = re.compile(rf"\b(?:p50|p90|p95|p99|precision|recall|F1)\s+(?P<a>{_NUM})(?!\s?{_UNIT}(?![\w/]))(?![\w.]\d)")
 BOUND = re.compile(r"(?:\bevery|\bwithin|\bat most|\bat least|\bup to|\bunder|\bover|\bpast|\bfor|\bafter|\bthan"
                    r"|\bby|\bdefault|\btimeout|\bdeadline|\bfloor of|\bwindows of|\bcritical at|\bmax\(|\bmin\("
@@ -284,6 +285,8 @@ def figures_in(text: str) -> set[tuple[str, str]]:
     known = {(_plain(n), "") for n in NUMBER.findall(text)}
     for m in FIGURE.finditer(text):
         known |= {(_plain(m["a"]), m["unit"])} | ({(_plain(m["b"]), m["unit"])} if m["b"] else set())
+    for m in SPREAD.finditer(text):  # a median's min and max, in its unit: "2.3 s (1.7-3.5)"
+        known |= {(_plain(m["low"]), m["unit"]), (_plain(m["high"]), m["unit"])}
     return known
 
 
@@ -331,7 +334,8 @@ def figures_typed_by_hand(text: str, known: dict[str, set[tuple[str, str]]],
     for paragraph in re.split(r"(\n[ \t]*\n|\n(?=[ \t]*(?:[-*]|\d+\.)[ \t]))", prose):
         if paragraph.startswith("#"):
             heading = paragraph.partition("\n")[0]
-        names = {m[1] for m in SCRIPT.finditer(heading + paragraph)} | ({"RESULTS.md"} if "RESULTS.md" in paragraph
+        # the benches it names; only where it names none, every record (a paragraph that cites RESULTS whole)
+        names = {m[1] for m in SCRIPT.finditer(heading + paragraph)} or ({"RESULTS.md"} if "RESULTS.md" in paragraph
                                                                          else set())
         cited = set().union(*(known.get(name, set()) for name in names))
         words = _blanked(paragraph, NOT_PROSE)

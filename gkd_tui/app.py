@@ -48,6 +48,13 @@ def titled(widget, title: str):
     return widget
 
 
+def copy_of_state(source):
+    """A copy of ``source``'s state, taken under its lock: the source goes on changing its own while a bug
+    report is written (seconds)."""
+    with source.lock:
+        return msgspec.json.decode(msgspec.json.encode(source.state), type=type(source.state))
+
+
 class GkdApp(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute, so subclasses elsewhere find it too
     TITLE = "gkd-tui"
@@ -280,16 +287,9 @@ class GkdApp(App):
                 answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
                 with self.source.lock:
                     stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
-        def state_now():
-            with self.source.lock:
-                # a copy: the source goes on changing its state while the report is written (seconds)
-                return msgspec.json.decode(msgspec.json.encode(self.source.state), type=type(self.source.state))
-
-        state = state_now()
-        with self.source.lock:
-            status = status_text(state, self.source.now(), Path(run))
-        # read again once the rest is gathered: the workers that joined meanwhile have their stacks taken too
-        out = write_bundle(Path(run), status=status, state=state, stacks=stacks, live=live, reread=state_now)
+        state = copy_of_state(self.source)  # and again once the rest is gathered: who joined meanwhile
+        out = write_bundle(Path(run), status=status_text(state, self.source.now(), Path(run)), state=state,
+                           stacks=stacks, live=live, reread=lambda: copy_of_state(self.source))
         self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8, markup=False)
 
     def _wait_for_dump(self, dump_id: str, timeout_s: float) -> dict:

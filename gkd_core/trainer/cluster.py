@@ -106,9 +106,9 @@ class Cluster:
 
     def context(self, src: str) -> WorkerContext:
         return WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
-                                     heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
-                                     faults=self.faults.for_worker(src), stacks_dir=str(self.run_dir / "stacks"),
-                                     route=self.route)
+                             heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
+                             faults=self.faults.for_worker(src, self.run_dir), stacks_dir=str(self.run_dir / "stacks"),
+                             route=self.route)
 
     # --- start ---------------------------------------------------------------------------
 

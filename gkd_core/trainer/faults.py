@@ -3,19 +3,41 @@
 The driver holds the plan and fires its own (the teacher's, the disk's, NVML's); each worker gets
 the part that is its own (``for_worker``) and asks it at the points where a fault can strike.
 Faults fire in the first incarnation of a run only: a restart is how you get past them.
+
+One fault is armed while the run goes on instead: a signal for a process, written to ``RUN/faults/armed.json``
+(``ARMED``), which the student sends at the start of its next weight sync (``WorkerFaults.fire_armed``). A sync
+lasts tens of milliseconds, too short for anything outside the run to aim a fault into; the random trials
+(bench/chaos_trials.py) arm it so that a fault lands inside one. It writes ``armed.fired`` with when it fired.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gkd_core.config import FaultConfig
 
 DRIVER_KINDS = ("kill_teacher", "delay_teacher", "disk_full", "hang_nvml")
+ARMED = Path("faults") / "armed.json"  # in the run's folder: {"pid": N, "signal": "SIGSTOP" | "SIGKILL"}
+
+
+def arm(run_dir: Path, pid: int, sig: signal.Signals) -> Path:
+    """Arm ``sig`` for ``pid``, sent at the start of the run's next weight sync; returns the file that says when
+    it fired (JSON: pid, signal, ts, by). Written whole (a rename), so the student never reads half of it."""
+    path = run_dir / ARMED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fired = path.with_suffix(".fired")
+    fired.unlink(missing_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "signal": sig.name}))
+    tmp.rename(path)
+    return fired
 
 
 @dataclass
@@ -24,6 +46,31 @@ class WorkerFaults:
 
     faults: list[FaultConfig] = field(default_factory=list)
     _nan_since: dict[int, float] = field(default_factory=dict)  # id of a nan_grad fault -> when it first fired
+    armed: str = ""  # RUN/faults/armed.json, for the worker that fires an armed signal (the student); else ""
+
+    def fire_armed(self, src: str, log: Callable[[str], None], flush: Callable[[], object]) -> None:
+        """Send the signal armed for this moment, if one is (a stat when none is). The file is claimed by a
+        rename, so it fires once; ``armed.fired`` says when, and is written before the signal (the student may
+        be its own target). A file that does not parse is set aside and said."""
+        if not self.armed or not os.path.exists(self.armed):
+            return
+        claimed = Path(f"{self.armed}.{os.getpid()}")
+        try:
+            os.rename(self.armed, claimed)
+            spec = json.loads(claimed.read_text())
+            pid, sig = int(spec["pid"]), signal.Signals[spec["signal"]]
+        except FileNotFoundError:
+            return  # disarmed, or fired by another
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log(f"fault not fired: {claimed} is no armed signal ({type(e).__name__}: {e}); want "
+                '{"pid": N, "signal": "SIGSTOP"}')
+            return
+        claimed.unlink(missing_ok=True)
+        log(f"fault injected: {src} sends {sig.name} to pid {pid} at the start of its weight sync (armed)")
+        flush()  # its word that it entered the sync, and this one, leave before a signal that may be its own
+        Path(self.armed).with_suffix(".fired").write_text(
+            json.dumps({"pid": pid, "signal": sig.name, "ts": time.time(), "by": src}))
+        os.kill(pid, sig)
 
     def take(self, kind: str, step: int, part: str = "") -> FaultConfig | None:
         """The fault of this kind at this step (and in this part of a sync), consumed."""
@@ -57,10 +104,12 @@ class FaultPlan:
     def for_run(cls, faults: list[FaultConfig], restart: int) -> FaultPlan:
         return cls(list(faults) if restart == 0 else [])
 
-    def for_worker(self, src: str) -> WorkerFaults:
-        # a NaN gradient is the student's whatever its target says: it is where gradients are
+    def for_worker(self, src: str, run_dir: Path | None = None) -> WorkerFaults:
+        # a NaN gradient is the student's whatever its target says: it is where gradients are; so is an armed
+        # signal (it fires at the start of the student's sync, which every weight sync has)
         return WorkerFaults([f for f in self.faults if f.kind not in DRIVER_KINDS
-                             and (f.target == src or (f.kind == "nan_grad" and src == "student/0"))])
+                             and (f.target == src or (f.kind == "nan_grad" and src == "student/0"))],
+                            armed=str(run_dir / ARMED) if run_dir is not None and src == "student/0" else "")
 
     def at(self, kind: str, step: int) -> FaultConfig | None:
         return next((f for f in self.faults if f.kind == kind and f.step == step), None)

@@ -144,6 +144,7 @@ class StudentActor(WorkerBase):
     def sync_send(self, sync_id: int, step: int, timeout_s: float) -> str:
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
+            self.ctx.faults.fire_armed(self.src, lambda m: self.rep.log(m, level="warn"), lambda: self.rep.flush(10.0))
             with self._sync_part(sync_id, "gather", step):
                 vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
                 if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import pickle
+import signal
+import time
 
 from gkd_core.config import load_config
-from gkd_core.trainer.faults import FaultPlan
+from gkd_core.trainer.faults import FaultPlan, arm
 
 
 def plan(*faults: str, restart: int = 0) -> FaultPlan:
@@ -36,3 +40,27 @@ def test_nan_grad_for_repeat_steps_and_a_slow_worker_from_its_step():
     assert [student.nan_grad(s) for s in range(1, 6)] == [False, True, True, False, False]
     slow = plan("{kind: slow_worker, target: rollout/0, step: 3, factor: 0.5}").for_worker("rollout/0")
     assert [slow.slow_factor(s) for s in (2, 3, 9)] == [0.0, 0.5, 0.5]
+
+
+def test_an_armed_signal_fires_once_from_the_student_and_says_when(tmp_path):
+    """The random trials arm a signal for the start of the student's next sync: only the student is given the file
+    to look for, it fires once (claimed by a rename), and ``armed.fired`` says when and by whom."""
+    p = plan()
+    assert p.for_worker("rollout/0", tmp_path).armed == "" and p.for_worker("student/0").armed == ""
+    student = p.for_worker("student/0", tmp_path)
+    said: list[str] = []
+    student.fire_armed("student/0", said.append, lambda: None)  # nothing armed: nothing done
+    assert said == [] and not (tmp_path / "faults").exists()
+
+    fired = arm(tmp_path, os.getpid(), signal.SIGCONT)  # a signal this process shrugs off
+    before = time.time()
+    student.fire_armed("student/0", said.append, lambda: None)
+    student.fire_armed("student/0", said.append, lambda: None)  # once
+    assert len(said) == 1 and "sends SIGCONT to pid" in said[0]
+    when = json.loads(fired.read_text())
+    assert when["by"] == "student/0" and when["signal"] == "SIGCONT" and when["ts"] >= before
+    assert list((tmp_path / "faults").iterdir()) == [fired]
+
+    (tmp_path / "faults" / "armed.json").write_text('{"pid": 1, "signal": "SIGNOPE"}')  # not a signal: said
+    student.fire_armed("student/0", said.append, lambda: None)
+    assert "fault not fired" in said[-1] and "SIGNOPE" in said[-1]
