@@ -59,6 +59,42 @@ class WorkerId(NamedTuple):
         return cls(role, int(rest) if rest.isascii() and rest.isdigit() and len(rest) <= 18 else None)
 
 
+class HttpWait(NamedTuple):
+    """A request this worker sent over HTTP and awaits, as its phase's ``waits_on`` says it: ``http POST
+    127.0.0.1:8000/generate @4121``: the method, the server's address and the path (never the query string
+    or headers), and the process listening on that address on the sender's node (0: none there, so another
+    node's or a server outside the job). The diagnosis finds the worker of that pid on that node."""
+
+    method: str
+    address: str  # host:port
+    path: str
+    pid: int
+
+    def said(self) -> str:
+        return f"http {self.method} {self.address}{self.path} @{self.pid}"
+
+    @classmethod
+    def parse(cls, said: str) -> HttpWait | None:
+        """The wait ``said`` describes, or None when it is no HTTP wait (an actor call's ``Worker.method``)."""
+        if not said.startswith("http "):
+            return None
+        method, _, rest = said[5:].partition(" ")
+        where, _, pid = rest.rpartition(" @")
+        host, slash, path = where.partition("/")
+        if not method or not host or not pid.isascii() or not pid.isdigit():
+            return None
+        return cls(method, host, slash + path, int(pid[:18]))
+
+    def route(self) -> str:
+        """``POST /generate on 127.0.0.1:8000``."""
+        return f"{self.method} {self.path or '/'} on {self.address}"
+
+    def spoken(self, server: str = "") -> str:
+        """Its route, and who serves it: ``server`` (a worker), else its pid or "not served on this node"."""
+        who = server or (f"pid {self.pid}" if self.pid else "not served on this node")
+        return f"{self.route()} ({who})"
+
+
 def src_of(role: str, rank: int | str) -> str:
     """The ``src`` of a worker (``src_of("rollout", 3)``), of a node's agent (``src_of("agent", node)``)."""
     return f"{role}/{rank}"

@@ -72,13 +72,19 @@ def _at_the_end(state: RunState, end: WorkerState, hops: list[waits.Hop], now: f
         at = sync.parts_now[end.src]
         part = SYNC_PARTS.get(at.part, at.part)
         return f"a weight sync: sync {sync.sync_id}, {end.src} in {part} {spoken(now - at.since)}"
-    if end.in_flight > 1:
-        return f"an inference request in a server: {end.src}, {end.in_flight} {end.phase} in flight, the oldest {age}"
+    if end.in_flight > 1 or hops[-1][1].request:
+        return (f"an inference request in a server: {end.src}, {max(1, end.in_flight)} {end.phase} in flight, the "
+                f"oldest {age}" + (f" ({_path(hops)})" if hops[-1][1].request else ""))
     external = _external(state, end)
     if external:
         return f"an external call: {end.src} in {external}"
-    path = " → ".join([hops[0][0]] + [f"{edge.target}.{edge.what}" for _, edge in hops])
-    return f"a Ray wait: {path}, running {age}"
+    return f"a Ray wait: {_path(hops)}, running {age}"
+
+
+def _path(hops: list[waits.Hop]) -> str:
+    """``driver → Rollouter/0.rollout → InferenceServer/0: POST /generate on 127.0.0.1:8000``."""
+    return " → ".join([hops[0][0]] + [f"{edge.target}: {edge.what}" if edge.request else f"{edge.target}.{edge.what}"
+                                      for _, edge in hops])
 
 
 def _own_wait(state: RunState, driver: WorkerState, now: float) -> str:

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from gkd_core.integrations import job_env, opt_in, remote_stacks, routes
+from gkd_core.integrations import http_calls, job_env, opt_in, remote_stacks, routes
 from gkd_core.integrations.cancels import start_commands
 from gkd_core.integrations.cluster_watch import ClusterWatch
 from gkd_core.integrations.ray_process import WatchedProcess, say_once
@@ -150,6 +150,7 @@ def _install(kind: str) -> None:
         _process.activity.answer_task_stacks(stacks)  # an async actor's coroutines, which no thread shows
         _patch_actor_creation(_process)
         _patch_waits(_process)  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
+        http_calls.install(_process.activity, say_once)  # requests sent (waits) and served (calls), as imported
         if kind == "worker":
             _patch_actor_methods(_process)
         else:

@@ -5,10 +5,12 @@ blocked behind it; a cycle that moves, or a chain that ends in a worker at work,
 from __future__ import annotations
 
 from gkd_core import diagnosis
-from gkd_core.diagnosis.rules.waits import Edge, cycles
+from gkd_core.diagnosis.holds import what_holds
+from gkd_core.diagnosis.rules.waits import Edge, cycles, wait_graph
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
+from gkd_core.vocab import HttpWait
 
 T0 = 1000.0
 
@@ -209,3 +211,65 @@ def test_the_book_of_calls_keeps_the_newest_half_and_turns_once_when_two_threads
     book.sent("Callee/1", "answer", Ref(waits.BOOK_MAX))
     book.turn(full)  # a second thread that saw the same half full: nothing more is dropped
     assert book.who(Ref(0)) == ("Callee/0", "answer") and book.who(Ref(waits.BOOK_MAX)) == ("Callee/1", "answer")
+
+
+def pipeline() -> RunState:
+    """A rollout that waits on an HTTP request to the inference server its node's pid 200 listens for, and the
+    driver on the rollout; each with a healthy history of one-second calls."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for src, role, pid in (("driver", "driver", 100), ("Rollouter/0", "Rollouter", 101), ("Server/0", "Server", 200)):
+        st.apply(ev.WorkerEvent(src=src, role=role, rank=0, node="node-a", pid=pid, ts=T0 - 50))
+    return st
+
+
+REQUEST = HttpWait("POST", "127.0.0.1:8000", "/generate", 200)
+
+
+def test_an_http_wait_is_said_and_read_back_and_an_actor_call_is_none():
+    assert REQUEST.said() == "http POST 127.0.0.1:8000/generate @200"
+    assert HttpWait.parse(REQUEST.said()) == REQUEST
+    assert HttpWait.parse("http GET [::1]:80 @0") == HttpWait("GET", "[::1]:80", "", 0)
+    assert HttpWait.parse("Trainer/0.step") is None and HttpWait.parse("http POST x/y @pid") is None
+    assert REQUEST.spoken("Server/0") == "POST /generate on 127.0.0.1:8000 (Server/0)"
+    assert HttpWait("GET", "10.0.0.9:80", "/", 0).spoken() == "GET / on 10.0.0.9:80 (not served on this node)"
+
+
+def test_a_request_in_flight_is_an_edge_to_the_worker_listening_on_its_node():
+    st = pipeline()
+    phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
+    phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
+    phase(st, "Server/0", "POST /generate", T0, call=17)
+    graph = wait_graph(st)
+    assert graph["Rollouter/0"] == [Edge("Server/0", "POST /generate on 127.0.0.1:8000", T0, request=True)]
+    # the same pid on another node, or no pid (a server outside this node): nobody of the run
+    st.apply(ev.WorkerEvent(src="Server/0", role="Server", rank=0, node="node-b", pid=200, ts=T0 + 1))
+    phase(st, "Server/0", "POST /generate", T0 + 1, call=1)
+    assert "Rollouter/0" not in wait_graph(st)
+    phase(st, "Rollouter/0", "rollout", T0 + 2, call=5, waits_on=[HttpWait("POST", "10.0.0.9:80", "/", 0).said()])
+    assert "Rollouter/0" not in wait_graph(st)
+
+
+def test_a_server_whose_request_stalls_is_named_and_the_rollout_and_driver_are_blocked_by_it():
+    """The pipeline's chain through HTTP: the server is the end, named; the rollout awaiting its request and the
+    driver awaiting the rollout are blocked by it, not late of their own."""
+    st = pipeline()
+    for i in range(4):  # a healthy history: each round a second
+        t = T0 - 40 + 5 * i
+        phase(st, "driver", "ray.get", t, waits_on=["Rollouter/0.rollout"])
+        phase(st, "Rollouter/0", "rollout", t, call=i + 1, waits_on=[REQUEST.said()])
+        phase(st, "Server/0", "POST /generate", t, call=i + 1)
+        for src in ("Server/0", "Rollouter/0", "driver"):
+            phase(st, src, "idle", t + 1.0)
+    phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
+    phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
+    phase(st, "Server/0", "POST /generate", T0, call=5)
+    found = [(a.code, a.targets, sorted(a.evidence.get("blocked") or [])) for a in diagnosis.diagnose(st, T0 + 20)
+             if a.severity != "info"]
+    assert found == [("slower_than_usual", ["Server/0"], ["Rollouter/0", "driver"])]
+    # and the header says which wait holds the job: the request, at the end of the driver's chain
+    for alert in diagnosis.diagnose(st, T0 + 20):
+        st.apply(alert)
+    assert what_holds(st, T0 + 20) == ("an inference request in a server: Server/0, 1 POST /generate in flight, the "
+                                       "oldest 20 s (driver → Rollouter/0.rollout → Server/0: POST /generate on "
+                                       "127.0.0.1:8000)")

@@ -29,7 +29,7 @@ from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState, WorkerState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
-from gkd_core.vocab import WORKER_ENDED
+from gkd_core.vocab import WORKER_ENDED, HttpWait
 
 STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
 CYCLES_MAX = 8  # cycles named at once (each is one alert)
@@ -49,6 +49,7 @@ class Edge(NamedTuple):
     what: str  # the method called on it; for a collective, "broadcast #3 of group default_pg"
     since: float  # when this wait began, as far as the state knows
     collective: bool = False
+    request: bool = False  # an HTTP request in flight to the server ``target`` (what: its method, path, address)
 
 
 Hop = tuple[str, Edge]  # (the waiter, its edge to the next member)
@@ -64,14 +65,22 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
     unanswered calls (``waits_on``), and each rank inside a process group's newest collective on the ranks
     that have not entered it (through the collective's own node)."""
     graph: dict[str, list[Edge]] = {}
+    servers: dict[tuple[str, int], str] | None = None  # (node, pid) -> worker: made once, for the first HTTP wait
     for src in state.waiting:
         w = state.workers.get(src)
         if w is None or not w.waits_on or not _live(state, src):
             continue
         for call in w.waits_on:
-            worker, _, method = call.rpartition(".")
+            request = HttpWait.parse(call)
+            if request is not None:  # a request in flight: to the worker that listens there, if one of the run's
+                if servers is None:
+                    servers = {(s.node, s.pid): s.src for s in state.workers.values() if s.pid}
+                worker, method = servers.get((w.node, request.pid), "") if request.pid else "", request.route()
+            else:
+                worker, _, method = call.rpartition(".")
             if _live(state, worker):
-                graph.setdefault(w.src, []).append(Edge(worker, method, max(w.phase_since, w.waits_since)))
+                graph.setdefault(w.src, []).append(Edge(worker, method, max(w.phase_since, w.waits_since),
+                                                        request=request is not None))
     for group, members in state.collectives.items():
         n = max((p.entered for p in members.values()), default=0)
         missing = sorted(src for src, p in members.items() if p.entered < n and _live(state, src))

@@ -1,0 +1,226 @@
+"""A watched process's HTTP: the requests it sends are waits on whoever serves them, the requests it serves
+are calls of its own.
+
+A pipeline's rollouts call their inference servers and tools over HTTP, outside any Ray call: without this,
+a server whose requests never return reads "idle", and the rollout that awaits it reads only its method.
+Patched where each library sends or serves a request, once the job imports it (post_import), never by us:
+
+- sent, a wait inside whatever call the sender is in: aiohttp's ``ClientSession._request``, urllib3's
+  ``HTTPConnectionPool.urlopen`` (requests goes through it), urllib's ``AbstractHTTPHandler.do_open``.
+  Its detail is "POST /generate on 127.0.0.1:8000 (pid 4121)" and its edge in the wait-for graph a
+  ``vocab.HttpWait``: the process listening on that address on this node (found once it has lasted long
+  enough to be shown, by psutil, and kept a while), which the diagnosis names as its worker.
+- served, a call like an async actor's, in the lane of the task that handles it: aiohttp.web's
+  ``Application._handle``. A server with 4 requests stuck reads "4 POST /generate in flight", measured by
+  the oldest, and the straggler and stack rules apply to it.
+
+Only the method, the address and the path are kept, never the query string, headers or body (secrets
+travel there). A request that returns within ``SHOW_AFTER_S`` costs a tuple and two dict stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.post_import import when_imported
+from gkd_core.vocab import HttpWait
+
+LISTENERS_KEEP_S = 10.0  # who listens on an address is looked up again after this (a server started anew)
+PATH_MAX = 120  # a path longer than this is cut: a route with ids in it must not flood the calls' names
+
+
+def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
+    """Patch each HTTP library as the job imports it (now, for those already imported)."""
+    peers = Listeners()
+    for module, patch in (("aiohttp.client", _patch_aiohttp_client), ("urllib3.connectionpool", _patch_urllib3),
+                          ("urllib.request", _patch_urllib), ("aiohttp.web_app", _patch_aiohttp_server)):
+        when_imported(module, functools.partial(patch, activity=activity, peers=peers, say_once=say_once))
+
+
+def _lane() -> Any:
+    """The asyncio task a request runs in (its lane among the process's calls), else None: the thread's."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        return None
+
+
+def _cut(path: str) -> str:
+    return path if len(path) <= PATH_MAX else path[:PATH_MAX] + "…"
+
+
+class Listeners:
+    """Which process of this node listens on an address, from psutil's table of sockets: read at most every
+    ``LISTENERS_KEEP_S`` (a read walks every process's sockets), and only for a request that has lasted."""
+
+    def __init__(self):
+        self._pids: dict[int, int] = {}  # port -> pid listening on it, on any of this node's addresses
+        self._read = 0.0
+        self._mine: set[str] | None = None  # this node's addresses
+        self._lock = threading.Lock()
+
+    def pid_of(self, host: str, port: int) -> int:
+        """The pid listening on ``host:port`` when that is an address of this node; 0 when none is."""
+        if not self._on_this_node(host):
+            return 0
+        with self._lock:
+            if time.monotonic() - self._read > LISTENERS_KEEP_S or port not in self._pids:
+                self._pids, self._read = _listening(), time.monotonic()
+            return self._pids.get(port, 0)
+
+    def _on_this_node(self, host: str) -> bool:
+        if host in ("localhost", socket.gethostname()):
+            return True
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return False  # a name: resolving it here could block (DNS); treated as another node's
+        if ip.is_loopback:
+            return True
+        if self._mine is None:
+            import psutil
+
+            self._mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+        return str(ip) in self._mine
+
+
+def _listening() -> dict[int, int]:
+    import psutil
+
+    out: dict[int, int] = {}
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid and c.laddr:
+            out.setdefault(c.laddr.port, c.pid)
+    return out
+
+
+class Sent:
+    """One request in flight from this process: its detail and its edge, found once it is shown."""
+
+    __slots__ = ("method", "host", "port", "path", "peers", "_wait")
+
+    def __init__(self, method: str, host: str, port: int, path: str, peers: Listeners):
+        self.method, self.host, self.port, self.path, self.peers = method.upper(), host, port, _cut(path), peers
+        self._wait: HttpWait | None = None
+
+    def wait(self) -> HttpWait:
+        if self._wait is None:  # (the watcher's thread, once the request has lasted SHOW_AFTER_S)
+            self._wait = HttpWait(self.method, f"{self.host}:{self.port}", self.path,
+                                  self.peers.pid_of(self.host, self.port))
+        return self._wait
+
+    def progress(self) -> str:
+        return f"waiting for {self.wait().spoken()}"
+
+    def waits_on(self) -> list[str]:
+        return [self.wait().said()]
+
+
+def _sending(activity: Activity, peers: Listeners, method: str, host: str | None, port: int | None,
+             path: str) -> int:
+    sent = Sent(method, host or "?", port or 0, path, peers)
+    return activity.enter(f"HTTP {sent.method}", detail=f"waiting for {sent.method} {sent.path or '/'} on "
+                                                        f"{sent.host}:{sent.port}",
+                          progress=sent.progress, wait=True, waits_on=sent.waits_on, lane=_lane())
+
+
+def _patch_aiohttp_client(module: ModuleType, activity: Activity, peers: Listeners,
+                          say_once: Callable[[str, BaseException], None]) -> None:
+    session = module.ClientSession
+    request = session._request
+
+    @functools.wraps(request)
+    async def _request(self, method, str_or_url, *args, **kwargs):
+        token = None
+        try:
+            url = urlsplit(str(str_or_url))
+            token = _sending(activity, peers, method, url.hostname, url.port or _default_port(url.scheme), url.path)
+        except Exception as e:
+            say_once("noting an HTTP request (aiohttp)", e)
+        try:
+            return await request(self, method, str_or_url, *args, **kwargs)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    session._request = _request
+
+
+def _patch_urllib3(module: ModuleType, activity: Activity, peers: Listeners,
+                   say_once: Callable[[str, BaseException], None]) -> None:
+    pool = module.HTTPConnectionPool
+    urlopen = pool.urlopen
+
+    @functools.wraps(urlopen)
+    def _urlopen(self, method, url, *args, **kwargs):
+        token = None
+        try:
+            token = _sending(activity, peers, method, self.host, self.port or _default_port(self.scheme),
+                             urlsplit(url).path)
+        except Exception as e:
+            say_once("noting an HTTP request (urllib3)", e)
+        try:
+            return urlopen(self, method, url, *args, **kwargs)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    pool.urlopen = _urlopen
+
+
+def _patch_urllib(module: ModuleType, activity: Activity, peers: Listeners,
+                  say_once: Callable[[str, BaseException], None]) -> None:
+    handler = module.AbstractHTTPHandler
+    do_open = handler.do_open
+
+    @functools.wraps(do_open)
+    def _do_open(self, http_class, req, *args, **kwargs):
+        token = None
+        try:
+            url = urlsplit(req.full_url)
+            token = _sending(activity, peers, req.get_method(), url.hostname, url.port or _default_port(url.scheme),
+                             url.path)
+        except Exception as e:
+            say_once("noting an HTTP request (urllib)", e)
+        try:
+            return do_open(self, http_class, req, *args, **kwargs)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    handler.do_open = _do_open
+
+
+def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listeners,
+                          say_once: Callable[[str, BaseException], None]) -> None:
+    app = module.Application
+    handle = app._handle
+
+    @functools.wraps(handle)
+    async def _handle(self, request):
+        token = None
+        try:
+            token = activity.enter_call(f"{request.method} {_cut(request.path)}", lane=_lane())
+        except Exception as e:
+            say_once("noting a served HTTP request (aiohttp.web)", e)
+        try:
+            return await handle(self, request)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    app._handle = _handle
+
+
+def _default_port(scheme: str | None) -> int:
+    return 443 if scheme == "https" else 80
