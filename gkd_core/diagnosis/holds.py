@@ -75,6 +75,8 @@ def _at_the_end(state: RunState, end: WorkerState, hops: list[waits.Hop], now: f
     if end.in_flight > 1 or hops[-1][1].request:
         return (f"an inference request in a server: {end.src}, {max(1, end.in_flight)} {end.phase} in flight, the "
                 f"oldest {age}" + (f" ({_path(hops)})" if hops[-1][1].request else ""))
+    if waits.external_request(state, end) is not None and "waiting for " in end.detail:
+        return f"an external call: {end.src} waits for {end.detail.partition('waiting for ')[2]}"
     external = _external(state, end)
     if external:
         return f"an external call: {end.src} in {external}"

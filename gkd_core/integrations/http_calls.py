@@ -37,6 +37,7 @@ from gkd_core.vocab import HttpWait
 
 LISTENERS_KEEP_S = 10.0  # who listens on an address is looked up again after this (a server started anew)
 PATH_MAX = 120  # a path longer than this is cut: a route with ids in it must not flood the calls' names
+COMMAND_MAX = 80  # the listener's command line, as a request's detail says it
 
 
 def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
@@ -65,6 +66,7 @@ class Listeners:
 
     def __init__(self):
         self._pids: dict[int, int] = {}  # port -> pid listening on it, on any of this node's addresses
+        self._commands: dict[int, str] = {}  # pid -> its command line, shortened
         self._read = 0.0
         self._mine: set[str] | None = None  # this node's addresses
         self._lock = threading.Lock()
@@ -77,6 +79,13 @@ class Listeners:
             if time.monotonic() - self._read > LISTENERS_KEEP_S or port not in self._pids:
                 self._pids, self._read = _listening(), time.monotonic()
             return self._pids.get(port, 0)
+
+    def command_of(self, pid: int) -> str:
+        """``pid``'s command line, shortened ("" when it cannot be read): who serves a request, named."""
+        with self._lock:
+            if pid not in self._commands:
+                self._commands[pid] = _command(pid)
+            return self._commands[pid]
 
     def _on_this_node(self, host: str) -> bool:
         if host in ("localhost", socket.gethostname()):
@@ -92,6 +101,18 @@ class Listeners:
 
             self._mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
         return str(ip) in self._mine
+
+
+def _command(pid: int) -> str:
+    import psutil
+
+    try:
+        words = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
+        return ""
+    # (a Ray worker pads its title with spaces; a path is said by its last part)
+    said = " ".join(" ".join(w.rsplit("/", 1)[-1] if w.startswith("/") else w for w in words).split())
+    return said if len(said) <= COMMAND_MAX else said[:COMMAND_MAX] + "…"
 
 
 def _listening() -> dict[int, int]:
@@ -120,7 +141,10 @@ class Sent:
         return self._wait
 
     def progress(self) -> str:
-        return f"waiting for {self.wait().spoken()}"
+        """``waiting for POST /run on 127.0.0.1:9000 (pid 4242: python tool_server.py)``."""
+        wait = self.wait()
+        command = self.peers.command_of(wait.pid) if wait.pid else ""
+        return f"waiting for {wait.spoken(f'pid {wait.pid}: {command}' if command else '')}"
 
     def waits_on(self) -> list[str]:
         return [self.wait().said()]

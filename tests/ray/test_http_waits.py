@@ -64,7 +64,8 @@ def test_a_server_whose_http_requests_stop_returning_is_the_wait_that_holds_the_
         waits = [e for e in events if e["src"] == rollouter and e["kind"] == "phase" and e.get("waits_on")]
         request = HttpWait.parse(waits[-1]["waits_on"][0])
         assert request is not None and (request.method, request.path, request.pid) == ("POST", "/generate", pid)
-        assert f"waiting for POST /generate on {request.address} (pid {pid})" in waits[-1]["detail"], waits[-1]
+        said = f"waiting for POST /generate on {request.address} (pid {pid}: ray::InferenceServer"
+        assert said in waits[-1]["detail"], waits[-1]
         state = RunState()
         for e in events:
             state.apply(wire.validate_dict(e))
@@ -77,6 +78,45 @@ def test_a_server_whose_http_requests_stop_returning_is_the_wait_that_holds_the_
         row = next(line for line in status.stdout.splitlines() if line.startswith(f"{server} "))
         age = float(re.search(r"POST /generate\s+(\d+(?:\.\d+)?)s", row)[1])
         assert age >= MIN_S, row  # measured from the stalled request's start
+    finally:
+        gkd_tui("stop", str(run))
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(HEALTHY_S + 200)
+def test_a_tool_outside_ray_that_never_answers_is_named_by_its_address_and_process(gkd_home):
+    """The code tool (a process outside Ray, the driver's child) stops answering: the rollout awaiting it is the
+    worker named, with the tool's address, pid and command as the cause; the inference server is not named."""
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(HEALTHY_S), "tool")
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        def said(what: str) -> str | None:
+            log = run / "logs" / "driver.log"
+            found = re.search(rf"{what} ([\d.]+)", log.read_text() if log.exists() else "")
+            return found[1] if found else None
+
+        began = float(wait_until(lambda: said("STALLED AT"), HEALTHY_S + 120, "the healthy rounds to end",
+                                 every_s=1.0))
+        tool_pid = int(said("TOOL PID"))
+
+        def alarms() -> list[dict]:
+            return [e for e in logged_events(run) if e["kind"] == "alert" and not e.get("cleared")
+                    and e.get("severity") in ("warn", "critical")]
+
+        named = wait_until(lambda: [a for a in alarms() if a["ts"] >= began], NAMED_WITHIN_S + 30,
+                           "the stalled tool's wait named", every_s=0.5)
+        first = named[0]
+        assert first["ts"] - began <= NAMED_WITHIN_S, (first["ts"] - began, first["message"])
+        assert first["targets"][0].startswith("Rollouter"), first
+        assert re.search(rf"waiting for POST /run on 127\.0\.0\.1:\d+ \(pid {tool_pid}: \S*python\S* "
+                         rf"\S*ray_http_pipeline\.py --tool\)", first["message"]), first["message"]
+        assert first["evidence"]["external"].startswith("POST /run on 127.0.0.1:"), first["evidence"]
+        assert [a["targets"] for a in alarms() if not a["targets"][0].startswith("Rollouter")] == []
+
+        status = gkd_tui("status", str(run))
+        assert re.search(rf"held by  an external call: Rollouter/0 waits for POST /run on 127\.0\.0\.1:\d+ "
+                         rf"\(pid {tool_pid}: ", status.stdout), status.stdout
     finally:
         gkd_tui("stop", str(run))
         time.sleep(0.5)

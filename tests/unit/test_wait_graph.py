@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gkd_core import diagnosis
 from gkd_core.diagnosis.holds import what_holds
-from gkd_core.diagnosis.rules.waits import Edge, cycles, wait_graph
+from gkd_core.diagnosis.rules.waits import Edge, cycles, external_request, wait_graph
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
@@ -273,3 +273,31 @@ def test_a_server_whose_request_stalls_is_named_and_the_rollout_and_driver_are_b
     assert what_holds(st, T0 + 20) == ("an inference request in a server: Server/0, 1 POST /generate in flight, the "
                                        "oldest 20 s (driver → Rollouter/0.rollout → Server/0: POST /generate on "
                                        "127.0.0.1:8000)")
+
+
+def test_a_rollout_awaiting_a_tool_outside_the_run_is_named_with_the_tools_address_and_process():
+    """The request's server is no worker of the run (a sandbox the driver started): the rollout is the worker
+    named, and the alert and the header say the request, its address and the process serving it."""
+    st = pipeline()
+    tool = HttpWait("POST", "127.0.0.1:9000", "/run", 4242)
+    detail = "waiting for POST /run on 127.0.0.1:9000 (pid 4242: python tool_server.py)"
+    for i in range(4):  # a healthy history: each round a second
+        t = T0 - 40 + 5 * i
+        phase(st, "driver", "ray.get", t, waits_on=["Rollouter/0.rollout"])
+        phase(st, "Rollouter/0", "rollout", t, call=i + 1)
+        for src in ("Rollouter/0", "driver"):
+            phase(st, src, "idle", t + 1.0)
+    phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
+    st.apply(ev.PhaseEvent(src="Rollouter/0", phase="rollout", started=T0, call=5, waits_on=[tool.said()], ts=T0,
+                           detail=detail))
+    assert external_request(st, st.workers["Rollouter/0"]) == tool
+    assert external_request(st, st.workers["driver"]) is None  # an actor call, not a request
+    alerts = [a for a in diagnosis.diagnose(st, T0 + 20) if a.severity != "info"]
+    assert [(a.code, a.targets, sorted(a.evidence.get("blocked") or [])) for a in alerts] == [
+        ("slower_than_usual", ["Rollouter/0"], ["driver"])]
+    assert detail in alerts[0].message and alerts[0].evidence["external"] == "POST /run on 127.0.0.1:9000"
+    assert "server outside the run" in alerts[0].hint
+    for alert in alerts:
+        st.apply(alert)
+    assert what_holds(st, T0 + 20) == ("an external call: Rollouter/0 waits for POST /run on 127.0.0.1:9000 "
+                                       "(pid 4242: python tool_server.py)")

@@ -60,6 +60,22 @@ def _live(state: RunState, src: str) -> bool:
     return w is not None and w.phase not in WORKER_ENDED and w.ray_state != "DEAD"
 
 
+def servers_of(state: RunState) -> dict[tuple[str, int], str]:
+    """(node, pid) -> the worker of the run with that process: who serves a request sent to that pid."""
+    return {(s.node, s.pid): s.src for s in state.workers.values() if s.pid}
+
+
+def external_request(state: RunState, w: WorkerState,
+                     servers: dict[tuple[str, int], str] | None = None) -> HttpWait | None:
+    """The HTTP request ``w``'s phase awaits from a server that is no worker of the run (a tool, a sandbox,
+    an API; on this node or another), or None."""
+    requests = [r for r in map(HttpWait.parse, w.waits_on) if r is not None]
+    if not requests:
+        return None
+    servers = servers_of(state) if servers is None else servers
+    return next((r for r in requests if not _live(state, servers.get((w.node, r.pid), "") if r.pid else "")), None)
+
+
 def wait_graph(state: RunState) -> dict[str, list[Edge]]:
     """waiter -> what it waits on, for every live worker whose phase waits on a live worker of the run: its
     unanswered calls (``waits_on``), and each rank inside a process group's newest collective on the ranks
@@ -74,7 +90,7 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
             request = HttpWait.parse(call)
             if request is not None:  # a request in flight: to the worker that listens there, if one of the run's
                 if servers is None:
-                    servers = {(s.node, s.pid): s.src for s in state.workers.values() if s.pid}
+                    servers = servers_of(state)
                 worker, method = servers.get((w.node, request.pid), "") if request.pid else "", request.route()
             else:
                 worker, _, method = call.rpartition(".")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
+from gkd_core.diagnosis.rules.waits import external_request
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
@@ -18,6 +19,8 @@ from gkd_core.vocab import WORKER_ENDED
 # phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
 # preparation): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
 SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
+EXTERNAL_HINT = ("a server outside the run does not answer this worker's request (a tool, a sandbox, an API): look at "
+                 "that process (its log, its health endpoint) or give the request a timeout; this worker only waits")
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -144,16 +147,21 @@ def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> Ale
     where = f"pid {w.pid} on {w.node}" if w.pid else (w.node or "")
     if w.in_flight > 1 and w.phase == late.phase:  # an async server's: measured by its oldest call
         at += f" (the oldest of {w.in_flight} in flight)"
+    # a request to a server outside the run that has not answered: the cause, said with its address and process
+    external = external_request(state, w) if w.waits_on and w.phase == late.phase else None
     message = (f"{late.src} still in {late.phase}{at} after {spoken(late.elapsed)}; {base}"
+               + (f"; waiting for {w.detail.partition('waiting for ')[2] or external.spoken()}"
+                  if external is not None else "")
                + (f"; {v.text}" if v.text else "") + (f" [{where}]" if where else "")
                + _before_the_teacher(state, late, w.phase_since))
     return AlertEvent(
         severity=late.severity, code=code, message=message, targets=[late.src],
-        hint=phase_hint(late.phase),
+        hint=EXTERNAL_HINT if external is not None else phase_hint(late.phase),
         evidence={"phase": late.phase, "step": late.step, "elapsed_s": round(late.elapsed, 1),
                   "threshold_s": round(late.threshold, 2), "baseline_s": round(late.baseline, 3), "by": late.by,
                   "peers_done": late.n_done, "peers": late.n_group, "cpu_pct": w.cpu, "verdict": v.word,
-                  "where": v.where, "in_flight": w.in_flight},
+                  "where": v.where, "in_flight": w.in_flight,
+                  **({"external": external.route()} if external is not None else {})},
     )
 
 
