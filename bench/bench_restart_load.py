@@ -81,10 +81,10 @@ def resumed_and_trained(chaos: Chaos, seq0: int, restarted_at: int) -> tuple[int
     past = next((s for s in trained if s > max(resumed, restarted_at)), None)
     if past is None:
         return None
-    # the first training of the restarted driver, then a sync it finished after it (the one at its start,
+    # that step's training by the restarted driver, then a sync it finished after it (the one at its start,
     # from the checkpoint's weights, is before it)
     trained_at = next((e["seq"] for e in events if e["seq"] > again and e["kind"] == "phase"
-                       and e["src"] == "driver" and e.get("phase") == "train"), None)
+                       and e["src"] == "driver" and e.get("phase") == "train" and e.get("step") == past), None)
     synced = trained_at is not None and any(e["seq"] > trained_at and e["kind"] == "sync" and e.get("state") == "done"
                                             for e in events)
     return (resumed, past) if synced else None

@@ -53,7 +53,7 @@ from chaos_naming import criticals, first_naming, hits  # noqa: E402
 from conftest import RunningSupervisor, wait_until  # noqa: E402
 from test_chaos import NAME_WITHIN_S, SETTINGS, TRAINER, Chaos  # noqa: E402
 
-from gkd_core.trainer.faults import arm  # noqa: E402
+from gkd_core.trainer.faults import ARMED, arm  # noqa: E402
 
 RUNNER = 3  # the record's format and the diagnosis it ran against; older rows are left out, with why:
 LEFT_OUT = {
@@ -162,8 +162,11 @@ def fault_trial(chaos: Chaos, seed: str, kind: str, moment: str) -> dict:
     if moment == "in_sync":
         # armed for the student to send at the start of its next sync: inside it, whoever the target is
         fired = arm(chaos.run, pid, sig)
-        said = wait_until(lambda: fired.exists() and fired.read_text(), 60, "the armed fault to fire in a weight sync",
-                          every_s=0.01)
+        try:
+            said = wait_until(lambda: fired.exists() and fired.read_text(), 60,
+                              "the armed fault to fire in a weight sync", every_s=0.01)
+        finally:  # not fired: disarmed, so that it does not fire in a later trial or a healthy window
+            (chaos.run / ARMED).unlink(missing_ok=True)
         t0 = json.loads(said)["ts"]
     else:
         time.sleep(delay)

@@ -42,6 +42,7 @@ README = ROOT / "README.md"
 CHAOS = ROOT / "tests" / "chaos" / "CHAOS.md"
 # the code a bench measures: what its version digest is made of (with the bench's own script)
 MEASURED = ("gkd_core", "gkd_tui")
+MEASURED_FILES = ("*.py", "*.tcss")  # the dashboard's stylesheet too: the dashboard bench draws with it
 # README's summary of every record's figures, between these (written and checked with RESULTS' blocks)
 SUMMARY = ("<!-- records: summary -->", "<!-- /records: summary -->")
 SUMMARY_BLOCK = re.compile(r"<!-- records: summary -->\n.*?<!-- /records: summary -->", re.S)
@@ -71,11 +72,16 @@ def code_version(script: Path | None = None) -> str:
     are on disk: two runs share it exactly when they ran the same code, committed or not."""
     script = script or Path(sys.argv[0]).resolve()
     digest = hashlib.sha1()
-    files = sorted(f for top in MEASURED for f in (ROOT / top).rglob("*.py"))
+    files = sorted(f for top in MEASURED for kind in MEASURED_FILES for f in (ROOT / top).rglob(kind))
     for f in [*files, script] if script.is_file() else files:
         digest.update(str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name).encode())
         digest.update(hashlib.sha1(f.read_bytes()).digest())
     return digest.hexdigest()[:12]
+
+
+# the code a run measures, read as it starts (a bench imports this module first): an edit made while a long run
+# goes on does not relabel what it measured
+STARTED_WITH = code_version()
 
 
 def save(name: str, command: str, table: str, figures: dict[str, float] | None = None,
@@ -87,7 +93,7 @@ def save(name: str, command: str, table: str, figures: dict[str, float] | None =
     RECORDS.mkdir(exist_ok=True)
     path = RECORDS / f"{name}.jsonl"
     row = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": machine(),
-           "code": code_version(), "table": table.rstrip("\n"), "figures": figures or {}, "units": units or {}}
+           "code": STARTED_WITH, "table": table.rstrip("\n"), "figures": figures or {}, "units": units or {}}
     with path.open("a") as f:
         f.write(json.dumps(row) + "\n")
     text = RESULTS.read_text()
@@ -259,10 +265,11 @@ _NUM = r"\d[\d,]*(?:\.\d+)?"
 _UNIT = r"(?:ms|µs|us|seconds?|s|%|x|MB|GB|KB|kB|KiB|MiB|GiB|msg/s|minutes?|min|hours?|h)"
 FIGURE = re.compile(rf"(?<![\w.\-–])(?P<a>{_NUM})(?:\s?[-–]\s?(?P<b>{_NUM}))?\s?(?P<unit>{_UNIT})(?![\w/]|\.\d)")
 SPREAD = re.compile(rf"{_NUM}\s?(?P<unit>{_UNIT})\s*\((?P<low>{_NUM})\s?[-–]\s?(?P<high>{_NUM})\)")
-KEYED = re.compile(rf"\b(?:p50|p90|p95|p99|precision|recall|F1)\s+(?P<a>{_NUM})(?!\s?{_UNIT}(?![\w/]))(?![\w.]\d)")
-BOUND = re.compile(r"(?:\bevery|\bwithin|\bat most|\bat least|\bup to|\bunder|\bover|\bpast|\bfor|\bafter|\bthan"
-                   r"|\bby|\bdefault|\btimeout|\bdeadline|\bfloor of|\bwindows of|\bcritical at|\bmax\(|\bmin\("
-                   r"|\blasted|\blasts|\b(?:limit|timeout|deadline|period|goal) of|[<>≤≥±~])\s*\(?\s*$", re.I)
+KEYED = re.compile(rf"\b(?:p50|p90|p95|p99|precision|recall|F1)\s*(?:[:=]|\bof\b)?\s*(?P<a>{_NUM})(?!\d|[.,]\d)"
+                   rf"(?!\s?{_UNIT}(?![\w/]))", re.I)
+BOUND = re.compile(r"(?:\bevery|\bwithin|\bat most|\bat least|\bup to|\bunder|\bpast|\bfor|\bafter"
+                   r"|\bdefault|\btimeout|\bdeadline|\bfloor of|\bwindows of|\bcritical at|\bmax\(|\bmin\("
+                   r"|\blasted|\blasts|\b(?:limit|timeout|deadline|period|goal) of|[<>≤≥])\s*\(?\s*$", re.I)
 BOUND_AFTER = re.compile(r"^\s*(?:timeout|deadline|limit|period|threshold|floor|cgroup|at most|at least)\b", re.I)
 DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 # what prose is not: code, the product's own words quoted, pictures' captions, comments
@@ -300,7 +307,10 @@ def recorded_figures() -> dict[str, set[tuple[str, str]]]:
     ``"RESULTS.md"``: all of them, for a paragraph that cites RESULTS rather than a bench."""
     known: dict[str, set[tuple[str, str]]] = {}
     for path in sorted(RECORDS.glob("*.jsonl")):
-        for r in read(path.stem):
+        runs = read(path.stem)
+        # each command's newest code's runs: an older code's figure is history, not quotable as today's
+        for r in (r for command in dict.fromkeys(r["command"] for r in runs)
+                  for r in newest_code([x for x in runs if x["command"] == command])):
             mine = known.setdefault(m[1] if (m := SCRIPT.search(r["command"])) else path.stem, set())
             mine |= figures_in(r["table"])
             for label, value in r["figures"].items():

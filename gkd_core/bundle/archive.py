@@ -169,8 +169,11 @@ def write_bundle(run: Path, out: Path | None = None, status: str = "", state: Ru
     traces = report.tracebacks(run / "logs")
     scrub = Scrubber(known_secrets(run, driver))
     if live and not stacks.note:  # stacks were taken: of every live process of the job there is now
-        state = (reread() if reread is not None else None) or state  # with the workers that joined meanwhile
-        stacks = targets.take_missed(run, stacks, state, facts.get("ray"))
+        try:
+            state = (reread() if reread is not None else None) or state  # with the workers that joined meanwhile
+            stacks = targets.take_missed(run, stacks, state, facts.get("ray"))
+        except Exception as e:  # the report is wanted most when things fail: it goes out with what it has
+            stacks.missing["(the processes the dump missed)"] = f"not taken: {type(e).__name__}: {e}"
     ours = _our_files(state, driver, facts, stacks, traces, status)
     theirs = _run_files(run)  # (path, its name in the archive)
     text = report.summary(run, state, time.time(), driver, facts, stacks, traces,

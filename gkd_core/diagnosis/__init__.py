@@ -46,7 +46,7 @@ def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
     # the wait-for graph's cycles, found once a pass: a still one is a deadlock, and while one holds, its
     # members' and its waiters' lateness is its symptom, not a finding of their own
     found = waits.knots(state)
-    out = waits.explained(out + waits.deadlocks(state, now, found), found)
+    out = waits.explained(out + waits.deadlocks(state, now, found), found, state, now)
     return cascade.with_blocked(state, out)
 
 

@@ -72,9 +72,13 @@ def _at_the_end(state: RunState, end: WorkerState, hops: list[waits.Hop], now: f
         at = sync.parts_now[end.src]
         part = SYNC_PARTS.get(at.part, at.part)
         return f"a weight sync: sync {sync.sync_id}, {end.src} in {part} {spoken(now - at.since)}"
-    if end.in_flight > 1 or hops[-1][1].request:
+    last = hops[-1][1]
+    if last.request and not end.phase.startswith(last.what.partition(" on ")[0]):
+        # a server that shows no served call (one whose framework we do not watch yet): the request's own age
+        return f"an HTTP request to a server: {end.src}, waiting {spoken(now - last.since)} ({_path(hops)})"
+    if end.in_flight > 1 or last.request:
         return (f"an inference request in a server: {end.src}, {max(1, end.in_flight)} {end.phase} in flight, the "
-                f"oldest {age}" + (f" ({_path(hops)})" if hops[-1][1].request else ""))
+                f"oldest {age}" + (f" ({_path(hops)})" if last.request else ""))
     if waits.external_request(state, end) is not None and "waiting for " in end.detail:
         return f"an external call: {end.src} waits for {end.detail.partition('waiting for ')[2]}"
     external = _external(state, end)

@@ -15,7 +15,12 @@ Patched where each library sends or serves a request, once the job imports it (p
   the oldest, and the straggler and stack rules apply to it.
 
 Only the method, the address and the path are kept, never the query string, headers or body (secrets
-travel there). A request that returns within ``SHOW_AFTER_S`` costs a tuple and two dict stores.
+travel there), and a path's segments that look like ids or keys are said as ``{id}`` (which also keeps a
+server's calls to one name a route: ``/items/{id}``); the process serving an address is said by its program
+and script alone, never its arguments (an ``--api-key`` travels there). A request is waited on until its
+answer's headers come (a server that stalls mid-stream, streaming tokens, is not seen yet), and a served
+request until its handler returns (a websocket's upgrade is no request: left alone). A request that returns
+within ``SHOW_AFTER_S`` costs a ``Sent``, a call noted and the URL split; the watcher does the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import re
 import socket
 import threading
 import time
@@ -36,16 +42,28 @@ from gkd_core.integrations.post_import import when_imported
 from gkd_core.vocab import HttpWait
 
 LISTENERS_KEEP_S = 10.0  # who listens on an address is looked up again after this (a server started anew)
-PATH_MAX = 120  # a path longer than this is cut: a route with ids in it must not flood the calls' names
-COMMAND_MAX = 80  # the listener's command line, as a request's detail says it
+PATH_MAX = 120  # a path longer than this is cut
+# a segment of a path that is an id or a key, not a route's word: digits, a uuid, hex, or a long token
+ID_SEGMENT = re.compile(r"^(?:\d+|[0-9a-fA-F-]{8,}|[A-Za-z0-9_\-.~%:+=]{24,})$")
+COMMAND_MAX = 80  # the listener's program and script, as a request's detail says them
+COMMANDS_KEPT = 256  # listeners' commands remembered (a pid used again after this many is read anew)
 
 
 def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
-    """Patch each HTTP library as the job imports it (now, for those already imported)."""
+    """Patch each HTTP library as the job imports it (now, for those already imported). A patch that fails is
+    said once, and the job and the rest of the watching go on without it."""
     peers = Listeners()
     for module, patch in (("aiohttp.client", _patch_aiohttp_client), ("urllib3.connectionpool", _patch_urllib3),
                           ("urllib.request", _patch_urllib), ("aiohttp.web_app", _patch_aiohttp_server)):
-        when_imported(module, functools.partial(patch, activity=activity, peers=peers, say_once=say_once))
+        when_imported(module, functools.partial(_guarded, patch, activity=activity, peers=peers, say_once=say_once))
+
+
+def _guarded(patch, module: ModuleType, activity: Activity, peers: Listeners,
+             say_once: Callable[[str, BaseException], None]) -> None:
+    try:
+        patch(module, activity=activity, peers=peers, say_once=say_once)
+    except Exception as e:  # a release of the library we do not know: its requests go unseen, nothing else
+        say_once(f"watching the HTTP requests of {module.__name__}", e)
 
 
 def _lane() -> Any:
@@ -56,8 +74,10 @@ def _lane() -> Any:
         return None
 
 
-def _cut(path: str) -> str:
-    return path if len(path) <= PATH_MAX else path[:PATH_MAX] + "…"
+def _shape(path: str) -> str:
+    """The path as a route: its id- or key-like segments said as ``{id}``, cut at ``PATH_MAX``."""
+    shaped = "/".join("{id}" if ID_SEGMENT.match(part) else part for part in path.split("/"))
+    return shaped if len(shaped) <= PATH_MAX else shaped[:PATH_MAX] + "…"
 
 
 class Listeners:
@@ -76,7 +96,7 @@ class Listeners:
         if not self._on_this_node(host):
             return 0
         with self._lock:
-            if time.monotonic() - self._read > LISTENERS_KEEP_S or port not in self._pids:
+            if time.monotonic() - self._read > LISTENERS_KEEP_S:  # (a miss waits too: a read walks every process)
                 self._pids, self._read = _listening(), time.monotonic()
             return self._pids.get(port, 0)
 
@@ -84,6 +104,8 @@ class Listeners:
         """``pid``'s command line, shortened ("" when it cannot be read): who serves a request, named."""
         with self._lock:
             if pid not in self._commands:
+                if len(self._commands) >= COMMANDS_KEPT:
+                    self._commands.clear()
                 self._commands[pid] = _command(pid)
             return self._commands[pid]
 
@@ -110,16 +132,26 @@ def _command(pid: int) -> str:
         words = psutil.Process(pid).cmdline()
     except (psutil.Error, OSError):
         return ""
-    # (a Ray worker pads its title with spaces; a path is said by its last part)
-    said = " ".join(" ".join(w.rsplit("/", 1)[-1] if w.startswith("/") else w for w in words).split())
-    return said if len(said) <= COMMAND_MAX else said[:COMMAND_MAX] + "…"
+    # the program and its script or module, each by its last part; never an argument (a key can be one). A
+    # Ray worker's title is one padded word ("ray::InferenceServer   ...")
+    words = " ".join(words).split()[:3] if words else []
+    said = [words[0].rsplit("/", 1)[-1]] if words else []
+    if len(words) > 1 and words[1] == "-m" and len(words) > 2:
+        said += ["-m", words[2]]
+    elif len(words) > 1 and not words[1].startswith("-") and words[1].endswith(".py"):
+        said.append(words[1].rsplit("/", 1)[-1])
+    return " ".join(said)[:COMMAND_MAX]
 
 
 def _listening() -> dict[int, int]:
     import psutil
 
     out: dict[int, int] = {}
-    for c in psutil.net_connections(kind="inet"):
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):  # not allowed to see them (another user's, some systems): nobody known
+        return out
+    for c in connections:
         if c.status == psutil.CONN_LISTEN and c.pid and c.laddr:
             out.setdefault(c.laddr.port, c.pid)
     return out
@@ -131,7 +163,7 @@ class Sent:
     __slots__ = ("method", "host", "port", "path", "peers", "_wait")
 
     def __init__(self, method: str, host: str, port: int, path: str, peers: Listeners):
-        self.method, self.host, self.port, self.path, self.peers = method.upper(), host, port, _cut(path), peers
+        self.method, self.host, self.port, self.path, self.peers = method.upper(), host, port, _shape(path), peers
         self._wait: HttpWait | None = None
 
     def wait(self) -> HttpWait:
@@ -167,7 +199,8 @@ def _patch_aiohttp_client(module: ModuleType, activity: Activity, peers: Listene
     async def _request(self, method, str_or_url, *args, **kwargs):
         token = None
         try:
-            url = urlsplit(str(str_or_url))
+            # (relative to the session's base_url, where it has one)
+            url = urlsplit(str(self._build_url(str_or_url) if hasattr(self, "_build_url") else str_or_url))
             token = _sending(activity, peers, method, url.hostname, url.port or _default_port(url.scheme), url.path)
         except Exception as e:
             say_once("noting an HTTP request (aiohttp)", e)
@@ -234,7 +267,8 @@ def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listene
     async def _handle(self, request):
         token = None
         try:
-            token = activity.enter_call(f"{request.method} {_cut(request.path)}", lane=_lane())
+            if request.headers.get("Upgrade", "").lower() != "websocket":  # a connection, not a request
+                token = activity.enter_call(f"{request.method} {_shape(request.path)}", lane=_lane())
         except Exception as e:
             say_once("noting a served HTTP request (aiohttp.web)", e)
         try:

@@ -8,6 +8,8 @@ One fault is armed while the run goes on instead: a signal for a process, writte
 (``ARMED``), which the student sends at the start of its next weight sync (``WorkerFaults.fire_armed``). A sync
 lasts tens of milliseconds, too short for anything outside the run to aim a fault into; the random trials
 (bench/chaos_trials.py) arm it so that a fault lands inside one. It writes ``armed.fired`` with when it fired.
+Only who can write the run's folder (0700: its owner, who can signal their own processes anyway) can arm one;
+the student looks for the file with one stat a sync.
 """
 
 from __future__ import annotations
@@ -68,9 +70,14 @@ class WorkerFaults:
         claimed.unlink(missing_ok=True)
         log(f"fault injected: {src} sends {sig.name} to pid {pid} at the start of its weight sync (armed)")
         flush()  # its word that it entered the sync, and this one, leave before a signal that may be its own
-        Path(self.armed).with_suffix(".fired").write_text(
-            json.dumps({"pid": pid, "signal": sig.name, "ts": time.time(), "by": src}))
-        os.kill(pid, sig)
+        fired = Path(self.armed).with_suffix(".fired")
+        fired.with_suffix(".tmp").write_text(json.dumps({"pid": pid, "signal": sig.name, "ts": time.time(),
+                                                         "by": src}))
+        fired.with_suffix(".tmp").rename(fired)  # whole: the harness reads it as soon as it is there
+        try:
+            os.kill(pid, sig)
+        except OSError as e:  # gone, or not ours: the harness's mistake, never the sync's failure
+            log(f"fault not fired: {sig.name} to pid {pid}: {e}")
 
     def take(self, kind: str, step: int, part: str = "") -> FaultConfig | None:
         """The fault of this kind at this step (and in this part of a sync), consumed."""

@@ -69,10 +69,10 @@ def test_a_figure_is_its_newest_codes_runs_and_older_code_stays_as_history(bench
     """Runs of the code before a change are not pooled with the runs after it: the block's spread and README's
     summary are the newest code's; the older runs are counted as history. The check fails on a summary that
     mixes them."""
-    monkeypatch.setattr(records, "code_version", lambda script=None: "old-code")
+    monkeypatch.setattr(records, "STARTED_WITH", "old-code")
     kept_run(2.00, 1.0)
     kept_run(2.20, 1.1)
-    monkeypatch.setattr(records, "code_version", lambda script=None: "new-code")
+    monkeypatch.setattr(records, "STARTED_WITH", "new-code")
     kept_run(0.70, 7.0)
     kept_run(0.80, 6.0)
     kept_run(0.90, 6.5)
@@ -88,6 +88,9 @@ def test_a_figure_is_its_newest_codes_runs_and_older_code_stays_as_history(bench
     monkeypatch.setattr(sys, "argv", ["records.py", "--check"])
     assert records.main() == 1
     assert "README.md's summary of the records is not theirs" in capsys.readouterr().err
+    # an older code's figure is history: prose that quotes it as today's fails the check too
+    assert [f for _, f in records.figures_typed_by_hand("`bench_stacks.py`: 2.20 s, 0.900 s.\n",
+                                                        records.recorded_figures(), [])] == ["2.20 s"]
     # a run recorded before runs carried their code is a version of its own
     assert records.newest_code([{"when": "x"}, {"when": "y"}]) == [{"when": "y"}]
 
@@ -118,6 +121,9 @@ def test_a_figure_typed_into_readmes_prose_fails_the_check_unless_a_record_or_it
     err = check_with("The supervisor held 37 % of a core, and the dump took 2 s.")
     assert "README.md:" in err and "'37 %' is in no record" in err and "'2 s' is in no record" in err
     assert "'p99 139' is in no record" in check_with("Its p99 139 over the rounds.")
+    assert "'Precision: 0.93' is in no record" in check_with("Precision: 0.93, a measure.")
+    err = check_with("Its p99 139 ms, faster by 4.2x.")  # a unit after it: the figure is "139 ms", not "p99 13"
+    assert "'139 ms' is in no record" in err and "'4.2x' is in no record" in err and "p99 13'" not in err
     # a record's figure, in a paragraph that cites its bench: quoted, not typed
     assert "README.md:" not in check_with("`python bench/bench_stacks.py --workers 16` read 0.760 s, 6.70x.")
     assert "'0.760 s' is in no record" in check_with("A node's stacks take 0.760 s.")  # cites no bench

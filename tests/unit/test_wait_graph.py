@@ -296,8 +296,30 @@ def test_a_rollout_awaiting_a_tool_outside_the_run_is_named_with_the_tools_addre
     assert [(a.code, a.targets, sorted(a.evidence.get("blocked") or [])) for a in alerts] == [
         ("slower_than_usual", ["Rollouter/0"], ["driver"])]
     assert detail in alerts[0].message and alerts[0].evidence["external"] == "POST /run on 127.0.0.1:9000"
-    assert "server outside the run" in alerts[0].hint
+    assert "no worker of the run" in alerts[0].hint
     for alert in alerts:
         st.apply(alert)
     assert what_holds(st, T0 + 20) == ("an external call: Rollouter/0 waits for POST /run on 127.0.0.1:9000 "
                                        "(pid 4242: python tool_server.py)")
+
+
+def test_a_waiter_is_not_named_before_the_worker_at_work_on_its_call_has_been_judged():
+    """The rollout began its method a moment before the server began its request: the rollout crosses the
+    straggler floor first, but the server at work on its request is judged first, by its own measure; once the
+    server is named, the rollout is its blocked."""
+    st = pipeline()
+    for i in range(4):  # a healthy history: each round a second
+        t = T0 - 40 + 5 * i
+        phase(st, "Rollouter/0", "rollout", t, call=i + 1, waits_on=[REQUEST.said()])
+        phase(st, "Server/0", "POST /generate", t, call=i + 1)
+        for src in ("Server/0", "Rollouter/0"):
+            phase(st, src, "idle", t + 0.5)
+    phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
+    phase(st, "Server/0", "POST /generate", T0 + 0.3, call=5)
+    assert [a.targets for a in diagnosis.diagnose(st, T0 + 5.2) if a.severity != "info"] == []  # the window
+    found = [(a.targets, sorted(a.evidence.get("blocked") or [])) for a in diagnosis.diagnose(st, T0 + 5.4)
+             if a.severity != "info"]
+    assert found == [(["Server/0"], ["Rollouter/0"])]
+    # a wait on a worker busy with another call (queued behind it) is no work on this one: the waiter is named
+    phase(st, "Server/0", "GET /health", T0 + 0.4, call=1)
+    assert [a.targets for a in diagnosis.diagnose(st, T0 + 5.4) if a.severity != "info"] == [["Rollouter/0"]]

@@ -32,6 +32,7 @@ from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED, HttpWait
 
 STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
+JUDGED_AFTER_S = MIN_S + 1.0  # a worker at work on a call this long has been judged by its own measure
 CYCLES_MAX = 8  # cycles named at once (each is one alert)
 CHAINS_MAX = 256  # findings whose chains of waits are followed in a pass (a whole cluster late is no chain)
 WAIT_PHASES = ("ray.get", "ray.wait")  # a phase that is the wait itself (a driver's): named by its worker alone
@@ -91,7 +92,10 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
             if request is not None:  # a request in flight: to the worker that listens there, if one of the run's
                 if servers is None:
                     servers = servers_of(state)
-                worker, method = servers.get((w.node, request.pid), "") if request.pid else "", request.route()
+                worker = servers.get((w.node, request.pid), "") if request.pid else ""
+                method = request.route()
+                if worker == w.src:
+                    continue
             else:
                 worker, _, method = call.rpartition(".")
             if _live(state, worker):
@@ -256,12 +260,17 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
     return out
 
 
-def explained(alerts: list[AlertEvent], found: Knots) -> list[AlertEvent]:
+def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = None,
+              now: float = 0.0) -> list[AlertEvent]:
     """``alerts`` without what the waits explain: a finding of an EXPLAINED code all of whose targets are in
     a cycle or blocked by one (still or not: a cycle that moves again frees them), or that wait, along a
     chain of waits, on a worker another finding names. That worker is the cause, nearer the chain's end
     (the driver waits on Trainer/0.step, which waits on Inference/0.generate, named stuck): the waiters are
-    its ``blocked``, as with a death, not late of their own."""
+    its ``blocked``, as with a death, not late of their own. And, with ``state``: a finding whose targets
+    each wait on a worker that has been at work on their call for less than ``JUDGED_AFTER_S`` (the
+    straggler floor and a pass): that worker is judged first, by its own measure. A rollout begins its
+    method a moment before the server begins the request it sends: without this, a pass between the two
+    crossing the floor named the rollout first."""
     if found.held:
         alerts = [a for a in alerts if a.code not in EXPLAINED or not a.targets or not set(a.targets) <= found.held]
     if not found.graph:
@@ -289,11 +298,26 @@ def explained(alerts: list[AlertEvent], found: Knots) -> list[AlertEvent]:
     for i, a in enumerate(alerts):
         if i in resolved:
             continue
+        if (state is not None and i not in behind and a.code in EXPLAINED and a.targets
+                and all(_awaits_fresh_work(state, found.graph, t, now) for t in a.targets)):
+            continue  # its wait's end is at work on it, and not judged yet
         if i in behind:
             blocked = sorted(set(a.evidence.get("blocked") or ()) | behind[i])
             a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
         out.append(a)
     return out
+
+
+def _awaits_fresh_work(state: RunState, graph: dict[str, list[Edge]], src: str, now: float) -> bool:
+    """Whether every wait of ``src`` is on a live worker at work on that very call (its phase is the method
+    or the request's route) for less than ``JUDGED_AFTER_S``."""
+    edges = [e for e in graph.get(src, ()) if not e.collective]
+    for e in edges:
+        w = state.workers.get(e.target)
+        doing = e.what.partition(" on ")[0] if e.request else e.what
+        if w is None or not _live(state, e.target) or w.phase != doing or now - w.phase_since >= JUDGED_AFTER_S:
+            return False
+    return bool(edges)
 
 
 def _named_downstream(graph: dict[str, list[Edge]], src: str, named: dict[str, int]) -> str | None:

@@ -19,8 +19,9 @@ from gkd_core.vocab import WORKER_ENDED
 # phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
 # preparation): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
 SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
-EXTERNAL_HINT = ("a server outside the run does not answer this worker's request (a tool, a sandbox, an API): look at "
-                 "that process (its log, its health endpoint) or give the request a timeout; this worker only waits")
+EXTERNAL_HINT = ("the server of this worker's request does not answer, and it is no worker of the run on this node (a "
+                 "tool, a sandbox, an API, or a server on another node): look at that process (its log, its health "
+                 "endpoint), or give the request a timeout; this worker only waits")
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
