@@ -6,13 +6,16 @@ a server whose requests never return reads "idle", and the rollout that awaits i
 Patched where each library sends or serves a request, once the job imports it (post_import), never by us:
 
 - sent, a wait inside whatever call the sender is in: aiohttp's ``ClientSession._request``, urllib3's
-  ``HTTPConnectionPool.urlopen`` (requests goes through it), urllib's ``AbstractHTTPHandler.do_open``.
+  ``HTTPConnectionPool.urlopen`` (requests goes through it), urllib's ``AbstractHTTPHandler.do_open``,
+  httpx's transports (``HTTPTransport.handle_request``, ``AsyncHTTPTransport.handle_async_request``: the
+  OpenAI client and vLLM's and SGLang's go through them).
   Its detail is "POST /generate on 127.0.0.1:8000 (pid 4121)" and its edge in the wait-for graph a
   ``vocab.HttpWait``: the process listening on that address on this node (found once it has lasted long
   enough to be shown, by psutil, and kept a while), which the diagnosis names as its worker.
 - served, a call like an async actor's, in the lane of the task that handles it: aiohttp.web's
-  ``Application._handle``. A server with 4 requests stuck reads "4 POST /generate in flight", measured by
-  the oldest, and the straggler and stack rules apply to it.
+  ``Application._handle``, and an ASGI app of Starlette's (FastAPI's, as vLLM and SGLang serve under
+  uvicorn): ``Starlette.__call__`` for an ``http`` scope. A server with 4 requests stuck reads "4 POST
+  /generate in flight", measured by the oldest, and the straggler and stack rules apply to it.
 
 Only the method, the address and the path are kept, never the query string, headers or body (secrets
 travel there), and a path's segments that look like ids or keys are said as ``{id}`` (which also keeps a
@@ -54,7 +57,8 @@ def install(activity: Activity, say_once: Callable[[str, BaseException], None]) 
     said once, and the job and the rest of the watching go on without it."""
     peers = Listeners()
     for module, patch in (("aiohttp.client", _patch_aiohttp_client), ("urllib3.connectionpool", _patch_urllib3),
-                          ("urllib.request", _patch_urllib), ("aiohttp.web_app", _patch_aiohttp_server)):
+                          ("urllib.request", _patch_urllib), ("httpx._transports.default", _patch_httpx),
+                          ("aiohttp.web_app", _patch_aiohttp_server), ("starlette.applications", _patch_starlette)):
         when_imported(module, functools.partial(_guarded, patch, activity=activity, peers=peers, say_once=say_once))
 
 
@@ -278,6 +282,64 @@ def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listene
                 activity.leave(token)
 
     app._handle = _handle
+
+
+def _patch_httpx(module: ModuleType, activity: Activity, peers: Listeners,
+                 say_once: Callable[[str, BaseException], None]) -> None:
+    def sending(request) -> int | None:
+        try:
+            url = request.url
+            return _sending(activity, peers, request.method, url.host, url.port or _default_port(url.scheme),
+                            url.path)
+        except Exception as e:
+            say_once("noting an HTTP request (httpx)", e)
+            return None
+
+    sync, asynchronous = module.HTTPTransport, module.AsyncHTTPTransport
+    handle, handle_async = sync.handle_request, asynchronous.handle_async_request
+
+    @functools.wraps(handle)
+    def handle_request(self, request):
+        token = sending(request)
+        try:
+            return handle(self, request)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    @functools.wraps(handle_async)
+    async def handle_async_request(self, request):
+        token = sending(request)
+        try:
+            return await handle_async(self, request)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    sync.handle_request = handle_request
+    asynchronous.handle_async_request = handle_async_request
+
+
+def _patch_starlette(module: ModuleType, activity: Activity, peers: Listeners,
+                     say_once: Callable[[str, BaseException], None]) -> None:
+    app = module.Starlette
+    call = app.__call__
+
+    @functools.wraps(call)
+    async def __call__(self, scope, receive, send):
+        token = None
+        if scope.get("type") == "http":  # (not "websocket", not "lifespan": a connection, a start)
+            try:
+                token = activity.enter_call(f"{scope['method']} {_shape(scope['path'])}", lane=_lane())
+            except Exception as e:
+                say_once("noting a served HTTP request (Starlette)", e)
+        try:
+            return await call(self, scope, receive, send)
+        finally:
+            if token is not None:
+                activity.leave(token)
+
+    app.__call__ = __call__
 
 
 def _default_port(scheme: str | None) -> int:

@@ -28,7 +28,19 @@ NAMED_WITHIN_S = 15  # #55: the cause named within 15 s of the stall
 
 @pytest.mark.timeout(HEALTHY_S + 200)
 def test_a_server_whose_http_requests_stop_returning_is_the_wait_that_holds_the_rollout(gkd_home):
-    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(HEALTHY_S))
+    server_stalls("aiohttp")
+
+
+@pytest.mark.timeout(HEALTHY_S + 200)
+def test_the_same_with_fastapi_under_uvicorn_and_httpx_as_vllm_serves_and_its_clients_send(gkd_home):
+    server_stalls("fastapi")
+
+
+def server_stalls(stack: str) -> None:
+    """The job's inference server stalls: named alone, within 15 s, with its request in flight; the rollout and
+    the driver its blocked; the rollout's edge to it; no query string on the record."""
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(HEALTHY_S), "server",
+                  stack)
     assert got.returncode == 0, got.stderr
     run = rundir.resolve_run(None)
     try:
@@ -87,7 +99,8 @@ def test_a_server_whose_http_requests_stop_returning_is_the_wait_that_holds_the_
 def test_a_tool_outside_ray_that_never_answers_is_named_by_its_address_and_process(gkd_home):
     """The code tool (a process outside Ray, the driver's child) stops answering: the rollout awaiting it is the
     worker named, with the tool's address, pid and command as the cause; the inference server is not named."""
-    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(HEALTHY_S), "tool")
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(HEALTHY_S), "tool",
+                  "aiohttp")
     assert got.returncode == 0, got.stderr
     run = rundir.resolve_run(None)
     try:
