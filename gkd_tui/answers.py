@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from textual.message import Message
@@ -42,8 +43,13 @@ def outcome_text(op: str, ok: bool, result: Any) -> str:
 class PendingAnswers:
     """The requests this dashboard made whose outcome it still waits for, by id."""
 
-    def __init__(self):
+    def __init__(self, say: Callable[..., Any] | None = None):
+        self._say = say  # the app's notify: what is shown, on the app's thread
         self._asked: dict[int, str] = {}
+        # a receipt said but not shown yet (the worker thread shows it through the app's thread), and an outcome
+        # that came meanwhile, held so that it shows after the receipt, never before it
+        self._receipting: set[int] = set()
+        self._held: dict[int, tuple[str, bool]] = {}
         self._lock = threading.Lock()  # a worker thread asks; the app's thread hears the answers
 
     def ask(self, op: str) -> int:
@@ -63,7 +69,32 @@ class PendingAnswers:
             if not (isinstance(result, dict) and result.get("forwarded")):
                 del self._asked[request]
                 return outcome_text(op, True, result)
+            self._receipting.add(request)
         return f"{op}: handed to the {result.get('to', 'driver')}; its outcome will show here"
+
+    def shown(self, request: int) -> tuple[str, bool] | None:
+        """The receipt of ``request`` is on screen: the outcome that came meanwhile (its text, whether it went
+        well), to show now, or None."""
+        with self._lock:
+            self._receipting.discard(request)
+            return self._held.pop(request, None)
+
+    def show_receipt(self, request: int, said: str) -> None:
+        """(The app's thread) the receipt on screen, then the outcome that came while it was on its way."""
+        assert self._say is not None, "PendingAnswers made without a way to show what it says"
+        self._say(said, timeout=4, markup=False)
+        if (then := self.shown(request)) is not None:
+            self._show_outcome(*then)
+
+    def hear(self, e: ev.ActionEvent) -> None:
+        """(The app's thread) an action event: shown when it is the outcome of a request of ours, due now."""
+        said = self.answered(e)
+        if said is not None:
+            self._show_outcome(said, e.ok)
+
+    def _show_outcome(self, said: str, ok: bool) -> None:
+        assert self._say is not None, "PendingAnswers made without a way to show what it says"
+        self._say(said, timeout=10, markup=False, severity="information" if ok else "error")
 
     def answered(self, e: ev.ActionEvent) -> str | None:
         """The outcome to show, when ``e`` is a driver's answer to a request of ours."""
@@ -71,4 +102,7 @@ class PendingAnswers:
             return None
         with self._lock:
             op = self._asked.pop(e.request, None)
+            if op is not None and e.request in self._receipting:  # after its receipt, which is on its way
+                self._held[e.request] = (outcome_text(op, e.ok, e.result), e.ok)
+                return None
         return outcome_text(op, e.ok, e.result) if op is not None else None

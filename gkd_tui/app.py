@@ -90,7 +90,7 @@ class GkdApp(App):
         self.filter_text = ""
         self._last_tick = time.monotonic()
         self._frozen_for = 0
-        self.answers = PendingAnswers()  # requests made here whose outcome is still to come
+        self.answers = PendingAnswers(self.notify)  # requests made here whose outcome is still to come
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return dict(THEME_VARIABLES)  # what the dashboard's colours say; a theme may override them
@@ -253,12 +253,10 @@ class GkdApp(App):
         request = self.answers.ask(op)
         said = self.answers.receipt(request, op, self.request(op, args, request_id=request))
         if said is not None:
-            self.call_from_thread(self.notify, said, timeout=4, markup=False)
+            self.call_from_thread(self.answers.show_receipt, request, said)
 
     def on_action_answered(self, message: ActionAnswered) -> None:
-        said = self.answers.answered(message.event)
-        if said is not None:
-            self.notify(said, timeout=10, markup=False, severity="information" if message.event.ok else "error")
+        self.answers.hear(message.event)
 
     def action_bundle(self) -> None:
         self.bundle()

@@ -17,11 +17,23 @@ def test_a_forwarded_cancel_says_its_receipt_then_the_drivers_outcome_once():
     asked = PendingAnswers()
     request = asked.ask("cancel")
     assert asked.receipt(request, "cancel", RECEIPT) == "cancel: handed to the driver pid 7; its outcome will show here"
+    assert asked.shown(request) is None  # on screen, nothing came meanwhile
     assert asked.answered(ev.ActionEvent(op="cancel", result=RECEIPT, request=request)) is None  # the receipt's event
     outcome = {"target": "sync", "outcome": "sync 4 cancelled with rollout/1 pending after 3.1 s"}
     assert asked.answered(driver_answer(request, True, outcome)) == \
         "cancel: sync 4 cancelled with rollout/1 pending after 3.1 s"
     assert asked.answered(driver_answer(request, True, outcome)) is None  # said once
+
+
+def test_an_outcome_that_comes_while_its_receipt_is_on_its_way_to_the_screen_shows_after_it():
+    """The receipt is said on a worker thread and shown through the app's; the driver's answer, heard on the
+    app's thread in between, waits for it: the screen never says "handed to the driver" after the outcome."""
+    asked = PendingAnswers()
+    request = asked.ask("cancel")
+    assert asked.receipt(request, "cancel", RECEIPT).startswith("cancel: handed to the driver")
+    assert asked.answered(driver_answer(request, False, "the demo driver has nothing to cancel")) is None  # held
+    assert asked.shown(request) == ("cancel failed: the demo driver has nothing to cancel", False)
+    assert asked.shown(request) is None and asked.answered(driver_answer(request, False, "again")) is None
 
 
 def test_an_outcome_that_comes_before_its_receipt_is_said_alone_and_a_stranger_is_not():
