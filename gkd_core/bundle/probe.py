@@ -131,7 +131,7 @@ def ray_view(address: str | None) -> dict[str, Any]:
               "resources": dict(n.resources_total or {}), "here": n.node_ip in here}
              for n in ray_state.list_nodes(**kw)]
     actors = [{"class": a.class_name, "name": a.name or "", "actor_id": a.actor_id, "state": a.state,
-               "node_id": a.node_id or "", "pid": a.pid or 0,
+               "node_id": a.node_id or "", "pid": a.pid or 0, "job_id": getattr(a, "job_id", "") or "",
                "required": dict(getattr(a, "required_resources", None) or {}),
                "death_cause": _death(a)} for a in ray_state.list_actors(detail=True, **kw)]
     pgs = [{"pg_id": p.placement_group_id, "name": p.name or "", "state": p.state,

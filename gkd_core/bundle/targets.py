@@ -9,7 +9,8 @@ run (a worker still starting, or one that does not report at all). So, once the 
 - the run's live workers, read again, that the dump did not name;
 - every ALIVE actor of Ray's view (the probe's, with its pid) that no target is already: neither a worker with
   its actor id nor, on this machine, one with its pid. It is named by its class, its Ray name and its pid, and
-  the summary lists it.
+  the summary lists it. Only the job's own: on a cluster shared with other jobs, an actor of a Ray job that
+  none of the run's known actors belongs to is another job's, and left alone.
 
 Those on this machine are taken here the way the supervisor takes a command run's (node/stacks.py: py-spy,
 else the faulthandler file a watched process registered), and saved beside the dump's; each other one says
@@ -64,11 +65,14 @@ def missed(stacks: StacksTaken, state: RunState, ray: dict[str, Any] | None, hos
     if not ray or "error" in ray:
         return out
     nodes = {n.get("node_id", ""): n for n in ray.get("nodes") or []}
-    for a in sorted(ray.get("actors") or [], key=lambda a: (str(a.get("class") or ""), int(a.get("pid") or 0))):
+    actors = ray.get("actors") or []
+    # the Ray jobs of the run's own actors (none known: every job's, as before there was a way to tell)
+    jobs = {a.get("job_id") for a in actors if a.get("actor_id") in known_actors and a.get("job_id")}
+    for a in sorted(actors, key=lambda a: (str(a.get("class") or ""), int(a.get("pid") or 0))):
         node = nodes.get(a.get("node_id") or "", {})
         here, pid = node.get("here") is True, int(a.get("pid") or 0)
         if a.get("state") != "ALIVE" or a.get("class") in OURS or a.get("actor_id") in known_actors or \
-                (here and pid in pids_here):
+                (here and pid in pids_here) or (jobs and a.get("job_id") not in jobs):
             continue
         target = _name(a, pid, out.pids.keys() | out.missing.keys() | named)
         out.unreported.append(UnreportedActor(target=target, cls=a.get("class") or "", name=a.get("name") or "",

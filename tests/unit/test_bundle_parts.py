@@ -182,8 +182,9 @@ def test_the_bundle_takes_what_its_dump_missed_and_says_why_not_where_it_cannot(
     nodes = [{"node_id": "n-here", "node_ip": "10.0.0.1", "here": True},
              {"node_id": "n-other", "node_ip": "10.0.0.2", "here": False}, {"node_id": "n-old", "node_ip": "10.0.0.3"}]
 
-    def actor(cls, actor_id, pid, node="n-here", state="ALIVE", name=""):
-        return {"class": cls, "name": name, "actor_id": actor_id, "state": state, "node_id": node, "pid": pid}
+    def actor(cls, actor_id, pid, node="n-here", state="ALIVE", name="", job="01000000"):
+        return {"class": cls, "name": name, "actor_id": actor_id, "state": state, "node_id": node, "pid": pid,
+                "job_id": job}
 
     ray = {"nodes": nodes, "actors": [
         actor("Learner", "a0" * 16, 11), actor("Learner", "a1" * 16, 12),  # the run's own, by their actor id
@@ -191,7 +192,8 @@ def test_the_bundle_takes_what_its_dump_missed_and_says_why_not_where_it_cannot(
         actor("Learner", "b2" * 16, 23, node="n-other"), actor("Learner", "b3" * 16, 0),  # elsewhere; no pid yet
         actor("Learner", "b4" * 16, 24, node="n-old"),  # a node Ray's view says nothing of
         actor("Learner", "b5" * 16, 25, state="DEAD"), actor("GkdStacksHelper", "c0" * 16, 26),  # gone; ours
-        actor("Learner", "b6" * 16, 10)]}  # the driver's pid on this machine: already a target
+        actor("Learner", "b6" * 16, 10),  # the driver's pid on this machine: already a target
+        actor("Evaluator", "d0" * 16, 31, job="02000000")]}  # another job's, on a shared cluster: left alone
     got = targets.missed(dump, st, ray, host="here-host")
     assert got.pids == {"Learner/1": 12, "Learner pid 21": 21, "Learner 'spare' pid 22": 22}
     assert set(got.missing) == {"Learner/2", "Learner pid 23", f"Learner {'b3' * 4}", "Learner pid 24"}
