@@ -39,7 +39,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import halves  # noqa: E402  (bench/halves.py, beside this file)
 import records  # noqa: E402  (bench/records.py, beside this file)
 
 
@@ -173,7 +172,7 @@ def main() -> None:
                                                         "without vLLM, the torch engine alone")
     a = p.parse_args()
     engines: tuple[str, ...] = ("torch", "vllm")
-    if not halves.other_half("vllm", "the torch engine", "vLLM", "bench_engines"):
+    if not records.other_half("vllm", "the torch engine", "vLLM", "bench_engines"):
         if not a.smoke:
             sys.exit("bench_engines: vLLM is not installed in this venv; run it with .venv-vllm/bin/python "
                      "(README, \"vLLM\"), or --smoke for the torch engine alone")

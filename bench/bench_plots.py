@@ -25,7 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import halves  # noqa: E402  (bench/halves.py, beside this file)
 import records  # noqa: E402  (bench/records.py, beside this file)
 
 from gkd_core.state import RunState  # noqa: E402
@@ -128,7 +127,7 @@ def main() -> None:
     if a.smoke:
         a.steps, a.frames, a.size, a.rounds = 30, 2, "80x24", 1
     size = tuple(int(x) for x in a.size.split("x"))
-    if halves.other_half("textual_plotext", "textual-plot", "textual-plotext", "bench_plots"):
+    if records.other_half("textual_plotext", "textual-plot", "textual-plotext", "bench_plots"):
         libs: tuple[str, ...] = ("textual-plot", "textual-plotext")
     else:
         libs = ("textual-plot",)

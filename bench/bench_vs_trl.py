@@ -49,7 +49,6 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import halves  # noqa: E402  (bench/halves.py, beside this file)
 import records  # noqa: E402  (bench/records.py, beside this file)
 
 from gkd_core.trainer import data  # noqa: E402  (found through ROOT, put on sys.path above)
@@ -275,7 +274,7 @@ def main() -> None:
     if a.trl_child:
         pair, hp, out = a.trl_child
         return trl_child(json.loads(pair), Hyper(**json.loads(hp)), Path(out))
-    with_trl = halves.other_half("trl", "this trainer", "TRL's GKDTrainer", "bench_vs_trl")
+    with_trl = records.other_half("trl", "this trainer", "TRL's GKDTrainer", "bench_vs_trl")
     if not with_trl:
         if not a.smoke:
             sys.exit('bench_vs_trl: TRL is not installed: pip install -e ".[bench]" '

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import math
@@ -396,6 +397,23 @@ def main() -> int:
               "README.md's summary is theirs")
     return 1 if problems else 0
 
+
+
+# Which halves of a comparison a bench can run here, said in one line its smoke prints. A bench that compares
+# two things (the torch engine and vLLM, this trainer and TRL, two plotting widgets) runs the other half only
+# where its package is installed; ``GKD_SMOKE_REQUIRE`` (space-separated packages: CI sets it where each one is
+# installed) turns "alone" into a failure, so CI cannot pass a smoke whose comparison never ran.
+def other_half(package: str, ours: str, theirs: str, bench: str) -> bool:
+    """Whether ``theirs`` (needing ``package``) runs beside ``ours``; printed as the bench's "halves:" line.
+    Exits 1 when it cannot and ``GKD_SMOKE_REQUIRE`` names ``package``."""
+    if importlib.util.find_spec(package) is not None:
+        print(f"halves: {ours} and {theirs}", flush=True)
+        return True
+    print(f"halves: {ours} alone ({theirs} needs {package}, which this venv does not have)", flush=True)
+    if package in os.environ.get("GKD_SMOKE_REQUIRE", "").split():
+        sys.exit(f"{bench}: GKD_SMOKE_REQUIRE names {package}, but it is not installed in this venv "
+                 f"({sys.prefix}): install it, or run the bench where it is")
+    return False
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name,
-# wall time and, for a comparison, which of its halves ran (bench/halves.py: the other half runs where its
+# wall time and, for a comparison, which of its halves ran (bench/records.py `other_half`: the other half runs where its
 # package is installed; GKD_SMOKE_REQUIRE makes a missing one fail), then the tables rendered from records
 # (bench/records.py's, chaos_trials', bench_restart_load's) checked against them. Run from the repository
 # root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, with the bench extra
