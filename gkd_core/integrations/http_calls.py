@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import ipaddress
 import re
 import socket
@@ -194,152 +195,100 @@ def _sending(activity: Activity, peers: Listeners, method: str, host: str | None
                           progress=sent.progress, wait=True, waits_on=sent.waits_on, lane=_lane())
 
 
+def _wrap(owner: type, name: str, note: Callable[..., int | None], activity: Activity, what: str,
+          say_once: Callable[[str, BaseException], None]) -> None:
+    """``owner.name`` (a library's method, sync or async) as a call of ours: ``note(self, *args, **kwargs)``
+    notes it (its token, or None for nothing to note) before the library's own code runs, and it is left when
+    that returns or raises. Noting never raises into the job: a failure is said once, as ``what``."""
+    original = getattr(owner, name)
+
+    def noted(self, args, kwargs) -> int | None:
+        try:
+            return note(self, *args, **kwargs)
+        except Exception as e:
+            say_once(what, e)
+            return None
+
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def wrapper(self, *args, **kwargs):
+            token = noted(self, args, kwargs)
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                if token is not None:
+                    activity.leave(token)
+    else:
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            token = noted(self, args, kwargs)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if token is not None:
+                    activity.leave(token)
+
+    setattr(owner, name, wrapper)
+
+
 def _patch_aiohttp_client(module: ModuleType, activity: Activity, peers: Listeners,
                           say_once: Callable[[str, BaseException], None]) -> None:
-    session = module.ClientSession
-    request = session._request
+    def note(session, method, str_or_url, *args, **kwargs) -> int:
+        # (relative to the session's base_url, where it has one)
+        url = urlsplit(str(session._build_url(str_or_url) if hasattr(session, "_build_url") else str_or_url))
+        return _sending(activity, peers, method, url.hostname, url.port or _default_port(url.scheme), url.path)
 
-    @functools.wraps(request)
-    async def _request(self, method, str_or_url, *args, **kwargs):
-        token = None
-        try:
-            # (relative to the session's base_url, where it has one)
-            url = urlsplit(str(self._build_url(str_or_url) if hasattr(self, "_build_url") else str_or_url))
-            token = _sending(activity, peers, method, url.hostname, url.port or _default_port(url.scheme), url.path)
-        except Exception as e:
-            say_once("noting an HTTP request (aiohttp)", e)
-        try:
-            return await request(self, method, str_or_url, *args, **kwargs)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    session._request = _request
+    _wrap(module.ClientSession, "_request", note, activity, "noting an HTTP request (aiohttp)", say_once)
 
 
 def _patch_urllib3(module: ModuleType, activity: Activity, peers: Listeners,
                    say_once: Callable[[str, BaseException], None]) -> None:
-    pool = module.HTTPConnectionPool
-    urlopen = pool.urlopen
+    def note(pool, method, url, *args, **kwargs) -> int:
+        return _sending(activity, peers, method, pool.host, pool.port or _default_port(pool.scheme),
+                        urlsplit(url).path)
 
-    @functools.wraps(urlopen)
-    def _urlopen(self, method, url, *args, **kwargs):
-        token = None
-        try:
-            token = _sending(activity, peers, method, self.host, self.port or _default_port(self.scheme),
-                             urlsplit(url).path)
-        except Exception as e:
-            say_once("noting an HTTP request (urllib3)", e)
-        try:
-            return urlopen(self, method, url, *args, **kwargs)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    pool.urlopen = _urlopen
+    _wrap(module.HTTPConnectionPool, "urlopen", note, activity, "noting an HTTP request (urllib3)", say_once)
 
 
 def _patch_urllib(module: ModuleType, activity: Activity, peers: Listeners,
                   say_once: Callable[[str, BaseException], None]) -> None:
-    handler = module.AbstractHTTPHandler
-    do_open = handler.do_open
+    def note(handler, http_class, req, *args, **kwargs) -> int:
+        url = urlsplit(req.full_url)
+        return _sending(activity, peers, req.get_method(), url.hostname, url.port or _default_port(url.scheme),
+                        url.path)
 
-    @functools.wraps(do_open)
-    def _do_open(self, http_class, req, *args, **kwargs):
-        token = None
-        try:
-            url = urlsplit(req.full_url)
-            token = _sending(activity, peers, req.get_method(), url.hostname, url.port or _default_port(url.scheme),
-                             url.path)
-        except Exception as e:
-            say_once("noting an HTTP request (urllib)", e)
-        try:
-            return do_open(self, http_class, req, *args, **kwargs)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    handler.do_open = _do_open
-
-
-def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listeners,
-                          say_once: Callable[[str, BaseException], None]) -> None:
-    app = module.Application
-    handle = app._handle
-
-    @functools.wraps(handle)
-    async def _handle(self, request):
-        token = None
-        try:
-            if request.headers.get("Upgrade", "").lower() != "websocket":  # a connection, not a request
-                token = activity.enter_call(f"{request.method} {_shape(request.path)}", lane=_lane())
-        except Exception as e:
-            say_once("noting a served HTTP request (aiohttp.web)", e)
-        try:
-            return await handle(self, request)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    app._handle = _handle
+    _wrap(module.AbstractHTTPHandler, "do_open", note, activity, "noting an HTTP request (urllib)", say_once)
 
 
 def _patch_httpx(module: ModuleType, activity: Activity, peers: Listeners,
                  say_once: Callable[[str, BaseException], None]) -> None:
-    def sending(request) -> int | None:
-        try:
-            url = request.url
-            return _sending(activity, peers, request.method, url.host, url.port or _default_port(url.scheme),
-                            url.path)
-        except Exception as e:
-            say_once("noting an HTTP request (httpx)", e)
+    def note(transport, request, *args, **kwargs) -> int:
+        url = request.url
+        return _sending(activity, peers, request.method, url.host, url.port or _default_port(url.scheme), url.path)
+
+    _wrap(module.HTTPTransport, "handle_request", note, activity, "noting an HTTP request (httpx)", say_once)
+    _wrap(module.AsyncHTTPTransport, "handle_async_request", note, activity, "noting an HTTP request (httpx)",
+          say_once)
+
+
+def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listeners,
+                          say_once: Callable[[str, BaseException], None]) -> None:
+    def note(app, request, *args, **kwargs) -> int | None:
+        if request.headers.get("Upgrade", "").lower() == "websocket":  # a connection, not a request
             return None
+        return activity.enter_call(f"{request.method} {_shape(request.path)}", lane=_lane())
 
-    sync, asynchronous = module.HTTPTransport, module.AsyncHTTPTransport
-    handle, handle_async = sync.handle_request, asynchronous.handle_async_request
-
-    @functools.wraps(handle)
-    def handle_request(self, request):
-        token = sending(request)
-        try:
-            return handle(self, request)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    @functools.wraps(handle_async)
-    async def handle_async_request(self, request):
-        token = sending(request)
-        try:
-            return await handle_async(self, request)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    sync.handle_request = handle_request
-    asynchronous.handle_async_request = handle_async_request
+    _wrap(module.Application, "_handle", note, activity, "noting a served HTTP request (aiohttp.web)", say_once)
 
 
 def _patch_starlette(module: ModuleType, activity: Activity, peers: Listeners,
                      say_once: Callable[[str, BaseException], None]) -> None:
-    app = module.Starlette
-    call = app.__call__
+    def note(app, scope, *args, **kwargs) -> int | None:
+        if scope.get("type") != "http":  # "websocket", "lifespan": a connection, a start
+            return None
+        return activity.enter_call(f"{scope['method']} {_shape(scope['path'])}", lane=_lane())
 
-    @functools.wraps(call)
-    async def __call__(self, scope, receive, send):
-        token = None
-        if scope.get("type") == "http":  # (not "websocket", not "lifespan": a connection, a start)
-            try:
-                token = activity.enter_call(f"{scope['method']} {_shape(scope['path'])}", lane=_lane())
-            except Exception as e:
-                say_once("noting a served HTTP request (Starlette)", e)
-        try:
-            return await call(self, scope, receive, send)
-        finally:
-            if token is not None:
-                activity.leave(token)
-
-    app.__call__ = __call__
+    _wrap(module.Starlette, "__call__", note, activity, "noting a served HTTP request (Starlette)", say_once)
 
 
 def _default_port(scheme: str | None) -> int:
