@@ -47,7 +47,9 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
     if e.total_steps is not None:
         st.total_steps = e.total_steps
     if e.heartbeat_s and e.heartbeat_log_s is not None:
-        st.vouch_s = vouch_s(e.heartbeat_s, e.heartbeat_log_s)
+        vouch = vouch_s(e.heartbeat_s, e.heartbeat_log_s)
+        if math.isfinite(vouch):  # periods near the float's end (no run's) overflow, and a keyframe has no inf
+            st.vouch_s = vouch
     st.exit_code = e.exit_code
     st.reason = e.reason
     st.log_tail = list(e.log_tail)
