@@ -95,6 +95,26 @@ class HttpWait(NamedTuple):
         return f"{self.route()} ({who})"
 
 
+class DataWait(NamedTuple):
+    """A call of a worker's waiting on data: a queue's get, a gate's Event or Condition (asyncio's or
+    threading's), as its phase's ``waits_on`` says it: ``data put_sample,requeue``: the worker's own methods
+    whose calls set it before (an Event set, a Condition notified, a queue put into). It waits on whoever
+    calls them (their ``sends`` say), not on the worker itself. ``methods`` empty: nothing that a call of the
+    worker's ran has set it yet (set by a thread of its own, or never)."""
+
+    methods: tuple[str, ...]
+
+    def said(self) -> str:
+        return f"data {','.join(self.methods)}".rstrip()
+
+    @classmethod
+    def parse(cls, said: str) -> DataWait | None:
+        """The wait ``said`` describes, or None when it is no wait on data."""
+        if said != "data" and not said.startswith("data "):
+            return None
+        return cls(tuple(m for m in said[5:].split(",") if m))
+
+
 def src_of(role: str, rank: int | str) -> str:
     """The ``src`` of a worker (``src_of("rollout", 3)``), of a node's agent (``src_of("agent", node)``)."""
     return f"{role}/{rank}"
@@ -140,6 +160,8 @@ ALERTS: dict[str, Code] = {
     "collective_not_joined": Code("rules", "not in collective", live=True, stacks=True, cause=True, late=True),
     "collective_stuck": Code("rules", "stuck in collective", live=True, stacks=True, cause=True),
     "deadlock": Code("rules", "deadlock", live=True, stacks=True, cause=True),
+    "producer_parked": Code("rules", "parked", live=True, stacks=True, cause=True),
+    "external_wait": Code("rules", "waiting outside", live=True, stacks=True, cause=True),
     "ingest_rejected": Code("supervisor"),
     "auth_refused": Code("supervisor"),
     "restarted_by_driver": Code("driver", "restarted"),

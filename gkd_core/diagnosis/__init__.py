@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from gkd_core import vocab
 from gkd_core.diagnosis import cascade
-from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, waits
+from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 
@@ -38,16 +38,18 @@ def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
         out.extend(rule(state, now, settings))
         if between is not None:
             between()
+    out = parts_explain(out)  # a member slow in one part of a sync is that finding, not late in the sync too
+    # the wait-for graph's cycles, found once a pass: a still one is a deadlock, and while one holds, its
+    # members' and its waiters' lateness is its symptom, not a finding of their own; nor is the lateness of a
+    # worker whose chain of waits ends in one another finding names (a rank that has not joined the
+    # all-reduce because it waits on the queue, which waits on a server "slower than usual")
+    found = waits.knots(state)
+    out = waits.explained(out + still_cycles.deadlocks(state, now, found), found, state, now)
     # "slower than usual" is for when nothing else explains the wait: once a rule names a cause (a
     # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
         out = [a for a in out if a.code != "slower_than_usual"]
-    out = parts_explain(out)  # a member slow in one part of a sync is that finding, not late in the sync too
-    # the wait-for graph's cycles, found once a pass: a still one is a deadlock, and while one holds, its
-    # members' and its waiters' lateness is its symptom, not a finding of their own
-    found = waits.knots(state)
-    out = waits.explained(out + waits.deadlocks(state, now, found), found, state, now)
-    return cascade.with_blocked(state, out)
+    return cascade.with_blocked(state, out, lambda causes: waits.waiting_on(found.graph, causes))
 
 
 def _elapsed(evidence: dict, missing: float) -> float:

@@ -16,6 +16,8 @@ waits on whom is read from what the run said, not guessed from times:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from gkd_core import vocab
@@ -55,16 +57,22 @@ def held_up(state: RunState, causes: list[str]) -> list[str]:
     return sorted(s for s in out if s in state.workers and state.workers[s].phase not in GONE)
 
 
-def with_blocked(state: RunState, alerts: list[AlertEvent]) -> list[AlertEvent]:
-    """``alerts``, each cause's carrying the workers it holds up (beside any its rule listed itself)."""
-    causes = [a for a in alerts if a.code in CAUSE_CODES and a.targets and not a.cleared]
-    if not causes or len(causes) > CAUSES_MAX:
-        return alerts
-    out = []
-    for a in alerts:
-        if a.code in CAUSE_CODES and a.targets and not a.cleared:
-            blocked = sorted(set(a.evidence.get("blocked") or ()) | set(held_up(state, a.targets)))
-            if blocked:
-                a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
-        out.append(a)
+def with_blocked(state: RunState, alerts: list[AlertEvent],
+                 waiting_on: Callable[[set[str]], set[str]] | None = None) -> list[AlertEvent]:
+    """``alerts``, each cause's carrying the workers it holds up (beside any its rule listed itself), and each
+    finding that names a worker, the workers whose waits lead to it (``waiting_on``: the wait-for graph's, at
+    any distance: the queue, and the trainer at its end, behind a server whose request is stuck). Up to
+    ``CAUSES_MAX`` findings: more at once (a whole cluster silent) is no cascade from one fault."""
+    named = [i for i, a in enumerate(alerts) if a.targets and not a.cleared and a.severity != "info"]
+    causes = [i for i in named if alerts[i].code in CAUSE_CODES]
+    causes = causes if len(causes) <= CAUSES_MAX else []
+    chained = named if waiting_on is not None and len(named) <= CAUSES_MAX else []
+    out = list(alerts)
+    for i in sorted(set(causes) | set(chained)):
+        a = alerts[i]
+        behind = waiting_on(set(a.targets)) if i in chained and waiting_on is not None else set()
+        held = held_up(state, a.targets) if i in causes else []
+        blocked = sorted((set(a.evidence.get("blocked") or ()) | set(held) | behind) - set(a.targets))
+        if blocked:
+            out[i] = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
     return out

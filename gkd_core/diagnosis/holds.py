@@ -37,6 +37,10 @@ def what_holds(state: RunState, now: float) -> str:
     driver = drivers[0]
     if any(a.code == "deadlock" for a in active):
         return "a cycle of waits: the deadlock above"
+    parked = next((a for a in active if a.code == "producer_parked" and a.targets), None)
+    if parked is not None:
+        return (f"a queue starved by a parked producer: {parked.targets[0]} waits for {parked.evidence.get('gate')}"
+                f" ({parked.evidence.get('queue')})")
     graph = waits.wait_graph(state)
     hops = _chain(graph, driver.src)
     if not hops:
@@ -88,9 +92,14 @@ def _at_the_end(state: RunState, end: WorkerState, hops: list[waits.Hop], now: f
 
 
 def _path(hops: list[waits.Hop]) -> str:
-    """``driver → Rollouter/0.rollout → InferenceServer/0: POST /generate on 127.0.0.1:8000``."""
-    return " → ".join([hops[0][0]] + [f"{edge.target}: {edge.what}" if edge.request else f"{edge.target}.{edge.what}"
-                                      for _, edge in hops])
+    """``driver → Trainer/0.train → MessageQueue/0.get_sample → Rollouter/0 (feeding put_sample) →
+    InferenceServer/0: POST /generate on 127.0.0.1:8000``."""
+    def hop(edge: waits.Edge) -> str:
+        if edge.data:
+            return f"{edge.target} (feeding {edge.what})"
+        return f"{edge.target}: {edge.what}" if edge.request else f"{edge.target}.{edge.what}"
+
+    return " → ".join([hops[0][0]] + [hop(edge) for _, edge in hops])
 
 
 def _own_wait(state: RunState, driver: WorkerState, now: float) -> str:

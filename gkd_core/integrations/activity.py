@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gkd_core.integrations.calls import Brief, Call, DetailedCall, Lanes, get_ident
+from gkd_core.integrations.calls import Brief, Call, DetailedCall, Lanes, get_ident, running_async
 from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
@@ -51,6 +51,7 @@ PROGRESS_EVERY_S = 1.0  # how often a shown call's ``progress`` (a wait's answer
 BRIEF_PER_S = 5.0
 BRIEF_BURST = 5
 BRIEF_KEEP = 4 * BRIEF_BURST
+PERIODIC_S = 2.0  # how often ``periodic`` is asked
 IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store: not every tick
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
@@ -90,6 +91,7 @@ class Activity:
         self.asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``, or ``wake``)
         self._wake = threading.Event()
         self.reporter: Reporter | None = None
+        self.periodic: Callable[[Reporter], None] | None = None  # asked every PERIODIC_S once it reports
         # the main thread's wait now, as its wrapper noted it: (name, start, what it waits on...), nothing more;
         # one that lasts SHOW_AFTER_S is made a call by the watcher (``make_wait``: its progress, whom it waits
         # on, its deadline, its end), kept in ``waits_made`` by the note's id until the wrapper ends it
@@ -136,6 +138,13 @@ class Activity:
         """``executor`` (an actor's method, Ray's executor of it) as a call of this process's, at the least cost
         there is (``Lanes.tracked``): the watcher makes it a Call once a tick."""
         return self._lanes.tracked(name, executor, self._counts, self)
+
+    def call_here(self) -> tuple[Any, str] | None:
+        """(lane, name) of the job's call the running code is part of (an async actor's, a tracked method in
+        this thread); None outside any (a thread of Ray's or the job's own, a task the job made)."""
+        if (running := running_async()) is not None:
+            return running if running[1] else None
+        return self._lanes.here()
 
     def wake(self) -> None:
         """A call began: the watcher, asleep, looks again (started, the first time)."""
@@ -205,7 +214,7 @@ class Activity:
         shown = NOTHING
         last_ended: float | None = None  # when the newest call shown (or sent after the fact) ended
         shown_detail = ""
-        next_progress = next_identify = next_asked = 0.0
+        next_progress = next_identify = next_asked = next_periodic = 0.0
         failed = False
         while True:
             time.sleep(TICK_S)  # (an Event's wait with a timeout costs several times a sleep, at every tick)
@@ -233,6 +242,9 @@ class Activity:
                     continue
             try:
                 now = time.time()
+                if self.periodic is not None and now >= next_periodic:
+                    next_periodic = now + PERIODIC_S
+                    self.periodic(self.reporter)
                 if self.main_wait is not None and self.make_wait is not None:
                     self._make_main_wait(now)
                 view = self._view(now)

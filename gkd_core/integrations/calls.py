@@ -4,13 +4,40 @@ too briefly to be shown (``Brief``: the newest few, within a budget of events a 
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextvars
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 get_ident = threading.get_ident  # (read at each call: one lookup fewer)
+# (task, lane, method) of the async actor call that a task runs: set as the call begins, in its own task (Ray
+# runs each call of an async actor as a task of its own), so that what it does inside (a request it sends, a
+# queue it waits on) is in its lane. A task started from inside it copies the value, and is told apart by it.
+_async_call: contextvars.ContextVar[tuple[Any, Any, str] | None] = contextvars.ContextVar("gkd_async_call",
+                                                                                          default=None)
+
+
+def entered_async(lane: Any, name: str) -> None:
+    """An async actor's call ``name`` begins in the running task, in ``lane`` (its coroutine)."""
+    _async_call.set((asyncio.current_task(), lane, name))
+
+
+def running_async() -> tuple[Any, str] | None:
+    """(lane, call) of what runs here on an event loop: an async actor's call (its coroutine, its method),
+    else the task itself with no call (a server's handler, a task the job made); None off any loop."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no loop runs in this thread
+        return None
+    if task is None:
+        return None
+    held = _async_call.get()
+    if held is not None and held[0] is task:
+        return held[1], held[2]
+    return task, ""
 
 
 class Call:
@@ -144,6 +171,13 @@ class Lanes:
                 running_now.append(held[1])
         self.running = running_now
         return ended_now
+
+    def here(self) -> tuple[int, str] | None:
+        """(this thread's ident, the tracked method it runs now), if it runs one."""
+        ident = get_ident()
+        lane = self._lanes.get(ident)
+        running = lane.running if lane is not None else None
+        return (ident, running[0]) if running is not None else None
 
     def busy(self) -> bool:
         """Whether a call runs, or one ended that the last take did not see (a look before the watcher sleeps)."""

@@ -28,7 +28,6 @@ within ``SHOW_AFTER_S`` costs a ``Sent``, a call noted and the URL split; the wa
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import ipaddress
@@ -42,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.calls import running_async
 from gkd_core.integrations.post_import import when_imported
 from gkd_core.vocab import HttpWait
 
@@ -72,11 +72,10 @@ def _guarded(patch, module: ModuleType, activity: Activity, peers: Listeners,
 
 
 def _lane() -> Any:
-    """The asyncio task a request runs in (its lane among the process's calls), else None: the thread's."""
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop in this thread
-        return None
+    """The lane a request runs in among the process's calls: the async actor call it is part of, else its
+    asyncio task; None off any loop (the thread's)."""
+    running = running_async()
+    return running[0] if running is not None else None
 
 
 def _shape(path: str) -> str:

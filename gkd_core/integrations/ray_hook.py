@@ -26,7 +26,8 @@ import threading
 import time
 from typing import Any
 
-from gkd_core.integrations import http_calls, job_env, opt_in, remote_stacks, routes
+from gkd_core.integrations import data_waits, http_calls, job_env, opt_in, remote_stacks, routes
+from gkd_core.integrations.calls import entered_async
 from gkd_core.integrations.cancels import start_commands
 from gkd_core.integrations.cluster_watch import ClusterWatch
 from gkd_core.integrations.ray_process import WatchedProcess, say_once
@@ -151,6 +152,7 @@ def _install(kind: str) -> None:
         _patch_actor_creation(_process)
         _patch_waits(_process)  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
         http_calls.install(_process.activity, say_once)  # requests sent (waits) and served (calls), as imported
+        data_waits.install(_process.activity, say_once)  # a call's wait on a queue or a gate: on whoever feeds it
         if kind == "worker":
             _patch_actor_methods(_process)
         else:
@@ -252,6 +254,7 @@ def _patch_actor_methods(p: WatchedProcess) -> None:
             async def run(__ray_actor, *args, **kwargs):
                 coro = executor(__ray_actor, *args, **kwargs)
                 token = begin(method_name, __ray_actor, lane=coro)  # its lane, and the stack shown of it
+                entered_async(coro, method_name)  # what it does inside (a request, a queue's wait) is in it
                 try:
                     return await coro
                 finally:

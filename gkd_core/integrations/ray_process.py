@@ -16,7 +16,8 @@ from gkd_core.integrations import job_env, remote_stacks, routes, torchrun
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.actor_names import ActorNames
 from gkd_core.integrations.routes import KV_NAMESPACE
-from gkd_core.integrations.waits import RefBook, Wait
+from gkd_core.integrations.waits import RefBook, Sends, Wait
+from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.vocab import WorkerId, src_of
 
@@ -45,6 +46,8 @@ class WatchedProcess:
         self.activity = Activity(self._identify)
         self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
         self.book = RefBook(self.actors.name_of)  # the calls this process made, by ref
+        self.sends = Sends(self.book)  # whom it sent calls to lately: said every few seconds, when they change
+        self.activity.periodic = self._say_sends
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
         self.sync_in_parts: int | None = None  # a sync said in parts (verl's checkpoint engine) now under way
@@ -118,6 +121,11 @@ class WatchedProcess:
         self.class_name = class_name
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
+
+    def _say_sends(self, reporter: Reporter) -> None:
+        sent = self.sends.now()
+        if sent is not None:
+            reporter.emit(ev.SendsEvent(to=sent))
 
     def emit(self, event) -> None:
         if self.activity.reporter is not None:

@@ -24,6 +24,7 @@ BOOK_MAX = 65_536  # calls remembered at least; a wait on an older one says "an 
 SYNC_METHOD = re.compile(r"sync.*weight|weight.*sync|update_weights|broadcast_weights")
 SYNC_TIMEOUT_ENV = "GKD_SYNC_TIMEOUT_S"  # where nothing better is known (verl's nccl_timeout is)
 DEFAULT_SYNC_TIMEOUT_S = 600.0  # NCCL's and verl's default
+SENDS_FORGET_S = 600.0  # an actor call not sent for this long is no longer among those a process says it sends
 
 
 class RefBook:
@@ -70,6 +71,45 @@ class RefBook:
         if self._name_of_actor is None:
             return None
         return self._name_of_actor(ref.task_id().actor_id().hex()), call
+
+
+class Sends:
+    """The actor calls this process sent lately, as ``Worker.method``, read off its book of calls every few
+    seconds (only what was noted since the last read): whom it feeds, for a wait on data that only the
+    callers of a method can end (``SendsEvent``). A call not sent for ``SENDS_FORGET_S`` is no longer said."""
+
+    def __init__(self, book: RefBook):
+        self.book = book
+        self._read = (0, 0)  # (the id of the book's newer half, how many of its entries were read)
+        self._seen: dict[tuple[bytes | str, str], float] = {}  # (actor id or worker, method) -> when last seen
+        self._said: list[str] = []
+
+    def now(self) -> list[str] | None:
+        """The calls sent lately, when they changed since the last time asked (else None)."""
+        newer = self.book.newer
+        start = self._read[1] if self._read[0] == id(newer) else 0
+        # (taken whole in one C call: the job's threads add to it meanwhile, and a dict may not grow while
+        # it is iterated)
+        added = list(itertools.islice(newer.items(), start, None))
+        self._read = (id(newer), start + len(added))
+        mono = time.monotonic()
+        for key, call in added:
+            # an actor call's ref is its task's id and an index, and an actor task's id ends with its actor's
+            self._seen[call if isinstance(call, tuple) else (key[8:24], call)] = mono
+        for old in [k for k, when in self._seen.items() if mono - when > SENDS_FORGET_S]:
+            del self._seen[old]
+        newest = sorted(self._seen, key=self._seen.__getitem__)[-ev.SENDS_MAX:]
+        said = sorted({f"{self._worker(to)}.{method}" for to, method in newest})
+        if said == self._said:
+            return None
+        self._said = said
+        return said
+
+    def _worker(self, to: bytes | str) -> str:
+        if isinstance(to, str):
+            return to
+        name_of = self.book._name_of_actor
+        return name_of(to.hex()) if name_of is not None else f"actor {to.hex()[:8]}"
 
 
 def _names(calls: list[tuple[str, str] | None]) -> str:

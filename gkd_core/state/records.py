@@ -63,6 +63,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     phase_call: int | None = None  # the current phase's call number, for a method (PhaseEvent.call)
     waits_on: list[str] = []  # the calls its phase waits on, ``Worker.method`` (PhaseEvent.waits_on)
     waits_since: float = 0.0  # when ``waits_on`` last changed: a wait-for cycle that has not moved since
+    sends: list[str] = []  # the actor calls it sent lately, ``Worker.method`` (SendsEvent): whom it feeds
     # its calls in flight at once, when more than one (PhaseEvent.in_flight): its phase is then the oldest's
     in_flight: int = 0
     spans: list[PhaseSpan] = []  # finished phases, oldest first

@@ -80,7 +80,7 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
         # a new incarnation under the same name (a teacher the driver started again): what Ray said
         # of the one before is not of this one
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
-        w.waits_on = []  # the waits were the old process's
+        w.waits_on, w.sends = [], []  # the waits and calls were the old process's
         st.waiting.discard(w.src)
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
     if not w.phase or w.phase in WORKER_ENDED:
@@ -241,6 +241,12 @@ def _on_engine(st: RunRecord, e: ev.EngineEvent) -> None:
         w.engine = e
 
 
+def _on_sends(st: RunRecord, e: ev.SendsEvent) -> None:
+    w = st.workers.get(e.src)
+    if w is not None:
+        w.sends = sorted(set(e.to[:ev.SENDS_MAX]))
+
+
 def _on_ray_pg(st: RunRecord, e: ev.RayPlacementGroupEvent) -> None:
     if e.state == "REMOVED":
         st.ray_pgs.pop(e.pg_id, None)
@@ -322,5 +328,6 @@ HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.RayPlacementGroupEvent: _on_ray_pg,
     ev.CollectivesEvent: sync_cases.on_collectives,
     ev.EngineEvent: _on_engine,
+    ev.SendsEvent: _on_sends,
     ev.OomKilledEvent: memory_cases.on_oom_killed,
 }

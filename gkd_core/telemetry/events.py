@@ -78,6 +78,7 @@ class PhaseEvent(Event, tag="phase"):
 
 
 WAITS_ON_MAX = 32
+SENDS_MAX = 64  # a SendsEvent's calls
 
 
 class MemoryBeat(msgspec.Struct, array_like=True, gc=False):
@@ -300,6 +301,14 @@ class EngineEvent(Event, tag="engine"):
     kv_cache: float | None = None  # the share of the KV cache in use, 0 to 1
     preemptions: Int | None = 0  # requests evicted for lack of KV cache since the engine started
     generated: Int | None = 0  # tokens generated since the engine started
+
+
+class SendsEvent(Event, tag="sends"):
+    """The actor calls a worker sent lately, ``Worker.method`` (the newest ``SENDS_MAX``), when they changed:
+    who feeds a queue, who opens a gate. A call that waits on data (``vocab.DataWait``) waits on whoever calls
+    the methods that set it, which only the callers know (Ray tells a callee nothing of its caller)."""
+
+    to: list[str] = []  # at most SENDS_MAX
 
 
 class StackEvent(Event, tag="stack"):

@@ -1,21 +1,20 @@
-"""The wait-for graph, and a cycle in it that has stopped: a deadlock, named with every member and edge.
+"""The wait-for graph, its cycles, and the chains of waits that end in a worker another finding names.
 
-Each worker's phase says which actor calls it waits on that have not answered (``waits_on``: the
-``ray.get`` of a watched job's driver or actor, as ``Worker.method``), and each is an edge to that
-worker. An edge to a method the worker is not running is a call queued behind the one it runs (an
-actor runs one call at a time unless it was made otherwise). A rank inside a process group's newest
-collective waits on the ranks that have not entered it. When the edges close a cycle and none of its
-members has moved for the straggler threshold (its phase, or what it waits on), nobody in it can move
-again: every member waits on the next. That is one critical alert naming all of them, with the edges
-in order; the workers whose waits lead into the cycle (a driver waiting on a member) are blocked by it,
-and nothing else names a member or a worker blocked by it while the cycle holds (``explained``): the
-rank that has not joined, the driver "slower than usual", are the cycle's symptoms.
+Each worker's phase says what it waits on that has not answered (``waits_on``), and each is an edge:
+an actor call (``Worker.method``: the ``ray.get`` of a watched job's driver or actor) to that worker, a
+call queued behind the one it runs where the worker runs another method (an actor runs one call at a
+time unless made otherwise); an HTTP request (``vocab.HttpWait``) to the worker whose process listens on
+its address; a wait on data (``vocab.DataWait``: a queue's get, a gate) to the workers that send the calls
+that set it (``feeders_of``: their ``sends``). A rank inside a process group's newest collective waits on
+the ranks that have not entered it. A cycle none of whose members has moved is said by still_cycles; the
+workers whose waits lead into it are blocked by it, and nothing else names a member or a worker blocked by
+it while the cycle holds (``explained``): the rank that has not joined, the driver "slower than usual",
+are the cycle's symptoms. Likewise a waiter whose chain of waits ends in a worker another finding names.
 
-What it cannot see: a wait off a process's main thread (a threaded or async actor's calls, whose
-``ray.get`` is not followed there), a wait on a task or on an object that no actor call of the job
-made, and an actor made with ``max_concurrency`` above one that would run the queued call beside the
-running one (then the cycle moves, and is not named). A ``ray.wait`` that may return on the first of
-its refs is no edge (any one answer would end it).
+What it cannot see: a ``ray.get`` off a process's main thread (a threaded actor's calls), a wait on a task
+or on an object that no actor call of the job made, and an actor made with ``max_concurrency`` above one
+that would run the queued call beside the running one (then the cycle moves, and is not named). A
+``ray.wait`` that may return on the first of its refs is no edge (any one answer would end it).
 """
 
 from __future__ import annotations
@@ -29,16 +28,20 @@ from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState, WorkerState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
-from gkd_core.vocab import WORKER_ENDED, HttpWait
+from gkd_core.vocab import WORKER_ENDED, DataWait, HttpWait
 
 STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
 JUDGED_AFTER_S = MIN_S + 1.0  # a worker at work on a call this long has been judged by its own measure
 CYCLES_MAX = 8  # cycles named at once (each is one alert)
 CHAINS_MAX = 256  # findings whose chains of waits are followed in a pass (a whole cluster late is no chain)
+CHAIN_MAX = 16  # hops followed from a waiter to the fresh work at its chain's end
 WAIT_PHASES = ("ray.get", "ray.wait")  # a phase that is the wait itself (a driver's): named by its worker alone
 # a collective is a node of the graph of its own (the ranks inside it wait on it, it waits on the ranks not
 # in it): edges linear in the ranks, where each rank inside to each rank outside would be their product
 COLLECTIVE = "\0collective "
+EXTERNAL_HINT = ("the server of this worker's request does not answer, and it is no worker of the run on this node (a "
+                 "tool, a sandbox, an API, or a server on another node): look at that process (its log, its health "
+                 "endpoint), or give the request a timeout; this worker only waits")
 # what a member of a cycle, or a worker blocked by one, is also found to be: symptoms of the cycle
 EXPLAINED = ("straggler", "slower_than_usual", "collective_not_joined", "collective_stuck")
 
@@ -51,6 +54,9 @@ class Edge(NamedTuple):
     since: float  # when this wait began, as far as the state knows
     collective: bool = False
     request: bool = False  # an HTTP request in flight to the server ``target`` (what: its method, path, address)
+    # a wait on data (a queue's get, a gate): for a call of the waiter's own method ``what``, which ``target``
+    # sends (the waiter's queue is fed, or its gate opened, by those calls)
+    data: bool = False
 
 
 Hop = tuple[str, Edge]  # (the waiter, its edge to the next member)
@@ -64,6 +70,16 @@ def _live(state: RunState, src: str) -> bool:
 def servers_of(state: RunState) -> dict[tuple[str, int], str]:
     """(node, pid) -> the worker of the run with that process: who serves a request sent to that pid."""
     return {(s.node, s.pid): s.src for s in state.workers.values() if s.pid}
+
+
+def feeders_of(state: RunState) -> dict[str, list[str]]:
+    """``Worker.method`` -> the workers that sent it lately (their ``sends``): who feeds a queue, who opens a
+    gate, for a wait on data that a call of that method ends."""
+    out: dict[str, list[str]] = {}
+    for w in state.workers.values():
+        for call in w.sends:
+            out.setdefault(call, []).append(w.src)
+    return out
 
 
 def external_request(state: RunState, w: WorkerState,
@@ -83,11 +99,22 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
     that have not entered it (through the collective's own node)."""
     graph: dict[str, list[Edge]] = {}
     servers: dict[tuple[str, int], str] | None = None  # (node, pid) -> worker: made once, for the first HTTP wait
+    feeders: dict[str, list[str]] | None = None  # Worker.method -> who sends it: made once, for the first data wait
     for src in state.waiting:
         w = state.workers.get(src)
         if w is None or not w.waits_on or not _live(state, src):
             continue
         for call in w.waits_on:
+            data = DataWait.parse(call)
+            if data is not None:  # on whoever sends the calls that set it: edges to each, none when nobody does
+                if feeders is None:
+                    feeders = feeders_of(state)
+                for method in data.methods:
+                    for sender in feeders.get(f"{w.src}.{method}", ()):
+                        if sender != w.src and _live(state, sender):
+                            graph.setdefault(w.src, []).append(Edge(sender, method, max(w.phase_since, w.waits_since),
+                                                                    data=True))
+                continue
             request = HttpWait.parse(call)
             if request is not None:  # a request in flight: to the worker that listens there, if one of the run's
                 if servers is None:
@@ -181,29 +208,7 @@ def _through_collectives(hops: list[Hop]) -> list[Hop]:
     return out
 
 
-def _call(w: WorkerState, method: str | None = None) -> str:
-    """``Inference/0.generate #3``: a worker's running call (``method`` when it is that one), with its
-    number; a driver's own wait is its name alone."""
-    if w.phase in WAIT_PHASES and method is None:
-        return w.src
-    name = f"{w.src}.{method or w.phase}"
-    return f"{name} #{w.phase_call}" if w.phase_call is not None and (method is None or method == w.phase) else name
-
-
-def _edge_name(edge: Edge) -> str:
-    return f"{edge.target}: {edge.what}" if edge.collective else f"{edge.target}.{edge.what}"
-
-
-def _hop(state: RunState, edge: Edge) -> str:
-    target = state.workers[edge.target]
-    if edge.collective:
-        return f"{target.src} to join {edge.what} (it is in {_call(target).removeprefix(target.src + '.')})"
-    if edge.what == target.phase:
-        return _call(target)
-    return f"{_call(target, edge.what)}, queued behind {_call(target)}"
-
-
-def _waiting_on(graph: dict[str, list[Edge]], members: set[str]) -> set[str]:
+def waiting_on(graph: dict[str, list[Edge]], members: set[str]) -> set[str]:
     """The workers whose waits lead into ``members``, at any distance (``members`` not counted)."""
     waiters: dict[str, list[str]] = {}
     for src, edges in graph.items():
@@ -230,34 +235,7 @@ def knots(state: RunState) -> Knots:
     graph = wait_graph(state)
     found = [_through_collectives(c) for c in cycles(graph)] if graph else []
     members = {src for c in found for src, _ in c}
-    return Knots(graph, found, members | _waiting_on(graph, members) if members else set())
-
-
-def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
-    """Each cycle none of whose members has moved for ``STILL_S``: critical, every member named."""
-    out = []
-    for hops in found.cycles:
-        members = [state.workers[src] for src, _ in hops]
-        moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops, strict=True))
-        if now - moved < STILL_S:
-            continue
-        # said from its longest-waiting member: the one whose call began the cycle
-        first = min(range(len(hops)), key=lambda i: (members[i].phase_since, members[i].src))
-        hops, members = hops[first:] + hops[:first], members[first:] + members[:first]
-        chain = ", which waits for ".join(_hop(state, edge) for _, edge in hops)
-        still = now - moved
-        blocked = sorted(_waiting_on(found.graph, {w.src for w in members}))
-        out.append(AlertEvent(
-            severity="critical", code="deadlock", targets=[w.src for w in members],
-            message=f"deadlock: {_call(members[0])} waits for {chain}; none of the {len(members)} has moved for "
-                    f"{spoken(still)}" + (f"; {len(blocked)} more wait on it ({', '.join(blocked[:4])})"
-                                          if blocked else ""),
-            hint="each waits on the next, so none can return: their stacks (d) show the waits. Break the cycle "
-                 "in the job: a method must not wait on a call that needs its own actor free (run that call "
-                 "before, or make the actor threaded or async), nor wait in ray.get on a peer that waits on it",
-            evidence={"cycle": [[src, _edge_name(edge)] for src, edge in hops], "elapsed_s": round(still, 1),
-                      "blocked": blocked[:BLOCKED_MAX]}))
-    return out
+    return Knots(graph, found, members | waiting_on(graph, members) if members else set())
 
 
 def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = None,
@@ -275,6 +253,8 @@ def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = N
         alerts = [a for a in alerts if a.code not in EXPLAINED or not a.targets or not set(a.targets) <= found.held]
     if not found.graph:
         return alerts
+    if state is not None:
+        alerts = _to_external_ends(alerts, found.graph, state, now)
     named = {t: i for i, a in enumerate(alerts) if a.severity != "info" for t in a.targets}
     cause_of: dict[int, int] = {}  # a waiter's alert -> the alert naming the worker it waits on, nearest first
     for i, a in enumerate(alerts[:CHAINS_MAX]):
@@ -308,14 +288,74 @@ def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = N
     return out
 
 
-def _awaits_fresh_work(state: RunState, graph: dict[str, list[Edge]], src: str, now: float) -> bool:
+def _to_external_ends(alerts: list[AlertEvent], graph: dict[str, list[Edge]], state: RunState,
+                      now: float) -> list[AlertEvent]:
+    """Each finding of an EXPLAINED code whose targets' chains of waits all end in one worker that waits on
+    a server outside the job (a tool, a sandbox, an API), said of that worker instead (``external_wait``),
+    with the finding's targets blocked by it: the queue "slower than usual" is waiting on its producer, and
+    the producer on the tool that does not answer. One finding per such worker; the rest as they were."""
+    ends: dict[str, list[AlertEvent]] = {}
+    out: list[AlertEvent] = []
+    named = {t for a in alerts for t in a.targets}
+    for a in alerts:
+        end = _chain_end(graph, a.targets) if a.code in EXPLAINED and a.targets and len(ends) < CHAINS_MAX else None
+        w = state.workers.get(end) if end is not None and end not in named else None
+        if w is None or external_request(state, w) is None:
+            out.append(a)
+        else:
+            ends.setdefault(w.src, []).append(a)
+    for src, waiters in ends.items():
+        w = state.workers[src]
+        request = external_request(state, w)
+        assert request is not None  # (found so above)
+        since = max(w.phase_since, w.waits_since)
+        before = [b for a in waiters for b in a.evidence.get("blocked") or () if isinstance(b, str)]
+        blocked = sorted({t for a in waiters for t in a.targets} | set(before))
+        said = w.detail.partition("waiting for ")[2] or request.spoken()
+        out.append(AlertEvent(
+            severity="critical" if any(a.severity == "critical" for a in waiters) else "warn", code="external_wait",
+            targets=[src], hint=EXTERNAL_HINT,
+            message=f"{src} has waited {spoken(now - since)} for {said}, a server outside the job, and the job's "
+                    f"waits lead to it (from {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''})",
+            evidence={"external": request.route(), "elapsed_s": round(now - since, 1), "blocked": blocked[:BLOCKED_MAX],
+                      "found_as": sorted({a.code for a in waiters})}))
+    return out
+
+
+def _chain_end(graph: dict[str, list[Edge]], sources: list[str]) -> str | None:
+    """The one worker that the waits of ``sources`` all lead to and that waits on nobody, or None (no chain,
+    several ends, a cycle, or one longer than ``CHAIN_MAX`` hops)."""
+    seen, todo, ends = set(sources), list(sources), set()
+    for _ in range(CHAIN_MAX):
+        nxt = []
+        for src in todo:
+            edges = graph.get(src, ())
+            if not edges and src not in sources:
+                ends.add(src)
+            for edge in edges:
+                if edge.target not in seen:
+                    seen.add(edge.target)
+                    nxt.append(edge.target)
+        if not nxt:
+            return ends.pop() if len(ends) == 1 and not next(iter(ends)).startswith(COLLECTIVE) else None
+        todo = nxt
+    return None
+
+
+def _awaits_fresh_work(state: RunState, graph: dict[str, list[Edge]], src: str, now: float,
+                       seen: frozenset[str] = frozenset()) -> bool:
     """Whether every wait of ``src`` is on a live worker at work on that very call (its phase is the method
-    or the request's route) for less than ``JUDGED_AFTER_S``."""
+    or the request's route) for less than ``JUDGED_AFTER_S``, or on one whose own waits are all so (a queue
+    waits on its producer, which waits on a request a server began a moment ago)."""
     edges = [e for e in graph.get(src, ()) if not e.collective]
     for e in edges:
         w = state.workers.get(e.target)
+        if w is None or not _live(state, e.target):
+            return False
         doing = e.what.partition(" on ")[0] if e.request else e.what
-        if w is None or not _live(state, e.target) or w.phase != doing or now - w.phase_since >= JUDGED_AFTER_S:
+        fresh = w.phase == doing and now - w.phase_since < JUDGED_AFTER_S
+        if not fresh and (e.target in seen or len(seen) >= CHAIN_MAX
+                          or not _awaits_fresh_work(state, graph, e.target, now, seen | {src})):
             return False
     return bool(edges)
 

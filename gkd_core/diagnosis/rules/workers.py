@@ -6,7 +6,7 @@ from __future__ import annotations
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
-from gkd_core.diagnosis.rules.waits import external_request
+from gkd_core.diagnosis.rules.waits import EXTERNAL_HINT, external_request
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
@@ -19,9 +19,6 @@ from gkd_core.vocab import WORKER_ENDED
 # phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
 # preparation): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
 SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
-EXTERNAL_HINT = ("the server of this worker's request does not answer, and it is no worker of the run on this node (a "
-                 "tool, a sandbox, an API, or a server on another node): look at that process (its log, its health "
-                 "endpoint), or give the request a timeout; this worker only waits")
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:

@@ -1,0 +1,222 @@
+"""A watched process's waits through data: a call of the job's parked on a queue or at a gate waits on
+whoever feeds the queue or opens the gate, not on nobody.
+
+A pipeline's consumer waits in its queue's ``get`` (an asyncio.Queue, a Condition it awaits, a thread's
+``queue.Queue``), and a producer parked at a staleness gate waits on an Event or Condition that the
+trainer's call opens. Seen from Ray, both are calls in flight that wait on no call: the trainer at the
+queue's end would be named, or the queue, while what holds is upstream. Patched where Python's primitives
+wait and where they are set, so that a wait inside a call of the job (an actor's method, a served request)
+is a wait of that call, on whoever set that object before:
+
+- a wait: ``asyncio.Event.wait`` (not set yet), ``asyncio.Condition.wait`` (``wait_for`` waits in it),
+  ``asyncio.Queue.get`` on an empty queue, and ``threading.Condition.wait`` (``threading.Event.wait`` and
+  ``queue.Queue.get`` wait in one). Its detail says what it is and where the job waits ("an
+  asyncio.Condition in run_loop (pipeline.py:88)", with the numbers the waiting object holds: the version
+  a gate waits for), and its edge is a ``vocab.DataWait``: the methods of this worker whose calls set it.
+- a set: ``asyncio.Event.set``, ``asyncio.Condition.notify`` (``notify_all`` through it),
+  ``asyncio.Queue.put_nowait`` (``put`` through it), ``threading.Condition.notify`` (an Event's ``set`` and
+  a queue's ``put`` notify one): inside a call of the job, the call's method is noted on the object, with
+  when.
+
+Who calls those methods only the callers know (Ray tells a callee nothing of its caller): each process says
+which actor calls it sent lately (``SendsEvent``), and the diagnosis joins the two. What it cannot see yet:
+a set outside any call of the job (a thread of the job's own filling the queue: the wait is then on "no
+call"), data that arrives by polling (a loop that asks a queue with a short timeout: each ask is a wait of
+its own), and other libraries' primitives (trio, gevent, multiprocessing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from gkd_core.integrations.activity import Activity
+from gkd_core.units import spoken
+from gkd_core.vocab import DataWait
+
+SET_BY = "_gkd_set_by"  # the attribute of a waited object that holds {method: when} of the calls that set it
+SET_BY_MAX = 8  # methods remembered per object (the newest)
+NUMBERS_MAX = 6  # numbers of the waiting object said with the wait (a gate's version and its bound)
+# frames of the primitives themselves, skipped to find the line of the job's that waits
+OWN_FILES = {os.path.normcase(f) for f in (threading.__file__, queue.__file__, asyncio.locks.__file__,
+                                          asyncio.queues.__file__, __file__)}
+_ours = threading.local()  # set while this module notes a wait: a wait inside that (a thread started) is not one
+
+
+def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
+    """Patch asyncio's and threading's primitives (both are imported by now: Ray imports them). A patch that
+    fails is said once; the job and the rest of the watching go on without it."""
+    notes = DataNotes(activity, say_once)
+    for owner, name, patch in (
+            (asyncio.Event, "wait", notes.async_wait("asyncio.Event", lambda e: e.is_set())),
+            (asyncio.Condition, "wait", notes.async_wait("asyncio.Condition")),
+            (asyncio.Queue, "get", notes.async_wait("asyncio.Queue", lambda q: not q.empty())),
+            (threading.Condition, "wait", notes.thread_wait()),
+            (asyncio.Event, "set", notes.setting),
+            (asyncio.Condition, "notify", notes.setting),
+            (asyncio.Queue, "put_nowait", notes.setting),
+            (threading.Condition, "notify", notes.setting)):
+        try:
+            original = getattr(owner, name)
+            setattr(owner, name, functools.wraps(original)(patch(original)))
+        except Exception as e:  # a Python whose primitives we do not know: these waits go unseen
+            say_once(f"watching waits on {owner.__module__}.{owner.__name__}.{name}", e)
+
+
+class Waiting:
+    """One wait of a call on an object: what it is, where the job waits, and on whose calls."""
+
+    __slots__ = ("obj", "kind", "frame", "started")
+
+    def __init__(self, obj: Any, kind: str, frame: FrameType | None):
+        self.obj, self.kind, self.frame, self.started = obj, kind, frame, time.time()
+
+    def set_by(self) -> dict[str, float]:
+        return dict(getattr(self.obj, SET_BY, None) or {})
+
+    def waits_on(self) -> list[str]:
+        return [DataWait(tuple(sorted(self.set_by()))).said()]
+
+    def progress(self) -> str:
+        """``waiting on an asyncio.Condition in run_loop (pipeline.py:88; its numbers: version=3,
+        produced=11), set by update_param_version (last 40 s before this wait)``."""
+        where = _job_frame(self.frame)
+        said = f"waiting on {_article(self.kind)} {self.kind}"
+        if where is not None:
+            numbers = _numbers(where)
+            said += (f" in {where.f_code.co_name} ({os.path.basename(where.f_code.co_filename)}:{where.f_lineno}"
+                     + (f"; its numbers: {numbers}" if numbers else "") + ")")
+        set_by = self.set_by()
+        if not set_by:
+            return f"{said}, set by no call of this worker's yet"
+        method, last = max(set_by.items(), key=lambda item: item[1])
+        others = sorted(set(set_by) - {method})
+        return (f"{said}, set by {method}" + (f" (or {', '.join(others)})" if others else "")
+                + f", last {spoken(max(0.0, self.started - last))} before this wait")
+
+
+class DataNotes:
+    """The patches' own work: a set noted on its object, a wait entered as a call of the job's."""
+
+    def __init__(self, activity: Activity, say_once: Callable[[str, BaseException], None]):
+        self.activity, self.say_once = activity, say_once
+
+    def note_set(self, obj: Any) -> None:
+        """``obj`` was set (notified, put into) by the job's call running here, if one is."""
+        here = self.activity.call_here()
+        if here is None:
+            return
+        set_by = obj.__dict__.get(SET_BY)
+        if set_by is None:
+            set_by = obj.__dict__[SET_BY] = {}
+        set_by.pop(here[1], None)  # (the newest last: the oldest is dropped first)
+        set_by[here[1]] = time.time()
+        if len(set_by) > SET_BY_MAX:
+            del set_by[next(iter(set_by))]
+
+    def enter(self, obj: Any, kind: str, frame: FrameType | None) -> int | None:
+        """A wait on ``obj`` begins: a call of the job's lane, if it is inside one (else None)."""
+        if getattr(_ours, "noting", False):
+            return None
+        _ours.noting = True
+        try:
+            here = self.activity.call_here()
+            if here is None:
+                return None
+            waiting = Waiting(obj, kind, frame)
+            return self.activity.enter(f"{kind} wait", detail=f"waiting on {_article(kind)} {kind}",
+                                       progress=waiting.progress, wait=True, waits_on=waiting.waits_on,
+                                       lane=here[0])
+        except Exception as e:  # never into the job's wait
+            self.say_once("noting a wait on data", e)
+            return None
+        finally:
+            _ours.noting = False
+
+    def setting(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def set_(obj, *args, **kwargs):
+            try:
+                self.note_set(obj)
+            except Exception as e:
+                self.say_once("noting a set of data", e)
+            return original(obj, *args, **kwargs)
+
+        return set_
+
+    def async_wait(self, kind: str, ready: Callable[[Any], bool] | None = None):
+        """The patch of an asyncio primitive's wait: ``ready`` says it returns at once (nothing noted)."""
+        def patch(original: Callable[..., Any]) -> Callable[..., Any]:
+            assert inspect.iscoroutinefunction(original), original  # (asyncio's waits are coroutines)
+
+            async def wait(obj, *args, **kwargs):
+                if ready is not None and ready(obj):
+                    return await original(obj, *args, **kwargs)
+                token = self.enter(obj, kind, sys._getframe(1))
+                try:
+                    return await original(obj, *args, **kwargs)
+                finally:
+                    if token is not None:
+                        self.activity.leave(token)
+
+            return wait
+
+        return patch
+
+    def thread_wait(self):
+        """The patch of ``threading.Condition.wait``: an Event's wait or a queue's get, as the caller says."""
+        def patch(original: Callable[..., Any]) -> Callable[..., Any]:
+            def wait(cond, *args, **kwargs):
+                caller = sys._getframe(1)
+                token = self.enter(cond, _thread_kind(caller), caller)
+                try:
+                    return original(cond, *args, **kwargs)
+                finally:
+                    if token is not None:
+                        self.activity.leave(token)
+
+            return wait
+
+        return patch
+
+
+def _thread_kind(caller: FrameType) -> str:
+    """What a ``threading.Condition.wait`` is part of: an Event's wait, a queue's get, or the Condition's own."""
+    code = caller.f_code
+    if code.co_filename == threading.__file__ and code.co_name == "wait":
+        return "threading.Event"
+    if code.co_filename == queue.__file__ and code.co_name == "get":
+        return "queue.Queue"
+    return "threading.Condition"
+
+
+def _job_frame(frame: FrameType | None) -> FrameType | None:
+    """The first frame of the job's own, from ``frame`` outward (the primitives' frames skipped)."""
+    while frame is not None and os.path.normcase(frame.f_code.co_filename) in OWN_FILES:
+        frame = frame.f_back
+    return frame
+
+
+def _numbers(frame: FrameType) -> str:
+    """The numbers the waiting code holds (its locals', and its ``self``'s public attributes'), at most
+    ``NUMBERS_MAX``: ``version=3, produced=11``. Numbers only: a string can be a key."""
+    found: dict[str, int | float] = {}
+    f_locals = frame.f_locals
+    owner = f_locals.get("self")
+    for name, value in [*f_locals.items(), *(vars(owner).items() if hasattr(owner, "__dict__") else ())]:
+        if (len(found) < NUMBERS_MAX and not name.startswith("_") and name not in found
+                and type(value) in (int, float)):
+            found[name] = value
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in found.items())
+
+
+def _article(kind: str) -> str:
+    return "an" if kind[0].lower() in "aeiou" else "a"
