@@ -73,6 +73,10 @@ def with_blocked(state: RunState, alerts: list[AlertEvent],
         behind = waiting_on(set(a.targets)) if i in chained and waiting_on is not None else set()
         held = held_up(state, a.targets) if i in causes else []
         blocked = sorted((set(a.evidence.get("blocked") or ()) | set(held) | behind) - set(a.targets))
-        if blocked:
-            out[i] = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
+        if not blocked:
+            continue
+        # a wait that holds the job's driver holds the whole job: it stalls, and that is critical
+        holds_the_job = i in chained and any(b in state.workers and state.workers[b].role == "driver" for b in behind)
+        out[i] = msgspec.structs.replace(a, severity="critical" if holds_the_job else a.severity,
+                                         evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
     return out

@@ -34,7 +34,7 @@ def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZE
     line = where(cur.text) if cur else ""
     two = prev is not None
     same = cur is not None and prev is not None and signature(cur.text) == signature(prev.text)
-    suffix = f", in {line}" if line else ""
+    suffix = f", {line}" if line.startswith("in ") else f", in {line}" if line else ""  # ("in epoll_wait", alone)
     if w.ray_state == "DEAD":
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
                                                                     if w.ray_death_cause else ""), line)

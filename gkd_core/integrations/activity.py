@@ -81,7 +81,7 @@ class Activity:
         self._counts: dict[str, int] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (re-entered: starting the watcher waits, and a wait in a call wakes it)
         self._closed = threading.Event()
         self._brief = Brief(BRIEF_PER_S, BRIEF_BURST, BRIEF_KEEP)  # ended, perhaps never shown
         self._task_stacks: TaskStackAnswer | None = None

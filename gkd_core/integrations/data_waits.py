@@ -49,6 +49,7 @@ NUMBERS_MAX = 6  # numbers of the waiting object said with the wait (a gate's ve
 # frames of the primitives themselves, skipped to find the line of the job's that waits
 OWN_FILES = {os.path.normcase(f) for f in (threading.__file__, queue.__file__, asyncio.locks.__file__,
                                           asyncio.queues.__file__, __file__)}
+OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep  # gkd_core's own waits (the watcher's start)
 _ours = threading.local()  # set while this module notes a wait: a wait inside that (a thread started) is not one
 
 
@@ -109,6 +110,9 @@ class DataNotes:
 
     def __init__(self, activity: Activity, say_once: Callable[[str, BaseException], None]):
         self.activity, self.say_once = activity, say_once
+        # waits in these packages' code are not the job's, though a call of the job's runs them: ours, Ray's
+        ray = sys.modules.get("ray")
+        self.not_the_jobs = (OURS, *([os.path.dirname(ray.__file__) + os.sep] if ray and ray.__file__ else []))
 
     def note_set(self, obj: Any) -> None:
         """``obj`` was set (notified, put into) by the job's call running here, if one is."""
@@ -132,6 +136,9 @@ class DataNotes:
             here = self.activity.call_here()
             if here is None:
                 return None
+            where = _job_frame(frame)
+            if where is not None and where.f_code.co_filename.startswith(self.not_the_jobs):
+                return None  # ours (the watcher's start) or Ray's own, inside a call of the job: not its wait
             waiting = Waiting(obj, kind, frame)
             return self.activity.enter(f"{kind} wait", detail=f"waiting on {_article(kind)} {kind}",
                                        progress=waiting.progress, wait=True, waits_on=waiting.waits_on,

@@ -5,7 +5,7 @@ over an asyncio.Condition), parked at a staleness gate while it is ``STALENESS``
 trainer's parameter version, and two trainer ranks that take a sample each per step, all-reduce their
 gradient over gloo, and (rank 0) send the rollouter the new version.
 
-    python ray_async_pipeline.py HEALTHY_S CAUSE
+    python ray_async_pipeline.py HEALTHY_S CAUSE [--verl-queue]
 
 After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at a time:
     server   the inference server's handler never returns (an inference request stalled inside the server)
@@ -13,6 +13,7 @@ After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at
     rank     Trainer/1 never joins the gradient all-reduce (its step's compute hangs)
     gate     Trainer/0 stops sending the new parameter version, so the gate stays shut (verl #3895)
     none     nothing: healthy until stopped
+--verl-queue: verl's own MessageQueue actor (verl.experimental.fully_async_policy) in place of this one
     python ray_async_pipeline.py --tool   # the tool alone: prints its port, serves until killed
 """
 
@@ -104,6 +105,16 @@ class MessageQueue:
             return self.samples.popleft()
 
 
+def message_queue(verls: bool):
+    """This job's queue, or verl's own (its ``get_sample`` answers the sample and the queue's size)."""
+    if not verls:
+        return MessageQueue.remote()
+    from omegaconf import OmegaConf
+    from verl.experimental.fully_async_policy.message_queue import MessageQueue as VerlMessageQueue
+
+    return VerlMessageQueue.options(num_cpus=0).remote(OmegaConf.create({}), max_queue_size=1000)
+
+
 @ray.remote(num_cpus=0)
 class Rollouter:
     def __init__(self):
@@ -145,6 +156,7 @@ class Trainer:
         step = 0
         while True:
             sample = ray.get(queue.get_sample.remote(), timeout=WAIT_S)
+            sample = sample[0] if isinstance(sample, tuple) else sample  # (verl's: the sample and the queue's size)
             stalled = os.path.exists(stall_flag) and open(stall_flag).read()
             if stalled == "rank" and self.rank == 1:
                 time.sleep(WAIT_S)  # its compute hangs: it never joins the all-reduce
@@ -155,7 +167,7 @@ class Trainer:
                 ray.get(rollouter.update_param_version.remote(step), timeout=60)
 
 
-def main(healthy_s: float, cause: str) -> None:
+def main(healthy_s: float, cause: str, verls_queue: bool) -> None:
     tool_process = subprocess.Popen([sys.executable, __file__, "--tool"], stdout=subprocess.PIPE, text=True)
     stall_flag = os.path.join(tempfile.mkdtemp(prefix="pipeline-"), "stall")
     try:
@@ -164,7 +176,7 @@ def main(healthy_s: float, cause: str) -> None:
         ray.init(num_cpus=2)
         server = InferenceServer.remote()
         url = f"http://127.0.0.1:{ray.get(server.start.remote(), timeout=90)}"
-        queue, rollouter = MessageQueue.remote(), Rollouter.remote()
+        queue, rollouter = message_queue(verls_queue), Rollouter.remote()
         import socket
 
         with socket.socket() as s:
@@ -195,4 +207,4 @@ def main(healthy_s: float, cause: str) -> None:
 if __name__ == "__main__":
     import urllib.request
 
-    main(float(sys.argv[1]), sys.argv[2])
+    main(float(sys.argv[1]), sys.argv[2], "--verl-queue" in sys.argv[3:])

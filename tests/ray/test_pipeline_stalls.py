@@ -1,0 +1,39 @@
+"""An async RL pipeline (tests/jobs/ray_async_pipeline.py under `gkd-tui launch --`: an inference server in a
+Ray actor, a tool outside Ray, a rollouter behind a staleness gate, a message queue, two trainer ranks over
+gloo) stalled by one cause at a time: each named as itself (tests/pipeline_stalls.py); and the same pipeline
+left healthy for two minutes says nothing, while its waits on the queue and whom each sends calls to are on
+the record."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import gkd_tui, logged_events, wait_until
+from pipeline_stalls import CAUSES, HEALTHY_S, alarms, launched, said, stalled_and_named
+
+STILL_HEALTHY_S = 120  # #55: the same job left healthy this long says nothing
+
+
+@pytest.mark.parametrize("cause", list(CAUSES))
+@pytest.mark.timeout(HEALTHY_S + 240)
+def test_each_cause_of_a_stalled_pipeline_is_named_as_itself_and_the_trainer_is_blocked_by_it(gkd_home, cause):
+    stalled_and_named(cause)
+
+
+@pytest.mark.timeout(STILL_HEALTHY_S + 180)
+def test_the_same_pipeline_left_healthy_for_two_minutes_says_nothing(gkd_home):
+    run = launched(STILL_HEALTHY_S, "none")
+    try:
+        wait_until(lambda: said(run, "STALLED AT"), STILL_HEALTHY_S + 150, "two healthy minutes", every_s=2.0)
+        events = logged_events(run)
+        assert [(a["code"], a["message"]) for a in alarms(run)] == []
+        # it was watched all along: its steps' waits on the queue and the gate's data are on the record
+        trainers = [e for e in events if e["kind"] == "phase" and e["src"].startswith("Trainer/")]
+        assert any(w.startswith("MessageQueue/0.get_sample") for e in trainers for w in e.get("waits_on") or [])
+        sends = {e["src"]: e["to"] for e in events if e["kind"] == "sends"}
+        assert "MessageQueue/0.put_sample" in sends.get("Rollouter/0", []), sends
+        assert "Rollouter/0.update_param_version" in sends.get("Trainer/0", []), sends
+    finally:
+        gkd_tui("stop", str(run))
+        time.sleep(0.5)
