@@ -49,7 +49,10 @@ def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
     # straggler, a teacher that does not serve, a dead actor), the workers waiting on it are not named
     if any(a.targets and a.severity != "info" and a.code != "slower_than_usual" for a in out):
         out = [a for a in out if a.code != "slower_than_usual"]
-    return cascade.with_blocked(state, out, lambda causes: waits.waiting_on(found.graph, causes))
+    # the waiters along the graph's waits (a job whose processes say what they wait on; our trainer's peers in a
+    # collective or on the teacher are the cascade's own)
+    chains = (lambda causes: waits.waiting_on(found.graph, causes)) if state.waiting else None
+    return cascade.with_blocked(state, out, chains)
 
 
 def _elapsed(evidence: dict, missing: float) -> float:
