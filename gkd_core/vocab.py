@@ -99,10 +99,26 @@ class DataWait(NamedTuple):
     """A call of a worker's waiting on data: a queue's get, a gate's Event or Condition (asyncio's or
     threading's), as its phase's ``waits_on`` says it: ``data put_sample,requeue``: the worker's own methods
     whose calls set it before (an Event set, a Condition notified, a queue put into). It waits on whoever
-    calls them (their ``sends`` say), not on the worker itself. ``methods`` empty: nothing that a call of the
-    worker's ran has set it yet (set by a thread of its own, or never)."""
+    calls them (their ``sends`` say), not on the worker itself; or a thread of the worker's own that set it
+    (``of_thread``). ``methods`` empty: nothing has set it yet."""
 
     methods: tuple[str, ...]
+
+    @staticmethod
+    def of_thread(name: str, alive: bool) -> str:
+        """A setter that is no call but a thread of the worker's own (a producer thread): ``~name``, and
+        ``~name!`` once it has ended."""
+        return f"~{name.replace(',', ' ')}" + ("" if alive else "!")
+
+    @staticmethod
+    def thread(method: str) -> str:
+        """The thread's name of a setter ``of_thread`` said ("" for a method)."""
+        return method[1:].removesuffix("!") if method.startswith("~") else ""
+
+    @staticmethod
+    def ended(method: str) -> bool:
+        """Whether the setter is a thread that has ended."""
+        return method.startswith("~") and method.endswith("!")
 
     def said(self) -> str:
         return f"data {','.join(self.methods)}".rstrip()
@@ -162,6 +178,7 @@ ALERTS: dict[str, Code] = {
     "deadlock": Code("rules", "deadlock", live=True, stacks=True, cause=True),
     "producer_parked": Code("rules", "parked", live=True, stacks=True, cause=True),
     "external_wait": Code("rules", "waiting outside", live=True, stacks=True, cause=True),
+    "producer_died": Code("rules", "producer dead", stacks=True, cause=True),
     "ingest_rejected": Code("supervisor"),
     "auth_refused": Code("supervisor"),
     "restarted_by_driver": Code("driver", "restarted"),

@@ -28,10 +28,8 @@ def entered_async(lane: Any, name: str) -> None:
 def running_async() -> tuple[Any, str] | None:
     """(lane, call) of what runs here on an event loop: an async actor's call (its coroutine, its method),
     else the task itself with no call (a server's handler, a task the job made); None off any loop."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no loop runs in this thread
-        return None
+    loop = asyncio._get_running_loop()  # (None off a loop: current_task's RuntimeError costs a raise a wait)
+    task = asyncio.current_task(loop) if loop is not None else None
     if task is None:
         return None
     held = _async_call.get()

@@ -19,10 +19,12 @@ is a wait of that call, on whoever set that object before:
   when.
 
 Who calls those methods only the callers know (Ray tells a callee nothing of its caller): each process says
-which actor calls it sent lately (``SendsEvent``), and the diagnosis joins the two. What it cannot see yet:
-a set outside any call of the job (a thread of the job's own filling the queue: the wait is then on "no
-call"), data that arrives by polling (a loop that asks a queue with a short timeout: each ask is a wait of
-its own), and other libraries' primitives (trio, gevent, multiprocessing).
+which actor calls it sent lately (``SendsEvent``), and the diagnosis joins the two. A thread of the
+process's own that sets it outside any call (a producer thread) is noted by its name (``~name``), and its
+death with the error it died of (``threading.excepthook``): a queue only a dead thread fed waits forever.
+A consumer that polls (a queue's get with a timeout, again and again) is seen as long as each poll lasts
+the 20 ms a wait takes to be shown. What it cannot see yet: a set by a task of the job's own outside any
+call (on an event loop), and other libraries' primitives (trio, gevent, multiprocessing).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from types import FrameType
 from typing import Any
 
 from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.calls import running_async
 from gkd_core.units import spoken
 from gkd_core.vocab import DataWait
 
@@ -50,13 +53,17 @@ NUMBERS_MAX = 6  # numbers of the waiting object said with the wait (a gate's ve
 OWN_FILES = {os.path.normcase(f) for f in (threading.__file__, queue.__file__, asyncio.locks.__file__,
                                           asyncio.queues.__file__, __file__)}
 OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep  # gkd_core's own waits (the watcher's start)
-_ours = threading.local()  # set while this module notes a wait: a wait inside that (a thread started) is not one
+_ours = threading.local()
+DIED: dict[str, str] = {}  # thread name -> the error it died of, as "ValueError: its message's first line"
+DIED_MAX = 32
+ERROR_MAX = 200  # set while this module notes a wait: a wait inside that (a thread started) is not one
 
 
 def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
     """Patch asyncio's and threading's primitives (both are imported by now: Ray imports them). A patch that
     fails is said once; the job and the rest of the watching go on without it."""
     notes = DataNotes(activity, say_once)
+    _note_deaths(threading.excepthook)
     for owner, name, patch in (
             (asyncio.Event, "wait", notes.async_wait("asyncio.Event", lambda e: e.is_set())),
             (asyncio.Condition, "wait", notes.async_wait("asyncio.Condition")),
@@ -84,8 +91,14 @@ class Waiting:
     def set_by(self) -> dict[str, float]:
         return dict(getattr(self.obj, SET_BY, None) or {})
 
+    def setters(self) -> list[str]:
+        """Who set it, as the edge says them: methods, and threads (``~name``, ``~name!`` once ended)."""
+        alive = {t.name for t in threading.enumerate()}
+        return sorted(DataWait.of_thread(DataWait.thread(m), DataWait.thread(m) in alive) if m.startswith("~") else m
+                      for m in self.set_by())
+
     def waits_on(self) -> list[str]:
-        return [DataWait(tuple(sorted(self.set_by()))).said()]
+        return [DataWait(tuple(self.setters())).said()]
 
     def progress(self) -> str:
         """``waiting on an asyncio.Condition in run_loop (pipeline.py:88; its numbers: version=3,
@@ -98,10 +111,20 @@ class Waiting:
                      + (f"; its numbers: {numbers}" if numbers else "") + ")")
         set_by = self.set_by()
         if not set_by:
-            return f"{said}, set by no call of this worker's yet"
+            return f"{said}, set by nothing yet"
+        setters = self.setters()
+        if all(DataWait.ended(m) for m in setters):  # only threads fed it, and they have ended: the cause
+            names = [DataWait.thread(m) for m in setters]
+            errors = [DIED[n] for n in names if n in DIED]
+            return (f"{said}, set only by its thread {', '.join(names)}, which ended"
+                    + (f" with {errors[0]}" if errors else " (no error seen)"))
         method, last = max(set_by.items(), key=lambda item: item[1])
         others = sorted(set(set_by) - {method})
-        return (f"{said}, set by {method}" + (f" (or {', '.join(others)})" if others else "")
+
+        def who(m: str) -> str:
+            return f"its thread {DataWait.thread(m)}" if m.startswith("~") else m
+
+        return (f"{said}, set by {who(method)}" + (f" (or {', '.join(map(who, others))})" if others else "")
                 + f", last {spoken(max(0.0, self.started - last))} before this wait")
 
 
@@ -115,15 +138,22 @@ class DataNotes:
         self.not_the_jobs = (OURS, *([os.path.dirname(ray.__file__) + os.sep] if ray and ray.__file__ else []))
 
     def note_set(self, obj: Any) -> None:
-        """``obj`` was set (notified, put into) by the job's call running here, if one is."""
+        """``obj`` was set (notified, put into) by the job's call running here, or by a thread of the process's
+        own outside any call (a producer thread: ``~name``); a set on an event loop outside a call (a task the
+        job made) is not noted."""
         here = self.activity.call_here()
-        if here is None:
-            return
+        if here is not None:
+            by = here[1]
+        else:
+            thread = threading.current_thread()
+            if thread is threading.main_thread() or running_async() is not None:
+                return
+            by = DataWait.of_thread(thread.name, alive=True)
         set_by = obj.__dict__.get(SET_BY)
         if set_by is None:
             set_by = obj.__dict__[SET_BY] = {}
-        set_by.pop(here[1], None)  # (the newest last: the oldest is dropped first)
-        set_by[here[1]] = time.time()
+        set_by.pop(by, None)  # (the newest last: the oldest is dropped first)
+        set_by[by] = time.time()
         if len(set_by) > SET_BY_MAX:
             del set_by[next(iter(set_by))]
 
@@ -151,10 +181,14 @@ class DataNotes:
 
     def setting(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def set_(obj, *args, **kwargs):
-            try:
-                self.note_set(obj)
-            except Exception as e:
-                self.say_once("noting a set of data", e)
+            if not getattr(_ours, "noting", False):  # (naming a thread can make one, whose start sets an Event)
+                _ours.noting = True
+                try:
+                    self.note_set(obj)
+                except Exception as e:
+                    self.say_once("noting a set of data", e)
+                finally:
+                    _ours.noting = False
             return original(obj, *args, **kwargs)
 
         return set_
@@ -193,6 +227,24 @@ class DataNotes:
             return wait
 
         return patch
+
+
+def _note_deaths(theirs: Callable[[Any], object]) -> None:
+    """``threading.excepthook`` noting each thread that dies of an error (its name, the error's first line) in
+    ``DIED`` before the hook the process had (Python's prints the traceback): a wait on a queue that only that
+    thread fed says it."""
+    def excepthook(args) -> None:
+        try:  # the process's own hook runs whatever happens here
+            lines = str(args.exc_value).splitlines() if args.exc_value is not None else []
+            if len(DIED) >= DIED_MAX:
+                del DIED[next(iter(DIED))]
+            name = args.thread.name if args.thread is not None else ""
+            DIED[name] = f"{args.exc_type.__name__}: {lines[0] if lines else ''}"[:ERROR_MAX]
+        finally:
+            theirs(args)
+
+    excepthook.__wrapped__ = theirs  # type: ignore[attr-defined]
+    threading.excepthook = excepthook
 
 
 def _thread_kind(caller: FrameType) -> str:

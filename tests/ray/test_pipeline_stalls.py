@@ -2,17 +2,23 @@
 Ray actor, a tool outside Ray, a rollouter behind a staleness gate, a message queue, two trainer ranks over
 gloo) stalled by one cause at a time: each named as itself (tests/pipeline_stalls.py); and the same pipeline
 left healthy for two minutes says nothing, while its waits on the queue and whom each sends calls to are on
-the record."""
+the record. And slime's shape: a producer thread that dies with an error, its collector polling on."""
 
 from __future__ import annotations
 
+import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import gkd_tui, logged_events, wait_until
-from pipeline_stalls import CAUSES, HEALTHY_S, alarms, launched, said, stalled_and_named
+from pipeline_stalls import CAUSES, HEALTHY_S, NAMED_WITHIN_S, alarms, launched, said, stalled_and_named
+
+from gkd_core import rundir
 
 STILL_HEALTHY_S = 120  # #55: the same job left healthy this long says nothing
+THREAD_JOB = Path(__file__).resolve().parents[1] / "jobs" / "ray_thread_producer.py"
 
 
 @pytest.mark.parametrize("cause", list(CAUSES))
@@ -34,6 +40,28 @@ def test_the_same_pipeline_left_healthy_for_two_minutes_says_nothing(gkd_home):
         sends = {e["src"]: e["to"] for e in events if e["kind"] == "sends"}
         assert "MessageQueue/0.put_sample" in sends.get("Rollouter/0", []), sends
         assert "Rollouter/0.update_param_version" in sends.get("Trainer/0", []), sends
+    finally:
+        gkd_tui("stop", str(run))
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(200)
+def test_a_producer_thread_that_dies_is_named_with_its_error_while_the_collector_polls_on(gkd_home):
+    """slime's shape (tests/jobs/ray_thread_producer.py): a buffer actor's own thread fills a queue.Queue, its
+    collector call polls it with a timeout; the thread raises. The buffer is named, with the thread and its
+    error, within 15 s; nothing before."""
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(THREAD_JOB), str(HEALTHY_S))
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    try:
+        dies_at = float(wait_until(lambda: said(run, "STALLED AT"), 120, "the job to start", every_s=1.0))
+        named = wait_until(lambda: alarms(run), dies_at - time.time() + NAMED_WITHIN_S + 30, "the death named",
+                           every_s=0.5)
+        first = named[0]
+        assert first["ts"] >= dies_at and first["ts"] - dies_at <= NAMED_WITHIN_S, (first["ts"] - dies_at, first)
+        assert (first["code"], first["targets"]) == ("producer_died", ["RolloutBuffer/0"]), first
+        assert re.search(r"only its thread rollout-producer fed, which has ended with ValueError: sample \d+ has no "
+                         r"reward: the reward model answered None", first["message"]), first["message"]
     finally:
         gkd_tui("stop", str(run))
         time.sleep(0.5)

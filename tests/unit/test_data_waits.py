@@ -23,7 +23,7 @@ PATCHED = [(asyncio.Event, "wait"), (asyncio.Event, "set"), (asyncio.Condition, 
 
 @pytest.fixture
 def activity(monkeypatch) -> Activity:
-    for owner, name in PATCHED:  # put back after the test, whatever it does
+    for owner, name in [*PATCHED, (threading, "excepthook")]:  # put back after the test, whatever it does
         monkeypatch.setattr(owner, name, getattr(owner, name))
     said = []
     a = Activity(lambda: None)
@@ -82,7 +82,7 @@ def test_an_async_queue_waited_on_empty_is_a_wait_and_one_with_items_is_none(act
         getting = asyncio.ensure_future(get())
         await asyncio.sleep(0.02)
         (wait,) = waits(activity)
-        assert wait.waits_on() == ["data"] and "set by no call of this worker's yet" in wait.progress()
+        assert wait.waits_on() == ["data"] and "set by nothing yet" in wait.progress()
         q.put_nowait(2)
         assert await getting == 2
 
@@ -124,8 +124,47 @@ def test_a_tracked_method_parked_on_a_threading_event_or_a_queue_waits_on_the_me
     assert list(getattr(samples.not_empty, data_waits.SET_BY)) == ["put_sample"]
 
 
-def test_a_wait_outside_any_call_of_the_job_is_none(activity):
+def test_a_wait_outside_any_call_of_the_job_is_none_and_a_thread_that_sets_is_noted_by_its_name(activity):
     done = threading.Event()
     threading.Timer(0.05, done.set).start()
-    assert done.wait(5)  # a thread of the job's own, not in a call: its waits are its own business
-    assert waits(activity) == [] and getattr(done._cond, data_waits.SET_BY, None) is None
+    assert done.wait(5)  # the main thread, not in a call: its waits are its own business
+    assert waits(activity) == []
+    assert [DataWait.thread(m) for m in getattr(done._cond, data_waits.SET_BY)] == [threading.Timer.__name__ + "-1"] \
+        or list(getattr(done._cond, data_waits.SET_BY))[0].startswith("~Thread-")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # (pytest's hook: the one before)
+def test_a_call_polling_a_queue_that_only_a_dead_thread_fed_says_the_thread_and_its_error(activity):
+    """slime's shape: a producer thread of the actor's own fills a queue.Queue, and a call polls it with a
+    timeout; the thread raises. The call's wait then names the thread, ended, and the error it died of."""
+    samples: queue.Queue = queue.Queue()
+
+    def produce():
+        samples.put({"n": 0})
+        raise ValueError("sample 1 has no reward\nsecond line")
+
+    producer = threading.Thread(target=produce, name="rollout-producer")
+    producer.start()
+    producer.join(5)
+    def get_batch():
+        samples.get(timeout=5)
+        for _ in range(10):  # then it polls an empty queue
+            try:
+                samples.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    polling = threading.Thread(target=activity.tracked("get_batch", get_batch))
+    polling.start()
+    seen = []
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        seen = [(w.waits_on(), w.progress()) for w in waits(activity) if "~" in w.waits_on()[0]]
+        time.sleep(0.02)
+    polling.join(5)
+    assert seen, "no wait on the dead thread's queue was noted"
+    on, said = seen[-1]
+    assert on == [DataWait(("~rollout-producer!",)).said()] and DataWait.ended(on[0][5:]), on
+    assert said.endswith("set only by its thread rollout-producer, which ended with ValueError: sample 1 has no "
+                         "reward"), said
+    assert threading.excepthook.__wrapped__ is not None  # the process's own hook is called after ours

@@ -127,3 +127,20 @@ def test_a_process_says_whom_it_sends_calls_to_from_its_book_and_again_only_when
     book.sent("Trainer/1", "step", None)  # (a call its sender named itself: nothing kept without a ref)
     book.newer[b"r" * 28] = ("Learner/3", "train")
     assert sends.now() == ["Learner/3.train", "MessageQueue/0.put_sample", "Rollouter/0.update_param_version"]
+
+
+def test_a_call_waiting_on_data_that_only_a_dead_thread_fed_names_the_worker_with_the_threads_error():
+    st = pipeline()
+    st.apply(ev.WorkerEvent(src="RolloutBuffer/0", role="RolloutBuffer", rank=0, node="node-a", pid=200, ts=T0 - 50))
+    live = DataWait((DataWait.of_thread("rollout-producer", alive=True),)).said()
+    phase(st, "RolloutBuffer/0", "get_batch", T0, call=9, waits_on=[live],
+          detail="get_batch: waiting on a queue.Queue in get_batch (job.py:35), set by its thread rollout-producer")
+    assert [a.code for a in diagnosis.diagnose(st, T0 + 30) if a.severity != "info"] == []  # alive: only waits
+    dead = DataWait((DataWait.of_thread("rollout-producer", alive=False),)).said()
+    phase(st, "RolloutBuffer/0", "get_batch", T0, call=9, waits_on=[dead],
+          detail="get_batch: waiting on a queue.Queue in get_batch (job.py:35), set only by its thread "
+                 "rollout-producer, which ended with ValueError: sample 51 has no reward")
+    (a,) = [a for a in diagnosis.diagnose(st, T0 + 31) if a.severity != "info"]
+    assert (a.code, a.severity, a.targets) == ("producer_died", "critical", ["RolloutBuffer/0"])
+    assert a.message.startswith("RolloutBuffer/0.get_batch waits on data that only its thread rollout-producer fed, "
+                                "which has ended with ValueError: sample 51 has no reward"), a.message

@@ -6,8 +6,8 @@ recipe/gkd hangs, a hang flow chart, a Ray self-play guide, LightRFT's troublesh
 said as what to do, not where it was read.
 
 The rules, by what they watch: ``workers``, ``sync`` (and the collectives), ``gpu``, ``memory``,
-``teacher``, ``placement`` (Ray's); what they share: ``common``. The wait-for graph's (``waits``) runs
-after them, as ``diagnose`` calls it: it prunes what they found.
+``teacher``, ``placement`` (Ray's), ``pipeline`` (a producer that died); what they share: ``common``.
+The wait-for graph's (``waits``) runs after them, as ``diagnose`` calls it: it prunes what they found.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gkd_core import vocab
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.diagnosis.rules.gpu import bad_step, gpu_danger, gpu_probe_hung, out_of_memory
 from gkd_core.diagnosis.rules.memory import memory_growing, node_memory_low, oom_killed
+from gkd_core.diagnosis.rules.pipeline import producer_died
 from gkd_core.diagnosis.rules.placement import placement_groups, unschedulable
 from gkd_core.diagnosis.rules.sync import collectives, parts_explain, sync, sync_parts
 from gkd_core.diagnosis.rules.teacher import teacher
@@ -38,6 +39,7 @@ RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
     heartbeat_stale, stragglers, sync, sync_parts, collectives, teacher, no_progress, actor_dead, unschedulable,
     placement_groups, gpu_probe_hung, gpu_danger,
     bad_step, out_of_memory, memory_growing, node_memory_low, oom_killed, driver_failed, events_dropped,
+    producer_died,
 ]
 # codes these rules own: the supervisor clears them when their rule no longer returns them
 CODES = vocab.codes(by="rules")
