@@ -53,10 +53,10 @@ NUMBERS_MAX = 6  # numbers of the waiting object said with the wait (a gate's ve
 OWN_FILES = {os.path.normcase(f) for f in (threading.__file__, queue.__file__, asyncio.locks.__file__,
                                           asyncio.queues.__file__, __file__)}
 OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep  # gkd_core's own waits (the watcher's start)
-_ours = threading.local()
+_ours = threading.local()  # ``noting`` while this module notes a wait or a set: one inside that is not the job's
 DIED: dict[str, str] = {}  # thread name -> the error it died of, as "ValueError: its message's first line"
-DIED_MAX = 32
-ERROR_MAX = 200  # set while this module notes a wait: a wait inside that (a thread started) is not one
+DIED_MAX = 32  # threads' deaths remembered (the newest)
+ERROR_MAX = 200  # characters of an error kept
 
 
 def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:

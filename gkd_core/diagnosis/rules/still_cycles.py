@@ -45,7 +45,8 @@ def _hop(state: RunState, edge: Edge) -> str:
 
 
 def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
-    """Each cycle none of whose members has moved for ``STILL_S``: critical, every member named."""
+    """Each cycle none of whose members has moved for ``STILL_S``: critical, every member named; or, through a
+    producer parked on data, that producer named (``producer_parked``) and the rest blocked by it."""
     out = []
     for hops in found.cycles:
         members = [state.workers[src] for src, _ in hops]
