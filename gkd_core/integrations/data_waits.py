@@ -102,7 +102,7 @@ class Waiting:
 
     def progress(self) -> str:
         """``waiting on an asyncio.Condition in run_loop (pipeline.py:88; its numbers: version=3,
-        produced=11), set by update_param_version (last 40 s before this wait)``."""
+        produced=11), set by update_param_version, last 40 s before this wait``."""
         where = _job_frame(self.frame)
         said = f"waiting on {_article(self.kind)} {self.kind}"
         if where is not None:
