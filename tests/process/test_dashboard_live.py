@@ -3,6 +3,8 @@ and a hung GPU sampler's banner."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import wait_until
 
@@ -197,8 +199,14 @@ async def test_b_takes_every_workers_stacks_and_writes_the_bug_report(start_supe
     with tarfile.open(Path(written[0].removeprefix("bundle written: "))) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
         summary = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/summary.md"))).read()
+        stacks = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/stacks.txt"))).read()
     assert "stacks.txt" in names and "environment.json" in names, names
-    # the demo driver answers with its stack in the event (the trainer's also saves it in stacks/DUMP/)
-    driver_row = next(line for line in summary.decode().splitlines() if line.startswith("| driver |"))
-    assert "not taken" not in driver_row and "demo_driver.py" in driver_row, driver_row
+    # the demo driver answers with its stack in the event (the trainer's also saves it in stacks/DUMP/); the
+    # summary's table names the alerts' targets when one is active (a busy machine's straggler), so the
+    # driver's stack is looked for in stacks.txt's groups, and in its summary row when it has one
+    headers = stacks.decode().split("\n\n")[0].splitlines()
+    driver_group = next((line for line in headers if re.search(r"[(,] ?driver[,)]", line)), "")
+    assert "demo_driver.py" in driver_group, stacks.decode()[:2000]
+    driver_row = next((line for line in summary.decode().splitlines() if line.startswith("| driver |")), "")
+    assert "not taken" not in driver_row and (not driver_row or "demo_driver.py" in driver_row), summary.decode()
 
