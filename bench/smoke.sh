@@ -2,8 +2,8 @@
 # Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name,
 # wall time and, for a comparison, which of its halves ran (bench/records.py `other_half`: the other half runs where its
 # package is installed; GKD_SMOKE_REQUIRE makes a missing one fail), then the tables rendered from records
-# (bench/records.py's, chaos_trials', bench_restart_load's) checked against them. Run from the repository
-# root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, with the bench extra
+# (bench/records.py's, chaos_trials', bench_restart_load's, pipeline_trials') checked against them. Run from
+# the repository root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, with the bench extra
 # installed and GKD_SMOKE_REQUIRE="trl textual_plotext"; vLLM's half in its own venv: .ci/run).
 # A bench that fails does not stop the others; the script fails at the end, naming every one that did.
 set -euo pipefail
@@ -22,7 +22,7 @@ failed=()
 times=()
 all_start=$(date +%s%N)
 # (gpu_check.py checks NVML and CUDA on a GPU; on a machine without one it says so and exits 0)
-for bench in bench/bench_*.py bench/chaos_trials.py bench/gpu_check.py; do
+for bench in bench/bench_*.py bench/chaos_trials.py bench/pipeline_trials.py bench/gpu_check.py; do
     name=$(basename "$bench" .py)
     echo "== $name --smoke"
     start=$(date +%s%N)
@@ -57,3 +57,4 @@ echo "== the tables rendered from records, checked against them"
 python bench/records.py --check
 python bench/chaos_trials.py --render-only --check
 python bench/bench_restart_load.py --render-only --check
+python bench/pipeline_trials.py --render-only --check

@@ -10,6 +10,7 @@ newer writer's new word is kept, not refused); here they are the words this read
 
 from __future__ import annotations
 
+import re
 from typing import Literal, NamedTuple, get_args
 
 Severity = Literal["critical", "warn", "info"]
@@ -93,6 +94,10 @@ class HttpWait(NamedTuple):
         """Its route, and who serves it: ``server`` (a worker), else its pid or "not served on this node"."""
         who = server or (f"pid {self.pid}" if self.pid else "not served on this node")
         return f"{self.route()} ({who})"
+
+
+# a served HTTP request's call, as a server's phase and its flow's calls name it: "POST /generate"
+SERVED_ROUTE = re.compile(r"^[A-Z]+ /")
 
 
 class DataWait(NamedTuple):

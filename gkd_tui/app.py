@@ -33,6 +33,7 @@ from gkd_tui.theme import THEME_VARIABLES
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
 from gkd_tui.widgets.nvml_pane import NvmlPane
+from gkd_tui.widgets.pipeline_pane import PipelinePane
 from gkd_tui.widgets.run_header import RunHeader
 from gkd_tui.widgets.sync_gauge import SyncGauge
 from gkd_tui.widgets.teacher_pane import TeacherPane
@@ -102,6 +103,7 @@ class GkdApp(App):
             with Vertical(id="side"):
                 yield titled(SyncGauge(), "weight sync")
                 yield titled(TeacherPane(), "teacher")
+                yield titled(PipelinePane(), "pipeline")
                 yield titled(NvmlPane(), "GPU / NVML")
         with Horizontal(id="bottom"):
             yield titled(MetricsPane(), "metrics")
@@ -137,7 +139,10 @@ class GkdApp(App):
             self.query_one(RunHeader).show(st, now, self.source.describe())
             self.query_one(WorkersTable).show(st, now, self.stall_s, self.filter_text)
             self.query_one(SyncGauge).show(st, now)
-            self.query_one(TeacherPane).show(st, now)
+            pipeline = self.query_one(PipelinePane).show(st, now)
+            teacher = self.query_one(TeacherPane)
+            teacher.display = bool(st.teacher.by_src) or not pipeline  # (a pipeline's job has no teacher of ours)
+            teacher.show(st, now)
             self.query_one(NvmlPane).show(st, now)
             self.query_one(MetricsPane).show(st, now)
             follower = self.source.logs

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
 from gkd_core.state import MetricsPoint, RunState
-from gkd_core.state.series import GpuPoint, SyncPoint, TeacherPoint
+from gkd_core.state.series import DepthPoint, GpuPoint, SyncPoint, TeacherPoint
 from gkd_core.units import compact
 from gkd_core.vocab import SYNC_FAILED, SYNC_PARTS
 
@@ -59,7 +59,7 @@ class Figure(NamedTuple):
             _clip(high if high is not None else max(ys, default=1.0)), keep_low=low is not None)
 
 
-TABS = ("training", "sync", "step time", "teacher", "GPU", "memory")
+TABS = ("training", "sync", "step time", "teacher", "GPU", "memory", "pipeline")
 MEMORY_DRAWN = 6  # the processes of most memory, a line each
 # their colours: not the magentas, which read as the limits' red on most terminals' palettes
 MEMORY_COLOURS = ("series-1", "series-2", "series-4", "series-5", "series-6", "series-7")
@@ -77,6 +77,8 @@ def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
         return teacher(st.series.teacher, _origin(st, st.series.teacher))
     if tab == "GPU":
         return gpus(st.series.gpus, st.series.gpu_mean, _origin(st, st.series.gpu_mean))
+    if tab == "pipeline":
+        return (queues(st.series.queues, st.started),)
     if tab == "memory":
         return (memory(st),)
     raise ValueError(f"no plot tab {tab!r}; the tabs are {', '.join(TABS)}")
@@ -230,6 +232,21 @@ def memory(st: RunState) -> Figure:
         w = top[0]
         title += f"; {w.src} {w.rss / GB:.2f} GB now" + (f" of {w.mem.limit / GB:.1f}" if w.mem and w.mem.limit else "")
     return Figure(title, unit, "GB", tuple(lines), (0.0, None), empty="no memory readings yet (heartbeats carry them)")
+
+
+def queues(by_queue: dict[str, list[DepthPoint]], started: float | None) -> Figure:
+    """Each queue of the job's depth over time (its worker's ``flow`` events): one that fills while its
+    consumer stalls, or stays empty while its producer does."""
+    t0 = started or min((pts[0].ts for pts in by_queue.values() if pts), default=0.0)
+    last = max((pts[-1].ts for pts in by_queue.values() if pts), default=t0)
+    scale, unit = _axis_over(last - t0)
+    drawn = sorted(by_queue.items())
+    colours = MEMORY_COLOURS
+    lines = tuple(_line(key, (((p.ts - t0) / scale, float(p.depth)) for p in pts), colours[i % len(colours)])
+                  for i, (key, pts) in enumerate(drawn))
+    title = "queue depth: " + ("; ".join(f"{key} {pts[-1].depth} now" for key, pts in drawn if pts) or "no queue")
+    return Figure(title, unit, "items", lines, (0.0, None),
+                  empty="no queue of the job's seen yet (a queue is found where a call of the job puts into it)")
 
 
 def _clip(v: float) -> float:

@@ -18,6 +18,9 @@ and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight syn
 - ``memory_grower.events.jsonl.gz``: a plain Ray job under ``launch --`` in a memory cgroup of 3 GiB, one
   actor growing 40 MB a second until the kernel's OOM killer ends it (tests/ray/test_memory_oom.py's run:
   root makes the cgroup): warned with the time to the limit, then named OOM-killed, and the memory plot;
+- ``pipeline_stall.events.jsonl.gz``: a plain Ray job of an async RL pipeline's shape under ``launch --``
+  (tests/jobs/ray_async_pipeline.py: an inference server, a tool outside Ray, a rollouter, a message queue,
+  two trainer ranks) whose tool stops answering after 20 s: the pipeline pane during the stall;
 - ``verl_job.events.jsonl``: a verl job that is not ours (tests/jobs/verl_gkd_job.py, verl's own
   worker group on CPU) under ``launch --``, rank 1 never finishing ``sync_rollout_weights`` at step 3.
 
@@ -26,6 +29,7 @@ and two runs of examples/hang_demo.yaml (rollout/1 never finishes its weight syn
     python screenshots/make_screenshots.py --record-verl .venv-verl/bin/python   # the verl job again
     python screenshots/make_screenshots.py --record-long   # the 300-step run again (about 3 minutes)
     python screenshots/make_screenshots.py --record-memory   # the OOM-killed job again (root; 2 minutes)
+    python screenshots/make_screenshots.py --record-pipeline   # the stalled pipeline again (1 minute)
 
 The recordings are real runs' event logs with this machine's paths replaced, so they can live in
 the repository. PNGs need cairosvg (`pip install -e ".[screenshots]"`); without it only SVGs.
@@ -63,6 +67,8 @@ HANG = HERE / "hang_demo.events.jsonl"
 STRAGGLER = HERE / "straggler_demo.events.jsonl"
 VERL = HERE / "verl_job.events.jsonl"
 MEMORY = HERE / "memory_grower.events.jsonl.gz"
+PIPELINE = HERE / "pipeline_stall.events.jsonl.gz"
+PIPELINE_SHOT_S = 15.0  # after the tool's stall is named: its wait's age grown, the queue's rates at 0
 LONG = HERE / "long_run.events.jsonl.gz"  # gzipped: 300 steps of events are a few MB of JSON
 LONG_STEPS = 300
 SEEDS = HERE / "seeds"
@@ -178,6 +184,28 @@ def record_verl(out: Path, python: str) -> None:
     out.write_text(sanitize(text, home))
 
 
+def record_pipeline(out: Path) -> None:
+    """tests/jobs/ray_async_pipeline.py under a run, its tool stalled after 20 s: stopped once the stall has
+    been named for PIPELINE_SHOT_S and a few seconds more."""
+    with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
+        home, env = _fresh_home(Path(tmp))
+        proc = subprocess.Popen([sys.executable, "-m", "gkd_core", "run", "--run-id", "pipeline-stall", "--quiet",
+                                 "--", sys.executable, "tests/jobs/ray_async_pipeline.py", "20", "tool"],
+                                env=env, cwd=ROOT)
+        run = home / "runs" / "pipeline-stall"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            log = run / "events.jsonl"
+            if log.exists() and any(e["kind"] == "alert" and e["code"] == "external_wait" for e in _events(log)):
+                time.sleep(PIPELINE_SHOT_S + 5)
+                _stop(run)
+                break
+        proc.wait(120)
+        text = (run / "events.jsonl").read_text()
+    out.write_bytes(gzip.compress(sanitize(text, home).encode(), mtime=0))
+
+
 def record_memory(out: Path) -> None:
     """tests/ray/test_memory_oom.py's run (a real cgroup, the real OOM killer), its event log kept."""
     with tempfile.TemporaryDirectory(prefix="gkd-shots-") as tmp:
@@ -209,7 +237,8 @@ def moments() -> list[tuple[str, Path, float, str]]:
     named = [e for e in strag if e["kind"] == "alert" and e["code"] == "straggler" and not e.get("cleared")]
     grouped = max(e["ts"] for e in strag if e["kind"] == "stack" and e["dump_id"] == "all")
     verl_stacks = [e for e in verl if e["kind"] == "stack" and e["target"] == "ActorRolloutWorker/1"]
-    memory = _events(MEMORY)
+    memory, pipeline = _events(MEMORY), _events(PIPELINE)
+    tool_named = next(e for e in pipeline if e["kind"] == "alert" and e["code"] == "external_wait")
     growing = next(e for e in memory if e["kind"] == "alert" and e["code"] == "memory_growing"
                    and e["targets"] == ["Grower/0"] and e["severity"] == "critical")
     killed = next(e for e in memory if e["kind"] == "alert" and e["code"] == "oom_killed")
@@ -228,6 +257,7 @@ def moments() -> list[tuple[str, Path, float, str]]:
         ("memory-growing", MEMORY, growing["ts"] + 1.0, ""),
         ("memory-oom-killed", MEMORY, killed["ts"] + 0.5, ""),
         ("plots-memory", MEMORY, growing["ts"] + 15.0, "plots:5"),
+        ("pipeline-tool-stalled", PIPELINE, tool_named["ts"] + PIPELINE_SHOT_S, ""),
     ]
 
 
@@ -324,11 +354,14 @@ def main() -> None:
     p.add_argument("--record-verl", metavar="PYTHON", help="record the verl job again, run by PYTHON (with verl)")
     p.add_argument("--record-long", action="store_true", help=f"record the {LONG_STEPS}-step run again")
     p.add_argument("--record-memory", action="store_true", help="record the OOM-killed job again (as root)")
+    p.add_argument("--record-pipeline", action="store_true", help="record the stalled pipeline again")
     a = p.parse_args()
     if a.record_long or not LONG.exists():
         record_long(LONG)
     if a.record_memory or not MEMORY.exists():
         record_memory(MEMORY)
+    if a.record_pipeline or not PIPELINE.exists():
+        record_pipeline(PIPELINE)
     if a.record_verl:
         record_verl(VERL, a.record_verl)
     if a.record or not STRAGGLER.exists():

@@ -1,7 +1,7 @@
 """The stalled async pipeline (tests/jobs/ray_async_pipeline.py) under `gkd-tui launch --`, stalled by one cause
 and checked as #55 asks: named within 15 s of the stall as its own kind of finding, the trainer at the queue's
 end and the driver blocked by it and never named, and nothing said before the stall. Run with this job's own
-queue (tests/ray/test_pipeline_stalls.py) and with verl's MessageQueue (tests/on_verl)."""
+queue and in slime's shape (tests/ray/test_pipeline_stalls.py), and with verl's MessageQueue (tests/on_verl)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ CAUSES = {
 }
 
 
+# slime's shape (the job's --slime): the rollouter and the queue are one threaded actor, its producer a thread
+SLIME_CAUSES = {
+    "server": CAUSES["server"],
+    "tool": ("external_wait", "RolloutManager/", CAUSES["tool"][2]),
+    "rank": CAUSES["rank"],
+    "gate": ("producer_parked", "RolloutManager/",
+             r"waits on a queue\.Queue in get_sample \(ray_async_pipeline\.py:\d+\), fed by its thread "
+             r"rollout-producer, which is waiting on a threading\.Condition in produce \(ray_async_pipeline\.py:\d+; "
+             r"its numbers: produced=\d+, param_version=\d+\); only Trainer/0's calls of update_param_version open "
+             r"it, and Trainer/0 waits on RolloutManager/0\.get_sample, whose queue only RolloutManager/0's thread "
+             r"rollout-producer fills"),
+}
+
+
 def launched(healthy_s: float, cause: str, *args: str) -> Path:
     got = gkd_tui("launch", "--detach", "--linger", "0", "--", sys.executable, str(JOB), str(healthy_s), cause, *args)
     assert got.returncode == 0, got.stderr
@@ -48,7 +62,7 @@ def alarms(run: Path) -> list[dict]:
 
 
 def stalled_and_named(cause: str, *args: str) -> None:
-    code, culprit, message = CAUSES[cause]
+    code, culprit, message = (SLIME_CAUSES if "--slime" in args else CAUSES)[cause]
     run = launched(HEALTHY_S, cause, *args)
     try:
         began = float(wait_until(lambda: said(run, "STALLED AT"), HEALTHY_S + 150, "the healthy steps to end",

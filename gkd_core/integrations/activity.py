@@ -78,7 +78,7 @@ class Activity:
     def __init__(self, identify: Callable[[], Reporter | None]):
         self._identify = identify
         self._active: dict[int, Call] = {}
-        self._counts: dict[str, int] = {}
+        self.counts: dict[str, int] = {}  # calls begun since the process began, by name (its ``flow`` says them)
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._lock = threading.RLock()  # (re-entered: starting the watcher waits, and a wait in a call wakes it)
@@ -107,16 +107,18 @@ class Activity:
 
     def enter(self, name: str, detail: str = "", deadline: float | None = None,
               progress: Callable[[], str] | None = None, step: int | None = None, wait: bool = False,
-              waits_on: Callable[[], list[str]] | None = None, lane: Any = None) -> int:
+              waits_on: Callable[[], list[str]] | None = None, lane: Any = None, started: float | None = None) -> int:
         """A call begins; ``step``: the training step it belongs to, where the job says (verl's timers);
         ``wait``: it waits for others (``ray.get``): inside a phase it is that phase's detail, and
         ``waits_on`` (read after each ``progress``) the calls it still waits on, the phase's edges;
-        ``lane``: an asyncio call's coroutine (else the calling thread is its lane)."""
-        number = self._counts.get(name, 0) + 1
-        self._counts[name] = number
+        ``lane``: an asyncio call's coroutine (else the calling thread is its lane); ``started``: when it
+        began, if before now (a poll's wait, the same as the one before)."""
+        number = self.counts.get(name, 0) + 1
+        self.counts[name] = number
         token = next(self._ids)
         call = self._active[token] = DetailedCall(name, number, get_ident() if lane is None else lane, step, detail,
                                                   deadline, progress, wait, waits_on)
+        call.started = started or call.started
         self._last_started = call.started
         if self.asleep or not self.started:
             self.wake()
@@ -125,7 +127,7 @@ class Activity:
     def enter_call(self, name: str, step: int | None = None, lane: Any = None) -> int:
         """``enter`` for a call of the job's with no detail (an async actor's method, a framework's phase), at
         little cost: such calls can come thousands a second (a sync method's cost least: ``tracked``)."""
-        counts = self._counts
+        counts = self.counts
         number = counts[name] = counts.get(name, 0) + 1
         token = next(self._ids)
         call = self._active[token] = Call(name, number, get_ident() if lane is None else lane, step)
@@ -137,13 +139,18 @@ class Activity:
     def tracked(self, name: str, executor: Callable[..., Any]) -> Callable[..., Any]:
         """``executor`` (an actor's method, Ray's executor of it) as a call of this process's, at the least cost
         there is (``Lanes.tracked``): the watcher makes it a Call once a tick."""
-        return self._lanes.tracked(name, executor, self._counts, self)
+        return self._lanes.tracked(name, executor, self.counts, self)
 
-    def call_here(self) -> tuple[Any, str] | None:
-        """(lane, name) of the job's call the running code is part of (an async actor's, a tracked method in
-        this thread); None outside any (a thread of Ray's or the job's own, a task the job made)."""
-        if (running := running_async()) is not None:
-            return running if running[1] else None
+    def in_flight(self) -> list[Call]:
+        """The calls noted with ``enter`` in flight now (a copy: read from any thread)."""
+        return list(self._active.values())
+
+    def call_here(self) -> tuple[Any, str, object] | None:
+        """(lane, name, mark) of the job's call the running code is part of (an async actor's, a tracked method
+        in this thread), ``mark`` an object of that call's alone; None outside any (a thread of Ray's or the
+        job's own, a task the job made)."""
+        if (running := running_async()) is not None:  # (an async call's lane is its own coroutine: its mark)
+            return (running[0], running[1], running[0]) if running[1] else None
         return self._lanes.here()
 
     def wake(self) -> None:
@@ -335,21 +342,12 @@ class Activity:
         answer.answer_if_asked((c.name, c.number, c.started, c.lane) for c in asyncs)
 
     def _send_brief(self, since: float | None, until: float) -> float | None:
-        """Calls that began after ``since`` and ended by ``until`` while no other call was under way: as
-        phases after the fact (their start, then idle at their end), the newest the budget allows
-        (BRIEF_PER_S). Returns the end of the last one sent (else ``since``)."""
+        """Calls that began after ``since`` and ended by ``until`` while no other call was under way, sent as
+        phases after the fact (``Brief.send``); the end of the last one sent (else ``since``)."""
         if not self._brief:
             return since
         assert self.reporter is not None  # (the watcher sends once it has one)
-        sent = self._brief.due(since, until, list(self._active.values()) + self._lanes.running)
-        for call, end in sent:
-            call.shown = True
-            self.reporter.emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,
-                                             call=None if call.step is not None else call.number,
-                                             detail=call.detail[:300], ts=call.started))
-            self.reporter.emit(ev.PhaseEvent(phase="idle", started=end, ts=end))
-            since = end
-        return since
+        return self._brief.send(self.reporter.emit, since, until, list(self._active.values()) + self._lanes.running)
 
     def _show(self, view: View, detail: str, now: float, since: float | None = None) -> None:
         # a step's phases are instances by step; a method's, by call number

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gkd_core.telemetry import events as ev
+
 get_ident = threading.get_ident  # (read at each call: one lookup fewer)
 # (task, lane, method) of the async actor call that a task runs: set as the call begins, in its own task (Ray
 # runs each call of an async actor as a task of its own), so that what it does inside (a request it sends, a
@@ -170,12 +172,12 @@ class Lanes:
         self.running = running_now
         return ended_now
 
-    def here(self) -> tuple[int, str] | None:
-        """(this thread's ident, the tracked method it runs now), if it runs one."""
+    def here(self) -> tuple[int, str, object] | None:
+        """(this thread's ident, the tracked method it runs now, that call's own note of it), if it runs one."""
         ident = get_ident()
         lane = self._lanes.get(ident)
         running = lane.running if lane is not None else None
-        return (ident, running[0]) if running is not None else None
+        return (ident, running[0], running) if running is not None else None
 
     def busy(self) -> bool:
         """Whether a call runs, or one ended that the last take did not see (a look before the watcher sleeps)."""
@@ -219,3 +221,16 @@ class Brief:
         sent = brief[len(brief) - min(len(brief), int(self._budget)):]
         self._budget -= len(sent)
         return sent
+
+    def send(self, emit: Callable[[ev.Event], None], since: float | None, until: float,
+             active: list[Call]) -> float | None:
+        """Those ``due`` now, as phases after the fact (their start, then idle at their end), the newest the
+        budget allows (BRIEF_PER_S). Returns the end of the last one sent (else ``since``)."""
+        for call, end in self.due(since, until, active):
+            call.shown = True
+            emit(ev.PhaseEvent(phase=call.name, started=call.started, step=call.step,
+                               call=None if call.step is not None else call.number, detail=call.detail[:300],
+                               ts=call.started))
+            emit(ev.PhaseEvent(phase="idle", started=end, ts=end))
+            since = end
+        return since

@@ -152,7 +152,8 @@ def _install(kind: str) -> None:
         _patch_actor_creation(_process)
         _patch_waits(_process)  # a driver's, and an actor's that drives others (verl's TaskRunner runs the loop)
         http_calls.install(_process.activity, say_once)  # requests sent (waits) and served (calls), as imported
-        data_waits.install(_process.activity, say_once)  # a call's wait on a queue or a gate: on whoever feeds it
+        # a call's wait on a queue or a gate: on whoever feeds it; and the job's queues, as they are put into
+        data_waits.install(_process.activity, _process.queues, say_once)
         if kind == "worker":
             _patch_actor_methods(_process)
         else:

@@ -15,11 +15,12 @@ from typing import Any
 from gkd_core.integrations import job_env, remote_stacks, routes, torchrun
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.actor_names import ActorNames
+from gkd_core.integrations.job_queues import Queues
 from gkd_core.integrations.routes import KV_NAMESPACE
 from gkd_core.integrations.waits import RefBook, Sends, Wait
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.vocab import WorkerId, src_of
+from gkd_core.vocab import SERVED_ROUTE, WorkerId, src_of
 
 NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
 ROUTE_WAIT_S = 30.0  # a worker whose node the driver has not routed by then tries the supervisor's ipc
@@ -47,7 +48,9 @@ class WatchedProcess:
         self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
         self.book = RefBook(self.actors.name_of)  # the calls this process made, by ref
         self.sends = Sends(self.book)  # whom it sent calls to lately: said every few seconds, when they change
-        self.activity.periodic = self._say_sends
+        self.queues = Queues()  # the job's queues, as data_waits sees them put into
+        self._flow_said: ev.FlowEvent | None = None
+        self.activity.periodic = self._say_lately
         self.step: int | None = None  # the job's training step, where a framework plugin reads it (verl)
         self.sync_timeout_s: float | None = None  # the job's own collective timeout, where a plugin read it
         self.sync_in_parts: int | None = None  # a sync said in parts (verl's checkpoint engine) now under way
@@ -122,10 +125,21 @@ class WatchedProcess:
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
 
-    def _say_sends(self, reporter: Reporter) -> None:
+    def _say_lately(self, reporter: Reporter) -> None:
+        """Every few seconds: whom it sent calls to, and what went through it (each when it changed)."""
         sent = self.sends.now()
         if sent is not None:
             reporter.emit(ev.SendsEvent(to=sent))
+        counts = dict(self.activity.counts)  # (a copy made whole under the GIL: calls go on meanwhile)
+        calls = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:ev.FLOW_CALLS_MAX])
+        flow = ev.FlowEvent(calls=calls, queues=self.queues.now())
+        said = self._flow_said
+        # said by a pipeline's stages only (a queue, a server), so a job of a thousand actors is not a flow
+        # event each every few seconds
+        ours = flow.queues or any(SERVED_ROUTE.match(name) for name in calls)
+        if ours and (said is None or (said.calls, said.queues) != (flow.calls, flow.queues)):
+            reporter.emit(flow)
+            self._flow_said = flow
 
     def emit(self, event) -> None:
         if self.activity.reporter is not None:

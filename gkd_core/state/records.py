@@ -15,6 +15,9 @@ METRICS_KEEP = 512
 SYNC_HISTORY_KEEP = 32
 MAX_GROUPS = 64  # process groups a member may report (a job makes a few: world, data parallel, tensor parallel ...)
 TEACHER_HISTORY_KEEP = 120
+IDLE_MARK_S = 10.0
+IDLE_MARKS_KEEP = 8
+FLOWS_KEEP = 8  # a worker's newest ``flow`` events (one every few seconds while it changes): its rates' window
 STACK_TEXT_KEEP = 64 * 1024
 # what an out-of-memory error says: CUDA's, torch's, the kernel's OOM killer, Ray's memory monitor
 # (not a bare "OOM": Ray's message for any dead worker lists "the OOM killer" among possible causes)
@@ -77,6 +80,14 @@ class WorkerState(msgspec.Struct, kw_only=True):
     # is found by comparing one number per worker (the straggler index at 65,536 workers)
     moved: int = 0
     engine: ev.EngineEvent | None = None  # its inference engine's own counts (vLLM), the newest
+    flows: list[ev.FlowEvent] = []  # what went through it (its calls, its queues), the newest FLOWS_KEEP
+    # the seconds it spent idle or waiting on others (a phase of ``idle``, or ``waits_on`` not empty) up to
+    # ``idle_from``'s stretch, and when that stretch began (None: working now): its idle share (the pipeline)
+    idle_s: float = 0.0
+    idle_from: float | None = None
+    # (ts, its idle seconds then), one every IDLE_MARK_S, the newest IDLE_MARKS_KEEP, for a worker that sends
+    # calls (a pipeline's stage): its idle share over the last minute is the difference from one of them
+    idle_marks: list[tuple[float, float]] = []
     # memory: its scope's (the newest heartbeat's), and the OOM killer's kill of it where one was found
     mem: ev.MemoryBeat | None = None
     oom_killed: ev.OomKilledEvent | None = None

@@ -10,7 +10,10 @@ from typing import Any
 
 from gkd_core.state import heartbeat_cases, memory_cases, sync_cases
 from gkd_core.state.records import (
+    FLOWS_KEEP,
     GPU_FULL,
+    IDLE_MARK_S,
+    IDLE_MARKS_KEEP,
     METRICS_KEEP,
     OOM,
     STACK_TEXT_KEEP,
@@ -26,6 +29,7 @@ from gkd_core.state.records import (
     StackRecord,
     TeacherSide,
     TeacherState,
+    WorkerState,
     alert_key,
 )
 from gkd_core.state.run_record import RunRecord
@@ -80,7 +84,7 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
         # a new incarnation under the same name (a teacher the driver started again): what Ray said
         # of the one before is not of this one
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
-        w.waits_on, w.sends = [], []  # the waits and calls were the old process's
+        w.waits_on, w.sends, w.flows = [], [], []  # the waits, calls and counts were the old process's
         st.waiting.discard(w.src)
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
     if not w.phase or w.phase in WORKER_ENDED:
@@ -111,10 +115,40 @@ def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:
             st.waiting.add(w.src)
         else:
             st.waiting.discard(w.src)
+    _count_idle(w, e.ts)
     if e.step is not None:
         w.step = e.step
         if st.step is None or e.step > st.step:
             st.step = e.step
+
+
+def _count_idle(w: WorkerState, ts: float) -> None:
+    """Its idle seconds, as its phase says it now: a stretch idle or waiting on others ends, or begins; and
+    a pipeline stage's mark of them, once every IDLE_MARK_S."""
+    idle = w.phase == "idle" or bool(w.waits_on)
+    if w.idle_from is not None and not idle:
+        w.idle_s += max(0.0, ts - w.idle_from)
+        w.idle_from = None
+    elif w.idle_from is None and idle:
+        w.idle_from = ts
+    if w.sends and (not w.idle_marks or ts - w.idle_marks[-1][0] >= IDLE_MARK_S):
+        w.idle_marks.append((ts, w.idle_s + (ts - w.idle_from if w.idle_from is not None else 0.0)))
+        if len(w.idle_marks) > IDLE_MARKS_KEEP:
+            del w.idle_marks[0]
+
+
+def _on_flow(st: RunRecord, e: ev.FlowEvent) -> None:
+    w = st.workers.get(e.src)
+    if w is None:
+        return
+    e = ev.FlowEvent(ts=e.ts, src=e.src, calls=dict(list(e.calls.items())[:ev.FLOW_CALLS_MAX]),
+                     queues=e.queues[:ev.FLOW_QUEUES_MAX])
+    st.in_pipeline.add(w.src)
+    w.flows.append(e)
+    if len(w.flows) > FLOWS_KEEP:
+        del w.flows[0]
+    for q in e.queues:
+        st.series.note_queue(f"{e.src} {q.name}", e.ts, q.depth)
 
 
 def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
@@ -245,6 +279,7 @@ def _on_sends(st: RunRecord, e: ev.SendsEvent) -> None:
     w = st.workers.get(e.src)
     if w is not None:
         w.sends = sorted(set(e.to[:ev.SENDS_MAX]))
+        st.in_pipeline.add(w.src)
 
 
 def _on_ray_pg(st: RunRecord, e: ev.RayPlacementGroupEvent) -> None:
@@ -329,5 +364,6 @@ HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.CollectivesEvent: sync_cases.on_collectives,
     ev.EngineEvent: _on_engine,
     ev.SendsEvent: _on_sends,
+    ev.FlowEvent: _on_flow,
     ev.OomKilledEvent: memory_cases.on_oom_killed,
 }

@@ -73,6 +73,9 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     # the workers whose phase waits on others (``WorkerState.waits_on`` not empty): the wait-for graph's
     # waiters, found without a look at every worker each pass (65,536 of them at the largest)
     waiting: set[str] = set()
+    # the workers that said what went through them or whom they call (``flow``, ``sends``): a pipeline's, its
+    # pane's rows found without a look at every worker each redraw
+    in_pipeline: set[str] = set()
     series: Series = msgspec.field(default_factory=Series)  # what the plots draw besides `metrics`
     mem_scopes: dict[str, ScopeMemory] = {}  # "node|scope" -> its memory (memory_cases)
     # each relay's clock as its newest batch said it: [epoch, ts] (the workers it vouches for: their clock_via)

@@ -23,6 +23,7 @@ CLOCK_BACK_S = 60.0  # a newest point this far ahead of an event: a clock that j
 # devices with a line of their own (the first seen): past a node or two, a line per device is a
 # smear; every GPU counts in the mean
 GPU_DEVICES_DRAWN = 16
+QUEUES_DRAWN = 8  # the job's queues with a line of their own (the first seen)
 P = TypeVar("P")  # a series' point
 
 
@@ -72,12 +73,18 @@ class GpuSums(msgspec.Struct, kw_only=True):
                         self.mem / self.mem_n if self.mem_n else None)
 
 
+class DepthPoint(msgspec.Struct, array_like=True):
+    ts: float
+    depth: int
+
+
 class Series(msgspec.Struct, kw_only=True):
     syncs: list[SyncPoint] = []
     teacher: list[TeacherPoint] = []
     gpus: dict[str, list[GpuPoint]] = {}  # "node/index" -> its readings, for GPU_DEVICES_DRAWN devices
     gpu_mean: list[GpuPoint] = []  # over every GPU
     gpu_sums: GpuSums = msgspec.field(default_factory=GpuSums)
+    queues: dict[str, list[DepthPoint]] = {}  # "worker queue" -> its depth, for QUEUES_DRAWN queues
 
     def note_sync(self, sync_id: int, step: int | None, elapsed_s: float, timeout_s: float, state: str,
                   parts: dict[str, float] | None = None) -> None:
@@ -94,6 +101,15 @@ class Series(msgspec.Struct, kw_only=True):
 
     def note_teacher(self, point: TeacherPoint) -> None:
         _append(self.teacher, point)
+
+    def note_queue(self, key: str, ts: float, depth: int) -> None:
+        """A queue's depth (its worker's ``flow`` event, every few seconds while it changes)."""
+        points = self.queues.get(key)
+        if points is None:
+            if len(self.queues) >= QUEUES_DRAWN:
+                return
+            points = self.queues[key] = []
+        _append(points, DepthPoint(ts, depth))
 
     def note_gpu(self, key: str, ts: float, old: tuple[float | None, float | None] | None,
                  util: float | None, mem: float | None) -> None:

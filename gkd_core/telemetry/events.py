@@ -7,20 +7,23 @@ SUB socket can filter by kind. ``seq`` and ``run`` are stamped by the supervisor
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union, cast
+from typing import Any, Union, cast
 
 import msgspec
+
+# the heartbeat's parts, and the 64-bit integers every event's numbers are (their own module: ``beats``)
+from gkd_core.telemetry.beats import FULL_BEAT_S as FULL_BEAT_S
+from gkd_core.telemetry.beats import INT64 as INT64
+from gkd_core.telemetry.beats import Beat as Beat
+from gkd_core.telemetry.beats import Int as Int
+from gkd_core.telemetry.beats import MemoryBeat as MemoryBeat
+from gkd_core.telemetry.beats import RelayClock as RelayClock
 
 PROTOCOL_VERSION = 1
 MAX_EVENT_BYTES = 1 << 20  # 1 MiB: larger frames are dropped and counted as "oversized"
 MAX_DEPTH = 32  # arrays and objects within one another in an event (real ones: 3 at most)
 
 ENVELOPE = ("v", "seq", "ts", "run", "src", "kind")
-# Integers on the wire fit in 64 bits, as every producer's do. JSON allows any size, and one past
-# what a float holds would overflow the reducer's and the dashboard's float arithmetic
-# (OverflowError: the supervisor's loop and the dashboard would die of one event): refused on decode.
-INT64 = (-(2**63), 2**63 - 1)
-Int = Annotated[int, msgspec.Meta(ge=INT64[0], le=INT64[1])]
 
 
 class Event(msgspec.Struct, kw_only=True, tag_field="kind"):
@@ -81,19 +84,6 @@ WAITS_ON_MAX = 32
 SENDS_MAX = 64  # a SendsEvent's calls
 
 
-class MemoryBeat(msgspec.Struct, array_like=True, gc=False):
-    """A heartbeat's memory beyond its process (gkd_core.memory): the scope whose limit the OOM killer acts
-    on (the nearest cgroup up the process's tree with a finite limit, or "node"), that scope's use and limit
-    in bytes, the node's MemAvailable, and the OOM killer's kills in the scope so far (None: not counted).
-    ``[scope, used, limit, available, oom_kills]``."""
-
-    scope: str
-    used: Int
-    limit: Int
-    available: Int = 0
-    oom_kills: Int | None = None
-
-
 class HeartbeatEvent(Event, tag="heartbeat"):
     phase: str = ""
     elapsed: float = 0.0  # seconds in the current phase
@@ -114,23 +104,6 @@ class OomKilledEvent(Event, tag="oom_killed"):
     kills_after: Int
 
 
-class Beat(msgspec.Struct, array_like=True, gc=False):
-    """One worker's heartbeat inside a ``heartbeats`` batch, as an array:
-    ``[src, ts, phase, elapsed, rss, cpu, dropped, mem]`` (the fields of a ``heartbeat`` event).
-    ``beat_of_event`` and ``event_of_beat`` turn one into the other: the one place that knows both shapes.
-    Not tracked by the cycle collector (``gc=False``; it holds no container, so it can be in no cycle): 65,536
-    a second at the largest would set off its collections (supervisor/heap)."""
-
-    src: str
-    ts: float
-    phase: str = ""
-    elapsed: float = 0.0
-    rss: Int = 0
-    cpu: float = 0.0
-    dropped: Int = 0
-    mem: MemoryBeat | None = None
-
-
 def beat_of_event(e: HeartbeatEvent) -> Beat:
     return Beat(e.src, e.ts, e.phase, e.elapsed, e.rss, e.cpu, e.dropped, e.mem)
 
@@ -139,30 +112,6 @@ def event_of_beat(b: Beat, **fields: Any) -> HeartbeatEvent:
     """``fields``: the event's own (its ``run``, ``seq``) where the beat's batch had them."""
     return HeartbeatEvent(src=b.src, ts=b.ts, phase=b.phase, elapsed=b.elapsed, rss=b.rss, cpu=b.cpu,
                           dropped=b.dropped, mem=b.mem, **fields)
-
-
-# A relay sends each worker's beat in full at least this often, however little it says (``relay.same_beat``):
-# the shown CPU and RSS are never older (a larger change goes at once), and a relay's clock vouches for a
-# worker no further than a while past its newest full beat (``state.views.heartbeat_at``). The log's period
-# (``heartbeat_log_s``, 10 s by default): the log keeps one beat of a still worker that often, and a full beat
-# more often than it keeps is work for nothing (at 65,536 still workers, 6,554 beats a second)
-FULL_BEAT_S = 10.0
-
-
-class RelayClock(msgspec.Struct, array_like=True, gc=False):
-    """A relay's word for the workers whose beats it gathers, once a batch, in place of a line per worker:
-    each worker of its roster was heard from at ``ts`` or later (the oldest of their newest beats). Its
-    roster is who it vouches for: a worker joins it with its first beat, sent in full (``joined``: since
-    the relay's last batch), and leaves it when no beat has come from it for ``relay.QUIET_BEATS``
-    periods (``quiet``: ``[src, ts]``, the time of its newest beat). ``epoch``: when the relay started; a
-    relay started again vouches for none of the workers of the one before until they join it.
-    ``[relay, epoch, ts, joined, quiet]``."""
-
-    relay: str
-    epoch: float
-    ts: float
-    joined: tuple[str, ...] = ()  # (tuples: a batch's usual empty ones are no objects of their own)
-    quiet: tuple[tuple[str, float], ...] = ()
 
 
 class HeartbeatsEvent(Event, tag="heartbeats"):
@@ -309,6 +258,29 @@ class SendsEvent(Event, tag="sends"):
     the methods that set it, which only the callers know (Ray tells a callee nothing of its caller)."""
 
     to: list[str] = []  # at most SENDS_MAX
+
+
+class QueueDepth(msgspec.Struct, array_like=True):
+    """A queue of the job's in a worker, as a ``flow`` event says it: ``[name, depth, puts]``: what the job
+    calls it (``MessageQueue.samples``: its holder's class and attribute), its length now, and the puts seen
+    into it since the process began (a put, a Condition notified over it)."""
+
+    name: str
+    depth: Int
+    puts: Int
+
+
+class FlowEvent(Event, tag="flow"):
+    """What went through a worker lately, every few seconds while it changed: the calls of each of its methods
+    begun since it started (the ``FLOW_CALLS_MAX`` most called) and its queues' depths. A rate is the
+    difference of two (the pipeline pane's produced and consumed per second)."""
+
+    calls: dict[str, Int] = {}
+    queues: list[QueueDepth] = []  # at most FLOW_QUEUES_MAX
+
+
+FLOW_CALLS_MAX = 32
+FLOW_QUEUES_MAX = 8
 
 
 class StackEvent(Event, tag="stack"):

@@ -267,3 +267,41 @@ async def test_p_opens_the_plots_the_number_keys_switch_them_and_escape_closes_t
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, PlotsScreen)
+
+
+async def test_the_pipeline_pane_shows_a_flowing_queue_then_the_tool_that_holds_it(tmp_path):
+    """screenshots/pipeline_stall: a real pipeline's run (tests/jobs/ray_async_pipeline.py under `launch --`)
+    whose tool stops answering. Before: the queue's rates. During: the queue still, the tool's address with
+    its waiter and the wait's age, the trainers idle; the pipeline's plot draws the queue's depth."""
+    import gzip
+    import re
+
+    from gkd_tui.figures import queues
+    from gkd_tui.widgets.pipeline_pane import PipelinePane
+    from gkd_tui.widgets.teacher_pane import TeacherPane
+
+    recording = ROOT / "screenshots" / "pipeline_stall.events.jsonl.gz"
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(gzip.decompress(recording.read_bytes()))
+    evs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    named = next(e for e in evs if e["kind"] == "alert" and e["code"] == "external_wait")
+    app = GkdApp(ReplaySource(path))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.source.seek(named["ts"] - 12)  # the stall began about 5 s before it was named
+        await pilot.pause()
+        app.redraw()
+        pane = app.query_one(PipelinePane)
+        said = str(pane.render())
+        rates = re.search(r"in ([\d.]+)/s  out ([\d.]+)/s", said)
+        assert pane.display and not app.query_one(TeacherPane).display, said
+        assert said.startswith("MessageQueue/0 samples") and rates and float(rates[1]) > 1 and float(rates[2]) > 1, said
+        app.source.seek(named["ts"] + 15)
+        await pilot.pause()
+        app.redraw()
+        said = str(pane.render())
+        assert "in 0.0/s  out 0.0/s" in said, said
+        tool = re.search(r"127\.0\.0\.1:\d+ outside the job, pid \d+\n  1 waiting \(Rollouter/0\), oldest (\d+)s", said)
+        assert tool and int(tool[1]) >= 15, said  # (since its wait began, about 5 s before it was named)
+        assert re.search(r"idle Trainer/\d 9\d%", said), said
+        figure = queues(app.source.state.series.queues, app.source.state.started)
+        assert figure.drawn and figure.lines[0].label == "MessageQueue/0 MessageQueue.samples", figure.title

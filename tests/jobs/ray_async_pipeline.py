@@ -5,7 +5,7 @@ over an asyncio.Condition), parked at a staleness gate while it is ``STALENESS``
 trainer's parameter version, and two trainer ranks that take a sample each per step, all-reduce their
 gradient over gloo, and (rank 0) send the rollouter the new version.
 
-    python ray_async_pipeline.py HEALTHY_S CAUSE [--verl-queue]
+    python ray_async_pipeline.py HEALTHY_S CAUSE [--verl-queue | --slime]
 
 After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at a time:
     server   the inference server's handler never returns (an inference request stalled inside the server)
@@ -14,22 +14,30 @@ After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at
     gate     Trainer/0 stops sending the new parameter version, so the gate stays shut (verl #3895)
     none     nothing: healthy until stopped
 --verl-queue: verl's own MessageQueue actor (verl.experimental.fully_async_policy) in place of this one
+--slime: slime's shape in place of the rollouter and the queue: one rollout manager (a threaded actor) whose
+    samples come from a producer thread of its own (behind the gate, its requests over urllib) through a
+    queue.Queue, and whose get_sample polls that queue with a timeout, as slime's collector does
     python ray_async_pipeline.py --tool   # the tool alone: prints its port, serves until killed
 """
 
 import asyncio
 import collections
+import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 from aiohttp import web
 
 WAIT_S = 3600  # every wait of the job has a bound; a stall holds until the run is stopped
 STALENESS = 4  # samples the rollouter may run ahead of the trainer's parameter version
 DECODE_S = 0.1  # a request's work, in the server and in the tool
+POLL_S = 1.0  # slime's collector's poll of its queue
 
 
 class Stallable:
@@ -127,7 +135,7 @@ class Rollouter:
             self.param_version = version
             self.gate.notify_all()
 
-    async def run(self, server: str, tool: str, queue) -> None:
+    async def run(self, server: str, tool: str, samples) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT_S)) as session:
             while True:
                 async with self.gate:  # the staleness gate: at most STALENESS samples ahead of the trainer
@@ -136,8 +144,47 @@ class Rollouter:
                 for url in (f"{server}/generate", f"{tool}/run"):
                     async with session.post(url, json={"n": self.produced}) as answer:
                         answer.raise_for_status()
-                await queue.put_sample.remote({"n": self.produced, "version": self.param_version})
+                await samples.put_sample.remote({"n": self.produced, "version": self.param_version})
                 self.produced += 1
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class RolloutManager:
+    """slime's shape: the queue and the rollouter in one threaded actor, fed by a thread of its own."""
+
+    def __init__(self):
+        self.samples: queue.Queue = queue.Queue()
+        self.produced = 0
+        self.param_version = 0
+        self.gate = threading.Condition()
+
+    def start(self, server: str, tool: str) -> None:
+        threading.Thread(target=self.produce, args=(server, tool), name="rollout-producer", daemon=True).start()
+
+    def produce(self, server: str, tool: str) -> None:
+        while True:
+            with self.gate:  # the staleness gate: at most STALENESS samples ahead of the trainer
+                while self.produced - 2 * self.param_version >= STALENESS:
+                    self.gate.wait(WAIT_S)
+            for url in (f"{server}/generate", f"{tool}/run"):
+                request = urllib.request.Request(url, data=json.dumps({"n": self.produced}).encode(), method="POST",
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=WAIT_S):
+                    pass
+            self.samples.put({"n": self.produced, "version": self.param_version})
+            self.produced += 1
+
+    def update_param_version(self, version: int) -> None:
+        with self.gate:
+            self.param_version = version
+            self.gate.notify_all()
+
+    def get_sample(self) -> dict:
+        while True:  # slime's collector: poll the queue with a timeout until a sample comes
+            try:
+                return self.samples.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
 
 
 @ray.remote(num_cpus=0)
@@ -152,10 +199,10 @@ class Trainer:
     def ready(self) -> bool:
         return True
 
-    def train(self, queue, rollouter, stall_flag: str) -> int:
+    def train(self, samples, rollouter, stall_flag: str) -> int:
         step = 0
         while True:
-            sample = ray.get(queue.get_sample.remote(), timeout=WAIT_S)
+            sample = ray.get(samples.get_sample.remote(), timeout=WAIT_S)
             sample = sample[0] if isinstance(sample, tuple) else sample  # (verl's: the sample and the queue's size)
             stalled = os.path.exists(stall_flag) and open(stall_flag).read()
             if stalled == "rank" and self.rank == 1:
@@ -167,7 +214,7 @@ class Trainer:
                 ray.get(rollouter.update_param_version.remote(step), timeout=60)
 
 
-def main(healthy_s: float, cause: str, verls_queue: bool) -> None:
+def main(healthy_s: float, cause: str, verls_queue: bool, slime: bool) -> None:
     tool_process = subprocess.Popen([sys.executable, __file__, "--tool"], stdout=subprocess.PIPE, text=True)
     stall_flag = os.path.join(tempfile.mkdtemp(prefix="pipeline-"), "stall")
     try:
@@ -176,7 +223,11 @@ def main(healthy_s: float, cause: str, verls_queue: bool) -> None:
         ray.init(num_cpus=2)
         server = InferenceServer.remote()
         url = f"http://127.0.0.1:{ray.get(server.start.remote(), timeout=90)}"
-        queue, rollouter = message_queue(verls_queue), Rollouter.remote()
+        if slime:  # the queue and the rollouter are one actor, its producer a thread of its own
+            samples = rollouter = RolloutManager.remote()
+            ray.get(rollouter.start.remote(url, tool), timeout=60)
+        else:
+            samples, rollouter = message_queue(verls_queue), Rollouter.remote()
         import socket
 
         with socket.socket() as s:
@@ -184,8 +235,9 @@ def main(healthy_s: float, cause: str, verls_queue: bool) -> None:
             port = s.getsockname()[1]
         trainers = [Trainer.remote(rank, 2, port) for rank in range(2)]
         ray.get([t.ready.remote() for t in trainers], timeout=120)
-        rollouter.run.remote(url, tool, queue)
-        training = [t.train.remote(queue, rollouter, stall_flag) for t in trainers]
+        if not slime:
+            rollouter.run.remote(url, tool, samples)
+        training = [t.train.remote(samples, rollouter, stall_flag) for t in trainers]
         ready, _ = ray.wait(training, timeout=healthy_s)
         if ready:
             ray.get(ready)  # a failure of the healthy pipeline: said as the job's own
@@ -205,6 +257,4 @@ def main(healthy_s: float, cause: str, verls_queue: bool) -> None:
 
 
 if __name__ == "__main__":
-    import urllib.request
-
-    main(float(sys.argv[1]), sys.argv[2], "--verl-queue" in sys.argv[3:])
+    main(float(sys.argv[1]), sys.argv[2], "--verl-queue" in sys.argv[3:], "--slime" in sys.argv[3:])

@@ -2,7 +2,8 @@
 Ray actor, a tool outside Ray, a rollouter behind a staleness gate, a message queue, two trainer ranks over
 gloo) stalled by one cause at a time: each named as itself (tests/pipeline_stalls.py); and the same pipeline
 left healthy for two minutes says nothing, while its waits on the queue and whom each sends calls to are on
-the record. And slime's shape: a producer thread that dies with an error, its collector polling on."""
+the record. And slime's shape: the four causes where the producer is a thread of the queue's actor, and a
+producer thread that dies with an error, its collector polling on."""
 
 from __future__ import annotations
 
@@ -13,7 +14,16 @@ from pathlib import Path
 
 import pytest
 from conftest import gkd_tui, logged_events, wait_until
-from pipeline_stalls import CAUSES, HEALTHY_S, NAMED_WITHIN_S, alarms, launched, said, stalled_and_named
+from pipeline_stalls import (
+    CAUSES,
+    HEALTHY_S,
+    NAMED_WITHIN_S,
+    SLIME_CAUSES,
+    alarms,
+    launched,
+    said,
+    stalled_and_named,
+)
 
 from gkd_core import rundir
 
@@ -25,6 +35,14 @@ THREAD_JOB = Path(__file__).resolve().parents[1] / "jobs" / "ray_thread_producer
 @pytest.mark.timeout(HEALTHY_S + 240)
 def test_each_cause_of_a_stalled_pipeline_is_named_as_itself_and_the_trainer_is_blocked_by_it(gkd_home, cause):
     stalled_and_named(cause)
+
+
+@pytest.mark.parametrize("cause", list(SLIME_CAUSES))
+@pytest.mark.timeout(HEALTHY_S + 240)
+def test_each_cause_is_named_as_itself_in_slimes_shape_where_the_producer_is_a_thread(gkd_home, cause):
+    """The queue and the rollouter one threaded actor (slime's rollout manager): its producer a thread of its
+    own, its requests over urllib, its collector polling a queue.Queue with a timeout."""
+    stalled_and_named(cause, "--slime")
 
 
 @pytest.mark.timeout(STILL_HEALTHY_S + 180)

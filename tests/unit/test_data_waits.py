@@ -6,6 +6,8 @@ they were after each test."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import gc
 import queue
 import threading
 import time
@@ -14,6 +16,8 @@ import pytest
 
 from gkd_core.integrations import calls, data_waits
 from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.job_queues import Queues
+from gkd_core.telemetry.events import QueueDepth
 from gkd_core.vocab import DataWait
 
 PATCHED = [(asyncio.Event, "wait"), (asyncio.Event, "set"), (asyncio.Condition, "wait"),
@@ -22,12 +26,17 @@ PATCHED = [(asyncio.Event, "wait"), (asyncio.Event, "set"), (asyncio.Condition, 
 
 
 @pytest.fixture
-def activity(monkeypatch) -> Activity:
+def queues() -> Queues:
+    return Queues()
+
+
+@pytest.fixture
+def activity(monkeypatch, queues) -> Activity:
     for owner, name in [*PATCHED, (threading, "excepthook")]:  # put back after the test, whatever it does
         monkeypatch.setattr(owner, name, getattr(owner, name))
     said = []
     a = Activity(lambda: None)
-    data_waits.install(a, lambda what, e: said.append((what, e)))
+    data_waits.install(a, queues, lambda what, e: said.append((what, e)))
     yield a
     assert said == []
     a.close()
@@ -168,3 +177,172 @@ def test_a_call_polling_a_queue_that_only_a_dead_thread_fed_says_the_thread_and_
     assert said.endswith("set only by its thread rollout-producer, which ended with ValueError: sample 1 has no "
                          "reward"), said
     assert threading.excepthook.__wrapped__ is not None  # the process's own hook is called after ours
+
+
+def test_a_queue_put_into_by_a_call_is_counted_with_its_depth_and_a_gate_is_no_queue(activity, queues):
+    """A deque under a Condition (verl's MessageQueue's shape) and an asyncio.Queue, put into by calls: each
+    a queue named by its holder's class and attribute, its depth read now and its puts counted; what was
+    taken out follows. A gate's Condition (over a number) and an Event are none."""
+    class MessageQueue:
+        def __init__(self):
+            self.samples, self.ready, self.arrived = collections.deque(), asyncio.Condition(), asyncio.Queue()
+            self.version, self.gate = 0, asyncio.Condition()
+
+        async def put_sample(self, n):
+            calls.entered_async(asyncio.current_task(), "put_sample")
+            async with self.ready:
+                self.samples.append(n)
+                self.ready.notify()
+            await self.arrived.put(n)
+
+        async def get_sample(self):
+            calls.entered_async(asyncio.current_task(), "get_sample")
+            async with self.ready:
+                await self.ready.wait_for(lambda: self.samples)
+                return self.samples.popleft()
+
+    class Rollouter:
+        def __init__(self):
+            self.version, self.gate, self.opened = 0, asyncio.Condition(), asyncio.Event()
+
+        async def update_param_version(self):
+            calls.entered_async(asyncio.current_task(), "update_param_version")
+            async with self.gate:
+                self.version += 1
+                self.gate.notify_all()
+            self.opened.set()
+
+    async def main():
+        q, r = MessageQueue(), Rollouter()
+        for n in range(5):
+            await q.put_sample(n)
+        await r.update_param_version()
+        for _ in range(2):
+            await q.get_sample()
+        assert queues.now() == [QueueDepth("MessageQueue.arrived", 5, 5), QueueDepth("MessageQueue.samples", 3, 5)]
+
+    asyncio.run(main())
+
+
+def test_a_queue_queue_fed_by_a_thread_is_counted_by_its_puts_not_its_gets(activity, queues):
+    """slime's shape: a producer thread puts into a ``queue.Queue`` its buffer holds; the collector's gets
+    (which notify the queue's other Condition) are no puts. A queue the job let go of is forgotten."""
+    class RolloutBuffer:
+        def __init__(self):
+            self.samples: queue.Queue = queue.Queue()
+
+        def produce(self, n):
+            for i in range(n):
+                self.samples.put(i)
+
+    buffer = RolloutBuffer()
+    producer = threading.Thread(target=buffer.produce, args=(6,), name="rollout-producer")
+    producer.start()
+    producer.join()
+    for _ in range(4):
+        buffer.samples.get(timeout=1)
+    assert queues.now() == [QueueDepth("RolloutBuffer.samples", 2, 6)]
+    del buffer
+    gc.collect()
+    assert queues.now() == []
+
+
+def test_a_call_polling_a_queue_its_own_thread_feeds_waits_on_what_that_thread_waits_on(activity):
+    """slime's shape, alive: the producer is a thread of the actor's own, outside any call. A call polling its
+    queue waits on whatever the thread waits on now: its gate (a Condition only a call of
+    update_param_version sets), then its request to a server (a wait noted as http_calls notes one)."""
+    samples: queue.Queue = queue.Queue()
+    gate, state = threading.Condition(), {"version": 0, "answered": False}
+
+    def update_param_version():
+        with gate:
+            state["version"] += 1
+            gate.notify_all()
+
+    def produce():
+        samples.put({"n": 0})
+        with gate:
+            while state["version"] < 2:  # parked: the trainer's next version does not come
+                gate.wait(0.2)
+        token = activity.enter("HTTP POST", detail="waiting for POST /generate on 127.0.0.1:8000", wait=True,
+                               waits_on=lambda: ["http POST 127.0.0.1:8000/generate @0"])
+        deadline = time.monotonic() + 5
+        while not state["answered"] and time.monotonic() < deadline:  # the request that does not return (a
+            time.sleep(0.02)  # socket's read, no Condition), until the test lets it
+        activity.leave(token)
+        samples.put({"n": 1})
+
+    def get_batch():
+        batch = []
+        while len(batch) < 2:
+            try:
+                batch.append(samples.get(timeout=0.2))
+            except queue.Empty:
+                continue
+        return batch
+
+    activity.tracked("update_param_version", update_param_version)()  # the gate's setter, known from then
+    producer = threading.Thread(target=produce, name="rollout-producer", daemon=True)
+    producer.start()
+    polling = threading.Thread(target=activity.tracked("get_batch", get_batch), daemon=True)
+    polling.start()
+
+    def seen_on(edge: str) -> tuple[list[str], str]:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            for w in waits(activity):
+                on = w.waits_on()
+                if w.name == "queue.Queue wait" and edge in on:
+                    return on, w.progress()
+            time.sleep(0.02)
+        raise AssertionError(f"no wait of get_batch on {edge}: {[w.waits_on() for w in waits(activity)]}")
+
+    on, said = seen_on(DataWait(("update_param_version",)).said())
+    assert on == [DataWait(("~rollout-producer",)).said(), DataWait(("update_param_version",)).said()], on
+    assert said.startswith("waiting on a queue.Queue in get_batch (test_data_waits.py:") and \
+        "), fed by its thread rollout-producer, which is waiting on a threading.Condition in produce " \
+        "(test_data_waits.py:" in said, said
+    activity.tracked("update_param_version", update_param_version)()  # the gate opens: to the server
+    on, said = seen_on("http POST 127.0.0.1:8000/generate @0")
+    assert on == [DataWait(("~rollout-producer",)).said(), "http POST 127.0.0.1:8000/generate @0"], on
+    assert said.endswith(", fed by its thread rollout-producer, which is waiting for POST /generate on "
+                         "127.0.0.1:8000"), said
+    state["answered"] = True
+    polling.join(5)
+    producer.join(5)
+    assert data_waits.THREAD_WAITS == {}  # its waits were let go of as they ended
+
+
+def test_a_poll_is_one_wait_since_its_first_and_the_next_call_begins_its_own(activity):
+    """A call polling a queue (a get with a timeout, again and again) waits once, since its first poll: its
+    edges do not come and go with each poll. The next call in the same thread waits from its own start."""
+    samples: queue.Queue = queue.Queue()
+
+    def get_batch(polls):
+        for _ in range(polls):
+            try:
+                samples.get(timeout=0.05)
+            except queue.Empty:
+                continue
+
+    starts: list[float] = []  # the wait calls' starts, as the watcher would see them
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            starts.extend(w.started for w in waits(activity))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    first_call = time.time()
+    activity.tracked("get_batch", get_batch)(6)
+    second_call = time.time()
+    activity.tracked("get_batch", get_batch)(2)
+    stop.set()
+    watcher.join(5)
+    first = {started for started in starts if started < second_call}
+    second = {started for started in starts if started >= second_call}
+    assert activity.counts["queue.Queue wait"] == 8  # a wait call each poll, each seen from the first's start
+    assert len(first) == 1 and first_call <= first.pop() < first_call + 0.05, starts
+    assert len(second) == 1 and second.pop() >= second_call, starts

@@ -36,6 +36,7 @@ SAMPLES = [
                               bundles=[{"CPU": 10.0}] * 2, scheduling="INFEASIBLE", created=1.25),
     ev.EngineEvent(engine="vllm", running=40, waiting=8, kv_cache=1.0, preemptions=3, generated=1200),
     ev.SendsEvent(to=["MessageQueue/0.put_sample", "Rollouter/0.update_param_version"]),
+    ev.FlowEvent(calls={"put_sample": 96, "POST /generate": 97}, queues=[ev.QueueDepth("MessageQueue.samples", 3, 96)]),
     ev.SyncPartEvent(sync_id=57, part="load", state="ended", step=56, started=1.5),
     ev.RayEvent(target="rollout/1", actor_id="a1", state="PENDING_CREATION", task="generate", task_started=1.5,
                 required={"GPU": 1.0}),
@@ -46,7 +47,7 @@ SAMPLES = [
 def test_every_kind_of_the_table_is_known():
     assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics",
                              "stack", "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
-                             "sync_part", "oom_killed", "sends"}
+                             "sync_part", "oom_killed", "sends", "flow"}
     # and each round-trips below as its own type, not as an unknown kind
     assert {type(e) for e in SAMPLES} == set(ev.KNOWN)
 

@@ -16,6 +16,7 @@ from gkd_core.diagnosis.rules.waits import STILL_S, WAIT_PHASES, Edge, Hop, Knot
 from gkd_core.state import RunState, WorkerState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
+from gkd_core.vocab import DataWait
 
 
 def _call(w: WorkerState, method: str | None = None) -> str:
@@ -53,7 +54,7 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
         moved = max(max(w.phase_since, edge.since) for w, (_, edge) in zip(members, hops, strict=True))
         if now - moved < STILL_S:
             continue
-        parked = _parked_producer(hops)
+        parked = _parked_producer(state, hops)
         if parked is not None:
             out.append(_starved(state, hops, parked, now - moved, found))
             continue
@@ -76,14 +77,26 @@ def deadlocks(state: RunState, now: float, found: Knots) -> list[AlertEvent]:
     return out
 
 
-def _parked_producer(hops: list[Hop]) -> int | None:
+def _parked_producer(state: RunState, hops: list[Hop]) -> int | None:
     """In a cycle, the hop of a producer parked on data: a member that others wait on for data (it feeds their
     queue) and that itself waits on data (a gate) — the pipeline's shape, where the trainer waits on the queue,
-    the queue on its producer, and the producer's gate on the trainer's new version. None: no such member."""
-    for i, (_, edge) in enumerate(hops):
-        if edge.data and hops[i - 1][1].data:
+    the queue on its producer, and the producer's gate on the trainer's new version; or a member that is its
+    own queue's producer (slime's: a thread of its own fills the queue its call waits on, and that thread waits
+    on the gate). None: no such member."""
+    for i, (src, edge) in enumerate(hops):
+        if edge.data and (hops[i - 1][1].data or _own_thread_feeds(state.workers[src])):
             return i
     return None
+
+
+def _own_thread_feeds(w: WorkerState) -> str:
+    """The thread of ``w``'s own that feeds what its call waits on, alive ("" when none does)."""
+    for said in w.waits_on:
+        data = DataWait.parse(said)
+        for m in data.methods if data is not None else ():
+            if DataWait.thread(m) and not DataWait.ended(m):
+                return DataWait.thread(m)
+    return ""
 
 
 def _starved(state: RunState, hops: list[Hop], parked: int, still: float, found: Knots) -> AlertEvent:
@@ -95,15 +108,20 @@ def _starved(state: RunState, hops: list[Hop], parked: int, still: float, found:
     where = p.detail.partition("waiting on ")[2] or p.detail
     others = [src for src, _ in hops if src != producer]
     blocked = sorted((set(others) | waiting_on(found.graph, {src for src, _ in hops})) - {producer})
+    # the queue: another worker's, waiting on the producer's calls; or the producer's own, that a thread of its
+    # own fills (slime's), which the consumer waits on by a call of it
+    thread = _own_thread_feeds(p) if not feeding.data else ""
+    queue = (f"{producer}.{feeding.what}, whose queue only {producer}'s thread {thread} fills" if thread
+             else f"{fed}, which waits for {producer} to send {feeding.what}")
     return AlertEvent(
         severity="critical", code="producer_parked", targets=[producer],
         message=f"a queue starved by a parked producer: {_call(p)} waits on {where or 'data'}; only {gate.target}'s "
-                f"calls of {gate.what} open it, and {gate.target} waits on {fed}, which waits for {producer} to send "
-                f"{feeding.what}; none has moved for {spoken(still)}",
+                f"calls of {gate.what} open it, and {gate.target} waits on {queue}; none has moved for "
+                f"{spoken(still)}",
         hint=f"the gate waits for a call that cannot come: {gate.target} sends {gate.what} only after it gets data "
              f"that {producer} will not produce while parked (verl's fully async run at 'Parameter version updated "
              f"from 0 to 0'). Send the new version before waiting for more data, or let the gate's bound admit "
              f"what the consumer needs; {producer}'s stack (d) shows the gate",
         evidence={"cycle": [[src, _edge_name(edge)] for src, edge in hops], "elapsed_s": round(still, 1),
                   "parked": p.detail[:300], "gate": f"{gate.target} sending {gate.what}",
-                  "queue": f"{fed} waiting for {producer} sending {feeding.what}", "blocked": blocked[:BLOCKED_MAX]})
+                  "queue": queue, "blocked": blocked[:BLOCKED_MAX]})

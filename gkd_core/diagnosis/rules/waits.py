@@ -19,6 +19,7 @@ that would run the queued call beside the running one (then the cycle moves, and
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import msgspec
@@ -275,12 +276,16 @@ def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = N
         behind.setdefault(end, set()).update(alerts[i].targets)
         resolved.add(i)
     out = []
+    joining: dict[str, float] | None = None  # a rank a collective waits on -> since when (made at first need)
     for i, a in enumerate(alerts):
         if i in resolved:
             continue
-        if (state is not None and i not in behind and a.code in EXPLAINED and a.targets
-                and all(_awaits_fresh_work(state, found.graph, t, now) for t in a.targets)):
-            continue  # its wait's end is at work on it, and not judged yet
+        if state is not None and i not in behind and a.code in EXPLAINED and a.targets:
+            if joining is None:
+                joining = {e.target: e.since for node, edges in found.graph.items() if node.startswith(COLLECTIVE)
+                           for e in edges}
+            if all(_awaits_fresh_work(state, found.graph, t, now, joining) for t in a.targets):
+                continue  # its wait's end is at work on it, and not judged yet
         if i in behind:
             blocked = sorted(set(a.evidence.get("blocked") or ()) | behind[i])
             a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
@@ -299,7 +304,9 @@ def _to_external_ends(alerts: list[AlertEvent], graph: dict[str, list[Edge]], st
     named = {t for a in alerts for t in a.targets}
     for a in alerts:
         end = _chain_end(graph, a.targets) if a.code in EXPLAINED and a.targets and len(ends) < CHAINS_MAX else None
-        w = state.workers.get(end) if end is not None and end not in named else None
+        if end is None and a.code in EXPLAINED and len(a.targets) == 1 and not graph.get(a.targets[0]):
+            end = a.targets[0]  # a chain of none: the worker late itself waits on the server (slime's producer)
+        w = state.workers.get(end) if end is not None and (end not in named or end in a.targets) else None
         if w is None or external_request(state, w) is None:
             out.append(a)
         else:
@@ -310,13 +317,14 @@ def _to_external_ends(alerts: list[AlertEvent], graph: dict[str, list[Edge]], st
         assert request is not None  # (found so above)
         since = max(w.phase_since, w.waits_since)
         before = [b for a in waiters for b in a.evidence.get("blocked") or () if isinstance(b, str)]
-        blocked = sorted({t for a in waiters for t in a.targets} | set(before))
+        blocked = sorted(({t for a in waiters for t in a.targets} | set(before)) - {src})
         said = w.detail.partition("waiting for ")[2] or request.spoken()
+        led = (f", and the job's waits lead to it (from {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''})"
+               if blocked else "")
         out.append(AlertEvent(
             severity="critical" if any(a.severity == "critical" for a in waiters) else "warn", code="external_wait",
             targets=[src], hint=EXTERNAL_HINT,
-            message=f"{src} has waited {spoken(now - since)} for {said}, a server outside the job, and the job's "
-                    f"waits lead to it (from {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''})",
+            message=f"{src} has waited {spoken(now - since)} for {said}, a server outside the job{led}",
             evidence={"external": request.route(), "elapsed_s": round(now - since, 1), "blocked": blocked[:BLOCKED_MAX],
                       "found_as": sorted({a.code for a in waiters})}))
     return out
@@ -343,19 +351,27 @@ def _chain_end(graph: dict[str, list[Edge]], sources: list[str]) -> str | None:
 
 
 def _awaits_fresh_work(state: RunState, graph: dict[str, list[Edge]], src: str, now: float,
-                       seen: frozenset[str] = frozenset()) -> bool:
+                       joining: dict[str, float], seen: frozenset[str] = frozenset()) -> bool:
     """Whether every wait of ``src`` is on a live worker at work on that very call (its phase is the method
-    or the request's route) for less than ``JUDGED_AFTER_S``, or on one whose own waits are all so (a queue
-    waits on its producer, which waits on a request a server began a moment ago)."""
-    edges = [e for e in graph.get(src, ()) if not e.collective]
+    or the request's route) for less than ``JUDGED_AFTER_S``, or in a collective entered that recently (its
+    own rule judges the rank that has not joined), or on one whose own waits are all so (a queue waits on its
+    producer, which waits on a request a server began a moment ago; a driver waits on the trainer ranks, one
+    of which waits in an all-reduce that another has not joined yet), or on a rank that such a collective
+    waits on (``joining``: the collective's rule judges it)."""
+    edges = list(graph.get(src, ()))
     for e in edges:
+        if e.collective:
+            if now - e.since >= JUDGED_AFTER_S:
+                return False
+            continue
         w = state.workers.get(e.target)
         if w is None or not _live(state, e.target):
             return False
         doing = e.what.partition(" on ")[0] if e.request else e.what
-        fresh = w.phase == doing and now - w.phase_since < JUDGED_AFTER_S
+        fresh = ((w.phase == doing and now - w.phase_since < JUDGED_AFTER_S)
+                 or now - joining.get(e.target, -math.inf) < JUDGED_AFTER_S)
         if not fresh and (e.target in seen or len(seen) >= CHAIN_MAX
-                          or not _awaits_fresh_work(state, graph, e.target, now, seen | {src})):
+                          or not _awaits_fresh_work(state, graph, e.target, now, joining, seen | {src})):
             return False
     return bool(edges)
 
