@@ -18,7 +18,8 @@ HELP = """[b]gkd-tui keys[/b]
   b      a bug report: summary.md, every worker's stacks, versions, command,
          variables, Ray's view, logs (never keys or tokens)
   p      plots: loss/KL/agreement, sync times, step time by phase, teacher
-         latency and queue, GPU use, memory (1-6 switch, escape closes)
+         latency and queue, GPU use, memory, a pipeline's queue depth
+         (1-7 switch, escape closes)
   ?      this help    q  detach: the run goes on    ctrl+p  every action
   replay: space play/pause, → step, End/Home jump, +/- speed
   c and r ask first, with the focus on Cancel.

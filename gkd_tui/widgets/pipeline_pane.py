@@ -19,10 +19,18 @@ IDLE_SHOWN_MAX = 4
 
 
 class PipelinePane(Pane):
-    """Shown for a run with a queue, a server or an address outside it (``PipelineView``), else hidden."""
+    """Shown for a run with a queue, a server or an address outside it (``PipelineView``), else hidden. Its
+    numbers move by the second: the view is made again at most every ``EVERY_S`` (a job of thousands of actors
+    waiting in ray.get has thousands of rows to look at)."""
+
+    EVERY_S = 0.5
+    _made: tuple[float, PipelineView] | None = None
 
     def show(self, st: RunState, now: float) -> PipelineView:
+        if self._made is not None and 0 <= now - self._made[0] < self.EVERY_S:
+            return self._made[1]
         view = pipeline_view(st, now)
+        self._made = (now, view)
         self.display = bool(view)
         if view:
             self.put(self.render_view(view))

@@ -58,6 +58,14 @@ def test_the_same_pipeline_left_healthy_for_two_minutes_says_nothing(gkd_home):
         sends = {e["src"]: e["to"] for e in events if e["kind"] == "sends"}
         assert "MessageQueue/0.put_sample" in sends.get("Rollouter/0", []), sends
         assert "Rollouter/0.update_param_version" in sends.get("Trainer/0", []), sends
+        # the pipeline pane's numbers: the queue found where put_sample notifies its Condition, its puts going up
+        # with the samples; the server's served requests counted by route
+        puts = [q[2] for e in events if e["kind"] == "flow" and e["src"] == "MessageQueue/0"
+                for q in e["queues"] if q[0] == "MessageQueue.samples"]
+        assert len(puts) > 10 and puts == sorted(puts) and puts[-1] > 100, puts[-5:]
+        served = [e["calls"].get("POST /generate", 0) for e in events if e["kind"] == "flow"
+                  and e["src"] == "InferenceServer/0"]
+        assert served and served[-1] >= puts[-1], (served[-1:], puts[-1:])
     finally:
         gkd_tui("stop", str(run))
         time.sleep(0.5)
