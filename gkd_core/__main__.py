@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from gkd_core import rundir
 from gkd_core.config import ConfigError, load_config
 from gkd_core.integrations.job_env import split_command
+from gkd_core.supervisor import unattended_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                           "asked for a run of its own (GKD_WATCH=1) starts")
     run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    unattended_settings.add_arguments(run)
     return p
 
 
@@ -46,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg_path, overrides = args.config, list(args.overrides)
     resume = None
     if args.resume:
-        from gkd_core import rundir
-
         resume = Path(args.resume).resolve()
         if cfg_path:
             overrides.insert(0, cfg_path)  # on a taken-over run, key=value overrides only
@@ -80,16 +81,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"gkd: invalid config: {e}", file=sys.stderr)
         return 2
+    try:  # what `launch` handed over, else this command line's over the user's own settings file
+        told = unattended_settings.from_env() or unattended_settings.settings(
+            rundir.gkd_home(), args.notify, args.notify_command, args.metrics_port, args.metrics_host)
+    except ValueError as e:
+        print(f"gkd: invalid unattended settings: {e}", file=sys.stderr)
+        return 2
     from gkd_core.diagnosis.headline import headline
     from gkd_core.supervisor.supervisor import DEFAULT_DRIVER, Supervisor
     from gkd_core.trainer import checkpoints
 
     sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
                      driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger, resume=resume,
-                     command=command or None, adopt=args.adopt)
+                     command=command or None, adopt=args.adopt, unattended=told or None)
     if not args.quiet:
         print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
         print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)
+        if sup.unattended is not None and sup.unattended.metrics_address:
+            print(f"gkd: metrics for Prometheus at {sup.unattended.metrics_address}", file=sys.stderr)
     t0 = time.monotonic()
     status = sup.serve()
     if not args.quiet:

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from gkd_core.integrations.job_env import split_command
+from gkd_core.supervisor import unattended_settings
 from gkd_tui.commands.attach import cmd_attach, cmd_replay
 from gkd_tui.commands.bundle import cmd_bundle
 from gkd_tui.commands.control import cmd_cancel, cmd_note, cmd_restart, cmd_status, cmd_stop
@@ -34,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--detach", action="store_true", help="start it and return, without attaching")
     s.add_argument("--linger", type=float, default=3600.0, metavar="S",
                    help="keep the supervisor up S seconds after the run ends, for a restart (default 3600)")
+    unattended_settings.add_arguments(s)
     s.set_defaults(func=cmd_launch)
 
     s = sub.add_parser("attach", help="the dashboard of a run (default: the latest run on this machine)")

@@ -52,6 +52,8 @@ class Recorder:
         self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batches`)
         self._clocks_kept: list[ev.RelayClock] = []  # and their relays' clocks
         self._beats_seq = 0
+        # each alert as it is recorded (the notifier: supervisor/unattended), called on the loop; None: nobody
+        self.on_alert: Callable[[ev.AlertEvent], None] | None = None
 
     def commit(self, obj: dict, typed: ev.Event | ev.UnknownEvent, kind: bytes, logged: bool = True) -> None:
         self.seq += 1
@@ -77,6 +79,8 @@ class Recorder:
             self.log.append(line, typed.ts)
         self.publish(kind, line)
         self.state.apply(typed)
+        if self.on_alert is not None and type(typed) is ev.AlertEvent:
+            self.on_alert(typed)
 
     def emit(self, event: ev.Event) -> None:
         """An event of the supervisor's own (src defaults to ``supervisor``)."""

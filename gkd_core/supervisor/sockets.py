@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from gkd_core import config as config_mod
 from gkd_core import rundir
 from gkd_core.supervisor.control_ops import Refused
-from gkd_core.telemetry import control, ingest
+from gkd_core.telemetry import control, ingest, wire
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -146,6 +147,22 @@ class Sockets:
                 self.events_tcp.send(line, _NOBLOCK)
         except zmq.Again:
             pass  # PUB drops for slow subscribers by itself; they see the gap and resnapshot
+
+    def refusals(self, mon: zmq.Socket, rejects: wire.RejectCounter) -> int:
+        """What monitor ``mon`` says was refused in the CurveZMQ handshake: a sender's to the ingest is counted
+        among ``rejects``; the number of the others (the control's, the events') is returned."""
+        others = 0
+        while mon.poll(0):
+            try:
+                recv_monitor_message(mon, zmq.NOBLOCK)
+            except (zmq.Again, ValueError):
+                break
+            if mon is self.ingest_monitor:
+                rejects.add(wire.Rejected("unauthenticated", "a tcp sender without the run's CurveZMQ key "
+                                                             "(refused in the handshake)"), "ingest ")
+            else:
+                others += 1
+        return others
 
     def close(self) -> None:
         for mon in self.monitors:

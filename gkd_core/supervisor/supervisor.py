@@ -19,7 +19,6 @@ from pathlib import Path
 
 import msgspec
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
@@ -38,8 +37,10 @@ from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
+from gkd_core.supervisor.unattended import Unattended
+from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
-from gkd_core.telemetry import ops, wire
+from gkd_core.telemetry import ops
 from gkd_core.trainer import checkpoints
 
 TICK_S = 0.1
@@ -53,12 +54,14 @@ class Supervisor:
     def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
                  home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
                  linger_s: float = 0.0, grace_s: float = 10.0, resume: Path | None = None,
-                 command: list[str] | None = None, adopt: int | None = None):
+                 command: list[str] | None = None, adopt: int | None = None,
+                 unattended: UnattendedConfig | None = None):
         """``resume``: the directory of a run whose supervisor is gone (``gkd-tui restart``): its log
         is taken over and its driver started again, which resumes from the latest checkpoint.
         ``command``: any command as the run's driver (``launch -- COMMAND``), its processes watched
         through the run's environment (gkd_core/integrations). ``adopt``: the pid of a job its user started,
-        which asked for a run of its own (``GKD_WATCH=1``, gkd_core/integrations/opt_in.py)."""
+        which asked for a run of its own (``GKD_WATCH=1``, gkd_core/integrations/opt_in.py). ``unattended``:
+        where its alerts and metrics go (supervisor/unattended.py)."""
         self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
         self.foreign = bool(command or adopt)  # a job that is not our trainer: its stacks are taken here
@@ -96,6 +99,10 @@ class Supervisor:
                             HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s),
                             self.sockets.publish, seq)
         self.emit = self.rec.emit
+        self.unattended = Unattended(unattended, self.run_id, f"gkd-tui attach {self.run_dir}") if unattended else None
+        if self.unattended is not None:
+            self.rec.on_alert = self.unattended.alert
+            self.endpoints["metrics"] = self.unattended.metrics_address  # ("" when not served)
         self.ingest = Ingest(self.rec, self.sockets)
         self.life = DriverLife(run_dir=self.run_dir, run_id=self.run_id, endpoints=self.endpoints,
                                drivers=self.sockets.drivers, driver_module=driver_module, command=command,
@@ -195,18 +202,6 @@ class Supervisor:
         while not results.empty():
             self.emit(results.get_nowait())
 
-    def _serve_monitor(self, mon: zmq.Socket) -> None:
-        while mon.poll(0):
-            try:
-                recv_monitor_message(mon, zmq.NOBLOCK)
-            except (zmq.Again, ValueError):
-                return
-            if mon is self.sockets.ingest_monitor:
-                self.rec.rejects.add(wire.Rejected("unauthenticated", "a tcp sender without the run's CurveZMQ key "
-                                                                     "(refused in the handshake)"), "ingest ")
-            else:
-                self._auth_refused += 1
-
     def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
         s = self.sockets
@@ -305,7 +300,7 @@ class Supervisor:
                     life.serve_hellos()
                 for mon in s.monitors:
                     if mon in ready:
-                        self._serve_monitor(mon)
+                        self._auth_refused += s.refusals(mon, self.rec.rejects)
                 now = time.monotonic()
                 if now < next_chores:
                     continue  # under load, batch the chores: one flush per FLUSH_EVERY_S, not per event
@@ -324,8 +319,12 @@ class Supervisor:
                     # (65,536 workers: about every second): the diagnosis never crowds out the events it reads
                     took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
+                    if self.unattended is not None:
+                        self.unattended.counts.alert_pass_s = took
                 if self.local_stacks is not None:
                     self._take_local_stacks(self.local_stacks)
+                if self.unattended is not None:
+                    self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
                 self.rec.flush()
                 self.heap.tick(now)
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
@@ -344,6 +343,8 @@ class Supervisor:
             self.emit(ev.LogEvent(level="warn", message=trouble))
 
     def close(self) -> None:
+        if self.unattended is not None:
+            self.unattended.close()
         self.life.kill_now()
         self.rec.close()
         self.sockets.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from gkd_core import rundir
 from gkd_core.config import ConfigError, load_config
+from gkd_core.supervisor import unattended_settings
 from gkd_tui.commands.attach import cmd_attach
 from gkd_tui.commands.reach import LAUNCH_WAIT_S
 
@@ -30,6 +32,12 @@ def cmd_launch(a: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"gkd-tui: invalid config: {e}", file=sys.stderr)
         return 2
+    try:  # and the webhooks and metrics port, handed over in the supervisor's environment (never its arguments)
+        told = unattended_settings.settings(rundir.gkd_home(), a.notify, a.notify_command, a.metrics_port,
+                                            a.metrics_host)
+    except ValueError as e:
+        print(f"gkd-tui: invalid unattended settings: {e}", file=sys.stderr)
+        return 2
     run_id = rundir.new_run_id()
     home = rundir.gkd_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -39,7 +47,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     out = open(home / f"supervisor-{run_id}.log", "ab")
     # its own session, like tmux: closing the dashboard or the SSH session does not stop training
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **unattended_settings.to_env(told)})
     out.close()
     run = rundir.runs_root(home) / run_id
     deadline = time.monotonic() + LAUNCH_WAIT_S

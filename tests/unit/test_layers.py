@@ -17,8 +17,10 @@ LAYERS = [
      "gkd_core.memory", "gkd_core.rundir", "gkd_core.config"},
     {"gkd_core.telemetry"},  # the protocol: events, their codec, the reporter, control
     {"gkd_core.state"},  # the reducer
-    # what reads the state or feeds it: the log, the diagnosis, a late joiner, node agents, the teacher service
-    {"gkd_core.runlog", "gkd_core.diagnosis", "gkd_core.subscriber", "gkd_core.node", "gkd_core.teacher"},
+    # what reads the state or feeds it: the log, the diagnosis, a late joiner, node agents, the teacher service,
+    # an alert told to a person
+    {"gkd_core.runlog", "gkd_core.diagnosis", "gkd_core.subscriber", "gkd_core.node", "gkd_core.teacher",
+     "gkd_core.notify"},
     # what runs a job: our trainer, other people's jobs, and the tools beside them
     {"gkd_core.trainer", "gkd_core.integrations", "gkd_core.doctor", "gkd_core.bundle", "gkd_core.demo_driver"},
     {"gkd_core.supervisor"},  # owns a run: starts the driver, records, diagnoses, answers

@@ -1,0 +1,25 @@
+"""supervisor/unattended.settings: the command line's webhooks and metrics port over the user's own
+GKD_HOME/unattended.yaml; a file of the wrong shape is an error that names it and its keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from gkd_core.supervisor.unattended_settings import UnattendedConfig, settings
+
+
+def test_the_command_lines_settings_join_the_users_file(tmp_path):
+    assert settings(tmp_path, [], [], None, None) == UnattendedConfig()  # neither: nothing unattended
+    assert not settings(tmp_path, [], [], None, None)
+    (tmp_path / "unattended.yaml").write_text("notify:\n  urls: [https://hooks.example/T/B/secret]\n  quiet_s: 60\n"
+                                              "metrics:\n  port: 9464\n")
+    got = settings(tmp_path, ["http://127.0.0.1:9/hook"], ["cat"], None, None)
+    assert got == UnattendedConfig(notify_urls=["https://hooks.example/T/B/secret", "http://127.0.0.1:9/hook"],
+                                   notify_commands=["cat"], quiet_s=60.0, metrics_port=9464)
+    assert settings(tmp_path, [], [], 0, "127.0.0.2").metrics_port == 0  # the command line's port wins, even 0
+
+
+def test_a_settings_file_of_the_wrong_shape_says_where_and_what(tmp_path):
+    (tmp_path / "unattended.yaml").write_text("notify:\n  url: https://hooks.example/x\n")
+    with pytest.raises(ValueError, match=r"unattended\.yaml: .*url.*; its keys are notify\.urls"):
+        settings(tmp_path, [], [], None, None)
