@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -244,3 +245,37 @@ def attach_plain(env: dict[str, str]) -> str:
     got = subprocess.run([sys.executable, "-m", "gkd_tui.cli", "attach", "--ray-address", "auto", "--plain"],
                          capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
     return got.stdout
+
+
+class Posted(NamedTuple):
+    """A POST a ``webhook`` received: when, its JSON body, and its Authorization header."""
+
+    ts: float
+    body: dict
+    authorization: str | None
+
+
+@pytest.fixture
+def webhook():
+    """A real webhook receiver on 127.0.0.1: ``(base URL, the POSTs it got)``; it answers 200 to each."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[Posted] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got.append(Posted(time.time(), body, self.headers.get("Authorization")))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):  # (quiet: pytest shows what a test says)
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", got
+    server.shutdown()
+    server.server_close()

@@ -6,40 +6,17 @@ alert, on the loopback only."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from gkd_core import rundir
-
-
-@pytest.fixture
-def receiver():
-    got: list[tuple[float, dict]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            got.append((time.time(), json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hooks/T0/B0/secret-token", got
-    server.shutdown()
-    server.server_close()
 
 
 def free_port() -> int:
@@ -57,8 +34,9 @@ def scrape(address: str) -> dict:
 
 @pytest.mark.timeout(120)
 def test_a_frozen_driver_is_posted_cleared_and_scraped_and_a_dead_receiver_is_on_the_record(start_supervisor,
-                                                                                            receiver):
-    url, got = receiver
+                                                                                            webhook):
+    base, got = webhook
+    url = f"{base}/hooks/T0/B0/secret-token"
     down = f"http://127.0.0.1:{free_port()}/hook/down-secret"
     sup = start_supervisor("trainer.total_steps=100000", "--notify", url, "--notify", down, "--metrics-port",
                            str(free_port()), step_s=0.05)
@@ -71,8 +49,8 @@ def test_a_frozen_driver_is_posted_cleared_and_scraped_and_a_dead_receiver_is_on
         frozen = wait_until(lambda: [e for e in sup.events() if e["kind"] == "alert" and not e.get("cleared")
                                      and e["severity"] == "critical" and "driver" in e["targets"]], 30,
                             "the frozen driver named")[0]
-        posted = wait_until(lambda: [m for _, m in got if m["kind"] == "alert"], 15, "the alert posted")
-        when = next(t for t, m in got if m["kind"] == "alert")
+        posted = wait_until(lambda: [p.body for p in got if p.body["kind"] == "alert"], 15, "the alert posted")
+        when = next(p.ts for p in got if p.body["kind"] == "alert")
         assert when - frozen["ts"] <= 10, when - frozen["ts"]
         m = posted[0]
         assert (m["code"], m["severity"], m["targets"]) == (frozen["code"], "critical", frozen["targets"])
@@ -91,8 +69,8 @@ def test_a_frozen_driver_is_posted_cleared_and_scraped_and_a_dead_receiver_is_on
                    for name, labels in second)
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_until(lambda: [m for _, m in got if m["kind"] == "cleared"], 30, "the clearing posted")
-    assert [m["kind"] for _, m in got].count("alert") == 1  # once, however its message grew
+    wait_until(lambda: [p for p in got if p.body["kind"] == "cleared"], 30, "the clearing posted")
+    assert [p.body["kind"] for p in got].count("alert") == 1  # once, however its message grew
     outcomes = wait_until(lambda: [e for e in sup.events() if e["kind"] == "action" and e["op"] == "notify"
                                    and not e["ok"]], 30, "the dead receiver's failure on the record")
     assert outcomes[0]["result"]["tries"] == 3 and outcomes[0]["result"]["to"] == f"{down.rsplit('/hook', 1)[0]}/…"

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -20,24 +18,9 @@ SECRET = "/services/T000/B000/XXXXsecretXXXX"
 
 
 @pytest.fixture
-def receiver():
-    got: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            got.append({**json.loads(self.rfile.read(int(self.headers["Content-Length"]))),
-                        "(authorization)": self.headers.get("Authorization")})
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):  # (quiet)
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://hook:pw@127.0.0.1:{server.server_address[1]}{SECRET}?token=abc", got
-    server.shutdown()
-    server.server_close()
+def receiver(webhook):
+    base, got = webhook
+    return f"{base.replace('http://', 'http://hook:pw@')}{SECRET}?token=abc", got
 
 
 def stalled(severity="critical", cleared=False, message="rollout/1 has been in sync_weights for 12 s") -> AlertEvent:
@@ -63,13 +46,13 @@ def test_a_critical_alert_is_posted_once_its_repeats_are_not_and_its_clearing_is
     n.alert(stalled(cleared=True))
     assert until(lambda: len(outcomes) == 2)
     n.close()
-    assert [m["kind"] for m in got] == ["alert", "cleared"]
-    first = got[0]
+    assert [p.body["kind"] for p in got] == ["alert", "cleared"]
+    first = got[0].body
     assert first["text"] == ("gkd run run-1: CRITICAL straggler on rollout/1: rollout/1 has been in sync_weights for "
                              "12 s (gkd-tui attach run-1)")
     assert (first["code"], first["targets"], first["severity"], first["run"], first["attach"]) == (
         "straggler", ["rollout/1"], "critical", "run-1", "gkd-tui attach run-1")
-    assert first["(authorization)"] == "Basic aG9vazpwdw=="  # its user part, as basic auth (hook:pw)
+    assert got[0].authorization == "Basic aG9vazpwdw=="  # its user part, as basic auth (hook:pw)
     assert all(o.ok and o.tries == 1 for o in outcomes)
     assert SECRET not in repr(outcomes) and "token" not in repr(outcomes) and "pw" not in repr(outcomes)
     assert outcomes[0].to == f"http://127.0.0.1:{url.split(':')[3].split('/')[0]}/…"

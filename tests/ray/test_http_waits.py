@@ -121,10 +121,10 @@ def test_a_tool_outside_ray_that_never_answers_is_named_by_its_address_and_proce
                            "the stalled tool's wait named", every_s=0.5)
         first = named[0]
         assert first["ts"] - began <= NAMED_WITHIN_S, (first["ts"] - began, first["message"])
-        assert first["targets"][0].startswith("Rollouter"), first
+        assert first["code"] == "external_wait" and first["targets"][0].startswith("Rollouter"), first
         # the tool's program and script, never its arguments (a key can be one)
-        assert re.search(rf"waiting for POST /run on 127\.0\.0\.1:\d+ \(pid {tool_pid}: \S*python\S* "
-                         rf"ray_http_pipeline\.py\)", first["message"]), first["message"]
+        assert re.search(rf"for POST /run on 127\.0\.0\.1:\d+ \(pid {tool_pid}: \S*python\S* "
+                         rf"ray_http_pipeline\.py\), a server outside the job", first["message"]), first["message"]
         assert first["evidence"]["external"].startswith("POST /run on 127.0.0.1:"), first["evidence"]
         assert [a["targets"] for a in alarms() if not a["targets"][0].startswith("Rollouter")] == []
 

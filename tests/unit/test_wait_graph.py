@@ -356,3 +356,25 @@ def test_a_driver_is_not_named_before_the_rank_that_has_not_joined_its_trainers_
              if a.severity != "info"]
     assert found and found[0][:2] == ("collective_not_joined", ["Trainer/1"]), found
     assert {targets[0] for _, targets, _ in found} == {"Trainer/1"} and "driver" in found[0][2], found
+
+
+def test_a_waiter_others_wait_behind_is_held_too_while_its_chains_end_is_fresh_work():
+    """The driver waits on the rollout, the rollout on the server's request; all three began together. The
+    driver and the rollout cross the floor a moment before the server is judged: the rollout's finding, which
+    the driver's chain ends in, is held like any waiter's (it was named for a pass, under load); then the
+    server is named, both blocked by it."""
+    st = pipeline()
+    for i in range(4):  # a healthy history: each round a fifth of a second
+        t = T0 - 40 + 5 * i
+        phase(st, "driver", "ray.get", t, waits_on=["Rollouter/0.rollout"])
+        phase(st, "Rollouter/0", "rollout", t, call=i + 1, waits_on=[REQUEST.said()])
+        phase(st, "Server/0", "POST /generate", t, call=i + 1)
+        for src in ("Server/0", "Rollouter/0", "driver"):
+            phase(st, src, "idle", t + 0.2)
+    phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
+    phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
+    phase(st, "Server/0", "POST /generate", T0 + 0.05, call=5)
+    assert [a.targets for a in diagnosis.diagnose(st, T0 + 5.02) if a.severity != "info"] == []
+    found = [(a.targets, sorted(a.evidence.get("blocked") or [])) for a in diagnosis.diagnose(st, T0 + 5.2)
+             if a.severity != "info"]
+    assert found == [(["Server/0"], ["Rollouter/0", "driver"])]

@@ -280,12 +280,14 @@ def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = N
     for i, a in enumerate(alerts):
         if i in resolved:
             continue
-        if state is not None and i not in behind and a.code in EXPLAINED and a.targets:
+        if state is not None and a.code in EXPLAINED and a.targets:
             if joining is None:
                 joining = {e.target: e.since for node, edges in found.graph.items() if node.startswith(COLLECTIVE)
                            for e in edges}
             if all(_awaits_fresh_work(state, found.graph, t, now, joining) for t in a.targets):
-                continue  # its wait's end is at work on it, and not judged yet
+                # its wait's end is at work on it, and not judged yet: held, and so are the waiters behind it
+                # (the driver late on the rollout, the rollout on the server's request that began with it)
+                continue
         if i in behind:
             blocked = sorted(set(a.evidence.get("blocked") or ()) | behind[i])
             a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
