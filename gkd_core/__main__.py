@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # what `launch` handed over, else this command line's over the user's own settings file
         told = unattended_settings.from_env() or unattended_settings.settings(
-            rundir.gkd_home(), args.notify, args.notify_command, args.metrics_port, args.metrics_host)
+            rundir.gkd_home(), args.notify, args.notify_command, args.metrics_port, args.metrics_host,
+            args.restart_on, args.restart_grace, args.restart_budget)
     except ValueError as e:
         print(f"gkd: invalid unattended settings: {e}", file=sys.stderr)
         return 2

@@ -47,7 +47,7 @@ class Outcome:
     """What became of one message to one receiver (``to``: a URL as ``redacted`` says it, or "command")."""
 
     to: str
-    kind: str  # "alert" or "cleared"
+    kind: str  # "alert", "cleared", or what was done about one ("restart")
     code: str
     targets: tuple[str, ...]
     ok: bool
@@ -106,6 +106,19 @@ class Notifier:
         except queue.Full:  # receivers far slower than the alerts: this one is dropped, and that is said
             self.dropped += 1
             self.on_outcome(Outcome("(queue)", "cleared" if alert.cleared else "alert", alert.code, key[1], False, 0,
+                                    f"{QUEUE_MAX} messages not sent yet: dropped"))
+
+    def tell(self, kind: str, code: str, targets: list[str], said: str) -> None:
+        """Something done about an alert (``kind`` "restart": the recovery restarted the run), said at once,
+        every time: each is news. Never waits."""
+        text = f"gkd run {self.run}: {kind.upper()} after {code}: {said}"[:1000] + f" ({self.attach})"
+        m = {"text": text, "run": self.run, "attach": self.attach, "kind": kind, "code": code, "severity": "info",
+             "targets": list(targets), "message": said, "hint": "", "ts": time.time()}
+        try:
+            self._queue.put_nowait(m)
+        except queue.Full:
+            self.dropped += 1
+            self.on_outcome(Outcome("(queue)", kind, code, tuple(targets), False, 0,
                                     f"{QUEUE_MAX} messages not sent yet: dropped"))
 
     def close(self, timeout_s: float = 5.0) -> None:

@@ -186,6 +186,7 @@ ALERTS: dict[str, Code] = {
     "producer_died": Code("rules", "producer dead", stacks=True, cause=True),
     "ingest_rejected": Code("supervisor"),
     "auth_refused": Code("supervisor"),
+    "restart_budget_spent": Code("supervisor"),  # recovery's restarts this hour used up: a person is needed
     "restarted_by_driver": Code("driver", "restarted"),
     "disk_low": Code("driver"),
     "ray_unreachable": Code("ray_state"),

@@ -19,6 +19,7 @@ def status_text(st: RunState, now: float, run: Path | None = None) -> str:
         lines.append(f"dir {run}")
     if st.state in RUN_ENDED and st.reason:
         lines.append(f"driver {st.reason}")
+    lines.append(f"recovery {st.recovery or 'off (a person restarts it: --restart-on CODE to have it done)'}")
     for a in st.active_alerts()[:5]:
         lines.append(f"{a.severity.upper():8s} {a.message}")
         if a.hint:

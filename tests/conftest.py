@@ -28,6 +28,9 @@ import pytest
 from gkd_core import rundir
 from gkd_core.telemetry.control import ControlClient
 
+# the tiers' shared helpers assert too: rewritten like a test's, so that a failure there says its values
+pytest.register_assert_rewrite("fuzzing", "pipeline_stalls", "tiny_hf")
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 TIERS = ("unit", "dashboard", "process", "ray", "chaos", "on_verl", "on_vllm")

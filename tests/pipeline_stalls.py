@@ -67,7 +67,8 @@ def stalled_and_named(cause: str, *args: str) -> None:
     try:
         began = float(wait_until(lambda: said(run, "STALLED AT"), HEALTHY_S + 150, "the healthy steps to end",
                                  every_s=1.0))
-        assert [(a["code"], a["message"]) for a in alarms(run) if a["ts"] < began] == []  # the healthy steps
+        early = [(a["code"], a["targets"], a["message"]) for a in alarms(run) if a["ts"] < began]
+        assert early == [], early  # the healthy steps (said in full: this helper's asserts are not rewritten)
 
         named = wait_until(lambda: [a for a in alarms(run) if a["ts"] >= began], NAMED_WITHIN_S + 30,
                            f"the {cause}'s stall named", every_s=0.5)

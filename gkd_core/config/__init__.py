@@ -19,6 +19,7 @@ from gkd_core.config.schema import (
     DataConfig,
     FaultConfig,
     ModelConfig,
+    RecoveryConfig,
     RolloutConfig,
     ShrinkRule,
     TeacherConfig,
@@ -29,5 +30,5 @@ from gkd_core.config.schema import (
 __all__ = [
     "absolute_paths", "diff", "digest", "shrink", "to_yaml", "ConfigError", "ConfigWarning", "apply_overrides",
     "load_config", "parse_override", "ActorConfig", "AgentConfig", "Config", "DataConfig", "FaultConfig", "ModelConfig",
-    "RolloutConfig", "ShrinkRule", "TeacherConfig", "TelemetryConfig", "TrainerConfig",
+    "RecoveryConfig", "RolloutConfig", "ShrinkRule", "TeacherConfig", "TelemetryConfig", "TrainerConfig",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from gkd_core import vocab
 from gkd_core.config.schema import Config
 from gkd_core.vocab import TRAINER_SYNC_PARTS
 
@@ -211,6 +212,16 @@ def _check_numbers(tree: Any, path: str, sources: dict[str, str], source: str) -
                           "does not fit in 64 bits")
 
 
+def unknown_codes(codes: list[str]) -> str:
+    """What is wrong with ``codes`` as alerts' codes (``recovery.restart_on``, ``--restart-on``), or ""."""
+    for code in codes:
+        if code not in vocab.ALERTS:
+            near = difflib.get_close_matches(code, vocab.ALERTS, n=1)
+            return (f"{code!r} is not an alert's code" + (f" (did you mean {near[0]}?)" if near else "")
+                    + f"; the codes are {', '.join(vocab.ALERTS)}")
+    return ""
+
+
 def _check_semantics(cfg: Config, source: str) -> None:
     checks = [
         ("trainer.total_steps", cfg.trainer.total_steps >= 1, "must be at least 1"),
@@ -237,6 +248,10 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("telemetry.keyframe_mb", cfg.telemetry.keyframe_mb >= 0, "must be 0 (none) or more"),
         ("telemetry.pub_hwm", cfg.telemetry.pub_hwm >= 1, "must be at least 1"),
         ("rollout.gpu_memory_utilization", 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0, "must lie in (0, 1]"),
+        ("recovery.restart_on", not (unknown := unknown_codes(cfg.recovery.restart_on)), unknown),
+        ("recovery.grace_s", cfg.recovery.grace_s >= 0, "must be 0 (at once) or more"),
+        ("recovery.per_hour", cfg.recovery.per_hour >= 1, "must be at least 1"),
+        ("recovery.backoff_s", cfg.recovery.backoff_s >= 0, "must be 0 or more"),
     ]
     for key, ok, why in checks:
         if not ok:

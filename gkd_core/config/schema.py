@@ -124,6 +124,15 @@ class FaultConfig(_Section):
     part: Literal["", "gather", "broadcast", "load", "reset_cache", "verify"] = ""
 
 
+class RecoveryConfig(_Section):
+    """Recovery without a person (DESIGN §14; supervisor/recovery.py): off while ``restart_on`` is empty."""
+
+    restart_on: list[str] = []  # alert codes: a critical one held grace_s restarts the run (bug report first)
+    grace_s: float = 60.0  # how long such an alert holds before the restart
+    per_hour: int = 3  # restarts in any hour; past that, none, and a critical alert says so
+    backoff_s: float = 30.0  # the wait after a restart before the next, doubled each time within the hour
+
+
 class ShrinkRule(_Section):
     key: str
     factor: float = 0.5
@@ -151,5 +160,6 @@ class Config(_Section):
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    recovery: RecoveryConfig = msgspec.field(default_factory=RecoveryConfig)
     faults: list[FaultConfig] = []
     shrink: list[ShrinkRule] = msgspec.field(default_factory=_default_shrink)

@@ -341,6 +341,8 @@ def _on_action(st: RunRecord, e: ev.ActionEvent) -> None:
                        "request": e.request})
     if len(st.actions) > 50:
         del st.actions[0]
+    if e.op == "recovery" and isinstance(e.result, dict):  # the policy, said anew as it acts
+        st.recovery = str(e.result.get("said", ""))
 
 
 HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {

@@ -63,6 +63,7 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
     bad_steps: list[int] = []  # steps skipped for a non-finite loss or gradient, the newest last
     actions: list[dict[str, Any]] = []  # the last few control actions, newest last
+    recovery: str = ""  # the recovery policy and where it stands, as said (supervisor/recovery.py); "": off
     stacks: dict[str, StackRecord] = {}  # target -> its newest stack
     stacks_prev: dict[str, StackRecord] = {}  # target -> the one before: is it stuck in the same place?
     logs: list[str] = []  # the last few `log` events

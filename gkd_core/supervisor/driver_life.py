@@ -41,6 +41,7 @@ class DriverLife:
         self.driver: DriverProcess | AdoptedProcess | None = None
         self.identity: bytes | None = None  # its command channel, once it said hello
         self.pending_config: Path | None = None  # a restart's config, until the old driver is gone
+        self.stop_reason = ""  # why the run was stopped, when nobody asked (request_stop)
         self.stopping = False
         self.ended_at: float | None = None  # monotonic, when the run ended (the supervisor lingers from there)
         self.exit_status = 0
@@ -139,7 +140,8 @@ class DriverLife:
             state, status = "failed", code if code > 0 else 128 - code
         self.exit_status = status
         last_words()  # the workers' last words before the run's
-        reason = describe_exit(code)
+        reason = describe_exit(code) if not (self.stopping and self.stop_reason) else (
+            f"{self.stop_reason}; the driver {describe_exit(code)}")
         if isinstance(d, AdoptedProcess):  # not our child: its exit code went to the shell that started it
             reason, code = f"pid {d.pid} exited (its exit code went to the shell that started it)", None
         self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=reason,
@@ -161,10 +163,13 @@ class DriverLife:
         self.ended_at = None
         self.spawn(cfg, path)
 
-    def request_stop(self, grace_s: float | None = None) -> None:
+    def request_stop(self, grace_s: float | None = None, reason: str = "") -> None:
+        """Stop the driver (within ``grace_s``, then killed); ``reason``: why, said in the run's end when not
+        asked by a person (the recovery's budget spent)."""
         if self.stopping:
             return
         self.stopping = True
+        self.stop_reason = reason
         self.pending_config = None
         if self.driver is not None:
             self.driver.terminate(self.grace_s if grace_s is None else grace_s)

@@ -36,6 +36,11 @@ class LocalStacks:
         self.host = socket.gethostname()
         self.results: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
 
+    def hand_over(self, emit: Callable[[ev.Event], None]) -> None:
+        """What the captures took since the last look, on the record (on the loop)."""
+        while not self.results.empty():
+            emit(self.results.get_nowait())
+
     def dump(self, state: RunState, targets: list[str], dump_id: str, by: str) -> dict:
         """Start a dump of ``targets`` (every worker when empty); returns at once."""
         workers = {s: w for s, w in state.workers.items()

@@ -2,18 +2,29 @@
 period, the run is restarted, within a budget of restarts an hour and with a growing wait between them; once
 the budget is spent it is not restarted again, and that is said loudly. Off unless asked for.
 
-``RecoveryPolicy.decide`` is pure (the state, ``now`` and the restarts it made so far in, a decision out): the
-supervisor carries a decision out (the bug report first, then the restart) and records it.
+``decide`` is pure (the state, ``now`` and the restarts it made so far in, a decision out); ``Recovery``
+carries its decisions out in the supervisor's loop (the bug report first, then the restart) and records them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 from gkd_core.state import RunState
+from gkd_core.supervisor.control_ops import Refused
+from gkd_core.telemetry import events as ev
 
 HOUR_S = 3600.0
+REPORT_STACKS_S = 10.0  # the bug report's wait for every worker's stacks
+REPORT_DEADLINE_S = 90.0  # the whole report's; past it, the restart goes ahead without it (the run comes first)
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,10 @@ class RecoveryPolicy:
 
     def __bool__(self) -> bool:
         return bool(self.codes)
+
+    def said(self) -> str:
+        return (f"restart on {', '.join(sorted(self.codes))} once critical for {self.grace_s:g} s, the bug report "
+                f"taken first; at most {self.per_hour} an hour")
 
 
 class Decision(NamedTuple):
@@ -46,8 +61,10 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) 
     ``made``: when this policy restarted the run before (its times, oldest first)."""
     if not policy:
         return None
+    # (an alert raised before the last restart is the old driver's: its clearing is on its way)
+    since = made[-1] if made else 0.0
     held = [a for a in st.active_alerts() if a.severity == "critical" and a.code in policy.codes
-            and now - a.since >= policy.grace_s]
+            and now - a.since >= policy.grace_s and a.since > since]
     if not held:
         return None
     a = min(held, key=lambda a: a.since)
@@ -61,3 +78,108 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) 
     return Decision("restart", a.code, list(a.targets), now - a.since,
                     f"{a.code} on {', '.join(a.targets[:3]) or 'the run'} held {now - a.since:.0f} s (the grace "
                     f"period is {policy.grace_s:.0f} s): restart {len(lately) + 1} of {policy.per_hour} this hour")
+
+
+class Recovery:
+    """Carries ``decide``'s decisions out, across the supervisor's ticks and never blocking them: the bug report
+    first, by ``gkd-tui bundle`` in a process of its own (it takes every worker's stacks through the run's
+    control socket, which the loop goes on answering meanwhile), then the restart (``restart``, given why);
+    each on the record as a ``recover`` action and told (``tell``: where the alerts go). The budget spent: a
+    critical alert (``restart_budget_spent``, notified as every critical one is) and the run stopped (``stop``)."""
+
+    def __init__(self, policy: RecoveryPolicy, run_dir: Path, restart: Callable[[str], object],
+                 stop: Callable[[str], None], tell: Callable[[str, str, list[str], str], None] | None = None):
+        self.policy, self.run_dir = policy, run_dir
+        self._restart, self._stop, self.tell = restart, stop, tell
+        self.made: list[float] = []  # when it restarted the run (wall clock), oldest first
+        self.spent = False
+        self._report: subprocess.Popen | None = None  # the bug report being taken, for ``_due``
+        self._report_path = self._report_log = run_dir
+        self._report_by = 0.0
+        self._due: Decision | None = None
+        self._said = False
+
+    def said(self) -> str:
+        """The policy and where it stands, as ``gkd-tui status`` says it."""
+        return (f"{self.policy.said()}; {len(self.made)} made"
+                + ("; its budget is spent: not restarted again" if self.spent else ""))
+
+    def tick(self, st: RunState, now: float, emit: Callable[[ev.Event], None]) -> None:
+        if not self._said:  # on the record from the start: `status` says the run has it
+            self._said = True
+            self._record(emit)
+        if self._report is not None:
+            self._after_report(now, emit)
+            return
+        if self.spent or st.state != "running":
+            return
+        d = decide(self.policy, st, now, self.made)
+        if d is None:
+            return
+        if d.action == "spent":
+            self.spent = True
+            emit(ev.AlertEvent(
+                severity="critical", code="restart_budget_spent", targets=d.targets,
+                message=f"the recovery restarted the run {len(self.made)} time(s) and {d.reason}; the run is stopped",
+                hint="a person is needed: read the bug reports (RUN/bundles/recovery-*.tar.gz), fix the cause, "
+                     "then `gkd-tui restart`"))
+            self._record(emit)
+            self._stop(f"the recovery's budget is spent ({d.reason})")
+            return
+        self._due = d
+        n = len(self.made) + 1
+        self._report_path = self.run_dir / "bundles" / f"recovery-{n:03d}.tar.gz"
+        self._report_log = self.run_dir / "logs" / f"recovery-{n:03d}.log"
+        self._report_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._report_log, "ab") as log:
+            self._report = subprocess.Popen(
+                [sys.executable, "-m", "gkd_tui", "bundle", str(self.run_dir), "-o", str(self._report_path),
+                 "--stacks-timeout", str(REPORT_STACKS_S)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        self._report_by = now + REPORT_DEADLINE_S
+        emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
+                            result={"stage": "report", "code": d.code, "targets": d.targets, "reason": d.reason}))
+
+    def close(self) -> None:
+        """The run ends: a report still being taken is ended with it."""
+        if self._report is not None and self._report.poll() is None:
+            _kill_group(self._report)
+
+    def _after_report(self, now: float, emit: Callable[[ev.Event], None]) -> None:
+        report, d = self._report, self._due
+        assert report is not None and d is not None  # (set together)
+        if report.poll() is None:
+            if now < self._report_by:
+                return
+            _kill_group(report)
+            taken = f"not finished in {REPORT_DEADLINE_S:g} s ({self._report_log.relative_to(self.run_dir)})"
+        elif report.returncode == 0 and self._report_path.exists():
+            taken = str(self._report_path.relative_to(self.run_dir))
+        else:
+            taken = f"`gkd-tui bundle` exited {report.returncode} ({self._report_log.relative_to(self.run_dir)})"
+        self._report, self._due = None, None
+        why = f"{d.reason}; the bug report: {taken}"
+        try:
+            self._restart(why)
+        except Refused as e:  # stopping meanwhile, or a restart a person asked for first
+            emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
+                                result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
+                                        "error": str(e)}))
+            return
+        self.made.append(now)
+        emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
+                            result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
+                                    "restart": len(self.made), "reason": d.reason}))
+        self._record(emit)
+        if self.tell is not None:
+            self.tell("restart", d.code, d.targets, why)
+
+    def _record(self, emit: Callable[[ev.Event], None]) -> None:
+        emit(ev.ActionEvent(op="recovery", by="supervisor", ok=True, result={"said": self.said()}))
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)  # (its session: the probe it started goes with it)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(5)

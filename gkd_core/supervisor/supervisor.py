@@ -37,7 +37,7 @@ from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
-from gkd_core.supervisor.unattended import Unattended
+from gkd_core.supervisor.unattended import unattended_part
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
@@ -99,7 +99,8 @@ class Supervisor:
                             HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s),
                             self.sockets.publish, seq)
         self.emit = self.rec.emit
-        self.unattended = Unattended(unattended, self.run_id, f"gkd-tui attach {self.run_dir}") if unattended else None
+        self.unattended = unattended_part(unattended, cfg.recovery, self.run_dir, restart=self._restart_to_recover,
+                                          stop=lambda why: self.life.request_stop(reason=why))
         if self.unattended is not None:
             self.rec.on_alert = self.unattended.alert
             self.endpoints["metrics"] = self.unattended.metrics_address  # ("" when not served)
@@ -173,6 +174,9 @@ class Supervisor:
         life.restart_with(path)
         return result
 
+    def _restart_to_recover(self, why: str) -> None:
+        self._op_restart(ops.RestartArgs(), Asked(f"the recovery policy: {why}"))
+
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,
         with the request's id."""
@@ -196,11 +200,6 @@ class Supervisor:
     def _forward_stacks(self, args: dict) -> None:
         """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
         self.life.forward("dump_stacks", args, Asked("supervisor"), self.state.state)
-
-    def _take_local_stacks(self, local_stacks: LocalStacks) -> None:
-        results = local_stacks.results
-        while not results.empty():
-            self.emit(results.get_nowait())
 
     def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
@@ -322,7 +321,7 @@ class Supervisor:
                     if self.unattended is not None:
                         self.unattended.counts.alert_pass_s = took
                 if self.local_stacks is not None:
-                    self._take_local_stacks(self.local_stacks)
+                    self.local_stacks.hand_over(self.emit)
                 if self.unattended is not None:
                     self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
                 self.rec.flush()

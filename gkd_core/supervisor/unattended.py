@@ -1,5 +1,5 @@
-"""The supervisor's part for nobody watching (DESIGN §14): its alerts told to people (``notify``) and its
-state to Prometheus (``metrics``), both off the ingest's path.
+"""The supervisor's part for nobody watching (DESIGN §14): its alerts told to people (``notify``), its
+state to Prometheus (``metrics``), both off the ingest's path, and the run restarted by a policy (``recovery``).
 
 The loop hands it each alert as it is recorded (``alert``: O(1)) and calls ``tick`` with its chores: the
 notifier's outcomes go on the record as ``action`` events (``op`` "notify": to whom, which alert, delivered or
@@ -12,25 +12,48 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from gkd_core.config import RecoveryConfig
 from gkd_core.notify import Notifier, Outcome
 from gkd_core.state import RunState
 from gkd_core.supervisor.metrics import Scrapes, SupervisorCounts
+from gkd_core.supervisor.recovery import Recovery, RecoveryPolicy
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 
 OUTCOMES_KEEP = 256  # outcomes not recorded yet (the loop records them every tick)
 
 
+def unattended_part(told: UnattendedConfig | None, recovery: RecoveryConfig, run_dir: Path,
+                    restart: Callable[[str], object], stop: Callable[[str], None]) -> Unattended | None:
+    """The run's part for nobody watching, or None when it was told nothing: ``told`` (the command line's and
+    the user's settings), over the run config's ``recovery`` section; ``restart`` and ``stop``: the
+    supervisor's, for the recovery."""
+    told = told or UnattendedConfig()
+    policy = RecoveryPolicy(
+        codes=frozenset(told.restart_on or recovery.restart_on),
+        grace_s=recovery.grace_s if told.restart_grace_s is None else told.restart_grace_s,
+        per_hour=recovery.per_hour if told.restarts_per_hour is None else told.restarts_per_hour,
+        backoff_s=recovery.backoff_s)
+    if not (told or policy):
+        return None
+    return Unattended(told, run_dir.name, f"gkd-tui attach {run_dir}",
+                      Recovery(policy, run_dir, restart, stop) if policy else None)
+
+
 class Unattended:
-    def __init__(self, cfg: UnattendedConfig, run: str, attach: str):
+    def __init__(self, cfg: UnattendedConfig, run: str, attach: str, recovery: Recovery | None = None):
         self.counts = SupervisorCounts()
         self._outcomes: collections.deque[Outcome] = collections.deque(maxlen=OUTCOMES_KEEP)
         self._lock = threading.Lock()
         self.notifier = (Notifier(cfg.notify_urls, cfg.notify_commands, run, attach, self._heard,
                                   quiet_s=cfg.quiet_s) if cfg.notify_urls or cfg.notify_commands else None)
+        self.recovery = recovery
+        if recovery is not None and self.notifier is not None:
+            recovery.tell = self.notifier.tell  # each restart told where the alerts go
         self.scrapes: Scrapes | None = None
         self._server = None
         self.metrics_address = ""
@@ -70,8 +93,12 @@ class Unattended:
                                         "tries": o.tries, **({"error": o.error} if o.error else {})}))
         if self.scrapes is not None:
             self.scrapes.answer(st, now, self.counts)
+        if self.recovery is not None:
+            self.recovery.tick(st, now, emit)
 
     def close(self) -> None:
+        if self.recovery is not None:
+            self.recovery.close()
         if self.notifier is not None:
             self.notifier.close()
         if self._server is not None:

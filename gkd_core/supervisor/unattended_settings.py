@@ -16,6 +16,8 @@ from pathlib import Path
 import msgspec
 import yaml
 
+from gkd_core.config.loading import unknown_codes
+
 ENV = "GKD_UNATTENDED"  # the settings ``launch`` hands the supervisor it starts (``to_env``)
 SETTINGS_FILE = "unattended.yaml"  # in GKD_HOME: the user's webhooks and metrics port, for every run they start
 
@@ -30,9 +32,13 @@ class UnattendedConfig:
     quiet_s: float = 600.0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # recovery (supervisor/recovery.py), over the run config's ``recovery:``: the codes, and what was given
+    restart_on: list[str] = field(default_factory=list)
+    restart_grace_s: float | None = None
+    restarts_per_hour: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.notify_urls or self.notify_commands or self.metrics_port)
+        return bool(self.notify_urls or self.notify_commands or self.metrics_port or self.restart_on)
 
 
 class _Notify(msgspec.Struct, forbid_unknown_fields=True):
@@ -51,7 +57,8 @@ class _Settings(msgspec.Struct, forbid_unknown_fields=True):
     metrics: _Metrics = msgspec.field(default_factory=_Metrics)
 
 
-def settings(home: Path, urls: list[str], commands: list[str], port: int | None, host: str | None
+def settings(home: Path, urls: list[str], commands: list[str], port: int | None, host: str | None,
+             restart_on: list[str] | None = None, grace_s: float | None = None, per_hour: int | None = None
              ) -> UnattendedConfig:
     """What a run is told to do unattended: the command line's (``urls``, ``commands``, ``port``, ``host``)
     over the user's own ``GKD_HOME/unattended.yaml`` (their webhooks for every run they start, ``launch --``
@@ -64,7 +71,9 @@ def settings(home: Path, urls: list[str], commands: list[str], port: int | None,
         metrics:
           port: 9464
 
-    A file that is not that shape is an error that says where and what (``ValueError``); nothing starts."""
+    The recovery's (``restart_on``: codes, one or a comma-separated list each; ``grace_s``; ``per_hour``) is the
+    command line's alone: a restart policy is a run's, not every run's. A file that is not that shape, or a code
+    that is no alert's, is an error that says where and what (``ValueError``); nothing starts."""
     path = home / SETTINGS_FILE
     mine = _Settings()
     if path.exists():
@@ -73,9 +82,17 @@ def settings(home: Path, urls: list[str], commands: list[str], port: int | None,
         except (yaml.YAMLError, msgspec.ValidationError) as e:
             raise ValueError(f"{path}: {e}; its keys are notify.urls, notify.commands, notify.quiet_s, "
                              "metrics.port and metrics.host") from e
+    codes = [c.strip() for given in restart_on or [] for c in given.split(",") if c.strip()]
+    if wrong := unknown_codes(codes):
+        raise ValueError(f"--restart-on: {wrong}")
+    if grace_s is not None and not grace_s >= 0:
+        raise ValueError(f"--restart-grace {grace_s}: must be 0 (at once) or more seconds")
+    if per_hour is not None and per_hour < 1:
+        raise ValueError(f"--restart-budget {per_hour}: must be at least 1 restart an hour")
     return UnattendedConfig(notify_urls=[*mine.notify.urls, *urls], notify_commands=[*mine.notify.commands, *commands],
                             quiet_s=mine.notify.quiet_s, metrics_port=mine.metrics.port if port is None else port,
-                            metrics_host=host or mine.metrics.host)
+                            metrics_host=host or mine.metrics.host, restart_on=codes, restart_grace_s=grace_s,
+                            restarts_per_hour=per_hour)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve /metrics for Prometheus on this port (off by default)")
     parser.add_argument("--metrics-host", default=None, metavar="HOST",
                         help="the address /metrics binds (default 127.0.0.1)")
+    parser.add_argument("--restart-on", action="append", default=[], metavar="CODE,…",
+                        help="restart the run when a critical alert of these codes has held --restart-grace "
+                             "seconds, the bug report taken first (repeatable; off by default; also recovery: in "
+                             "the run config)")
+    parser.add_argument("--restart-grace", type=float, default=None, metavar="S",
+                        help="how long such an alert holds before the restart (default 60)")
+    parser.add_argument("--restart-budget", type=int, default=None, metavar="N",
+                        help="at most N such restarts in any hour, then none, said loudly (default 3)")
 
 
 def to_env(cfg: UnattendedConfig) -> dict[str, str]:

@@ -34,7 +34,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
         return 2
     try:  # and the webhooks and metrics port, handed over in the supervisor's environment (never its arguments)
         told = unattended_settings.settings(rundir.gkd_home(), a.notify, a.notify_command, a.metrics_port,
-                                            a.metrics_host)
+                                            a.metrics_host, a.restart_on, a.restart_grace, a.restart_budget)
     except ValueError as e:
         print(f"gkd-tui: invalid unattended settings: {e}", file=sys.stderr)
         return 2

@@ -1,10 +1,16 @@
-"""supervisor/recovery.decide: a critical alert of a listed code restarts the run once it has held its grace
-period, with a growing wait between restarts and at most the budget's number an hour; then "spent"."""
+"""supervisor/recovery: a critical alert of a listed code restarts the run once it has held its grace period,
+with a growing wait between restarts and at most the budget's number an hour; then "spent", said and stopped.
+The whole of it on a real job: tests/ray/test_recovery.py."""
 
 from __future__ import annotations
 
+import pytest
+
+from gkd_core.config import ConfigError, RecoveryConfig, load_config
 from gkd_core.state import RunState
-from gkd_core.supervisor.recovery import RecoveryPolicy, decide
+from gkd_core.supervisor.recovery import Recovery, RecoveryPolicy, decide
+from gkd_core.supervisor.unattended import unattended_part
+from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 
 T0 = 1_795_000_000.0
@@ -29,12 +35,54 @@ def test_off_unless_asked_and_only_a_listed_critical_alert_past_its_grace_restar
 
 
 def test_restarts_wait_longer_each_time_and_stop_at_the_budget():
-    st = held(since=T0)
-    assert decide(POLICY, st, T0 + 100, [T0 + 80]) is None  # 30 s after the first restart: not yet
-    assert decide(POLICY, st, T0 + 111, [T0 + 80]).action == "restart"
-    assert decide(POLICY, st, T0 + 150, [T0 + 80, T0 + 111]) is None  # 60 s after the second
-    assert decide(POLICY, st, T0 + 172, [T0 + 80, T0 + 111]).action == "restart"
-    spent = decide(POLICY, st, T0 + 400, [T0 + 80, T0 + 111, T0 + 172])
+    quick = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=0.0, per_hour=3, backoff_s=30.0)
+    st = held(since=T0 + 81)  # (raised again by the driver the restart started)
+    assert decide(quick, st, T0 + 100, [T0 + 80]) is None  # 30 s after the first restart: not yet
+    assert decide(quick, st, T0 + 111, [T0 + 80]).action == "restart"
+    st = held(since=T0 + 112)
+    assert decide(quick, st, T0 + 150, [T0 + 80, T0 + 111]) is None  # 60 s after the second
+    assert decide(quick, st, T0 + 172, [T0 + 80, T0 + 111]).action == "restart"
+    st = held(since=T0 + 173)
+    spent = decide(quick, st, T0 + 400, [T0 + 80, T0 + 111, T0 + 172])
     assert spent.action == "spent" and spent.reason.startswith("3 restarts in the last hour (the budget is 3)")
     # an hour after the first, the budget has room again
-    assert decide(POLICY, st, T0 + 80 + 3601, [T0 + 80, T0 + 111, T0 + 172]).action == "restart"
+    assert decide(quick, st, T0 + 80 + 3601, [T0 + 80, T0 + 111, T0 + 172]).action == "restart"
+
+
+def test_an_alert_raised_before_the_last_restart_is_the_old_drivers_and_restarts_nothing():
+    st = held(since=T0)  # its clearing not applied yet when the loop looks again
+    assert decide(POLICY, st, T0 + 300, [T0 + 100]) is None
+    assert decide(POLICY, held(since=T0 + 150), T0 + 300, [T0 + 100]).action == "restart"
+
+
+def test_the_budget_spent_is_a_critical_alert_and_the_run_stopped_with_why_never_a_restart(tmp_path):
+    said: list[ev.Event] = []
+    asked: dict[str, list[str]] = {"restart": [], "stop": []}
+    policy = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=60.0, per_hour=1, backoff_s=30.0)
+    recovery = Recovery(policy, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append)
+    recovery.made = [T0 + 10]  # one restart already this hour
+    st = held(since=T0 + 20)
+    st.apply(ev.RunEvent(state="running", ts=T0 + 15))
+    recovery.tick(st, T0 + 100, said.append)
+    alerts = [e for e in said if isinstance(e, ev.AlertEvent)]
+    assert [(a.code, a.severity, a.targets) for a in alerts] == [("restart_budget_spent", "critical", ["rollout/1"])]
+    assert alerts[0].message.startswith("the recovery restarted the run 1 time(s) and 1 restarts in the last hour")
+    assert asked["restart"] == [] and len(asked["stop"]) == 1
+    assert asked["stop"][0].startswith("the recovery's budget is spent (1 restarts in the last hour")
+    policy_said = [e.result["said"] for e in said if isinstance(e, ev.ActionEvent) and e.op == "recovery"]
+    assert policy_said[-1] == ("restart on straggler once critical for 60 s, the bug report taken first; at most 1 "
+                               "an hour; 1 made; its budget is spent: not restarted again")
+    recovery.tick(st, T0 + 200, said.append)  # said once
+    assert sum(isinstance(e, ev.AlertEvent) for e in said) == 1 and len(asked["stop"]) == 1
+
+
+def test_the_run_configs_policy_holds_unless_the_command_line_gives_its_own(tmp_path):
+    section = load_config(None, ["recovery.restart_on=[heartbeat_stale]", "recovery.grace_s=20"]).recovery
+    part = unattended_part(None, section, tmp_path, restart=print, stop=print)
+    assert part is not None and part.recovery is not None
+    assert (part.recovery.policy.codes, part.recovery.policy.grace_s) == (frozenset({"heartbeat_stale"}), 20.0)
+    told = UnattendedConfig(restart_on=["deadlock"], restart_grace_s=5.0)
+    assert unattended_part(told, section, tmp_path, print, print).recovery.policy.codes == frozenset({"deadlock"})
+    assert unattended_part(None, RecoveryConfig(), tmp_path, print, print) is None  # off: nothing to do
+    with pytest.raises(ConfigError, match=r"'recovery.restart_on'.*'deadlok' is not an alert's code \(did you mean"):
+        load_config(None, ["recovery.restart_on=[deadlok]"])

@@ -23,3 +23,14 @@ def test_a_settings_file_of_the_wrong_shape_says_where_and_what(tmp_path):
     (tmp_path / "unattended.yaml").write_text("notify:\n  url: https://hooks.example/x\n")
     with pytest.raises(ValueError, match=r"unattended\.yaml: .*url.*; its keys are notify\.urls"):
         settings(tmp_path, [], [], None, None)
+
+
+def test_restart_on_takes_codes_one_or_a_list_at_a_time_and_refuses_a_code_that_is_no_alerts(tmp_path):
+    got = settings(tmp_path, [], [], None, None, ["deadlock,heartbeat_stale", "collective_stuck"], 30.0, 2)
+    assert (got.restart_on, got.restart_grace_s, got.restarts_per_hour) == (
+        ["deadlock", "heartbeat_stale", "collective_stuck"], 30.0, 2)
+    assert got  # a restart policy alone is something to do unattended
+    with pytest.raises(ValueError, match=r"--restart-on: 'deadlok' is not an alert's code \(did you mean deadlock\?\)"):
+        settings(tmp_path, [], [], None, None, ["deadlok"])
+    with pytest.raises(ValueError, match=r"--restart-budget 0: must be at least 1"):
+        settings(tmp_path, [], [], None, None, ["deadlock"], None, 0)
