@@ -4,9 +4,11 @@ and what to do."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import yaml
 from gkd_core import vocab
 from gkd_core.config.schema import Config
 from gkd_core.vocab import TRAINER_SYNC_PARTS
+
+LOGGER_PACKAGES = ("tensorboard", "wandb")  # the loggers that need a package of their name (the loggers extra)
 
 
 class ConfigError(ValueError):
@@ -212,6 +216,11 @@ def _check_numbers(tree: Any, path: str, sources: dict[str, str], source: str) -
                           "does not fit in 64 bits")
 
 
+def missing_packages(loggers: Sequence[str]) -> list[str]:
+    """The packages ``trainer.logger``'s loggers need that this Python does not have (trainer/loggers.py)."""
+    return [name for name in loggers if name in LOGGER_PACKAGES and importlib.util.find_spec(name) is None]
+
+
 def unknown_codes(codes: list[str]) -> str:
     """What is wrong with ``codes`` as alerts' codes (``recovery.restart_on``, ``--restart-on``), or ""."""
     for code in codes:
@@ -249,6 +258,8 @@ def _check_semantics(cfg: Config, source: str) -> None:
         ("telemetry.pub_hwm", cfg.telemetry.pub_hwm >= 1, "must be at least 1"),
         ("rollout.gpu_memory_utilization", 0.0 < cfg.rollout.gpu_memory_utilization <= 1.0, "must lie in (0, 1]"),
         ("recovery.restart_on", not (unknown := unknown_codes(cfg.recovery.restart_on)), unknown),
+        ("trainer.logger", not (missing := missing_packages(cfg.trainer.logger)),
+         f"needs {', '.join(missing)}, not installed here: pip install 'gkd-tui[loggers]'"),
         ("recovery.grace_s", cfg.recovery.grace_s >= 0, "must be 0 (at once) or more"),
         ("recovery.per_hour", cfg.recovery.per_hour >= 1, "must be at least 1"),
         ("recovery.backoff_s", cfg.recovery.backoff_s >= 0, "must be 0 or more"),

@@ -77,6 +77,9 @@ class TrainerConfig(_Section):
     keep_checkpoints: int = 3  # the newest N complete checkpoints are kept (verl's max_actor_ckpt_to_keep); 0: all
     max_bad_steps: int = 3  # this many steps in a row with a non-finite loss or gradient stop the run
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # where each step's metrics go besides the run's log (trainer/loggers.py): its driver's log, TensorBoard's event
+    # files in RUN/tensorboard, a W&B run in RUN/wandb (offline without an API key); the last two: the loggers extra
+    logger: list[Literal["console", "tensorboard", "wandb"]] = msgspec.field(default_factory=lambda: ["console"])
     # environment of the driver and every worker (Ray's runtime_env), e.g. NCCL_DEBUG: INFO
     env: dict[str, str] = {}
     # Ray custom resources each role's actors ask for (student, rollout, teacher): they land on the

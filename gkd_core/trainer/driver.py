@@ -11,6 +11,7 @@ workers over a collective group. The loop is here; its parts are modules of thei
 - ``schedulers``: when the next batch is generated (``sync``, ``one_step_off``);
 - ``weight_sync``: the student's weights to the rollouts, fingerprinted;
 - ``saver``: checkpoints that fit, and resuming from the newest complete one;
+- ``loggers``: each step's metrics to the console, TensorBoard, W&B (``trainer.logger``);
 - ``actions``: commands forwarded by the supervisor (stacks, cancel), served during every wait;
 - ``faults``: the injected faults, typed, each fired where it belongs.
 """
@@ -23,7 +24,6 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -39,10 +39,12 @@ from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import data, inputs
 from gkd_core.trainer.actions import Actions
+from gkd_core.trainer.batch import Batch, Pending
 from gkd_core.trainer.cluster import CLOSE_S, QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
 from gkd_core.trainer.faults import FaultPlan, kill_as_the_kernel_would
 from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
+from gkd_core.trainer.loggers import MetricLoggers
 from gkd_core.trainer.saver import Saver
 from gkd_core.trainer.schedulers import SCHEDULERS, Scheduler
 from gkd_core.trainer.step_result import EvalResult, StepResult
@@ -55,25 +57,6 @@ EXIT_CONFIG = 2
 
 class BadSteps(RuntimeError):
     """Steps in a row whose loss or gradient was not finite: the run stops instead of training on."""
-
-
-@dataclass
-class Pending:
-    """Prompts out for generation: the Ray calls and how their rows are padded."""
-
-    refs: dict
-    left_pad: np.ndarray  # [B], in the order the rollouts' parts come back
-    width: int  # the prompts' padded width: every completion starts there
-    position: int  # the data position once these prompts are taken
-
-
-@dataclass
-class Batch:
-    seqs: np.ndarray  # [B, width + new]
-    left_pad: np.ndarray
-    width: int
-    position: int
-    gen_s: float  # the slowest rollout's generation time
 
 
 class Driver:
@@ -92,6 +75,7 @@ class Driver:
         self.consumed = 0  # the data position after the last trained step's prompts (kept in checkpoints)
         self.last_eval: EvalResult | None = None
         self._cluster: Cluster | None = None  # made by ``start``; ``close`` may come first
+        self.loggers = MetricLoggers([], run_dir, {}, self.rep.log)  # (trainer.logger's, once ``start`` has the config)
 
     @property
     def cluster(self) -> Cluster:
@@ -105,6 +89,7 @@ class Driver:
             self.inputs = inputs.prepare(self.cfg, gkd_home(), log=self.rep.log)
         self.cfg = cfg = self.inputs.cfg  # the model folders resolved: workers load exactly these
         self.rep.log(self.inputs.said)
+        self.loggers = MetricLoggers(cfg.trainer.logger, self.run_dir, msgspec.to_builtins(cfg), self.rep.log)
         self.order = data.PromptOrder(len(self.inputs.train.ids), cfg.data.seed)
         device = cfg.trainer.device
         if device == "auto":
@@ -320,6 +305,7 @@ class Driver:
                 self.saver.save(step, {"prompts_consumed": self.consumed, "epoch": self.consumed // self.order.n,
                                        "sync_id": self.sync.sync_id, "metrics": msgspec.to_builtins(metrics)})
             self.rep.emit(metrics)
+            self.loggers.write(metrics)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
             self.cluster.revive_agents()  # between steps: a node agent that died is started again
 
@@ -339,6 +325,7 @@ class Driver:
         self.rep.set_phase("finished")
 
     def close(self) -> None:
+        self.loggers.close()
         self.rep.close(2.0)
         if self._cluster is not None:
             self._cluster.shutdown()

@@ -1,10 +1,12 @@
 """Runs that last days, end to end on the trainer: a skipped non-finite step, the stop after several,
-a save skipped on a full disk, a learning rate that would break sampling."""
+a save skipped on a full disk, a learning rate that would break sampling; each step's metrics in TensorBoard
+and W&B (``trainer.logger``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from conftest import wait_until
@@ -18,8 +20,8 @@ def test_a_nan_gradient_is_skipped_a_full_disk_skips_a_save_and_a_restart_loads_
     from safetensors.torch import load_file
 
     sup = start_supervisor("trainer.total_steps=6", "trainer.checkpoint_every=2",
-                           "faults=[{kind: nan_grad, step: 3}, {kind: disk_full, step: 4}]", "--linger", "120",
-                           driver=TRAINER)
+                           "faults=[{kind: nan_grad, step: 3}, {kind: disk_full, step: 4}]",
+                           "trainer.logger=[console,tensorboard,wandb]", "--linger", "120", driver=TRAINER)
     wait_until(lambda: [e for e in sup.events() if e["kind"] == "run" and e["state"] == "finished"], 240,
                "the run to finish")
     events = sup.events()
@@ -47,6 +49,60 @@ def test_a_nan_gradient_is_skipped_a_full_disk_skips_a_save_and_a_restart_loads_
     events = sup.events()
     assert any(e["kind"] == "log" and "resumed from checkpoints/step_000006" in e["message"] for e in events)
     assert max(e["step"] for e in events if e["kind"] == "metrics") == 8
+    metrics.update({e["step"]: e for e in events if e["kind"] == "metrics"})
+
+    # trainer.logger: each step's metrics where users keep them, by the plots' names, read by each tool's own
+    # reader: TensorBoard's event files (the restart's steps in the same folder), a W&B offline run per driver,
+    # and a line a step in the driver's log
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(sup.run / "tensorboard"))
+    board.Reload()
+    assert {"loss", "kl", "agreement", "tokens_per_s", "timing/train"} <= set(board.Tags()["scalars"])
+    read = {e.step: e.value for e in board.Scalars("loss")}
+    assert sorted(read) == [1, 2, 3, 4, 5, 6, 7, 8]
+    # (step 3's too: its gradient was not finite, its loss was)
+    assert all(math.isclose(read[s], metrics[s]["loss"], rel_tol=1e-6) for s in read)
+    runs = sorted((sup.run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 2, runs  # the first driver's and the restart's
+    history = wandb_history(runs[0])
+    assert [h["_step"] for h in history] == [1, 2, 3, 4, 5, 6]
+    assert math.isclose(history[0]["loss"], metrics[1]["loss"], rel_tol=1e-6) and "kl" in history[0]
+    log = (sup.run / "logs" / "driver.log").read_text()
+    assert re.search(r"^step 5: loss [\d.e-]+  kl [\d.e-]+", log, re.M), log[-2000:]
+
+
+def wandb_history(path):
+    """The ``history`` records (one a ``log`` call) of a W&B run file, read as W&B's own service writes it: its
+    header, then records in 32 KiB blocks, each chunk with a CRC, a length and a type (full, first, middle,
+    last), each record a protobuf ``Record`` of wandb's own."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:16]
+    block, pos, records, parts = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind in (2, 3):
+            parts = (parts if kind == 3 else b"") + chunk
+        elif kind == 4:
+            records.append(parts + chunk)
+    history = []
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
+    return history
 
 
 @pytest.mark.slow
