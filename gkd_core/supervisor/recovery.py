@@ -61,23 +61,26 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) 
     ``made``: when this policy restarted the run before (its times, oldest first)."""
     if not policy:
         return None
-    # (an alert raised before the last restart is the old driver's: its clearing is on its way)
-    since = made[-1] if made else 0.0
-    held = [a for a in st.active_alerts() if a.severity == "critical" and a.code in policy.codes
-            and now - a.since >= policy.grace_s and a.since > since]
+    if made and st.running_since <= made[-1]:
+        return None  # the restart's driver has not started yet: what holds now is the old one's
+    # held since it was raised, or since this driver started (an alert of the driver before may still stand: a
+    # run that failed again between two of the diagnosis' passes keeps its finding, never cleared)
+    held = [(max(a.since, st.running_since), a) for a in st.active_alerts()
+            if a.severity == "critical" and a.code in policy.codes]
+    held = [(since, a) for since, a in held if now - since >= policy.grace_s]
     if not held:
         return None
-    a = min(held, key=lambda a: a.since)
+    since, a = min(held, key=lambda held: held[0])
     lately = [t for t in made if now - t < HOUR_S]
     if len(lately) >= policy.per_hour:
-        return Decision("spent", a.code, list(a.targets), now - a.since,
+        return Decision("spent", a.code, list(a.targets), now - since,
                         f"{len(lately)} restarts in the last hour (the budget is {policy.per_hour}): not restarted "
-                        f"again; {a.code} has held {now - a.since:.0f} s")
+                        f"again; {a.code} has held {now - since:.0f} s")
     if made and now - made[-1] < policy.backoff_s * 2 ** (len(lately) - 1 if lately else 0):
         return None
-    return Decision("restart", a.code, list(a.targets), now - a.since,
-                    f"{a.code} on {', '.join(a.targets[:3]) or 'the run'} held {now - a.since:.0f} s (the grace "
-                    f"period is {policy.grace_s:.0f} s): restart {len(lately) + 1} of {policy.per_hour} this hour")
+    return Decision("restart", a.code, list(a.targets), now - since,
+                    f"{a.code} on {', '.join(a.targets[:3]) or 'the run'} held {now - since:.0f} s (the grace "
+                    f"period is {policy.grace_s:g} s): restart {len(lately) + 1} of {policy.per_hour} this hour")
 
 
 class Recovery:
@@ -111,7 +114,7 @@ class Recovery:
         if self._report is not None:
             self._after_report(now, emit)
             return
-        if self.spent or st.state != "running":
+        if self.spent or st.state not in ("running", "failed"):  # (a failed run's supervisor can start it again)
             return
         d = decide(self.policy, st, now, self.made)
         if d is None:
@@ -139,6 +142,12 @@ class Recovery:
         self._report_by = now + REPORT_DEADLINE_S
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
                             result={"stage": "report", "code": d.code, "targets": d.targets, "reason": d.reason}))
+
+    def may_restart(self, st: RunState) -> bool:
+        """A failed run this policy is about to restart (its report being taken, or a listed critical alert
+        holding, the budget not spent): its supervisor stays for it."""
+        return self._report is not None or (not self.spent and st.state == "failed" and any(
+            a.severity == "critical" and a.code in self.policy.codes for a in st.active_alerts()))
 
     def close(self) -> None:
         """The run ends: a report still being taken is ended with it."""

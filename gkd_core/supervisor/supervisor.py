@@ -176,7 +176,6 @@ class Supervisor:
 
     def _restart_to_recover(self, why: str) -> None:
         self._op_restart(ops.RestartArgs(), Asked(f"the recovery policy: {why}"))
-
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,
         with the request's id."""
@@ -327,7 +326,9 @@ class Supervisor:
                 self.rec.flush()
                 self.heap.tick(now)
                 self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
-                ended = (life.ended_at is not None and life.driver is None
+                # (a restart asked for, or one a failed run's recovery may yet ask for, keeps it, whatever --linger)
+                ended = (life.ended_at is not None and life.driver is None and life.pending_config is None
+                         and not (self.unattended is not None and self.unattended.may_restart(self.state))
                          and (life.stopping or now - life.ended_at >= self.linger_s))
         finally:
             self.ingest.last()

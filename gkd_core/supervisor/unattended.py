@@ -96,6 +96,10 @@ class Unattended:
         if self.recovery is not None:
             self.recovery.tick(st, now, emit)
 
+    def may_restart(self, st: RunState) -> bool:
+        """The recovery may yet restart this ended run (``Recovery.may_restart``)."""
+        return self.recovery is not None and self.recovery.may_restart(st)
+
     def close(self) -> None:
         if self.recovery is not None:
             self.recovery.close()

@@ -89,3 +89,33 @@ def test_a_metrics_port_in_use_is_said_on_the_record_and_the_rest_goes_on():
     assert u.metrics_address == "" and len(recorded) == 1
     assert recorded[0].level == "warn" and recorded[0].message.startswith(f"/metrics not served: 127.0.0.1:{port}: ")
     assert "another --metrics-port" in recorded[0].message
+
+
+def test_a_command_that_fails_at_once_is_restarted_by_the_policy_though_its_run_ended_then_left_failed(
+        gkd_home, webhook):
+    """A failed run's supervisor stays for the restart the policy has yet to make (whatever --linger says), takes
+    the report, runs the command again; the budget spent, the run is left as it ended, said and told."""
+    import sys
+
+    from conftest import gkd_tui, logged_events, wait_until
+
+    from gkd_core import rundir
+
+    url, posted = webhook
+    got = gkd_tui("launch", "--detach", "--linger", "0", "--restart-on", "driver_failed", "--restart-grace", "1",
+                  "--restart-budget", "1", "--notify", url, "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert got.returncode == 0, got.stderr
+    run = rundir.resolve_run(None)
+    wait_until(lambda: not (run / "endpoints.json").exists() or rundir.read_endpoints(run) is None or [
+        e for e in logged_events(run) if e["kind"] == "alert" and e["code"] == "restart_budget_spent"], 90,
+               "the budget spent", every_s=0.5)
+    events = logged_events(run)
+    ends = [(e["state"], e.get("exit_code")) for e in events if e["kind"] == "run" and e["state"] != "starting"]
+    assert ends == [("running", None), ("failed", 3), ("restarting", None), ("running", None), ("failed", 3)], ends
+    stages = [e["result"]["stage"] for e in events if e["kind"] == "action" and e["op"] == "recover"]
+    assert stages == ["report", "restart"]
+    assert (run / "bundles" / "recovery-001.tar.gz").exists()
+    spent = [e for e in events if e["kind"] == "alert" and e["code"] == "restart_budget_spent"]
+    assert len(spent) == 1 and spent[0]["severity"] == "critical"
+    wait_until(lambda: {("restart", "driver_failed"), ("alert", "restart_budget_spent")} <= {
+        (p.body["kind"], p.body["code"]) for p in posted}, 20, "the restart and the budget told")

@@ -18,7 +18,9 @@ POLICY = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=60.0, per_hour=3
 
 
 def held(code: str = "straggler", severity: str = "critical", since: float = T0) -> RunState:
+    """A run whose driver started a second before ``since``, when the alert was raised."""
     st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=since - 1))
     st.apply(ev.AlertEvent(src="supervisor", severity=severity, code=code, targets=["rollout/1"],
                            message="rollout/1 is late", ts=since))
     return st
@@ -36,23 +38,28 @@ def test_off_unless_asked_and_only_a_listed_critical_alert_past_its_grace_restar
 
 def test_restarts_wait_longer_each_time_and_stop_at_the_budget():
     quick = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=0.0, per_hour=3, backoff_s=30.0)
-    st = held(since=T0 + 81)  # (raised again by the driver the restart started)
+    st = held(since=T0 + 82)  # (raised again by the driver the restart started)
     assert decide(quick, st, T0 + 100, [T0 + 80]) is None  # 30 s after the first restart: not yet
     assert decide(quick, st, T0 + 111, [T0 + 80]).action == "restart"
-    st = held(since=T0 + 112)
+    st = held(since=T0 + 113)
     assert decide(quick, st, T0 + 150, [T0 + 80, T0 + 111]) is None  # 60 s after the second
     assert decide(quick, st, T0 + 172, [T0 + 80, T0 + 111]).action == "restart"
-    st = held(since=T0 + 173)
+    st = held(since=T0 + 174)
     spent = decide(quick, st, T0 + 400, [T0 + 80, T0 + 111, T0 + 172])
     assert spent.action == "spent" and spent.reason.startswith("3 restarts in the last hour (the budget is 3)")
     # an hour after the first, the budget has room again
     assert decide(quick, st, T0 + 80 + 3601, [T0 + 80, T0 + 111, T0 + 172]).action == "restart"
 
 
-def test_an_alert_raised_before_the_last_restart_is_the_old_drivers_and_restarts_nothing():
-    st = held(since=T0)  # its clearing not applied yet when the loop looks again
-    assert decide(POLICY, st, T0 + 300, [T0 + 100]) is None
-    assert decide(POLICY, held(since=T0 + 150), T0 + 300, [T0 + 100]).action == "restart"
+def test_after_a_restart_only_the_new_drivers_time_counts_even_for_an_alert_never_cleared():
+    st = held(since=T0)
+    st.apply(ev.RunEvent(state="running", ts=T0 - 10))
+    assert decide(POLICY, st, T0 + 300, [T0 + 100]) is None  # the restart's driver has not started yet
+    # it started, and failed again before the diagnosis looked: the old finding stands, held from its start
+    st.apply(ev.RunEvent(state="running", ts=T0 + 120))
+    assert decide(POLICY, st, T0 + 170, [T0 + 100]) is None
+    d = decide(POLICY, st, T0 + 181, [T0 + 100])
+    assert d.action == "restart" and d.held_s == 61
 
 
 def test_the_budget_spent_is_a_critical_alert_and_the_run_stopped_with_why_never_a_restart(tmp_path):
@@ -62,7 +69,6 @@ def test_the_budget_spent_is_a_critical_alert_and_the_run_stopped_with_why_never
     recovery = Recovery(policy, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append)
     recovery.made = [T0 + 10]  # one restart already this hour
     st = held(since=T0 + 20)
-    st.apply(ev.RunEvent(state="running", ts=T0 + 15))
     recovery.tick(st, T0 + 100, said.append)
     alerts = [e for e in said if isinstance(e, ev.AlertEvent)]
     assert [(a.code, a.severity, a.targets) for a in alerts] == [("restart_budget_spent", "critical", ["rollout/1"])]
