@@ -3,7 +3,7 @@
     .venv-vllm/bin/python bench/bench_engines.py [--rounds 5] [--prompts 32] [--new 48] [--steps 20]
     python bench/bench_engines.py --smoke   # for CI: one round of 4 prompts, 8 new tokens, 5 steps
 
-Run in a venv with vLLM (README: ``.venv-vllm``). One tiny Qwen2 student (hidden 256, 4 layers, heads of
+Run in a venv with vLLM (docs/development.md: ``.venv-vllm``). One tiny Qwen2 student (hidden 256, 4 layers, heads of
 32: vLLM's CPU attention takes no smaller) and a teacher twice its width, saved as Hugging Face folders,
 with verl's RL parquet:
 
@@ -175,7 +175,7 @@ def main() -> None:
     if not records.other_half("vllm", "the torch engine", "vLLM", "bench_engines"):
         if not a.smoke:
             sys.exit("bench_engines: vLLM is not installed in this venv; run it with .venv-vllm/bin/python "
-                     "(README, \"vLLM\"), or --smoke for the torch engine alone")
+                     "(docs/development.md), or --smoke for the torch engine alone")
         print("bench_engines: vLLM is not installed in this venv: the torch engine alone, no vLLM rows")
         engines = ("torch",)
     if a.smoke:

@@ -5,12 +5,12 @@ the machine, the code it ran (a digest of the product's source and the bench's o
 share it, whatever the commit), the table it printed, and the figures it names (numbers, for the spread
 over runs). RESULTS shows a record between ``<!-- record: NAME -->`` and ``<!-- /record: NAME -->``: for
 each command the runs of the newest code it ran (older runs stay in the record as history, counted), the
-newest run's table as printed, and each figure's median (min-max) over those runs; README's summary the
+newest run's table as printed, and each figure's median (min-max) over those runs; docs/benchmarks.md's summary the
 same figures. A run recorded before the code was kept has no digest: it is a version of its own.
 
 ``python bench/records.py --check`` renders every block and the summary again and fails on any difference
 (a summary that mixes code versions among them), and on a figure typed by hand: a number with a unit
-("139 ms", "1.89 %", "23.6x") or a p50/p99/precision/recall/F1 in the prose of RESULTS or README that no
+("139 ms", "1.89 %", "23.6x") or a p50/p99/precision/recall/F1 in the prose of RESULTS, README or docs/ that no
 record shows, in a paragraph that does not say the day it was seen (a one-off observation, "one run,
 2026-11-28"). Settings and bounds are not figures: a number after "every", "within", "at most", "under",
 "timeout" and the like, and the product's own words in double quotes. A ``--smoke`` run records nothing:
@@ -40,17 +40,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "bench" / "records"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+SUMMARY_DOC = DOCS / "benchmarks.md"  # the summary of every record's figures
 CHAOS = ROOT / "tests" / "chaos" / "CHAOS.md"
 # the code a bench measures: what its version digest is made of (with the bench's own script)
 MEASURED = ("gkd_core", "gkd_tui")
 MEASURED_FILES = ("*.py", "*.tcss")  # the dashboard's stylesheet too: the dashboard bench draws with it
-# README's summary of every record's figures, between these (written and checked with RESULTS' blocks)
+# SUMMARY_DOC's summary of every record's figures, between these (written and checked with RESULTS' blocks)
 SUMMARY = ("<!-- records: summary -->", "<!-- /records: summary -->")
 SUMMARY_BLOCK = re.compile(r"<!-- records: summary -->\n.*?<!-- /records: summary -->", re.S)
 BLOCK = re.compile(r"<!-- record: (?P<name>[\w-]+) -->\n.*?<!-- /record: (?P=name) -->", re.S)
 # the other generated tables in RESULTS and CHAOS.md (their benches render and check them themselves)
 OTHER_BLOCKS = [re.compile(r"<!-- restart under load -->\n.*?<!-- /restart under load -->", re.S),
-                re.compile(r"<!-- random trials -->\n.*?<!-- /random trials -->", re.S)]
+                re.compile(r"<!-- random trials -->\n.*?<!-- /random trials -->", re.S),
+                re.compile(r"<!-- ettr -->\n.*?<!-- /ettr -->", re.S)]
 
 
 def machine() -> str:
@@ -100,7 +103,7 @@ def save(name: str, command: str, table: str, figures: dict[str, float] | None =
     text = RESULTS.read_text()
     if f"<!-- record: {name} -->" in text:
         RESULTS.write_text(with_blocks(text))
-        README.write_text(with_summary(README.read_text(), RESULTS.read_text()))
+        SUMMARY_DOC.write_text(with_summary(SUMMARY_DOC.read_text(), RESULTS.read_text()))
     else:
         print(f"bench/RESULTS.md has no block for {name}: add `<!-- record: {name} -->` and "
               f"`<!-- /record: {name} -->` where its table goes, then run `python bench/records.py`", file=sys.stderr)
@@ -213,7 +216,7 @@ def figures_of(runs: list[dict]) -> list[tuple[str, str]]:
 
 
 def summary(results_text: str) -> str:
-    """README's table: every recorded figure over the runs of its command's newest code, with the command,
+    """SUMMARY_DOC's table: every recorded figure over the runs of its command's newest code, with the command,
     the count of those runs and their days, in RESULTS' order (older code's runs are RESULTS' history)."""
     lines = ["| figure | over the newest code's runs: median (min-max), or each of one or two | when | command |",
              "|---|---|---|---|"]
@@ -317,8 +320,9 @@ def recorded_figures() -> dict[str, set[tuple[str, str]]]:
             for label, value in r["figures"].items():
                 unit = r["units"].get(label, "").strip().split(" ")[0]
                 mine |= {(_plain(number(value, places)), u) for places in range(4) for u in (unit, "")}
-    for script, path, pattern in (("chaos_trials", CHAOS, OTHER_BLOCKS[1]), ("bench_restart_load", RESULTS,
-                                                                              OTHER_BLOCKS[0])):
+    for script, path, pattern in (("chaos_trials", CHAOS, OTHER_BLOCKS[1]),
+                                  ("bench_restart_load", RESULTS, OTHER_BLOCKS[0]),
+                                  ("bench_ettr", RESULTS, OTHER_BLOCKS[2])):
         if path.exists():
             blocks = [m.group(0) for m in pattern.finditer(path.read_text())]
             known.setdefault(script, set()).update(*map(figures_in, blocks))
@@ -362,20 +366,30 @@ def figures_typed_by_hand(text: str, known: dict[str, set[tuple[str, str]]],
     return found
 
 
+def prose_docs() -> list[Path]:
+    """The documents whose prose may quote a figure: README and docs/ (the summary among them)."""
+    return [README, *sorted(DOCS.glob("*.md"))] if DOCS.is_dir() else [README]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
 def main() -> int:
     check = "--check" in sys.argv[1:]
     text = RESULTS.read_text()
     rendered = with_blocks(text)
-    readme = README.read_text()
+    summary_doc, summary_name = SUMMARY_DOC.read_text(), _shown(SUMMARY_DOC)
     if not check:
         RESULTS.write_text(rendered)
-        README.write_text(with_summary(readme, rendered))
+        SUMMARY_DOC.write_text(with_summary(summary_doc, rendered))
         return 0
     problems = []
-    if SUMMARY[0] not in readme:
-        problems.append(f"README.md has no {SUMMARY[0]} block for the summary of the records")
-    elif with_summary(readme, text) != readme:
-        problems.append("README.md's summary of the records is not theirs: run `python bench/records.py` and commit")
+    if SUMMARY[0] not in summary_doc:
+        problems.append(f"{summary_name} has no {SUMMARY[0]} block for the summary of the records")
+    elif with_summary(summary_doc, text) != summary_doc:
+        problems.append(f"{summary_name}'s summary of the records is not theirs: run `python bench/records.py` and "
+                        "commit")
     if rendered != text:
         names = [m["name"] for m in BLOCK.finditer(text)
                  if m.group(0) not in rendered]
@@ -385,16 +399,17 @@ def main() -> int:
         problems.append(f"{title!r}: {figure} is in the prose but in none of the section's tables from records: "
                         "quote it from a block, or drop it")
     for path, shown, blocks in ((RESULTS, "bench/RESULTS.md", [BLOCK, *OTHER_BLOCKS]),
-                                (README, "README.md", [SUMMARY_BLOCK])):
+                                *((doc, _shown(doc), [SUMMARY_BLOCK]) for doc in prose_docs())):
         for line, figure in figures_typed_by_hand(path.read_text(), recorded_figures(), blocks):
             problems.append(f"{shown}:{line}: "
                             f"{figure!r} is in no record: quote a record's figure, or say the day it was seen "
                             "in its paragraph (a one-off observation: \"one run, YYYY-MM-DD\")")
     for p in problems:
-        print(p if p.startswith(("README", "bench/")) else f"bench/RESULTS.md: {p}", file=sys.stderr)
+        print(p if p.startswith(("README", "bench/", "docs/", summary_name)) else f"bench/RESULTS.md: {p}",
+              file=sys.stderr)
     if not problems:
         print(f"bench/RESULTS.md: {len(BLOCK.findall(text))} blocks are their records', no figure typed by hand; "
-              "README.md's summary is theirs")
+              f"{summary_name}'s summary is theirs")
     return 1 if problems else 0
 
 

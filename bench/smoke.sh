@@ -2,7 +2,7 @@
 # Every bench's --smoke in turn (the same code path as its figures, on the smallest sizes), each one's name,
 # wall time and, for a comparison, which of its halves ran (bench/records.py `other_half`: the other half runs where its
 # package is installed; GKD_SMOKE_REQUIRE makes a missing one fail), then the tables rendered from records
-# (bench/records.py's, chaos_trials', bench_restart_load's, pipeline_trials') checked against them. Run from
+# (bench/records.py's, chaos_trials', bench_restart_load's, pipeline_trials', bench_ettr's) checked against them. Run from
 # the repository root with the main venv active: `bash bench/smoke.sh` (CI runs it after the suite, with the bench extra
 # installed and GKD_SMOKE_REQUIRE="trl textual_plotext"; vLLM's half in its own venv: .ci/run).
 # A bench that fails does not stop the others; the script fails at the end, naming every one that did.
@@ -58,3 +58,4 @@ python bench/records.py --check
 python bench/chaos_trials.py --render-only --check
 python bench/bench_restart_load.py --render-only --check
 python bench/pipeline_trials.py --render-only --check
+python bench/bench_ettr.py --render-only --check

@@ -12,7 +12,7 @@ An actor is named by its class and the order its creator made it in (``Learner/3
 actor_names), which it reads from Ray's key-value store. A hook the user had set is
 called first (the runtime-env hook) or kept (the setup hook). A failure of ours is said once on stderr, and
 the job runs on unwatched; but the setup hook is a name Ray imports in each worker: where gkd-tui is not
-installed (another node, a runtime_env's own environment), Ray ends the worker. README says to install it
+installed (another node, a runtime_env's own environment), Ray ends the worker. docs/your-jobs.md says to install it
 wherever the job's workers run.
 """
 

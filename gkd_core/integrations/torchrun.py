@@ -19,7 +19,7 @@ Ranks on other nodes: a run takes events on an ipc socket of its own node; only 
 nodes, and torch's TCPStore at ``MASTER_ADDR:MASTER_PORT`` authenticates nobody, so the keys do not
 go there. The ranks of another node therefore meet the same way on their node and make that node's
 run (its first rank to claim starts it, watching its node's agent); each says so on stderr, and
-README says it: a torchrun job over N nodes is N runs, one per node, rank 0's the first.
+docs/your-jobs.md says it: a torchrun job over N nodes is N runs, one per node, rank 0's the first.
 """
 
 from __future__ import annotations

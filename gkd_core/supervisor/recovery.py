@@ -146,8 +146,11 @@ class Recovery:
     def may_restart(self, st: RunState) -> bool:
         """A failed run this policy is about to restart (its report being taken, or a listed critical alert
         holding, the budget not spent): its supervisor stays for it."""
-        return self._report is not None or (not self.spent and st.state == "failed" and any(
-            a.severity == "critical" and a.code in self.policy.codes for a in st.active_alerts()))
+        if self._report is not None:
+            return True
+        if self.spent or st.state != "failed" or (self.made and st.running_since <= self.made[-1]):
+            return False  # (the last restart refused: no driver since, none to come from here)
+        return any(a.severity == "critical" and a.code in self.policy.codes for a in st.active_alerts())
 
     def close(self) -> None:
         """The run ends: a report still being taken is ended with it."""
@@ -168,14 +171,15 @@ class Recovery:
             taken = f"`gkd-tui bundle` exited {report.returncode} ({self._report_log.relative_to(self.run_dir)})"
         self._report, self._due = None, None
         why = f"{d.reason}; the bug report: {taken}"
+        self.made.append(now)  # (a restart refused counts too: the next waits, and the budget ends the tries)
         try:
             self._restart(why)
-        except Refused as e:  # stopping meanwhile, or a restart a person asked for first
+        except Refused as e:  # stopping meanwhile, a restart a person asked for first, a job it cannot start
             emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
                                 result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
                                         "error": str(e)}))
+            self._record(emit)
             return
-        self.made.append(now)
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
                             result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
                                     "restart": len(self.made), "reason": d.reason}))

@@ -176,6 +176,7 @@ class Supervisor:
 
     def _restart_to_recover(self, why: str) -> None:
         self._op_restart(ops.RestartArgs(), Asked(f"the recovery policy: {why}"))
+
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,
         with the request's id."""

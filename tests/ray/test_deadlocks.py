@@ -17,7 +17,7 @@ from gkd_core import rundir
 from gkd_core.diagnosis.rules.waits import STILL_S
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-HEALTHY_S = 120  # the job's healthy rounds before it deadlocks
+HEALTHY_S = 60  # the job's healthy rounds before it deadlocks
 NAMED_WITHIN_S = STILL_S + 5
 
 

@@ -30,7 +30,8 @@ Reading it: the agent dumps a node's workers at once.
 def bench_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(records, "RECORDS", tmp_path / "records")
     monkeypatch.setattr(records, "RESULTS", tmp_path / "RESULTS.md")
-    monkeypatch.setattr(records, "README", tmp_path / "README.md")
+    monkeypatch.setattr(records, "SUMMARY_DOC", tmp_path / "README.md")  # (a summary document of its own)
+    monkeypatch.setattr(records, "prose_docs", lambda: [tmp_path / "README.md"])
     (tmp_path / "RESULTS.md").write_text(RESULTS_TEXT)
     (tmp_path / "README.md").write_text("# gkd-tui\n\n<!-- records: summary -->\n<!-- /records: summary -->\n")
     monkeypatch.setattr(sys, "argv", [str(ROOT / "bench" / "bench_stacks.py"), "--workers", "16"])
@@ -179,8 +180,8 @@ def test_results_md_is_its_records():
     assert records.typed_figures(text) == [], "figures in RESULTS' prose that no block from a record shows"
     known = records.recorded_figures()
     assert records.figures_typed_by_hand(text, known, [records.BLOCK, *records.OTHER_BLOCKS]) == []
-    readme_text = (ROOT / "README.md").read_text()
-    assert records.figures_typed_by_hand(readme_text, known, [records.SUMMARY_BLOCK]) == [], (
-        "figures in README's prose from no record and not dated: quote a record, or say the day it was seen")
-    readme = (ROOT / "README.md").read_text()
-    assert records.with_summary(readme, text) == readme, "README's summary: run `python bench/records.py`"
+    for doc in records.prose_docs():  # README and docs/
+        assert records.figures_typed_by_hand(doc.read_text(), known, [records.SUMMARY_BLOCK]) == [], (
+            f"figures in {doc.name}'s prose from no record and not dated: quote a record, or say the day it was seen")
+    summary = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert records.with_summary(summary, text) == summary, "docs/benchmarks.md's summary: run `python bench/records.py`"

@@ -95,26 +95,32 @@ def test_p90_is_a_time_that_was_measured():
     assert chaos_trials.nearest_rank([5.0], 0.9) == 5.0
 
 
-def test_the_readmes_figures_are_the_records():
-    """README quotes the matrix's totals: they must be what the committed record renders."""
+def documents() -> str:
+    """README and docs/, their white space made single (a sentence may be wrapped anywhere)."""
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return " ".join(" ".join(p.read_text().split()) for p in docs)
+
+
+def test_the_docs_figures_are_the_records():
+    """The docs quote the matrix's totals: they must be what the committed record renders."""
     table = chaos_trials.render(chaos_trials.read_record(ROOT / "bench" / "chaos_trials.jsonl"))
     everyone = row_of(table, "**all**")
     precision, recall, f1 = (x.strip("*") for x in everyone[9:12])
     p50, p90 = everyone[12].strip("*").split(", ")
     reported_right, reported = everyone[4].split(",")[0].split(" / ")
     report_p50 = everyone[4].split(", ")[1]
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = documents()
     faults, diagnosed = everyone[1], everyone[5]
     alarms = table.split("false alarms (a critical alert with no fault): ")[1].split(";")[0]
     said = (f"Over {faults} faults",
             f"the diagnosis's own {diagnosed}: precision {precision}, recall {recall}, F1 {f1}",
             f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms",
             f"the driver reported the other {reported} first ({reported_right} right, p50 {report_p50})")
-    assert all(s in readme for s in said), f"README's random-trial figures are not the record's: {said}"
+    assert all(s in readme for s in said), f"the docs' random-trial figures are not the record's: {said}"
 
 
-def test_the_readmes_frozen_times_are_the_suites_table():
-    """README quotes the chaos suite's table (tests/chaos/CHAOS.md) for how soon a frozen process is named: each
+def test_the_docs_frozen_times_are_the_suites_table():
+    """The docs quote the chaos suite's table (tests/chaos/CHAOS.md) for how soon a frozen process is named: each
     component's seconds, their range and the supervisor's, as the committed table has them."""
     rows = {row[0]: row for row in (row_of_line(x) for x in (ROOT / "tests" / "chaos" / "CHAOS.md").read_text()
                                     .splitlines() if x.startswith("| ") and "| SIGSTOP" in x)}
@@ -124,12 +130,12 @@ def test_the_readmes_frozen_times_are_the_suites_table():
 
     said = {c: seconds(c) for c in ("driver", "student/0", "rollout/0", "teacher/proxy", "teacher/0", "node agent")}
     low, high = min(said.values(), key=float), max(said.values(), key=float)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = documents()
     sentence = (f"in {low}–{high} s over the six processes of the run (CHAOS.md's table, one run of the suite: "
                 "the driver "
                 f"{said['driver']} s, the student {said['student/0']}, a rollout {said['rollout/0']}, the teacher's "
                 f"proxy {said['teacher/proxy']} and worker {said['teacher/0']}, the node agent {said['node agent']}:")
-    assert sentence in readme, f"README's frozen-process times are not tests/chaos/CHAOS.md's: want {sentence!r}"
+    assert sentence in readme, f"the docs' frozen-process times are not tests/chaos/CHAOS.md's: want {sentence!r}"
     supervisor = seconds("supervisor")
     assert f"a frozen supervisor is said by `gkd-tui status` in {supervisor} s" in readme
 
