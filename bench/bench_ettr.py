@@ -209,24 +209,28 @@ def kept_time(events: list[dict], end: float) -> tuple[float, int, int]:
     driver trained again (past the checkpoint it resumed from) lost; a resuming driver's word of its checkpoint's
     step is not a step."""
     drivers: list[list[tuple[int, float]]] = []  # each driver's steps: (step, seconds)
-    resumed: list[int] = []  # the checkpoint each driver after the first resumed from (0: from the start)
+    # the checkpoint each driver resumed from: 0 from the start (the first, or none saved), None while it has not
+    # said (the last, restarted as the bench ended: the steps before it are not known to be lost)
+    resumed: list[int | None] = []
     prev = 0.0
     for e in events:
         if e["ts"] > end:
             break
         if e["kind"] == "run" and e["state"] == "running":
             drivers.append([])
-            resumed.append(0)
+            resumed.append(0 if not drivers[:-1] else None)
             prev = 0.0
         elif e["kind"] == "log" and drivers and (m := RESUMED.search(e.get("message", ""))):
             resumed[-1] = int(m[1])
-        elif e["kind"] == "metrics" and drivers and e["step"] > resumed[-1]:
+        elif e["kind"] == "metrics" and drivers and e["step"] > (resumed[-1] or 0):
+            if resumed[-1] is None:
+                resumed[-1] = 0  # a step trained before any word of a checkpoint: it started from scratch
             took = e["ts"] - prev if prev else sum(e.get("timing", {}).values())
             drivers[-1].append((e["step"], took))
             prev = e["ts"]
     kept_s, kept, lost = 0.0, 0, 0
     for i, steps in enumerate(drivers):
-        redo_from = resumed[i + 1] if i + 1 < len(drivers) else None
+        redo_from = resumed[i + 1] if i + 1 < len(drivers) else None  # (None: none of its steps known lost)
         for step, took in steps:
             if redo_from is not None and step > redo_from:
                 lost += 1
@@ -247,7 +251,7 @@ def measure(arm: Arm, end: float) -> dict:
             "policy_restarts": restarts, "person_restarts": len(arm.answers)}
 
 
-def bench(plan: Plan) -> list[dict]:
+def bench(plan: Plan, keep: bool = False) -> list[dict]:
     scratch = Path(tempfile.mkdtemp(prefix="gkd-ettr-"))
     cache = prepared_cache(scratch)
     arms = [Arm("policy", scratch / "policy"), Arm("person", scratch / "person")]
@@ -271,7 +275,10 @@ def bench(plan: Plan) -> list[dict]:
                         except ProcessLookupError:
                             pass
                 arm.sup.kill()
-        shutil.rmtree(scratch, ignore_errors=True)
+        if keep:
+            print(f"the arms' runs are kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def render(records: list[dict]) -> str:
@@ -306,6 +313,7 @@ def main() -> int:
     p.add_argument("--answer-min", type=float, default=30.0, help="the person answers this long after the alert")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="2 minutes, a freeze each, a person answering in 60 s")
+    p.add_argument("--keep", action="store_true", help="keep the arms' run directories (their events, logs, reports)")
     p.add_argument("--render-only", action="store_true")
     p.add_argument("--check", action="store_true", help="with --render-only: fail when RESULTS.md is not the record")
     a = p.parse_args()
@@ -315,9 +323,9 @@ def main() -> int:
         print("bench/RESULTS.md's ETTR table " + ("is the record's" if ok else "is NOT the record's"))
         return 0 if ok else 1
     if a.smoke:  # a freeze 15 s into the training, the policy's restart 3 s after its alert, the person's in 60 s
-        arms = bench(Plan(a.seed, 2.0, 60.0, (15.0, 20.0), grace_s=3.0, kinds=("freeze",)))
+        arms = bench(Plan(a.seed, 2.0, 60.0, (15.0, 20.0), grace_s=3.0, kinds=("freeze",)), a.keep)
     else:
-        arms = bench(Plan(a.seed, a.minutes, a.answer_min * 60, (240.0, 360.0)))
+        arms = bench(Plan(a.seed, a.minutes, a.answer_min * 60, (240.0, 360.0)), a.keep)
     for arm in arms:
         print(f"{arm['arm']:7s} ETTR {arm['ettr']:.3f}  kept {arm['kept_s']:.0f} s of {arm['wall_s']:.0f} s; "
               f"steps kept {arm['steps_kept']}, lost {arm['steps_lost']}; faults "

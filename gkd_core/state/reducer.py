@@ -72,6 +72,9 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
                 st.mark_moved(w)
         if st.sync is not None and st.sync.state in SYNC_OPEN:
             st.sync.state = "cancelled"
+        # and their process groups with them: a collective the old ranks were in is no one's to join now (a
+        # restart's ranks make the groups anew, from their first collective)
+        st.collectives = {}
 
 
 def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:

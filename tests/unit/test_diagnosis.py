@@ -363,6 +363,18 @@ def test_the_rank_that_has_not_joined_is_named_with_the_collective_number_after_
     assert codes(st, T0 + 6) == [("collective_not_joined", ["rollout/1"], "warn")]
 
 
+def test_a_restart_takes_the_old_ranks_collectives_with_them():
+    """The driver restarted (by a person or the recovery policy): the collective its frozen rank never joined is
+    no one's to join now, and the new driver's ranks are not named for it."""
+    st = group_of_four({"student/0": 57, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57},
+                       {"student/0": 56, "rollout/0": 56, "rollout/1": 56, "rollout/2": 56})
+    assert codes(st, T0 + 12) != []
+    st.apply(ev.RunEvent(state="restarting", restart=1, ts=T0 + 13))
+    st.apply(ev.RunEvent(state="running", restart=1, ts=T0 + 20))
+    st.apply(ev.WorkerEvent(src="rollout/1", role="rollout", rank=2, pid=4242, ts=T0 + 25))
+    assert codes(st, T0 + 40) == []
+
+
 def test_a_collective_that_every_rank_left_says_nothing_and_one_rank_unseen_is_counted():
     done = group_of_four(dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 57),
                          dict.fromkeys(["student/0", "rollout/0", "rollout/1", "rollout/2"], 57))
