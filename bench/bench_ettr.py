@@ -55,6 +55,9 @@ RESTART_ON = ("heartbeat_stale,actor_dead,driver_failed,sync_timed_out,collectiv
               "teacher_not_serving,teacher_unreached,deadlock")
 GRACE_S = 10.0
 RESUMED = re.compile(r"resumed from checkpoints/step_0*(\d+)")
+# the events it reads (a line's kind is near its start): steps, the run's states, its alerts and actions, the
+# workers' pids, syncs, and the driver's word of the checkpoint it resumed from
+KINDS_READ = tuple(b'"kind":"%s"' % k for k in (b"metrics", b"run", b"alert", b"action", b"worker", b"sync", b"log"))
 
 
 @dataclass
@@ -64,6 +67,8 @@ class Arm:
     sup: RunningSupervisor | None = None
     faults: list[tuple[float, str, str]] = field(default_factory=list)  # (when, kind, on whom)
     answers: list[float] = field(default_factory=list)  # the person's restarts
+    _events: list[dict] = field(default_factory=list)
+    _read: int = 0  # bytes of the event log read so far
 
     @property
     def run(self) -> Path:
@@ -71,14 +76,23 @@ class Arm:
         return self.sup.run
 
     def events(self) -> list[dict]:
-        out = []
+        """The run's events of the kinds this bench reads, so far: the log read on from where it was left (an
+        hour of the demo is hundreds of MB, mostly heartbeats and phases, and this is asked every second)."""
         path = self.run / "events.jsonl"
-        for line in path.read_bytes().splitlines() if path.exists() else []:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # a torn last line while it is written
-        return out
+        if not path.exists():
+            return self._events
+        with path.open("rb") as f:
+            f.seek(self._read)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind(b"\n") + 1]  # (a torn last line: read again when it is whole)
+        self._read += len(whole)
+        for line in whole.splitlines():
+            if any(kind in line[:80] for kind in KINDS_READ):
+                try:
+                    self._events.append(json.loads(line))
+                except ValueError:
+                    pass
+        return self._events
 
     def pid(self, src: str) -> int:
         regs = [e for e in self.events() if e["kind"] == "worker" and e["src"] == src and e.get("pid")]

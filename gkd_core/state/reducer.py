@@ -60,6 +60,9 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
     if e.state == "running":
         st.oom = []
         st.running_since = e.ts
+        # a new driver: a collective the old ranks were in is no one's to join now (the new ranks make their groups
+        # anew); kept until then, for what a failed run's dead rank was inside
+        st.collectives = {}
     for line in e.log_tail:
         if OOM.search(line):
             _note_oom(st, e.ts, "driver", line)
@@ -72,9 +75,6 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
                 st.mark_moved(w)
         if st.sync is not None and st.sync.state in SYNC_OPEN:
             st.sync.state = "cancelled"
-        # and their process groups with them: a collective the old ranks were in is no one's to join now (a
-        # restart's ranks make the groups anew, from their first collective)
-        st.collectives = {}
 
 
 def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:

@@ -23,6 +23,7 @@ from gkd_core.supervisor.control_ops import Refused
 from gkd_core.telemetry import events as ev
 
 HOUR_S = 3600.0
+HEALTHY_RESET_S = 300.0  # a driver that ran this long before its alert was no crash loop: the wait starts again
 REPORT_STACKS_S = 10.0  # the bug report's wait for every worker's stacks
 REPORT_DEADLINE_S = 90.0  # the whole report's; past it, the restart goes ahead without it (the run comes first)
 
@@ -30,7 +31,9 @@ REPORT_DEADLINE_S = 90.0  # the whole report's; past it, the restart goes ahead 
 @dataclass(frozen=True)
 class RecoveryPolicy:
     """``codes``: the alerts' codes that restart a run once one of them, critical, has held ``grace_s``; at most
-    ``per_hour`` restarts in any hour, the n-th waiting ``backoff_s * 2**(n-1)`` after the one before."""
+    ``per_hour`` restarts in any hour, the n-th waiting ``backoff_s * 2**(n-1)`` after the one before while they
+    come in a loop (each driver's alert within ``HEALTHY_RESET_S`` of its start), ``backoff_s`` after a driver
+    that ran longer."""
 
     codes: frozenset[str] = field(default_factory=frozenset)
     grace_s: float = 60.0
@@ -76,7 +79,10 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) 
         return Decision("spent", a.code, list(a.targets), now - since,
                         f"{len(lately)} restarts in the last hour (the budget is {policy.per_hour}): not restarted "
                         f"again; {a.code} has held {now - since:.0f} s")
-    if made and now - made[-1] < policy.backoff_s * 2 ** (len(lately) - 1 if lately else 0):
+    # the wait doubles with each restart of a crash loop, and starts again from backoff_s once a driver has run
+    # HEALTHY_RESET_S before its alert (Kubernetes resets its back-off so): faults minutes apart are not a loop
+    streak = 0 if since - st.running_since >= HEALTHY_RESET_S else max(len(lately) - 1, 0)
+    if made and now - made[-1] < policy.backoff_s * 2 ** streak:
         return None
     return Decision("restart", a.code, list(a.targets), now - since,
                     f"{a.code} on {', '.join(a.targets[:3]) or 'the run'} held {now - since:.0f} s (the grace "

@@ -92,3 +92,23 @@ def test_the_run_configs_policy_holds_unless_the_command_line_gives_its_own(tmp_
     assert unattended_part(None, RecoveryConfig(), tmp_path, print, print) is None  # off: nothing to do
     with pytest.raises(ConfigError, match=r"'recovery.restart_on'.*'deadlok' is not an alert's code \(did you mean"):
         load_config(None, ["recovery.restart_on=[deadlok]"])
+
+
+def test_the_wait_starts_again_after_a_driver_that_ran_healthy_for_minutes():
+    """Faults minutes apart are not a crash loop: the sixth restart of an hour waits backoff_s, not 32 times it,
+    when its driver ran five minutes before its alert (the ETTR bench's first run waited 498 s)."""
+    policy = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=10.0, per_hour=60, backoff_s=30.0)
+    made = [T0 + 300 * n for n in range(6)]  # a restart every five minutes, the last at T0 + 1500
+
+    def driver_alerted_after(ran_s: float) -> RunState:
+        st = RunState()
+        st.apply(ev.RunEvent(state="running", ts=T0 + 1501))
+        st.apply(ev.AlertEvent(src="supervisor", severity="critical", code="straggler", targets=["rollout/1"],
+                               message="rollout/1 is late", ts=T0 + 1501 + ran_s))
+        return st
+
+    healthy = driver_alerted_after(300.0)
+    assert decide(policy, healthy, T0 + 1801 + 11, made).action == "restart"  # its grace, then at once
+    looping = driver_alerted_after(40.0)  # failed 40 s in: a loop, the wait doubled five times
+    assert decide(policy, looping, T0 + 1541 + 11, made) is None
+    assert decide(policy, looping, T0 + 1500 + 30 * 32 + 1, made).action == "restart"
