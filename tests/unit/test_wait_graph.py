@@ -250,17 +250,24 @@ def test_a_request_in_flight_is_an_edge_to_the_worker_listening_on_its_node():
     assert "Rollouter/0" not in wait_graph(st)
 
 
-def test_a_server_whose_request_stalls_is_named_and_the_rollout_and_driver_are_blocked_by_it():
-    """The pipeline's chain through HTTP: the server is the end, named; the rollout awaiting its request and the
-    driver awaiting the rollout are blocked by it, not late of their own."""
+def pipeline_with_healthy_rounds(round_s: float):
+    """``pipeline()`` with four healthy rounds before T0 (driver -> Rollouter/0.rollout -> the server's request),
+    each ``round_s`` long: the history a late round is judged against."""
     st = pipeline()
-    for i in range(4):  # a healthy history: each round a second
+    for i in range(4):
         t = T0 - 40 + 5 * i
         phase(st, "driver", "ray.get", t, waits_on=["Rollouter/0.rollout"])
         phase(st, "Rollouter/0", "rollout", t, call=i + 1, waits_on=[REQUEST.said()])
         phase(st, "Server/0", "POST /generate", t, call=i + 1)
         for src in ("Server/0", "Rollouter/0", "driver"):
-            phase(st, src, "idle", t + 1.0)
+            phase(st, src, "idle", t + round_s)
+    return st
+
+
+def test_a_server_whose_request_stalls_is_named_and_the_rollout_and_driver_are_blocked_by_it():
+    """The pipeline's chain through HTTP: the server is the end, named; the rollout awaiting its request and the
+    driver awaiting the rollout are blocked by it, not late of their own."""
+    st = pipeline_with_healthy_rounds(round_s=1.0)  # each round a second
     phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
     phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
     phase(st, "Server/0", "POST /generate", T0, call=5)
@@ -363,14 +370,7 @@ def test_a_waiter_others_wait_behind_is_held_too_while_its_chains_end_is_fresh_w
     driver and the rollout cross the floor a moment before the server is judged: the rollout's finding, which
     the driver's chain ends in, is held like any waiter's (it was named for a pass, under load); then the
     server is named, both blocked by it."""
-    st = pipeline()
-    for i in range(4):  # a healthy history: each round a fifth of a second
-        t = T0 - 40 + 5 * i
-        phase(st, "driver", "ray.get", t, waits_on=["Rollouter/0.rollout"])
-        phase(st, "Rollouter/0", "rollout", t, call=i + 1, waits_on=[REQUEST.said()])
-        phase(st, "Server/0", "POST /generate", t, call=i + 1)
-        for src in ("Server/0", "Rollouter/0", "driver"):
-            phase(st, src, "idle", t + 0.2)
+    st = pipeline_with_healthy_rounds(round_s=0.2)  # each round a fifth of a second
     phase(st, "driver", "ray.get", T0, waits_on=["Rollouter/0.rollout"])
     phase(st, "Rollouter/0", "rollout", T0, call=5, waits_on=[REQUEST.said()])
     phase(st, "Server/0", "POST /generate", T0 + 0.05, call=5)
