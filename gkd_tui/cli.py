@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the changes the active diagnosis calls for (out of memory: the memory ladder; a straggler: "
                         "one rollout worker fewer), else the config's shrink rules")
     s.add_argument("--dry-run", action="store_true", help="show the config changes only")
+    s.add_argument("--grace", type=float, default=None,
+                   help="seconds the old driver has between SIGTERM and SIGKILL (default: the run's)")
     s.add_argument("-o", "--override", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_restart)
@@ -100,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--stacks-timeout", type=float, default=20.0,
                    help="seconds to wait for every worker's stacks (default 20)")
     s.add_argument("--no-stacks", action="store_true", help="take no stacks for it (those taken before go in)")
+    s.add_argument("--live-taken", metavar="FILE",
+                   help="make FILE once the stacks and Ray's view are taken, then write the archive at a low "
+                        "priority (what a restart must wait for, and what it need not: the recovery's)")
     s.set_defaults(func=cmd_bundle)
 
     s = sub.add_parser("dump-stacks", help="capture the stacks of workers (default: all)")

@@ -151,12 +151,14 @@ class Scrubber:
 
 def write_bundle(run: Path, out: Path | None = None, status: str = "", state: RunState | None = None,
                  stacks: StacksTaken | None = None, live: bool = False,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S, reread: Callable[[], RunState | None] | None = None) -> Path:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, reread: Callable[[], RunState | None] | None = None,
+                 live_taken: Callable[[], None] | None = None) -> Path:
     """Write ``run``'s bundle (default: RUN/bundles/bundle-<time>.tar.gz); returns its path. ``state``: the
     run's state (live, or replayed from its log); ``stacks``: those taken for this bundle; ``live``: the run
     is going on here, so Ray's state API is asked too, and, where stacks were taken, those of every process
     of the job the dump missed (targets.py); ``reread``: the run's state again, once the rest is gathered
-    (None when it does not answer)."""
+    (None when it does not answer); ``live_taken``: called once what only the running job can give is taken
+    (stacks, Ray's view), before the run's files are archived."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = out or run / "bundles" / f"bundle-{stamp}.tar.gz"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +176,8 @@ def write_bundle(run: Path, out: Path | None = None, status: str = "", state: Ru
             stacks = targets.take_missed(run, stacks, state, facts.get("ray"))
         except Exception as e:  # the report is wanted most when things fail: it goes out with what it has
             stacks.missing["(the processes the dump missed)"] = f"not taken: {type(e).__name__}: {e}"
+    if live_taken is not None:
+        live_taken()
     ours = _our_files(state, driver, facts, stacks, traces, status)
     theirs = _run_files(run)  # (path, its name in the archive)
     text = report.summary(run, state, time.time(), driver, facts, stacks, traces,

@@ -149,12 +149,13 @@ class DriverLife:
         self.ended_at = time.monotonic()
         return True
 
-    def restart_with(self, path: Path) -> None:
-        """Start again with the config at ``path`` once the driver is gone (asked to go now)."""
+    def restart_with(self, path: Path, grace_s: float) -> None:
+        """Start again with the config at ``path`` once the driver is gone (asked to go now, killed after
+        ``grace_s``)."""
         self.pending_config = path
         if self.alive():
             assert self.driver is not None  # (alive)
-            self.driver.terminate(self.grace_s)
+            self.driver.terminate(grace_s)
 
     def _start_restart(self, cfg: config_mod.Config) -> None:
         self.restarts += 1

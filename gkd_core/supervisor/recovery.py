@@ -4,6 +4,9 @@ the budget is spent it is not restarted again, and that is said loudly. Off unle
 
 ``decide`` is pure (the state, ``now`` and the restarts it made so far in, a decision out); ``Recovery``
 carries its decisions out in the supervisor's loop (the bug report first, then the restart) and records them.
+The restart waits for the report's live part (every worker's stacks, Ray's view): what a restart destroys. The
+archive of the run's files is written beside the new driver, at a low priority (a night's event log is hundreds
+of MB: scrubbed and compressed, a minute that nobody watching needs to wait for).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ HOUR_S = 3600.0
 HEALTHY_RESET_S = 300.0  # a driver that ran this long before its alert was no crash loop: the wait starts again
 REPORT_STACKS_S = 10.0  # the bug report's wait for every worker's stacks
 REPORT_DEADLINE_S = 90.0  # the whole report's; past it, the restart goes ahead without it (the run comes first)
+# the old driver's time to stop before it is killed: its run is hung and its report taken, and a graceful stop
+# waits on the very workers it hangs on (Ray's shutdown behind a frozen actor took the run's whole 10 s)
+STOP_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ class Recovery:
         self.made: list[float] = []  # when it restarted the run (wall clock), oldest first
         self.spent = False
         self._report: subprocess.Popen | None = None  # the bug report being taken, for ``_due``
-        self._report_path = self._report_log = run_dir
+        self._report_path = self._report_log = self._report_live = run_dir
+        self._writing: list[tuple[subprocess.Popen, Path, Path]] = []  # reports whose archive is being written
         self._report_by = 0.0
         self._due: Decision | None = None
         self._said = False
@@ -117,6 +124,8 @@ class Recovery:
         if not self._said:  # on the record from the start: `status` says the run has it
             self._said = True
             self._record(emit)
+        if self._writing:
+            self._written(emit)
         if self._report is not None:
             self._after_report(now, emit)
             return
@@ -139,11 +148,12 @@ class Recovery:
         n = len(self.made) + 1
         self._report_path = self.run_dir / "bundles" / f"recovery-{n:03d}.tar.gz"
         self._report_log = self.run_dir / "logs" / f"recovery-{n:03d}.log"
+        self._report_live = self.run_dir / "bundles" / f".recovery-{n:03d}.live"
         self._report_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._report_log, "ab") as log:
             self._report = subprocess.Popen(
                 [sys.executable, "-m", "gkd_tui", "bundle", str(self.run_dir), "-o", str(self._report_path),
-                 "--stacks-timeout", str(REPORT_STACKS_S)],
+                 "--stacks-timeout", str(REPORT_STACKS_S), "--live-taken", str(self._report_live)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self._report_by = now + REPORT_DEADLINE_S
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
@@ -159,14 +169,18 @@ class Recovery:
         return any(a.severity == "critical" and a.code in self.policy.codes for a in st.active_alerts())
 
     def close(self) -> None:
-        """The run ends: a report still being taken is ended with it."""
+        """The run ends: a report still taking its live part is ended with it (one writing its archive of the
+        run's files, in a session of its own, finishes by itself)."""
         if self._report is not None and self._report.poll() is None:
             _kill_group(self._report)
 
     def _after_report(self, now: float, emit: Callable[[ev.Event], None]) -> None:
         report, d = self._report, self._due
         assert report is not None and d is not None  # (set together)
-        if report.poll() is None:
+        if report.poll() is None and self._report_live.exists():  # the live part taken: the archive follows
+            self._writing.append((report, self._report_path, self._report_log))
+            taken = str(self._report_path.relative_to(self.run_dir))
+        elif report.poll() is None:
             if now < self._report_by:
                 return
             _kill_group(report)
@@ -175,6 +189,8 @@ class Recovery:
             taken = str(self._report_path.relative_to(self.run_dir))
         else:
             taken = f"`gkd-tui bundle` exited {report.returncode} ({self._report_log.relative_to(self.run_dir)})"
+        with contextlib.suppress(FileNotFoundError):
+            self._report_live.unlink()
         self._report, self._due = None, None
         why = f"{d.reason}; the bug report: {taken}"
         self.made.append(now)  # (a restart refused counts too: the next waits, and the budget ends the tries)
@@ -192,6 +208,19 @@ class Recovery:
         self._record(emit)
         if self.tell is not None:
             self.tell("restart", d.code, d.targets, why)
+
+    def _written(self, emit: Callable[[ev.Event], None]) -> None:
+        """The archives written since the restarts they came before, on the record (or why one is not)."""
+        for entry in list(self._writing):
+            report, path, log = entry
+            if report.poll() is None:
+                continue
+            self._writing.remove(entry)
+            ok = report.returncode == 0 and path.exists()
+            emit(ev.ActionEvent(op="recover", by="recovery", ok=ok, result={
+                "stage": "report_written", "report": str(path.relative_to(self.run_dir)),
+                **({} if ok else {"error": f"`gkd-tui bundle` exited {report.returncode} "
+                                           f"({log.relative_to(self.run_dir)})"})}))
 
     def _record(self, emit: Callable[[ev.Event], None]) -> None:
         emit(ev.ActionEvent(op="recovery", by="supervisor", ok=True, result={"said": self.said()}))

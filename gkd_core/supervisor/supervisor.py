@@ -28,7 +28,7 @@ from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.state import RunState, encode_state
-from gkd_core.supervisor import alerts, control_ops
+from gkd_core.supervisor import alerts, control_ops, recovery
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
 from gkd_core.supervisor.heap import Heap
@@ -171,11 +171,11 @@ class Supervisor:
         result["config"] = str(path.relative_to(self.run_dir))
         self.emit(ev.RunEvent(state="restarting", restart=life.restarts, config_digest=config_mod.digest(new),
                               reason=f"restart requested by {asked.by}" + (" (smaller)" if args.shrink else "")))
-        life.restart_with(path)
+        life.restart_with(path, self.grace_s if args.grace_s is ops.UNSET else args.grace_s)
         return result
 
     def _restart_to_recover(self, why: str) -> None:
-        self._op_restart(ops.RestartArgs(), Asked(f"the recovery policy: {why}"))
+        self._op_restart(ops.RestartArgs(grace_s=recovery.STOP_S), Asked(f"the recovery policy: {why}"))
 
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,

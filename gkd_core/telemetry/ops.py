@@ -40,6 +40,8 @@ class RestartArgs(Args):
     shrink: Annotated[bool, Meta(description="true or false")] = False
     dry_run: Annotated[bool, Meta(description="true or false")] = False
     overrides: Annotated[list[str], Meta(description="a list of key=value strings")] = []
+    # how long the old driver has to stop before it is killed (the run's grace when left out)
+    grace_s: Annotated[float, Meta(ge=0, le=86400, description="a number of seconds from 0 to 86400")] | Unset = UNSET
 
 
 CancelMode = Literal["cooperative", "force"]

@@ -8,6 +8,7 @@ commands served while it waits (``on_tick``), and an error that names who is lat
 from __future__ import annotations
 
 import faulthandler
+import functools
 import ipaddress
 import logging
 import os
@@ -72,6 +73,19 @@ def init_ray(cfg: Config) -> None:
         pass_sigterm_to_group()  # a supervisor killed -9 takes Ray's head processes with it
 
 
+def give_up(rep: Reporter, why: str) -> None:
+    """A call with no deadline of its own (Ray's start) ran past ours (``watchdog``). It cannot be interrupted,
+    so: say what and where, show where every thread is, and end the driver with EXIT_STUCK —
+    the supervisor records the exit and ``restart`` starts over."""
+    print("gkd driver: where every thread was when the deadline passed:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    print(f"gkd driver: {why}", file=sys.stderr, flush=True)  # last: the line the failure alert quotes
+    rep.log(why, level="error")
+    rep.set_phase("failed", detail=why[:300])
+    rep.close(2.0)
+    os._exit(EXIT_STUCK)
+
+
 class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, rep: Reporter, faults: FaultPlan, device: str):
         self.cfg, self.run_dir, self.rep, self.faults, self.device = cfg, run_dir, rep, faults, device
@@ -112,20 +126,26 @@ class Cluster:
 
     # --- start ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def connect(self) -> None:
+        """Ray, and a node agent on each of its nodes: what the workers need before they start."""
         cfg = self.cfg
         where = os.environ.get("RAY_ADDRESS") or "a new local cluster"
-        limit = cfg.trainer.init_timeout_s
+        limit, end = cfg.trainer.init_timeout_s, functools.partial(give_up, self.rep)
         with self.rep.phase("init", timeout_s=limit, detail=f"ray.init ({where})"):
-            with watchdog(f"ray.init ({where})", limit, self.give_up, hint=RAY_INIT_HINT):
+            with watchdog(f"ray.init ({where})", limit, end, hint=RAY_INIT_HINT):
                 init_ray(cfg)
-            with watchdog(f"the Ray GCS ({where}) listing its nodes", limit, self.give_up, hint=RAY_INIT_HINT):
+            with watchdog(f"the Ray GCS ({where}) listing its nodes", limit, end, hint=RAY_INIT_HINT):
                 self.route.head_node = ray.get_runtime_context().get_node_id()
                 self.multi_node = sum(1 for n in ray.nodes() if n.get("Alive")) > 1
         if self.multi_node:
             self.open_remote_ingest()
         if cfg.agent.enabled:
             self.start_agents()  # first: the workers push their events through their node's agent
+
+    def start_workers(self, cfg: Config) -> None:
+        """The student, the rollouts and the teacher, with ``cfg`` (the models' folders resolved by the data's
+        loading, which ran beside ``connect``), and their collective group."""
+        self.cfg = cfg
         cfg_dict = msgspec.to_builtins(cfg)
         gpu = self.gpus_per_actor
         with self.rep.phase("init", detail="actors"):
@@ -147,18 +167,6 @@ class Cluster:
                                student_ip=self.info["student/0"].get("ip", ""), wait=self.wait, reporter=self.rep,
                                init_timeout_s=cfg.trainer.init_timeout_s, sync_timeout_s=cfg.trainer.sync_timeout_s)
         self.group.make()
-
-    def give_up(self, why: str) -> None:
-        """A call with no deadline of its own ran past ours (``watchdog``). It cannot be interrupted,
-        so: say what and where, show where every thread is, and end the driver with EXIT_STUCK —
-        the supervisor records the exit and ``restart`` starts over."""
-        print("gkd driver: where every thread was when the deadline passed:", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(sys.stderr, all_threads=True)
-        print(f"gkd driver: {why}", file=sys.stderr, flush=True)  # last: the line the failure alert quotes
-        self.rep.log(why, level="error")
-        self.rep.set_phase("failed", detail=why[:300])
-        self.rep.close(2.0)
-        os._exit(EXIT_STUCK)
 
     def opts(self, role: str) -> dict:
         """Ray options of a role's actors: threaded, no CPU reserved, its resources from trainer.placement."""

@@ -85,21 +85,33 @@ class Driver:
     # --- start ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        with self.rep.phase("load_data"):
-            self.inputs = inputs.prepare(self.cfg, gkd_home(), log=self.rep.log)
+        # a restart reads the data and the models' folders again while Ray starts (most of the one is importing the
+        # tokenizers' code, most of the other waiting for Ray's processes: two seconds of every restart); a first
+        # start refuses bad inputs before Ray starts, in seconds
+        loaded = inputs.prepare_in_background(self.cfg, gkd_home(), log=self.rep.log)
+
+        def read() -> None:
+            with self.rep.phase("load_data"):
+                self.inputs = loaded.result()  # (its error, a data file that cannot be read, raised here)
+
+        if not self.restart:
+            read()
+        device = self.cfg.trainer.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._cluster = Cluster(self.cfg, self.run_dir, self.rep, self.faults, device)
+        self.cluster.connect()
+        if self.restart:
+            read()
         self.cfg = cfg = self.inputs.cfg  # the model folders resolved: workers load exactly these
         self.rep.log(self.inputs.said)
         self.loggers = MetricLoggers(cfg.trainer.logger, self.run_dir, msgspec.to_builtins(cfg), self.rep.log)
         self.order = data.PromptOrder(len(self.inputs.train.ids), cfg.data.seed)
-        device = cfg.trainer.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._cluster = Cluster(cfg, self.run_dir, self.rep, self.faults, device)
         self.sync = WeightSync(self.cluster, self.rep, cfg.trainer.sync_timeout_s)
         self.actions = Actions(self.cluster, self.rep, self.run_dir, self.inbox, self.sync.request_cancel)
         self.cluster.on_tick = self.sync.on_tick = self.actions.serve
         self.saver = Saver(cfg, self.run_dir, self.rep, self.cluster, self.faults, self.restart)
-        self.cluster.start()
+        self.cluster.start_workers(cfg)
         self.teacher = TeacherClient(self.cluster.teacher_address, num_microbatches=cfg.teacher.num_microbatches,
                                      max_in_flight=cfg.teacher.max_in_flight, timeout_s=cfg.teacher.request_timeout_s,
                                      max_retries=cfg.teacher.max_retries, reporter=self.rep)
@@ -359,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         drv.start()
         drv.train()
         drv.finish()
-    except DataError as e:  # nothing has started: what to fix in the config or the files
+    except DataError as e:  # no worker has started (on a restart, Ray has): what to fix in the config or the files
         code = _failed(drv, str(e), EXIT_CONFIG)
     except (WaitTimeout, WorkerFailed, TeacherUnavailable, BadSteps) as e:
         code = _failed(drv, str(e), EXIT_STUCK)

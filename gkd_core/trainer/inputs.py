@@ -1,5 +1,5 @@
 """What a run trains on, resolved before any worker starts: the model folders, the tokenizer they
-share, the training prompts and the held-out ones.
+share, the training prompts and the held-out ones (read while Ray starts: ``prepare_in_background``).
 
 An empty ``model.path``, ``teacher.path`` or ``data.files`` means the built-in demo's folder or file
 (``models.prepare_demo``); from here on the demo is one more model folder and data file.
@@ -7,6 +7,8 @@ An empty ``model.path``, ``teacher.path`` or ``data.files`` means the built-in d
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,21 @@ class Inputs:
     val: list[list[int]]  # held-out prompts, token ids
     pad_id: int
     said: str  # what was read, in one line
+
+
+def prepare_in_background(cfg: Config, home: Path, log=print) -> Future[Inputs]:
+    """``prepare`` in a daemon thread of its own: the inputs, or its error, in the future. (An executor's threads
+    are joined at exit: a driver that failed meanwhile would wait for the demo's models to be made first.)"""
+    future: Future[Inputs] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(prepare(cfg, home, log))
+        except BaseException as e:  # (carried to the caller, who raises it)
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="load_data", daemon=True).start()
+    return future
 
 
 def prepare(cfg: Config, home: Path, log=print) -> Inputs:

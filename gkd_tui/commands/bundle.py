@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,7 +37,13 @@ def cmd_bundle(a: argparse.Namespace) -> int:
             else:
                 print(f"gkd-tui: taking every worker's stacks for the bundle (up to {a.stacks_timeout:g} s)",
                       file=sys.stderr)
-                state, stacks = take_stacks(c, endpoints, [], a.stacks_timeout, "bundle")
+                try:
+                    state, stacks = take_stacks(c, endpoints, [], a.stacks_timeout, "bundle")
+                except ControlError as e:  # refused (a failed run has no driver to take them): its state is
+                    # still the supervisor's, not a replay of the whole log (minutes, for a night's)
+                    state = msgspec.convert(c.request("snapshot")["state"], RunState)
+                    stacks = StacksTaken(note=f"the run did not take them: {e}; the stacks it took before are "
+                                              "in stacks/")
         live = True
         status = status_text(state, time.time(), run)
     except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
@@ -44,12 +52,21 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         stacks = StacksTaken(note=f"the run did not answer ({e}); the stacks it took before are in stacks/")
     try:
         out = write_bundle(run, Path(a.output) if a.output else None, status, state=state, stacks=stacks, live=live,
-                           reread=lambda: _state_now(run))
+                           reread=lambda: _state_now(run),
+                           live_taken=(lambda: _live_taken(Path(a.live_taken))) if a.live_taken else None)
     except OSError as e:  # a folder not ours to write, a full disk: said, and where
         print(f"gkd-tui: cannot write the bundle: {e}; give another path with -o", file=sys.stderr)
         return 1
     print(out)
     return 0
+
+
+def _live_taken(marker: Path) -> None:
+    """Said to whoever waits for the live part (the recovery, to restart): ``marker`` made. The archive is
+    written after it at a low priority: a new driver may be starting beside it."""
+    marker.touch()
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
 
 def _state_now(run: Path) -> RunState | None:

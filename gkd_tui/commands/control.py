@@ -93,7 +93,8 @@ def cmd_restart(a: argparse.Namespace) -> int:
         return unreachable(None, e)
     if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run) and (run / "events.jsonl").exists():
         return take_over(run, a)
-    return act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run})
+    return act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run,
+                              **({"grace_s": a.grace} if a.grace is not None else {})})
 
 
 def take_over(run: Path, a: argparse.Namespace) -> int:
