@@ -329,7 +329,7 @@ def render(records: list[dict]) -> str:
         for a in r["arms"]:
             kinds = ", ".join(f"{k}" for _, k, _ in a["faults"]) or "-"
             restarts = a["policy_restarts"] if a["arm"] == "policy" else a["person_restarts"]
-            lines.append(f"| {r['when']} | {r['minutes']:g} | {r['seed']} | {r.get('grace_s', '10')} | {a['arm']} | "
+            lines.append(f"| {r['when']} | {r['minutes']:g} | {r['seed']} | {r.get('grace_s', 10):g} | {a['arm']} | "
                          f"**{a['ettr']:.3f}** | {a['kept_s']:.0f} / {a['wall_s']:.0f} | {a['steps_kept']} | "
                          f"{a['steps_lost']} | {kinds} | {restarts} | {spread(a.get('recoveries'))} |")
     return "\n".join(lines)
