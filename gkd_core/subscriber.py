@@ -8,7 +8,9 @@ socket dropped something for us (our high-water mark): take a fresh snapshot and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import zmq
@@ -18,6 +20,8 @@ from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.control import ControlClient
+
+T = TypeVar("T")
 
 
 class Snapshot(msgspec.Struct):
@@ -106,6 +110,17 @@ class RunSubscriber:
             self.seq = e.seq
             applied.append(e)
         return applied
+
+    def pump_until(self, answer: Callable[[RunState], T | None], timeout_s: float) -> T | None:
+        """``answer(state)`` once it is not None, asked again after each batch of events applied (it waits on the
+        socket, never sleeps), or None when ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while (got := answer(self.state)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self.pump(left)
+        return got
 
     def close(self) -> None:
         self.sub.close(linger=0)

@@ -21,6 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
+from gkd_core.state import RunState
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.answers import ActionAnswered, PendingAnswers
 from gkd_tui.errors import Refused, action_worker, toast_failure
@@ -28,7 +30,7 @@ from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
-from gkd_tui.sources import Playback, Source
+from gkd_tui.sources import Playback, Source, wait_for
 from gkd_tui.theme import THEME_VARIABLES
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -170,13 +172,13 @@ class GkdApp(App):
     def selected_worker(self) -> str | None:
         return self.query_one(WorkersTable).selected
 
-    def request(self, op: str, args: dict, timeout_s: float = 3.0, request_id: int | None = None):
-        """A control request from a worker thread; raises ControlError/ControlUnreachable."""
+    def request(self, args: ops.Args, timeout_s: float = 3.0, request_id: int | None = None):
+        """The op ``args`` are for, from a worker thread; raises ControlError/ControlUnreachable."""
         if self.source.control is None:
             raise Refused("a replay has no run to act on")
         if self._client is None:
             self._client = self.source.control()
-        return self._client.request(op, args, timeout_s=timeout_s, request_id=request_id)
+        return self._client.ask(args, timeout_s=timeout_s, request_id=request_id)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -215,17 +217,21 @@ class GkdApp(App):
             self.call_from_thread(self.notify, under_way, timeout=3)
             capture(targets, dump_id)
         else:  # said once asked: a replay refuses at once, and only the refusal is shown
-            self.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
+            self.request(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))
             self.call_from_thread(self.notify, under_way, timeout=3)
-        deadline = time.monotonic() + STACK_WAIT_S
-        got: dict = {}
-        while time.monotonic() < deadline:
+
+        def taken(state: RunState) -> dict:
+            return {t: r for t, r in state.stacks.items() if r.dump_id == dump_id}
+
+        def complete(state: RunState) -> dict | None:  # the dump's stacks, once answered or all in
+            got = taken(state)
+            answered = capture is not None or state.dump_answer(dump_id) is not None
+            return got if got and (answered or (targets and all(t in got for t in targets))) else None
+
+        got = wait_for(self.source, complete, STACK_WAIT_S)
+        if got is None:  # at the deadline: what came
             with self.source.lock:
-                got = {t: r for t, r in self.source.state.stacks.items() if r.dump_id == dump_id}
-                answered = capture is not None or self.source.state.dump_answer(dump_id) is not None
-            if got and (answered or (targets and all(t in got for t in targets))):
-                break
-            time.sleep(0.1)
+                got = taken(self.source.state)
         if not got:
             raise TimeoutError(f"no stacks came back within {STACK_WAIT_S:g} s")
         with self.source.lock:
@@ -238,7 +244,7 @@ class GkdApp(App):
     def _cancel_chosen(self, choice: str | None) -> None:
         if choice is None:
             return  # Cancel: nothing happens
-        self.send("cancel", {"target": choice.removeprefix("worker:")})
+        self.send(ops.CancelArgs(target=choice.removeprefix("worker:")))
 
     def action_restart(self) -> None:
         self.preview_restart()
@@ -246,17 +252,18 @@ class GkdApp(App):
     @action_worker("restart")
     def preview_restart(self) -> None:
         """The supervisor's dry run first: the dialog shows the config diff it would apply."""
-        dry = self.request("restart", {"shrink": True, "dry_run": True})
+        dry = self.request(ops.RestartArgs(shrink=True, dry_run=True))
         self.call_from_thread(self.push_screen, restart_dialog(dry), self._restart_chosen)
 
     def _restart_chosen(self, choice: str | None) -> None:
         if choice == "restart":
-            self.send("restart", {"shrink": True})
+            self.send(ops.RestartArgs(shrink=True))
 
-    @action_worker(lambda op, args: op)
-    def send(self, op: str, args: dict) -> None:
+    @action_worker(lambda args: ops.OP_OF[type(args)])
+    def send(self, args: ops.Args) -> None:
+        op = ops.OP_OF[type(args)]
         request = self.answers.ask(op)
-        said = self.answers.receipt(request, op, self.request(op, args, request_id=request))
+        said = self.answers.receipt(request, op, self.request(args, request_id=request))
         if said is not None:
             self.call_from_thread(self.answers.show_receipt, request, said)
 
@@ -282,29 +289,18 @@ class GkdApp(App):
             self.call_from_thread(self.notify, "bundle: taking every worker's stacks first…", timeout=4)
             asked_at, dump_id = time.time(), f"bundle-{int(time.time() * 1000)}"
             try:
-                self.request("dump_stacks", {"targets": [], "dump_id": dump_id})
+                self.request(ops.DumpStacksArgs(dump_id=dump_id))
             except (ControlError, ControlUnreachable) as e:  # the report is wanted most when the run is in trouble
                 live = False
                 stacks = StacksTaken(note=f"the run refused or did not answer ({e}); those taken before are in stacks/")
             else:
-                answered = self._wait_for_dump(dump_id, BUNDLE_STACK_WAIT_S)
+                answered = wait_for(self.source, lambda state: state.dump_answer(dump_id), BUNDLE_STACK_WAIT_S) or {}
                 with self.source.lock:
                     stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
         state = copy_of_state(self.source)  # and again once the rest is gathered: who joined meanwhile
         out = write_bundle(Path(run), status=status_text(state, self.source.now(), Path(run)), state=state,
                            stacks=stacks, live=live, reread=lambda: copy_of_state(self.source))
         self.call_from_thread(self.notify, f"bundle written: {out}", timeout=8, markup=False)
-
-    def _wait_for_dump(self, dump_id: str, timeout_s: float) -> dict:
-        """The driver's answer to a dump (its action's result), or {} at the deadline."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self.source.lock:
-                answer = self.source.state.dump_answer(dump_id)
-            if answer is not None:
-                return answer
-            time.sleep(0.1)
-        return {}
 
     def action_detach(self) -> None:
         """Leave the dashboard; the run is never stopped from here."""

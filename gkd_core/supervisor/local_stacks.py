@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gkd_core.node.stacks import capture_many
@@ -27,6 +28,14 @@ TIMEOUT_S = 4.0
 REMOTE_WAIT_S = 8.0  # from the dump's start: a helper started on another node, then its capture; the CLI waits 10 s
 
 
+@dataclass
+class Awaited:
+    """A dump's wait for the stacks of workers on other nodes: those in so far (target -> text, error)."""
+    targets: frozenset[str]
+    got: dict[str, tuple[str, str]] = field(default_factory=dict)
+    all_in: threading.Event = field(default_factory=threading.Event)
+
+
 class LocalStacks:
     def __init__(self, run_dir: Path, ask_driver: Callable[[dict], None] | None = None):
         """``ask_driver(args)``: forward a ``dump_stacks`` of workers on other nodes to the job's driver;
@@ -35,11 +44,21 @@ class LocalStacks:
         self.ask_driver = ask_driver
         self.host = socket.gethostname()
         self.results: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
+        self._awaited: dict[str, Awaited] = {}  # dump id -> the other nodes' stacks it waits for
+        self._lock = threading.Lock()  # (``_awaited``: filled on the loop, read by the capture's thread)
 
-    def hand_over(self, emit: Callable[[ev.Event], None]) -> None:
-        """What the captures took since the last look, on the record (on the loop)."""
+    def hand_over(self, state: RunState, emit: Callable[[ev.Event], None]) -> None:
+        """On the loop: what the captures took since the last look, on the record; the other nodes' stacks come
+        in (their events, applied to ``state``), handed to the dumps that wait for them."""
         while not self.results.empty():
             emit(self.results.get_nowait())
+        with self._lock:
+            for dump_id, awaited in self._awaited.items():
+                for t in awaited.targets - awaited.got.keys():
+                    if (r := state.stacks.get(t)) is not None and r.dump_id == dump_id:
+                        awaited.got[t] = (r.text, r.error)
+                if awaited.got.keys() == awaited.targets:
+                    awaited.all_in.set()
 
     def dump(self, state: RunState, targets: list[str], dump_id: str, by: str) -> dict:
         """Start a dump of ``targets`` (every worker when empty); returns at once."""
@@ -61,14 +80,17 @@ class LocalStacks:
                                      f"(the job's driver could not be asked: {e})" for s, w in remote.items()})
         # from the dump's start, not from the end of this node's captures: the CLI waits 10 s in all
         deadline = time.monotonic() + REMOTE_WAIT_S
-        threading.Thread(target=self._take, args=(state, here, asked, elsewhere, dump_id, by, deadline),
+        if asked:
+            with self._lock:
+                self._awaited[dump_id] = Awaited(frozenset(asked))
+        threading.Thread(target=self._take, args=(here, asked, elsewhere, dump_id, by, deadline),
                          name=f"gkd-stacks[{dump_id}]", daemon=True).start()
         # not the answer (that is the action `_take` records once the stacks are in): what is under way
         return {"taking": sorted([*here, *asked, *elsewhere]),
                 "by": "the supervisor, on this node" + (", and the job's driver on the others" if asked else "")}
 
-    def _take(self, state: RunState, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str,
-              by: str, deadline: float) -> None:
+    def _take(self, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str, by: str,
+              deadline: float) -> None:
         folder = self.run_dir / "stacks" / dump_id
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -78,23 +100,26 @@ class LocalStacks:
                     cap.text + (f"\n# note: {cap.error}\n" if cap.error else ""))
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, method=cap.method, text=cap.text,
                                                error=cap.error))
-            # the other nodes' stacks come as events from the driver's task (on the supervisor's thread)
-            while asked and time.monotonic() < deadline:
-                if all((r := state.stacks.get(t)) is not None and r.dump_id == dump_id for t in asked):
-                    break
-                time.sleep(0.05)
+            # the other nodes' stacks come as events from the driver's task, handed over on the loop
+            got: dict[str, tuple[str, str]] = {}
+            if asked:
+                awaited = self._awaited[dump_id]
+                awaited.all_in.wait(max(0.0, deadline - time.monotonic()))
+                with self._lock:
+                    got = dict(self._awaited.pop(dump_id).got)
             for t in asked:
-                r = state.stacks.get(t)
-                if r is None or r.dump_id != dump_id:
+                if t not in got:
                     notes[t] = f"no stack from {t}'s node within {REMOTE_WAIT_S:g} s (the job's driver takes it there)"
                     continue
-                (folder / (t.replace("/", "_") + ".txt")).write_text(
-                    r.text + (f"\n# note: {r.error}\n" if r.error else ""))
+                text, error = got[t]
+                (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {error}\n" if error else ""))
             for target, note in notes.items():
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, error=note))
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=True, result={
                 "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "folder": f"stacks/{dump_id}"}))
         except Exception as e:  # a full disk, say: the dump fails, on the record; the run goes on
+            with self._lock:
+                self._awaited.pop(dump_id, None)
             self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=False, result={
                 "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]),
                 "error": f"{type(e).__name__}: {e}"[:300]}))

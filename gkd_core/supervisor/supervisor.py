@@ -321,7 +321,7 @@ class Supervisor:
                     if self.unattended is not None:
                         self.unattended.counts.alert_pass_s = took
                 if self.local_stacks is not None:
-                    self.local_stacks.hand_over(self.emit)
+                    self.local_stacks.hand_over(self.state, self.emit)
                 if self.unattended is not None:
                     self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
                 self.rec.flush()

@@ -22,6 +22,7 @@ import msgspec
 import zmq
 import zmq.auth
 
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.ops import QUERIES
 
 # A request id: a random prefix of this process (31 bits) above a counter (32 bits), so that two clients,
@@ -174,6 +175,11 @@ class ControlClient:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+    def ask(self, args: ops.Args, *, timeout_s: float | None = None, request_id: int | None = None) -> Any:
+        """The op ``args`` are for (``ops.OP_OF``), with them: ``request`` for an action, its arguments typed."""
+        return self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s,
+                            request_id=request_id)
 
     def request(self, op: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None,
                 raw: bool = False, request_id: int | None = None) -> Any:

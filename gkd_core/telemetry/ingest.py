@@ -17,7 +17,7 @@ import msgspec
 import zmq
 import zmq.auth
 
-from gkd_core.telemetry import control
+from gkd_core.telemetry import control, ops
 
 ZAP_DOMAIN = "ingest"  # the control sockets' keys (domain "*") do not open the ingest, nor the reverse
 
@@ -80,7 +80,7 @@ def open_remote(control_address: str, host: str, keys_dir: Path, by: str = "driv
     if not control_address:
         raise RuntimeError("no supervisor control socket (GKD_CONTROL) in this process's environment")
     with control.ControlClient(control_address, timeout_s=5.0, retries=1, by=by) as c:
-        endpoint = c.request("open_ingest", {"host": host})["endpoint"]
+        endpoint = c.ask(ops.OpenIngestArgs(host=host))["endpoint"]
     return endpoint, client_keys(keys_dir)
 
 

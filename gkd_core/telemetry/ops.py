@@ -1,9 +1,11 @@
 """Each control op, declared once: the Struct of its arguments, with their defaults and what each must be.
 
-The CLI, the dashboard, the supervisor (which checks a request before an op sees it), our trainer's driver
-and a watched job's driver all read an op's arguments through ``parse``: a default (``cancel``'s target
-``sync``, its mode ``cooperative``) is written here and nowhere else. A new op is one Struct here and one
-handler in the supervisor (``Supervisor._ops``); an op a driver carries out gets its handler there instead.
+The CLI and the dashboard build an op's Struct where the user acts and send it whole (``ControlClient.ask``:
+the op is the Struct's, ``OP_OF``), so that a wrong argument is a type error there; the supervisor (which
+checks a request before an op sees it), our trainer's driver and a watched job's driver all read an op's
+arguments back through ``parse``: a default (``cancel``'s target ``sync``, its mode ``cooperative``) is
+written here and nowhere else. A new op is one Struct here and one handler in the supervisor
+(``Supervisor._ops``); an op a driver carries out gets its handler there instead.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ OPS: dict[str, type[Args]] = {
     "ping": QueryArgs, "snapshot": QueryArgs, "stop": StopArgs, "restart": RestartArgs, "cancel": CancelArgs,
     "dump_stacks": DumpStacksArgs, "open_ingest": OpenIngestArgs, "note": NoteArgs,
 }
+# the op an action's arguments are for: a caller sends the Struct (``ControlClient.ask``), typed from the key or
+# the command line to the handler, which parses them again; a query (QueryArgs, shared) is asked by its name
+OP_OF: dict[type[Args], str] = {kind: op for op, kind in OPS.items() if kind is not QueryArgs}
 # Ops that only read: repeating one changes nothing, so the supervisor keeps no memory of their answers
 # (a snapshot of a large run is megabytes). Every other op acts, and a repeat of it is answered from that
 # memory.

@@ -14,6 +14,7 @@ import msgspec
 
 from gkd_core import rundir
 from gkd_core.state import RunState
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_tui.commands.reach import LAUNCH_WAIT_S, client, unreachable
 from gkd_tui.render_text import status_text
@@ -41,14 +42,15 @@ def cmd_status(a: argparse.Namespace) -> int:
     return 0
 
 
-def act(a: argparse.Namespace, op: str, args: dict, timeout_s: float = 5.0) -> int:
-    """One control request on ``a.run``; its answer printed (as JSON with ``--json``)."""
-    run = None
+def act(a: argparse.Namespace, args: ops.Args, timeout_s: float = 5.0, run: Path | None = None) -> int:
+    """The op ``args`` are for, on ``run`` (``a.run`` resolved when not given); its answer printed (as JSON with
+    ``--json``)."""
+    op = ops.OP_OF[type(args)]
     try:
-        run = rundir.resolve_run(a.run)
+        run = run or rundir.resolve_run(a.run)
         c, _ = client(run, timeout_s)
         with c:
-            result = c.request(op, args)
+            result = c.ask(args)
     except ControlError as e:
         print(f"gkd-tui: {op} refused: {e}", file=sys.stderr)
         return 1
@@ -74,16 +76,19 @@ def describe(op: str, result) -> str:
 
 
 def cmd_stop(a: argparse.Namespace) -> int:
-    return act(a, "stop", {"grace_s": a.grace} if a.grace is not None else {})
+    return act(a, ops.StopArgs(grace_s=ops.UNSET if a.grace is None else a.grace))
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
     # what is not given takes the op's default (telemetry/ops: the sync, cooperatively)
-    return act(a, "cancel", {**({"target": a.target} if a.target else {}), **({"mode": "force"} if a.force else {})})
+    args = ops.CancelArgs(mode="force" if a.force else "cooperative")
+    if a.target:
+        args.target = a.target
+    return act(a, args)
 
 
 def cmd_note(a: argparse.Namespace) -> int:
-    return act(a, "note", {"text": " ".join(a.text)})
+    return act(a, ops.NoteArgs(text=" ".join(a.text)))
 
 
 def cmd_restart(a: argparse.Namespace) -> int:
@@ -93,8 +98,8 @@ def cmd_restart(a: argparse.Namespace) -> int:
         return unreachable(None, e)
     if rundir.supervisor_pid(run) and not rundir.supervisor_alive(run) and (run / "events.jsonl").exists():
         return take_over(run, a)
-    return act(a, "restart", {"shrink": a.smaller, "overrides": a.overrides, "dry_run": a.dry_run,
-                              **({"grace_s": a.grace} if a.grace is not None else {})})
+    return act(a, ops.RestartArgs(shrink=a.smaller, overrides=a.overrides, dry_run=a.dry_run,
+                                  grace_s=ops.UNSET if a.grace is None else a.grace), run=run)
 
 
 def take_over(run: Path, a: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from gkd_core import rundir
 from gkd_core.bundle.report import StacksTaken
 from gkd_core.state import RunState
 from gkd_core.subscriber import RunSubscriber
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.commands.reach import client, unreachable
 
@@ -56,8 +57,9 @@ def take_stacks(c: ControlClient, endpoints: dict, targets: list[str], timeout_s
         sub.connect()
         asked_at = time.time()
         dump_id = f"{by}-{os.getpid()}-{int(asked_at * 1000)}"
-        c.request("dump_stacks", {"targets": targets, "dump_id": dump_id})
-        answered = wait_for_dump(sub, dump_id, timeout_s)
+        c.ask(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))
+        # the driver's answer: every stack it took came before it ({} at the deadline)
+        answered = sub.pump_until(lambda state: state.dump_answer(dump_id), timeout_s) or {}
         return sub.state, stacks_of_dump(sub.state, dump_id, answered, asked_at, targets, timeout_s)
     finally:
         sub.sub.close(linger=0)  # (the client is the caller's)
@@ -80,14 +82,3 @@ def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: floa
     notes = {t: r.error for t, r in records.items() if r.text and r.error}
     return StacksTaken(dump_id=dump_id, folder=answered.get("folder", ""), taken=taken, missing=missing, notes=notes)
 
-
-def wait_for_dump(sub: RunSubscriber, dump_id: str, timeout_s: float) -> dict:
-    """The driver's `dump_stacks` answer for this dump, once its event has come (every stack it took came
-    before it), or {} at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while (answer := sub.state.dump_answer(dump_id)) is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return {}
-        sub.pump(min(left, 0.5))  # waits for the next events, then applies what has come
-    return answer

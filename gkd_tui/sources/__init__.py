@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from gkd_core.state import RunState
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from gkd_core.telemetry.control import ControlClient
@@ -30,7 +32,9 @@ class Playback(Protocol):
 
 class Source(Protocol):
     # the capabilities are read-only here: a source has each as an attribute, a property or a method
-    lock: threading.Lock
+    # the state's lock; notified after each batch of events applied, so that a wait for an answer (``wait_for``)
+    # wakes when the state may hold it, never polls
+    lock: threading.Condition
 
     @property
     def state(self) -> RunState: ...
@@ -51,3 +55,18 @@ class Source(Protocol):
     def describe(self) -> str: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
+
+
+def wait_for(source: Source, answer: Callable[[RunState], T | None], timeout_s: float) -> T | None:
+    """``answer(state)`` once it is not None (asked again each time the source applies events), or None when
+    ``timeout_s`` passes first."""
+    got: T | None = None
+
+    def answered() -> bool:
+        nonlocal got
+        got = answer(source.state)
+        return got is not None
+
+    with source.lock:
+        source.lock.wait_for(answered, timeout_s)
+    return got

@@ -25,7 +25,7 @@ class LiveSource:
 
     def __init__(self, run: Path):
         self.run: Path | None = run
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         # the dashboard runs no diagnosis (the supervisor does): it keeps no finished phases
         self.sub = RunSubscriber(run, spans_keep=0)
         self.error = ""
@@ -64,6 +64,8 @@ class LiveSource:
                 # one): the redraw waits for the lock at most a few milliseconds
                 with self.lock:
                     got = self.sub.pump(0.0, max_events=PUMP_EVENTS)
+                    if got:
+                        self.lock.notify_all()
                 more = len(got) == PUMP_EVENTS
                 if self.on_action is not None:
                     for e in got:
@@ -75,7 +77,7 @@ class LiveSource:
                 time.sleep(1.0)
                 more = False
             if more:
-                # a Lock is not fair: released and taken again at once, a redraw waiting for it would
+                # a lock is not fair: released and taken again at once, a redraw waiting for it would
                 # wait out a whole burst (20,000 events, 0.15 s); a millisecond lets it in
                 time.sleep(0.001)
             else:

@@ -95,7 +95,7 @@ class RayStateSource:
     def __init__(self, address: str = "auto", poll_s: float = POLL_S):
         self.address = address
         self.poll_s = poll_s
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.state = RunState()
         self.error = ""
         self.pg_error = ""  # why placement groups could not be read, said once
@@ -203,6 +203,7 @@ class RayStateSource:
             e.run = e.run or f"ray:{self.address}"
             e.ts = e.ts or now
             self.state.apply(e)
+        self.lock.notify_all()  # (``sources.wait_for``)
 
     # --- stacks -------------------------------------------------------------------------
 

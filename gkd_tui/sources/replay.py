@@ -6,8 +6,10 @@ run log's (``gkd_core.runlog.timeline``); this is the dashboard's part: a clock 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from gkd_core.runlog.reader import skipped_note
@@ -27,12 +29,19 @@ class ReplaySource(Timeline):
         """``keyframes=False``: read the log from its start even where keyframes are (to compare)."""
         # a run directory's own log: its folder is the run (for the bundle); a loose file has none
         self.run = path.parent if (path.parent / "config.yaml").exists() else None
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.playing = True
         self.speed = 1.0
         super().__init__(path, keyframes)
 
     # --- the Source ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Under the lock, the waits for the state told once it changed (``sources.wait_for``)."""
+        with self.lock:
+            yield
+            self.lock.notify_all()
 
     @property
     def playback(self) -> ReplaySource:
@@ -71,34 +80,34 @@ class ReplaySource(Timeline):
     def tick(self, wall_dt: float) -> None:
         if not self.playing:
             return
-        with self.lock:
+        with self._changing():
             self.clock += wall_dt * self.speed
             self.apply_until(self.clock)
             if self.at_end():
                 self.playing = False
 
     def step(self) -> None:
-        with self.lock:
+        with self._changing():
             if self.has_next():
                 self.clock = max(self.clock, self.events[self.cursor].ts)
                 self.apply_until(self.clock)
 
     def to_end(self) -> None:
-        with self.lock:
+        with self._changing():
             clock = self.clock
             self.goto(math.inf)  # from the newest keyframe, if any is ahead
             self.clock = max(clock, self.newest_ts)
             self.playing = False
 
     def to_start(self) -> None:
-        with self.lock:
+        with self._changing():
             self.rebase(None)
             self.has_next()
             self.clock = self.events[0].ts if self.events else 0.0
 
     def seek(self, ts: float) -> None:
         """The state as it was at ``ts`` (paused there)."""
-        with self.lock:
+        with self._changing():
             self.goto(ts)
         self.playing = False
 

@@ -8,6 +8,7 @@ import re
 import pytest
 from conftest import wait_until
 
+from gkd_core.telemetry import ops
 from gkd_tui.app import GkdApp
 from gkd_tui.widgets.workers_table import WorkersTable
 
@@ -97,7 +98,7 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
         worker = app.selected_worker()
         assert worker == "rollout/1", worker
         sent, send = [], app.send
-        app.send = lambda op, args: (sent.append((op, args)), send(op, args))[1]
+        app.send = lambda args: (sent.append(args), send(args))[1]
         await pilot.press("c")
         await pilot.pause()
         assert isinstance(app.screen, ConfirmScreen)
@@ -114,7 +115,7 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
         assert len(cancel) == 2 and cancel[0]["ok"] and cancel[0]["result"]["forwarded"], cancel
         assert not cancel[1]["ok"] and cancel[1]["by"].startswith("dashboard") and cancel[1]["request"], cancel
         assert cancel[0]["request"] == cancel[1]["request"]
-        assert sent == [("cancel", {"target": "rollout/1"})]  # the mode is the op's default (telemetry/ops)
+        assert sent == [ops.CancelArgs(target="rollout/1")]  # typed; the mode is the op's default (telemetry/ops)
         shown = [t for t in toasts if t.startswith("cancel")]
         assert shown[-1] == outcome and (len(shown) == 1 or "handed to the driver" in shown[0]), toasts
         # r: the diff first, then the restart on the record

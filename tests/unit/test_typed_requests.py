@@ -1,0 +1,42 @@
+"""A request is typed from where the user acts to the handler: its arguments are the op's Struct
+(``telemetry/ops``), built at the key or the command line and sent whole (``ControlClient.ask``: the op is the
+Struct's), then parsed into the same Struct for the handler. A wrong argument's type is a type error, found
+before anything is sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import mypy.api
+
+from gkd_core.telemetry import ops
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def type_errors(program: str, folder: Path) -> str:
+    """What mypy, with the repository's settings, says of ``program``."""
+    path = folder / "program.py"
+    path.write_text("from gkd_core.telemetry import ops\n" + program)
+    out, err, _ = mypy.api.run(["--config-file", str(ROOT / "pyproject.toml"), "--no-error-summary",
+                                "--hide-error-context", str(path)])
+    return out + err
+
+
+def test_an_argument_of_the_wrong_type_fails_type_checking_and_a_right_one_passes(tmp_path):
+    assert type_errors("ops.RestartArgs(shrink=True, overrides=['trainer.lr=1e-5'], grace_s=3.0)\n", tmp_path) == ""
+    wrong = type_errors('ops.RestartArgs(shrink="yes")\n', tmp_path)
+    assert 'Argument "shrink" to "RestartArgs" has incompatible type "str"; expected "bool"' in wrong, wrong
+    assert "error" in type_errors("ops.CancelArgs(mode='gently')\n", tmp_path)  # (a Literal: cooperative or force)
+
+
+def test_every_action_op_has_its_own_struct_and_a_struct_says_its_op():
+    assert set(ops.OP_OF.values()) == set(ops.OPS) - ops.QUERIES
+    assert {ops.OP_OF[type(a)] for a in (ops.RestartArgs(shrink=True), ops.StopArgs(), ops.CancelArgs(),
+                                         ops.DumpStacksArgs(), ops.NoteArgs(text="x"))} == {
+        "restart", "stop", "cancel", "dump_stacks", "note"}
+    # what goes on the wire is what the handler parses back: the Struct again, an argument left out unset
+    sent = ops.RestartArgs(shrink=True)
+    assert ops.parse("restart", msgspec.to_builtins(sent)) == sent
+    assert msgspec.to_builtins(ops.StopArgs()) == {}
