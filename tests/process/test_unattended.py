@@ -4,6 +4,7 @@ answered by no one when the loop does not), bound to 127.0.0.1; the notifier's o
 from __future__ import annotations
 
 import socket
+import tarfile
 import threading
 import time
 import urllib.request
@@ -115,6 +116,11 @@ def test_a_command_that_fails_at_once_is_restarted_by_the_policy_though_its_run_
     stages = [e["result"]["stage"] for e in events if e["kind"] == "action" and e["op"] == "recover"]
     assert [s for s in stages if s != "report_written"] == ["report", "restart"]  # (its archive: written beside)
     wait_until(lambda: (run / "bundles" / "recovery-001.tar.gz").exists(), 30, "the report's archive")
+    # a failed run's report has the supervisor's live state (not a replay of the whole event log, minutes for a
+    # night's)
+    with tarfile.open(run / "bundles" / "recovery-001.tar.gz") as tar:
+        status = next(tar.extractfile(m).read().decode() for m in tar.getmembers() if m.name.endswith("/status.txt"))
+    assert "no live state" not in status, status[:300]
     spent = [e for e in events if e["kind"] == "alert" and e["code"] == "restart_budget_spent"]
     assert len(spent) == 1 and spent[0]["severity"] == "critical"
     wait_until(lambda: {("restart", "driver_failed"), ("alert", "restart_budget_spent")} <= {

@@ -112,3 +112,42 @@ def test_the_wait_starts_again_after_a_driver_that_ran_healthy_for_minutes():
     looping = driver_alerted_after(40.0)  # failed 40 s in: a loop, the wait doubled five times
     assert decide(policy, looping, T0 + 1541 + 11, made) is None
     assert decide(policy, looping, T0 + 1500 + 30 * 32 + 1, made).action == "restart"
+
+
+class FakeReport:
+    """``gkd-tui bundle`` as the recovery sees it, with no process behind it: running until told it ended."""
+
+    def __init__(self, argv, **_):
+        self.argv, self.returncode, self.pid = argv, None, -1
+
+    def poll(self):
+        return self.returncode
+
+
+def test_the_restart_waits_for_the_reports_live_part_not_its_archive(tmp_path, monkeypatch):
+    """Restarted once the report marks its live part taken (the stacks, Ray's view), while its archive is still
+    being written; the archive's end said after (a night's event log takes a minute to compress)."""
+    import gkd_core.supervisor.recovery as recovery_module
+
+    reports: list[FakeReport] = []
+    monkeypatch.setattr(recovery_module.subprocess, "Popen", lambda argv, **kw: reports.append(FakeReport(argv)) or
+                        reports[-1])
+    (tmp_path / "logs").mkdir()  # (a run directory's)
+    said: list[ev.Event] = []
+    asked: dict[str, list[str]] = {"restart": [], "stop": []}
+    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append)
+    st = held(since=T0)
+    recovery.tick(st, T0 + 61, said.append)  # held past its grace: the report is started
+    [report] = reports
+    live = tmp_path / report.argv[report.argv.index("--live-taken") + 1]
+    recovery.tick(st, T0 + 62, said.append)
+    assert asked["restart"] == []  # the live part not taken yet: no restart
+    live.touch()
+    recovery.tick(st, T0 + 63, said.append)
+    assert len(asked["restart"]) == 1 and report.poll() is None  # restarted, the archive still being written
+    assert not live.exists()
+    (tmp_path / "bundles" / "recovery-001.tar.gz").write_bytes(b"")
+    report.returncode = 0
+    recovery.tick(st, T0 + 70, said.append)
+    stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
+    assert stages == [("report", True), ("restart", True), ("report_written", True)], stages
