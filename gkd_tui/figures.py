@@ -78,7 +78,7 @@ def figures(tab: str, st: RunState) -> tuple[Figure, ...]:
     if tab == "GPU":
         return gpus(st.series.gpus, st.series.gpu_mean, _origin(st, st.series.gpu_mean))
     if tab == "pipeline":
-        return (queues(st.series.queues, st.started),)
+        return queues(st.series.queues, st.started), staleness(st.series.queues, st.started)
     if tab == "memory":
         return (memory(st),)
     raise ValueError(f"no plot tab {tab!r}; the tabs are {', '.join(TABS)}")
@@ -247,6 +247,22 @@ def queues(by_queue: dict[str, list[DepthPoint]], started: float | None) -> Figu
     title = "queue depth: " + ("; ".join(f"{key} {pts[-1].depth} now" for key, pts in drawn if pts) or "no queue")
     return Figure(title, unit, "items", lines, (0.0, None),
                   empty="no queue of the job's seen yet (a queue is found where a call of the job puts into it)")
+
+
+def staleness(by_queue: dict[str, list[DepthPoint]], started: float | None) -> Figure:
+    """How many versions behind the newest the samples each queue's consumer took were, on average between
+    two of its counts: a trainer learning from ever older samples (a gate too wide, rollouts that lag)."""
+    drawn = sorted((key, [p for p in pts if p.behind is not None]) for key, pts in by_queue.items())
+    drawn = [(key, pts) for key, pts in drawn if pts]
+    t0 = started or min((pts[0].ts for _, pts in drawn), default=0.0)
+    last = max((pts[-1].ts for _, pts in drawn), default=t0)
+    scale, unit = _axis_over(last - t0)
+    lines = tuple(_line(key, (((p.ts - t0) / scale, float(p.behind or 0.0)) for p in pts),
+                        MEMORY_COLOURS[i % len(MEMORY_COLOURS)]) for i, (key, pts) in enumerate(drawn))
+    title = "samples taken, versions behind: " + "; ".join(f"{key} {pts[-1].behind:.1f} lately" for key, pts in drawn)
+    return Figure(title if drawn else "samples taken, versions behind", unit, "versions", lines, (0.0, None),
+                  empty="no queue's samples say their version (a dict key or attribute: param_version, "
+                        "policy_version, weight_version, model_version or version)")
 
 
 def _clip(v: float) -> float:

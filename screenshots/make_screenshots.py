@@ -308,7 +308,7 @@ async def shoot(recording: Path, name: str, ts: float, overlay: str = "") -> Pat
         elif overlay == "restart":
             await app.push_screen(restart_diff_screen(source.state))
         elif overlay.startswith("plots:"):
-            await app.push_screen(PlotsScreen(int(overlay.split(":")[1])))
+            await app.push_screen(PlotsScreen(source, int(overlay.split(":")[1])))
             await pilot.pause(0.5)  # the plots are drawn once laid out
         elif overlay == "healthy":
             named = [f"{a.code} ({a.severity})" for a in source.state.alerts.values()]

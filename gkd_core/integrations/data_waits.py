@@ -44,6 +44,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from gkd_core.integrations import job_frames
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.calls import running_async
 from gkd_core.integrations.job_queues import Queues
@@ -52,10 +53,6 @@ from gkd_core.vocab import DataWait
 
 SET_BY = "_gkd_set_by"  # the attribute of a waited object that holds {method: when} of the calls that set it
 SET_BY_MAX = 8  # methods remembered per object (the newest)
-NUMBERS_MAX = 6  # numbers of the waiting object said with the wait (a gate's version and its bound)
-# frames of the primitives themselves, skipped to find the line of the job's that waits
-OWN_FILES = {os.path.normcase(f) for f in (threading.__file__, queue.__file__, asyncio.locks.__file__,
-                                          asyncio.queues.__file__, __file__)}
 OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep  # gkd_core's own waits (the watcher's start)
 _ours = threading.local()  # ``noting`` while this module notes a wait or a set: one inside that is not the job's
 # a wait of a thread of the job's own outside any call, by the thread's ident, while it lasts: a call waiting
@@ -141,10 +138,10 @@ class Waiting:
 
     def where(self, with_numbers: bool = True) -> str:
         """``waiting on an asyncio.Condition in run_loop (pipeline.py:88; its numbers: version=3)``."""
-        where = _job_frame(self.frame)
+        where = job_frames.job_frame(self.frame)
         said = f"waiting on {_article(self.kind)} {self.kind}"
         if where is not None:
-            numbers = _numbers(where) if with_numbers else ""
+            numbers = job_frames.numbers(where) if with_numbers else ""
             said += (f" in {where.f_code.co_name} ({os.path.basename(where.f_code.co_filename)}:{where.f_lineno}"
                      + (f"; its numbers: {numbers}" if numbers else "") + ")")
         return said
@@ -190,16 +187,22 @@ class DataNotes:
         self.not_the_jobs = (OURS, *([os.path.dirname(ray.__file__) + os.sep] if ray and ray.__file__ else []))
         queues.not_the_jobs = self.not_the_jobs
 
-    def note_set(self, obj: Any, frame: FrameType | None) -> None:
+    def note_set(self, obj: Any, frame: FrameType | None, args: tuple = ()) -> None:
         """``obj`` was set (notified, put into) by the job's call running here, or by a thread of the process's
         own outside any call (a producer thread: ``~name``), at ``frame``; a set on an event loop outside a
-        call (a task the job made) is not noted."""
-        here = self.activity.call_here()
-        if here is not None:
+        call (a task the job made) is not noted, nor one of Ray's or ours (``job_frames.set_by_job``);
+        ``args``: the set's own (a put's sample)."""
+        if not job_frames.set_by_job(frame, self.not_the_jobs):
+            return
+        if (running := running_async()) is not None:  # on a loop: an async call's (call_here's, without a look again)
+            if not running[1]:
+                return
+            by = running[1]
+        elif (here := self.activity.call_here()) is not None:
             by = here[1]
         else:
             thread = threading.current_thread()
-            if thread is threading.main_thread() or running_async() is not None:
+            if thread is threading.main_thread():
                 return
             by = DataWait.of_thread(thread.name, alive=True)
         set_by = obj.__dict__.get(SET_BY)
@@ -209,7 +212,7 @@ class DataNotes:
         set_by[by] = time.time()
         if len(set_by) > SET_BY_MAX:
             del set_by[next(iter(set_by))]
-        self.queues.put(obj, frame)
+        self.queues.put(obj, frame, args)
 
     def enter(self, obj: Any, kind: str, frame: FrameType | None) -> int | None:
         """A wait on ``obj`` begins: a call of the job's lane, if it is inside one (else None)."""
@@ -218,11 +221,8 @@ class DataNotes:
         _ours.noting = True
         try:
             here = self.activity.call_here()
-            if here is None:
-                return None
-            where = _job_frame(frame)
-            if where is not None and where.f_code.co_filename.startswith(self.not_the_jobs):
-                return None  # ours (the watcher's start) or Ray's own, inside a call of the job: not its wait
+            if here is None or not job_frames.waited_by_job(frame, self.not_the_jobs):
+                return None  # outside a call; or ours (the watcher's start) or Ray's own inside one: not its wait
             lane, _, mark = here
             # a poll (a queue's get with a timeout, again and again): the waits on one object, one after
             # another in one call, are one wait, since the first (its edges do not come and go with each poll)
@@ -256,7 +256,7 @@ class DataNotes:
             if not getattr(_ours, "noting", False):  # (naming a thread can make one, whose start sets an Event)
                 _ours.noting = True
                 try:
-                    self.note_set(obj, sys._getframe(1))
+                    self.note_set(obj, sys._getframe(1), args)
                 except Exception as e:
                     self.say_once("noting a set of data", e)
                 finally:
@@ -290,6 +290,9 @@ class DataNotes:
         def patch(original: Callable[..., Any]) -> Callable[..., Any]:
             def wait(cond, *args, **kwargs):
                 caller = sys._getframe(1)
+                # Ray's (a Future's result, for every call of an async actor), ours: not the job's
+                if not job_frames.waited_by_job(caller, self.not_the_jobs):
+                    return original(cond, *args, **kwargs)
                 kind = _thread_kind(caller)
                 token = self.enter(cond, kind, caller)
                 own = token is None and self.thread_waits(cond, kind, caller)
@@ -312,9 +315,8 @@ class DataNotes:
             return False
         _ours.noting = True
         try:
-            where = _job_frame(frame)
-            if (where is None or where.f_code.co_filename.startswith(self.not_the_jobs)
-                    or running_async() is not None or self.activity.call_here() is not None):
+            if (not job_frames.waited_by_job(frame, self.not_the_jobs) or running_async() is not None
+                    or self.activity.call_here() is not None):
                 return False
             THREAD_WAITS[threading.get_ident()] = Waiting(cond, kind, frame, self.activity)
             return True
@@ -351,26 +353,6 @@ def _thread_kind(caller: FrameType) -> str:
     if code.co_filename == queue.__file__ and code.co_name == "get":
         return "queue.Queue"
     return "threading.Condition"
-
-
-def _job_frame(frame: FrameType | None) -> FrameType | None:
-    """The first frame of the job's own, from ``frame`` outward (the primitives' frames skipped)."""
-    while frame is not None and os.path.normcase(frame.f_code.co_filename) in OWN_FILES:
-        frame = frame.f_back
-    return frame
-
-
-def _numbers(frame: FrameType) -> str:
-    """The numbers the waiting code holds (its locals', and its ``self``'s public attributes'), at most
-    ``NUMBERS_MAX``: ``version=3, produced=11``. Numbers only: a string can be a key."""
-    found: dict[str, int | float] = {}
-    f_locals = frame.f_locals
-    owner = f_locals.get("self")
-    for name, value in [*f_locals.items(), *(vars(owner).items() if hasattr(owner, "__dict__") else ())]:
-        if (len(found) < NUMBERS_MAX and not name.startswith("_") and name not in found
-                and type(value) in (int, float)):
-            found[name] = value
-    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in found.items())
 
 
 def _article(kind: str) -> str:

@@ -51,6 +51,8 @@ PATH_MAX = 120  # a path longer than this is cut
 ID_SEGMENT = re.compile(r"^(?:\d+|[0-9a-fA-F-]{8,}|[A-Za-z0-9_\-.~%:+=]{24,})$")
 COMMAND_MAX = 80  # the listener's program and script, as a request's detail says them
 COMMANDS_KEPT = 256  # listeners' commands remembered (a pid used again after this many is read anew)
+SHAPED_KEPT = 512  # paths remembered as their routes
+_shaped: dict[str, str] = {}  # a path -> its route (a race of two threads writes the same value twice)
 
 
 def install(activity: Activity, say_once: Callable[[str, BaseException], None]) -> None:
@@ -79,9 +81,16 @@ def _lane() -> Any:
 
 
 def _shape(path: str) -> str:
-    """The path as a route: its id- or key-like segments said as ``{id}``, cut at ``PATH_MAX``."""
-    shaped = "/".join("{id}" if ID_SEGMENT.match(part) else part for part in path.split("/"))
-    return shaped if len(shaped) <= PATH_MAX else shaped[:PATH_MAX] + "…"
+    """The path as a route: its id- or key-like segments said as ``{id}``, cut at ``PATH_MAX``; a path seen
+    lately is looked up (a server's requests come to a few routes, thousands a second)."""
+    shaped = _shaped.get(path)
+    if shaped is None:
+        shaped = "/".join("{id}" if ID_SEGMENT.match(part) else part for part in path.split("/"))
+        shaped = shaped if len(shaped) <= PATH_MAX else shaped[:PATH_MAX] + "…"
+        if len(_shaped) >= SHAPED_KEPT:  # (paths of ids: each new; not to grow forever)
+            _shaped.clear()
+        _shaped[path] = shaped
+    return shaped
 
 
 class Listeners:
@@ -233,8 +242,9 @@ def _wrap(owner: type, name: str, note: Callable[..., int | None], activity: Act
 def _patch_aiohttp_client(module: ModuleType, activity: Activity, peers: Listeners,
                           say_once: Callable[[str, BaseException], None]) -> None:
     def note(session, method, str_or_url, *args, **kwargs) -> int:
-        # (relative to the session's base_url, where it has one)
-        url = urlsplit(str(session._build_url(str_or_url) if hasattr(session, "_build_url") else str_or_url))
+        # (relative to the session's base_url, where it has one and the URL is a path)
+        url = urlsplit(str_or_url if isinstance(str_or_url, str) and "://" in str_or_url[:12] else
+                       str(session._build_url(str_or_url) if hasattr(session, "_build_url") else str_or_url))
         return _sending(activity, peers, method, url.hostname, url.port or _default_port(url.scheme), url.path)
 
     _wrap(module.ClientSession, "_request", note, activity, "noting an HTTP request (aiohttp)", say_once)

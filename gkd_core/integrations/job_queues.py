@@ -10,6 +10,13 @@ depth, so a consumer that never waits costs nothing here.
 The first set of an object costs a look at its holder (once); every other one a lookup and an addition. The
 depths are read on the watcher's thread every few seconds (``len`` of a deque, ``qsize``), by weak
 reference: a queue the job dropped is forgotten, never kept alive by us.
+
+The staleness of what a queue's consumer takes: where the sample put says the version of the policy that made
+it (a dict's key or an attribute named in ``VERSION_FIELDS``, an int), each put's version is kept in put order;
+at each put and each read of the depth, the samples that left since (a queue is taken from its oldest end) are
+counted by how many versions they were behind the newest put before them (the consumer's takes are not seen:
+between two puts, the newest does not change). A queue whose first sample says no version is not looked at
+again; samples that travel pickled (verl's) say none we can read, and are never unpickled.
 """
 
 from __future__ import annotations
@@ -29,17 +36,77 @@ SEEN = "_gkd_queue"  # the attribute of a set object that holds its QueueSeen (o
 QUEUE_FILES = {os.path.normcase(f) for f in (queue.__file__, asyncio.queues.__file__)}
 PRIMITIVE_FILES = QUEUE_FILES | {os.path.normcase(f) for f in (threading.__file__, asyncio.locks.__file__)}
 CONTAINERS = (collections.deque, list)  # what a queue of the job's own is held in, the likelier first
+# where a sample says the version of the policy that made it, the likelier first
+VERSION_FIELDS = ("param_version", "policy_version", "weight_version", "model_version", "version")
+PENDING_MAX = 4096  # versions kept of samples not yet taken (a deeper queue: its oldest are not counted)
 
 
 class QueueSeen:
-    """One queue: its name, how to read its depth (``holder``'s ``attr``'s length, or its ``qsize``), and
-    the puts counted into it."""
+    """One queue: its name, how to read its depth (``holder``'s ``attr``'s length, or its ``qsize``), the
+    puts counted into it, and its samples' versions (``versioned``: None until its first sample is seen)."""
 
-    __slots__ = ("name", "holder", "attr", "puts", "__weakref__")
+    __slots__ = ("name", "holder", "attr", "puts", "versioned", "newest", "pending", "behind", "_lock",
+                 "__weakref__")
 
     def __init__(self, name: str, holder: Any, attr: str):
         self.name, self.attr, self.puts = name, attr, 0
         self.holder = weakref.ref(holder)
+        self.versioned: bool | None = None
+        self.newest = -1  # the newest version put
+        self.pending: collections.deque[int] = collections.deque()  # versions put and not yet taken (-1: none)
+        self.behind = [0] * ev.STALENESS_BUCKETS  # samples taken, by versions behind the newest
+        self._lock = threading.Lock()  # (a put's thread and the watcher's both count what was taken)
+
+    def put(self, args: tuple) -> None:
+        """A put (``args``: the put's own, for a put that is not made yet): counted, with its sample's version;
+        the samples taken since the put before are counted against the newest version then."""
+        self.puts += 1
+        if self.versioned is False:
+            return
+        holder = self.holder()
+        if holder is None:
+            return
+        sample, depth_before = self._sample(holder, args)
+        version = _version_of(sample)
+        if self.versioned is None:
+            self.versioned = version is not None
+            if version is None:
+                return
+        with self._lock:
+            self._count_taken(depth_before)
+            if version is not None and version > self.newest:
+                self.newest = version
+            if len(self.pending) >= PENDING_MAX:
+                self.pending.popleft()
+            self.pending.append(-1 if version is None else version)
+
+    def taken(self, depth: int) -> list[int] | None:
+        """The samples taken so far by versions behind (those since the last put counted now, against the
+        newest put: no put since, no newer version); None for a queue whose samples say no version."""
+        if not self.versioned:
+            return None
+        with self._lock:
+            self._count_taken(depth)
+            return list(self.behind)
+
+    def _count_taken(self, depth: int) -> None:
+        """The oldest samples beyond ``depth`` left: each counted by how many versions behind the newest it was."""
+        while len(self.pending) > depth:
+            version = self.pending.popleft()
+            if version >= 0:
+                self.behind[min(max(0, self.newest - version), ev.STALENESS_BUCKETS - 1)] += 1
+
+    def _sample(self, holder: Any, args: tuple) -> tuple[Any, int]:
+        """The sample this put puts and the queue's depth before it: an asyncio.Queue's ``put_nowait`` argument
+        (its put is seen before it is made), else the newest in its container (appended before the notify
+        that is its put)."""
+        if isinstance(holder, asyncio.Queue):
+            return (args[0] if args else None), holder.qsize()
+        container: Any = holder.queue if isinstance(holder, queue.Queue) else getattr(holder, self.attr, None)
+        try:
+            return container[-1], len(container) - 1
+        except (IndexError, TypeError, KeyError):  # taken meanwhile, or a container we cannot index
+            return None, 0
 
     def depth(self) -> int | None:
         """Its length now; None once the job let go of it (or its length cannot be read)."""
@@ -61,19 +128,22 @@ class Queues:
         self._seen: weakref.WeakSet[QueueSeen] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def put(self, obj: Any, frame: FrameType | None) -> None:
-        """``obj`` was set by ``frame`` (a put into it, a notify over it): a put, if it is a queue's."""
+    def put(self, obj: Any, frame: FrameType | None, args: tuple = ()) -> None:
+        """``obj`` was set by ``frame`` (a put into it, a notify over it; ``args``: the set's own): a put, if it
+        is a queue's."""
         found = obj.__dict__.get(SEEN, False)
         if found is False:
             found = obj.__dict__[SEEN] = self._find(obj, frame)
         if found is not None:
-            found.puts += 1
+            found.put(args)
 
     def now(self) -> list[ev.QueueDepth]:
-        """Each queue still held: its name, depth and puts (read on the watcher's thread)."""
+        """Each queue still held: its name, depth, puts and its taken samples' staleness (read on the watcher's
+        thread)."""
         with self._lock:
             seen = list(self._seen)
-        out = [ev.QueueDepth(q.name, depth, q.puts) for q in seen if (depth := q.depth()) is not None]
+        out = [ev.QueueDepth(q.name, depth, q.puts, q.taken(depth) or []) for q in seen
+               if (depth := q.depth()) is not None]
         return sorted(out, key=lambda q: q.name)
 
     def _find(self, obj: Any, frame: FrameType | None) -> QueueSeen | None:
@@ -156,3 +226,15 @@ def _named(q: Any, holder: Any, kind: str) -> str:
         attrs = {}
     name = next((n for n, v in attrs.items() if v is q), None)
     return f"{type(holder).__name__}.{name}" if name else kind
+
+
+def _version_of(sample: Any) -> int | None:
+    """The version of the policy that made ``sample``, where it says one (``VERSION_FIELDS``), else None."""
+    fields = sample if isinstance(sample, dict) else getattr(sample, "__dict__", None)
+    if not fields:
+        return None
+    for name in VERSION_FIELDS:
+        version = fields.get(name)
+        if type(version) is int:
+            return version
+    return None

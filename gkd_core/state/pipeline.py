@@ -34,6 +34,9 @@ class QueueRow:
     puts_per_s: float | None  # None: not enough of its flow seen yet
     takes_per_s: float | None
     depths: list[int] = field(default_factory=list)  # its recent depths, oldest first (a sparkline)
+    # the samples taken so far by how many versions they were behind the newest put (the last: that many or
+    # more); empty where its samples say no version. Over time: the plots' pipeline tab
+    behind: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def _queue_rows(st: RunRecord, w: WorkerState, now: float) -> list[QueueRow]:
         puts = None if puts is None else max(0.0, puts)  # (a count that went down: a process begun anew)
         takes = None if puts is None or grew is None else max(0.0, puts - grew)
         depths = [p.depth for p in st.series.queues.get(f"{w.src} {q.name}", [])[-24:]]
-        rows.append(QueueRow(w.src, q.name, q.depth, puts, takes, depths))
+        rows.append(QueueRow(w.src, q.name, q.depth, puts, takes, depths, list(q.behind)))
     return rows
 
 

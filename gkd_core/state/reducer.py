@@ -145,13 +145,24 @@ def _on_flow(st: RunRecord, e: ev.FlowEvent) -> None:
     if w is None:
         return
     e = ev.FlowEvent(ts=e.ts, src=e.src, calls=dict(list(e.calls.items())[:ev.FLOW_CALLS_MAX]),
-                     queues=e.queues[:ev.FLOW_QUEUES_MAX])
+                     queues=[ev.QueueDepth(q.name, q.depth, q.puts, q.behind[:ev.STALENESS_BUCKETS])
+                             for q in e.queues[:ev.FLOW_QUEUES_MAX]])
     st.in_pipeline.add(w.src)
+    before = {q.name: q.behind for q in w.flows[-1].queues} if w.flows else {}
     w.flows.append(e)
     if len(w.flows) > FLOWS_KEEP:
         del w.flows[0]
     for q in e.queues:
-        st.series.note_queue(f"{e.src} {q.name}", e.ts, q.depth)
+        st.series.note_queue(f"{e.src} {q.name}", e.ts, q.depth, mean_behind(before.get(q.name, []), q.behind))
+
+
+def mean_behind(before: list[int], now: list[int]) -> float | None:
+    """How many versions behind the samples taken between two counts of a queue's were, on average (the last
+    bucket counted as its own number); None when none was taken (or the counts went down: a process anew)."""
+    taken = [n - (before[i] if i < len(before) else 0) for i, n in enumerate(now)]
+    if not taken or min(taken) < 0 or not sum(taken):
+        return None
+    return sum(i * n for i, n in enumerate(taken)) / sum(taken)
 
 
 def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:

@@ -76,6 +76,7 @@ class GpuSums(msgspec.Struct, kw_only=True):
 class DepthPoint(msgspec.Struct, array_like=True):
     ts: float
     depth: int
+    behind: float | None = None  # the samples taken since the point before: versions behind, on average
 
 
 class Series(msgspec.Struct, kw_only=True):
@@ -102,14 +103,15 @@ class Series(msgspec.Struct, kw_only=True):
     def note_teacher(self, point: TeacherPoint) -> None:
         _append(self.teacher, point)
 
-    def note_queue(self, key: str, ts: float, depth: int) -> None:
-        """A queue's depth (its worker's ``flow`` event, every few seconds while it changes)."""
+    def note_queue(self, key: str, ts: float, depth: int, behind: float | None = None) -> None:
+        """A queue's depth and its taken samples' staleness (its worker's ``flow`` event, every few seconds while
+        it changes)."""
         points = self.queues.get(key)
         if points is None:
             if len(self.queues) >= QUEUES_DRAWN:
                 return
             points = self.queues[key] = []
-        _append(points, DepthPoint(ts, depth))
+        _append(points, DepthPoint(ts, depth, behind))
 
     def note_gpu(self, key: str, ts: float, old: tuple[float | None, float | None] | None,
                  util: float | None, mem: float | None) -> None:

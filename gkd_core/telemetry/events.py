@@ -261,13 +261,19 @@ class SendsEvent(Event, tag="sends"):
 
 
 class QueueDepth(msgspec.Struct, array_like=True):
-    """A queue of the job's in a worker, as a ``flow`` event says it: ``[name, depth, puts]``: what the job
-    calls it (``MessageQueue.samples``: its holder's class and attribute), its length now, and the puts seen
-    into it since the process began (a put, a Condition notified over it)."""
+    """A queue of the job's in a worker, as a ``flow`` event says it: ``[name, depth, puts, behind]``: what the
+    job calls it (``MessageQueue.samples``: its holder's class and attribute), its length now, the puts seen
+    into it since the process began (a put, a Condition notified over it), and, where its samples say their
+    policy's version, the samples taken out of it since then by how many versions they were behind the newest
+    put into it (``behind[i]``: i versions; the last, that many or more; empty: no versions seen)."""
 
     name: str
     depth: Int
     puts: Int
+    behind: list[Int] = []  # at most STALENESS_BUCKETS
+
+
+STALENESS_BUCKETS = 6  # a sample 0, 1, 2, 3, 4, or 5 and more versions behind
 
 
 class FlowEvent(Event, tag="flow"):

@@ -43,6 +43,8 @@ class PipelinePane(Pane):
             t.append(f"{q.depth} queued ", style=self.tone(CAUTION if not q.depth and q.takes_per_s == 0 else None))
             t.append(sparkline([float(d) for d in q.depths], 10), style=self.tone(SERIES["rate"]))
             t.append(f"\n  in {_rate(q.puts_per_s)}  out {_rate(q.takes_per_s)}\n")
+            if sum(q.behind):
+                t.append(f"  taken, versions behind: {staleness(q.behind)}\n")
         t.append(_more(len(view.queues), "queue"))
         for s in view.servers[:ROWS_MAX]:
             t.append(f"{s.worker} ", style="bold")
@@ -65,6 +67,12 @@ class PipelinePane(Pane):
             return
         tone = TROUBLE if oldest_s >= STUCK_S else CAUTION if oldest_s >= LATE_S else None
         t.append(f"{n} {what}, oldest {fmt_duration(oldest_s)}\n", style=self.tone(tone))
+
+
+def staleness(behind: list[int]) -> str:
+    """A small histogram in words: ``0 ×12  1 ×5  5+ ×1`` (the buckets with samples in them)."""
+    last = len(behind) - 1
+    return "  ".join(f"{i}{'+' if i == last else ''} ×{n}" for i, n in enumerate(behind) if n)
 
 
 def _rate(per_s: float | None) -> str:

@@ -300,6 +300,9 @@ async def test_the_pipeline_pane_shows_a_flowing_queue_then_the_tool_that_holds_
         app.redraw()
         said = str(pane.render())
         assert "in 0.0/s  out 0.0/s" in said, said
+        # the samples say their version: those taken, by versions behind the newest put (the trainers take each
+        # as it comes, so none behind)
+        assert re.search(r"\n  taken, versions behind: 0 ×\d\d+\n", said), said
         tool = re.search(r"127\.0\.0\.1:\d+ outside the job, pid \d+\n  1 waiting \(Rollouter/0\), oldest (\d+)s", said)
         assert tool and int(tool[1]) >= 15, said  # (since its wait began, about 5 s before it was named)
         assert re.search(r"idle Trainer/\d 9\d%", said), said

@@ -26,6 +26,7 @@ from pipeline_stalls import (
 )
 
 from gkd_core import rundir
+from gkd_core.telemetry.events import STALENESS_BUCKETS
 
 STILL_HEALTHY_S = 120  # #55: the same job left healthy this long says nothing
 THREAD_JOB = Path(__file__).resolve().parents[1] / "jobs" / "ray_thread_producer.py"
@@ -73,6 +74,11 @@ def test_the_same_pipeline_left_healthy_for_two_minutes_says_nothing(gkd_home):
         when, served = served_at[-1]
         put_by_then = max((n for ts, n in puts_at if ts <= when), default=0)
         assert served >= put_by_then > 100, (served_at[-1:], put_by_then)
+        # the samples say their version: those the trainers took, by how many versions behind the newest put
+        # they were; the gate keeps them within a few (none STALENESS_BUCKETS or more behind)
+        behind = [q[3] for e in events if e["kind"] == "flow" and e["src"] == "MessageQueue/0"
+                  for q in e["queues"] if q[0] == "MessageQueue.samples"][-1]
+        assert len(behind) == STALENESS_BUCKETS and sum(behind) > 100 and behind[-1] == 0, behind
     finally:
         gkd_tui("stop", str(run))
         time.sleep(0.5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import gc
 import queue
 import threading
@@ -135,11 +136,37 @@ def test_a_tracked_method_parked_on_a_threading_event_or_a_queue_waits_on_the_me
 
 def test_a_wait_outside_any_call_of_the_job_is_none_and_a_thread_that_sets_is_noted_by_its_name(activity):
     done = threading.Event()
-    threading.Timer(0.05, done.set).start()
+    threading.Timer(0.05, lambda: done.set()).start()  # (set by the job's code: the library's own sets are not noted)
     assert done.wait(5)  # the main thread, not in a call: its waits are its own business
     assert waits(activity) == []
     assert [DataWait.thread(m) for m in getattr(done._cond, data_waits.SET_BY)] == [threading.Timer.__name__ + "-1"] \
         or list(getattr(done._cond, data_waits.SET_BY))[0].startswith("~Thread-")
+
+
+def test_what_only_pythons_library_sets_and_waits_on_is_not_noted(activity, queues):
+    """Ray sets a concurrent.futures.Future, and waits on one, for every call of an async actor, from its
+    compiled code: no frame of the job's is there, so neither is noted (each Future is new: noting them cost
+    a look at its holder a call, and a wait entered for each). A Future the job waits on in its call is."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    setter = threading.Thread(target=future.set_result, args=(1,))  # (no frame of the job's sets it)
+    setter.start()
+    setter.join(5)
+    assert data_waits.SET_BY not in vars(future._condition) and queues.now() == []
+
+    def run():
+        pending: concurrent.futures.Future = concurrent.futures.Future()
+        threading.Timer(0.2, lambda: pending.set_result(2)).start()
+        return pending.result(5)
+
+    seen = []
+    running = threading.Thread(target=lambda: seen.append(activity.tracked("run", run)()))
+    running.start()
+    deadline = time.monotonic() + 5
+    while not waits(activity) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "in run (test_data_waits.py:" in waits(activity)[0].progress()
+    running.join(5)
+    assert seen == [2]
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # (pytest's hook: the one before)
@@ -346,3 +373,46 @@ def test_a_poll_is_one_wait_since_its_first_and_the_next_call_begins_its_own(act
     assert activity.counts["queue.Queue wait"] == 8  # a wait call each poll, each seen from the first's start
     assert len(first) == 1 and first_call <= first.pop() < first_call + 0.05, starts
     assert len(second) == 1 and second.pop() >= second_call, starts
+
+
+def test_the_samples_a_consumer_takes_are_counted_by_how_many_versions_behind_the_newest_they_were(
+        activity, queues):
+    """Samples that say their policy's version, in each kind of queue (a deque under a Condition, an
+    asyncio.Queue, a thread's queue.Queue): those taken are counted by versions behind the newest put, the
+    oldest taken first; a queue whose samples say none has no counts, and is not looked at again."""
+    class Buffer:
+        def __init__(self):
+            self.samples, self.ready, self.arrived = collections.deque(), asyncio.Condition(), asyncio.Queue()
+            self.plain: queue.Queue = queue.Queue()
+
+        async def put_sample(self, sample):
+            calls.entered_async(asyncio.current_task(), "put_sample")
+            async with self.ready:
+                self.samples.append(sample)
+                self.ready.notify()
+            await self.arrived.put(sample)
+
+        def produce(self, n):
+            for i in range(n):
+                self.plain.put(f"text {i}")
+
+    buffer = Buffer()
+
+    async def main():
+        for version in (0, 0, 1, 2, 3, 3):
+            await buffer.put_sample({"n": version, "param_version": version})
+
+    asyncio.run(main())
+    producer = threading.Thread(target=buffer.produce, args=(3,), name="producer")
+    producer.start()
+    producer.join(5)
+    for _ in range(4):  # the oldest four: 3, 3, 2 and 1 versions behind the newest (3)
+        buffer.samples.popleft()
+        buffer.arrived.get_nowait()
+    buffer.plain.get(timeout=1)
+    said = {q.name: q for q in queues.now()}
+    assert said["Buffer.samples"] == QueueDepth("Buffer.samples", 2, 6, [0, 1, 1, 2, 0, 0])
+    assert said["Buffer.arrived"].behind == [0, 1, 1, 2, 0, 0]
+    assert said["Buffer.plain"] == QueueDepth("Buffer.plain", 2, 3, [])
+    buffer.samples.clear()  # the rest taken: as behind as they were when taken (the newest is still 3)
+    assert {q.name: q.behind for q in queues.now()}["Buffer.samples"] == [2, 1, 1, 2, 0, 0]

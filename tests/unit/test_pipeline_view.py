@@ -76,3 +76,25 @@ def test_each_stage_has_its_idle_share_of_the_last_minute_and_the_driver_none():
     assert healthy["Trainer/0"] == pytest.approx(0.5, abs=0.05)
     stalled = dict(pipeline_view(a_pipeline(120, 20), T0 + 120).idle)
     assert stalled["Trainer/0"] == pytest.approx(1.0)  # waiting on the queue all of the last minute
+
+
+def test_a_queues_taken_samples_staleness_is_in_its_row_and_over_time_in_the_plots():
+    """Its worker's counts of the samples taken by versions behind: the row says them so far, the pane as a
+    histogram in words, and the plots the average of those taken between two counts."""
+    from gkd_tui.figures import figures
+    from gkd_tui.widgets.pipeline_pane import staleness
+
+    st = RunState()
+    st.apply(ev.WorkerEvent(src="MessageQueue/0", role="MessageQueue", rank=0, node="n1", pid=100, ts=T0))
+    for t, behind in ((0, [2, 0, 0]), (2, [4, 2, 0]), (4, [4, 2, 0]), (6, [4, 2, 2, 0, 0, 1, 9, 9])):
+        st.apply(ev.FlowEvent(src="MessageQueue/0", ts=T0 + t, calls={"put_sample": 10 * t},
+                              queues=[ev.QueueDepth(QUEUE, 1, 10 * t, behind)]))
+    (q,) = pipeline_view(st, T0 + 6).queues
+    assert q.behind == [4, 2, 2, 0, 0, 1]  # (a sender's longer list cut to the buckets there are)
+    assert staleness(q.behind) == "0 ×4  1 ×2  2 ×2  5+ ×1"
+    points = st.series.queues[f"MessageQueue/0 {QUEUE}"]
+    # two at 0, then two taken at 0 and two at 1; none taken; then two at 2 and one at 5 or more
+    assert [p.behind for p in points] == [0.0, pytest.approx(0.5), None, pytest.approx(3.0)]
+    depth, stale = figures("pipeline", st)
+    assert stale.title == f"samples taken, versions behind: MessageQueue/0 {QUEUE} 3.0 lately"
+    assert [len(line.x) for line in stale.lines] == [3]
