@@ -36,11 +36,24 @@ SLIME_CAUSES = {
     "rank": CAUSES["rank"],
     "gate": ("producer_parked", "RolloutManager/",
              r"waits on a queue\.Queue in get_sample \(ray_async_pipeline\.py:\d+\), fed by its thread "
-             r"rollout-producer, which is waiting on a threading\.Condition in produce \(ray_async_pipeline\.py:\d+; "
+             r"rollout-producer, which is waiting on a threading\.Condition in pass_gate \(ray_async_pipeline\.py:\d+; "
              r"its numbers: produced=\d+, param_version=\d+\); only Trainer/0's calls of update_param_version open "
              r"it, and Trainer/0 waits on RolloutManager/0\.get_sample, whose queue only RolloutManager/0's thread "
              r"rollout-producer fills"),
 }
+
+
+# slime's shape with its producer a Ray task (the job's --slime-tasks): its worker named by its function
+SLIME_TASK_CAUSES = {
+    "server": CAUSES["server"],
+    "tool": ("external_wait", "produce/", CAUSES["tool"][2]),
+    "rank": CAUSES["rank"],
+    "gate": ("producer_parked", "RolloutManager/",
+             r"RolloutManager/0\.pass_gate #\d+ waits on a threading\.Condition in pass_gate \(ray_async_pipeline\.py:"
+             r"\d+; its numbers: produced=\d+, param_version=\d+\).*; only Trainer/0's calls of update_param_version "
+             r"open it, and Trainer/0 waits on RolloutManager/0\.get_sample, another call of RolloutManager/0's"),
+}
+SHAPES = {"--slime": SLIME_CAUSES, "--slime-tasks": SLIME_TASK_CAUSES}
 
 
 def launched(healthy_s: float, cause: str, *args: str) -> Path:
@@ -62,7 +75,7 @@ def alarms(run: Path) -> list[dict]:
 
 
 def stalled_and_named(cause: str, *args: str) -> None:
-    code, culprit, message = (SLIME_CAUSES if "--slime" in args else CAUSES)[cause]
+    code, culprit, message = next((SHAPES[a] for a in args if a in SHAPES), CAUSES)[cause]
     run = launched(HEALTHY_S, cause, *args)
     try:
         began = float(wait_until(lambda: said(run, "STALLED AT"), HEALTHY_S + 150, "the healthy steps to end",

@@ -156,6 +156,7 @@ def _install(kind: str) -> None:
         data_waits.install(_process.activity, _process.queues, say_once)
         if kind == "worker":
             _patch_actor_methods(_process)
+            _patch_tasks(_process)
         else:
             _process.activity.start()
             route = routes.RoutePublisher(_process.run, os.environ.get(job_env.RUN_DIR, ""),
@@ -281,6 +282,48 @@ def _patch_actor_methods(p: WatchedProcess) -> None:
     FunctionActorManager._make_actor_method_executor = make_executor  # type: ignore[method-assign]  # (Ray's)
 
 
+def _patch_tasks(p: WatchedProcess) -> None:
+    """A task of the job's (a remote function's call, not an actor's) as a call of its worker's, at the cost of a
+    tracked method; one that runs long makes its worker one of the run's (``WatchedProcess.task_begins``)."""
+    from ray._private.function_manager import FunctionActorManager
+
+    get = FunctionActorManager.get_execution_info
+    made: dict[Any, tuple[Any, Any]] = {}  # a function's id -> (Ray's execution info, ours with the function wrapped)
+
+    @functools.wraps(get)
+    def get_execution_info(self, job_id, function_descriptor):
+        info = get(self, job_id, function_descriptor)
+        try:
+            if function_descriptor.is_actor_method():
+                return info  # (an actor's: made by _make_actor_method_executor)
+            key = function_descriptor.function_id
+            if key not in made or made[key][0] is not info:
+                made[key] = (info, info._replace(function=_task(p, info.function_name, info.function)))
+            return made[key][1]
+        except Exception as e:
+            say_once("watching a task", e)
+            return info
+
+    FunctionActorManager.get_execution_info = get_execution_info  # type: ignore[method-assign]  # (Ray's)
+
+
+def _task(p: WatchedProcess, function_name: str, function: Any) -> Any:
+    """``function`` (a remote function's body) as a call named by its function; a coroutine or a generator's
+    function (its calls run on a loop, or yield) is left as it is."""
+    if not inspect.isfunction(function) or inspect.iscoroutinefunction(function) or \
+            inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        return function
+    name = function_name.rpartition(".")[2]
+    tracked = p.activity.tracked(name, function)
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        p.task_begins(name)
+        return tracked(*args, **kwargs)
+
+    return run
+
+
 def _patch_waits(p: WatchedProcess) -> None:
     """``ray.get`` and ``ray.wait`` on the main thread: what they wait for, as a phase or as the detail of
     the phase they are in; a wait on a weight sync, a ``sync``."""
@@ -296,8 +339,8 @@ def _patch_waits(p: WatchedProcess) -> None:
         # cache's, several times a hot loop's: a wait is noted (a tuple) and nothing more, and the watcher makes
         # one that lasts a call, with whom it waits on (Activity.main_wait). bench/bench_ray_watch.py times it.
         def waiting(refs, *args, _original=original, _name=f"ray.{name}", **kwargs):
-            if get_ident() != main or (p.kind == "worker" and not p.actor_id):
-                return _original(refs, *args, **kwargs)  # (a task's worker is no worker of the run's)
+            if get_ident() != main or (p.kind == "worker" and not p.actor_id and p.task is None):
+                return _original(refs, *args, **kwargs)  # (a worker before its first actor or task)
             noted = (_name, wall(), refs, kwargs, p.step, p.sync_in_parts)  # (the step and sync as it began)
             outer, error = activity.main_wait, None
             try:

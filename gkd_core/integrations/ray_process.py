@@ -23,6 +23,9 @@ from gkd_core.telemetry.reporter import Reporter
 from gkd_core.vocab import SERVED_ROUTE, WorkerId, src_of
 
 NAME_WAIT_S = 10.0  # an actor whose creator wrote no name by then is named by its id
+# a task that runs this long makes its worker one of the run's (a producer that is a Ray task: its requests, its
+# waits and the calls it sends are the pipeline's); the thousands of short tasks of a job are not workers
+TASK_SHOWN_S = 2.0
 ROUTE_WAIT_S = 30.0  # a worker whose node the driver has not routed by then tries the supervisor's ipc
 _said: set[str] = set()
 
@@ -43,6 +46,7 @@ class WatchedProcess:
         self.run = os.environ.get(job_env.RUN_ID, "")
         self.actor_id = ""
         self.class_name = ""
+        self.task: tuple[str, float] | None = None  # (function, since) of the task this worker runs now or last
         self.asked_since = 0.0
         self.activity = Activity(self._identify)
         self.actors = ActorNames(self.run)  # the names of the actors this process made or waits on
@@ -65,7 +69,7 @@ class WatchedProcess:
             r.register(role, rank)
             return r
         if not self.actor_id:
-            return None  # a task worker until an actor's __init__ runs here
+            return self._identify_task()  # a task worker until an actor's __init__ runs here
         import ray
         from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_put
 
@@ -85,6 +89,32 @@ class WatchedProcess:
             r.register(self.roles or role, rank, actor_id=self.actor_id)
             self._registered = (r, rank)
         return r
+
+    def _identify_task(self) -> Reporter | None:
+        """A task worker once its task has run TASK_SHOWN_S: a worker of the run named by the task's function and
+        the first free slot of that name (``produce/0``, as an actor by its class), from then on."""
+        task = self.task
+        if task is None or time.monotonic() - task[1] < TASK_SHOWN_S:
+            return None
+        where = self._route()
+        if where is None:
+            return None
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        n = 0
+        while _internal_kv_put(f"{self.run}/slot/{task[0]}/{n}", f"task pid {os.getpid()}", overwrite=False,
+                               namespace=KV_NAMESPACE):
+            n += 1
+        r = Reporter(src_of(task[0], n), heartbeat_s=job_env.heartbeat_s(), ingest=where[0], curve=where[1],
+                     with_children=True)
+        r.register(task[0], n)
+        return r
+
+    def task_begins(self, function: str) -> None:
+        """A task of ``function`` (a remote function's name) begins in this worker."""
+        if self.task is None:
+            self.asked_since = time.monotonic()  # (its route, like an actor's, is looked for from now)
+        self.task = (function, time.monotonic())
 
     def initialized(self, actor: Any) -> None:
         """After the actor's ``__init__``: a verl fused actor (``WorkerDict``, ``FusedWorker``) holds one worker

@@ -5,7 +5,7 @@ over an asyncio.Condition), parked at a staleness gate while it is ``STALENESS``
 trainer's parameter version, and two trainer ranks that take a sample each per step, all-reduce their
 gradient over gloo, and (rank 0) send the rollouter the new version.
 
-    python ray_async_pipeline.py HEALTHY_S CAUSE [--verl-queue | --slime]
+    python ray_async_pipeline.py HEALTHY_S CAUSE [--verl-queue | --slime | --slime-tasks]
 
 After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at a time:
     server   the inference server's handler never returns (an inference request stalled inside the server)
@@ -17,6 +17,8 @@ After HEALTHY_S, CAUSE stalls it (the driver prints "STALLED AT <time>"), one at
 --slime: slime's shape in place of the rollouter and the queue: one rollout manager (a threaded actor) whose
     samples come from a producer thread of its own (behind the gate, its requests over urllib) through a
     queue.Queue, and whose get_sample polls that queue with a timeout, as slime's collector does
+--slime-tasks: the same, its producer a Ray task (a remote function's call that runs until the job ends) that
+    passes the manager's gate (a call of it), sends the requests and puts each sample into it
     python ray_async_pipeline.py --tool   # the tool alone: prints its port, serves until killed
 """
 
@@ -148,7 +150,7 @@ class Rollouter:
                 self.produced += 1
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_concurrency=8)
 class RolloutManager:
     """slime's shape: the queue and the rollouter in one threaded actor, fed by a thread of its own."""
 
@@ -163,16 +165,20 @@ class RolloutManager:
 
     def produce(self, server: str, tool: str) -> None:
         while True:
-            with self.gate:  # the staleness gate: at most STALENESS samples ahead of the trainer
-                while self.produced - 2 * self.param_version >= STALENESS:
-                    self.gate.wait(WAIT_S)
-            for url in (f"{server}/generate", f"{tool}/run"):
-                request = urllib.request.Request(url, data=json.dumps({"n": self.produced}).encode(), method="POST",
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=WAIT_S):
-                    pass
-            self.samples.put({"n": self.produced, "version": self.param_version})
+            n, version = self.pass_gate()
+            generate(server, tool, n)
+            self.put_sample({"n": n, "version": version})
+
+    def pass_gate(self) -> tuple[int, int]:
+        """The staleness gate: at most STALENESS samples ahead of the trainer. The sample's number and version."""
+        with self.gate:
+            while self.produced - 2 * self.param_version >= STALENESS:
+                self.gate.wait(WAIT_S)
             self.produced += 1
+            return self.produced - 1, self.param_version
+
+    def put_sample(self, sample: dict) -> None:
+        self.samples.put(sample)
 
     def update_param_version(self, version: int) -> None:
         with self.gate:
@@ -185,6 +191,24 @@ class RolloutManager:
                 return self.samples.get(timeout=POLL_S)
             except queue.Empty:
                 continue
+
+
+def generate(server: str, tool: str, n: int) -> None:
+    """A sample's requests: the inference server's, then the tool's."""
+    for url in (f"{server}/generate", f"{tool}/run"):
+        request = urllib.request.Request(url, data=json.dumps({"n": n}).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=WAIT_S):
+            pass
+
+
+@ray.remote(num_cpus=0)
+def produce(manager, server: str, tool: str) -> None:
+    """slime's producer as a Ray task: past the manager's gate, the requests, the sample into its queue."""
+    while True:
+        n, version = ray.get(manager.pass_gate.remote(), timeout=WAIT_S)
+        generate(server, tool, n)
+        ray.get(manager.put_sample.remote({"n": n, "version": version}), timeout=WAIT_S)
 
 
 @ray.remote(num_cpus=0)
@@ -214,7 +238,7 @@ class Trainer:
                 ray.get(rollouter.update_param_version.remote(step), timeout=60)
 
 
-def main(healthy_s: float, cause: str, verls_queue: bool, slime: bool) -> None:
+def main(healthy_s: float, cause: str, verls_queue: bool, slime: str) -> None:
     tool_process = subprocess.Popen([sys.executable, __file__, "--tool"], stdout=subprocess.PIPE, text=True)
     stall_flag = os.path.join(tempfile.mkdtemp(prefix="pipeline-"), "stall")
     try:
@@ -223,9 +247,12 @@ def main(healthy_s: float, cause: str, verls_queue: bool, slime: bool) -> None:
         ray.init(num_cpus=2)
         server = InferenceServer.remote()
         url = f"http://127.0.0.1:{ray.get(server.start.remote(), timeout=90)}"
-        if slime:  # the queue and the rollouter are one actor, its producer a thread of its own
+        if slime:  # the queue and the rollouter are one actor, its producer a thread of its own or a task
             samples = rollouter = RolloutManager.remote()
-            ray.get(rollouter.start.remote(url, tool), timeout=60)
+            if slime == "thread":
+                ray.get(rollouter.start.remote(url, tool), timeout=60)
+            else:
+                producing = produce.remote(rollouter, url, tool)  # noqa: F841  (it runs until the job ends)
         else:
             samples, rollouter = message_queue(verls_queue), Rollouter.remote()
         import socket
@@ -257,4 +284,5 @@ def main(healthy_s: float, cause: str, verls_queue: bool, slime: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]), sys.argv[2], "--verl-queue" in sys.argv[3:], "--slime" in sys.argv[3:])
+    main(float(sys.argv[1]), sys.argv[2], "--verl-queue" in sys.argv[3:],
+         "thread" if "--slime" in sys.argv[3:] else "task" if "--slime-tasks" in sys.argv[3:] else "")

@@ -46,6 +46,16 @@ def test_each_cause_is_named_as_itself_in_slimes_shape_where_the_producer_is_a_t
     stalled_and_named(cause, "--slime")
 
 
+@pytest.mark.parametrize("cause", ["tool", "gate"])
+@pytest.mark.timeout(HEALTHY_S + 240)
+def test_each_cause_is_named_as_itself_where_slimes_producer_is_a_ray_task(gkd_home, cause):
+    """slime's shape with its producer a Ray task that runs until the job ends: the task's worker is one of the
+    run's, named by its function (``produce/0``), its requests and the calls it sends the pipeline's. The two
+    causes whose naming goes through the producer (a stalled server or rank is named as itself whatever the
+    producer is: both pass here too, SLIME_TASK_CAUSES)."""
+    stalled_and_named(cause, "--slime-tasks")
+
+
 @pytest.mark.timeout(STILL_HEALTHY_S + 180)
 def test_the_same_pipeline_left_healthy_for_two_minutes_says_nothing(gkd_home):
     run = launched(STILL_HEALTHY_S, "none")

@@ -87,6 +87,31 @@ def test_a_cycle_through_a_parked_producer_names_the_producer_at_its_gate_and_bl
     assert [a.code for a in diagnosis.diagnose(st, T0 + 8) if a.severity != "info"] == []
 
 
+def test_a_gate_call_parked_beside_the_call_its_consumer_waits_on_is_a_parked_producer_not_a_deadlock():
+    """slime's shape with a producer task: one threaded actor holds the queue and the gate; the task's call of
+    its gate is parked (the shown call), while the trainer waits on another call of it, the queue's get: the
+    two-member cycle is the parked producer, named (it read as a deadlock of the trainer and the actor)."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for pid, src in enumerate(("driver", "Trainer/0", "RolloutManager/0", "produce/0"), 100):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], rank=0, node="node-a", pid=pid, ts=T0 - 50))
+    st.apply(ev.SendsEvent(src="produce/0", to=["RolloutManager/0.pass_gate", "RolloutManager/0.put_sample"],
+                           ts=T0 - 40))
+    st.apply(ev.SendsEvent(src="Trainer/0", to=["RolloutManager/0.get_sample",
+                                                "RolloutManager/0.update_param_version"], ts=T0 - 40))
+    phase(st, "driver", "ray.get", T0 - 30, waits_on=["Trainer/0.train"])
+    phase(st, "produce/0", "produce", T0 - 30, call=1, waits_on=["RolloutManager/0.pass_gate"])
+    phase(st, "RolloutManager/0", "pass_gate", T0 - 30, call=9, waits_on=[DataWait(("update_param_version",)).said()],
+          detail=GATE.replace("run: ", "").replace(" in run ", " in pass_gate "))
+    phase(st, "Trainer/0", "train", T0 - 30, call=1, waits_on=["RolloutManager/0.get_sample"])
+    alerts = [a for a in diagnosis.diagnose(st, T0 + 6) if a.severity != "info"]
+    assert [(a.code, a.targets) for a in alerts] == [("producer_parked", ["RolloutManager/0"])], alerts
+    assert ("only Trainer/0's calls of update_param_version open it, and Trainer/0 waits on "
+            "RolloutManager/0.get_sample, another call of RolloutManager/0's, beside the parked one") \
+        in alerts[0].message, alerts[0].message
+    assert {"Trainer/0", "driver", "produce/0"} <= set(alerts[0].evidence["blocked"])
+
+
 def test_a_chain_that_ends_in_a_request_to_a_server_outside_the_job_names_the_worker_at_its_end():
     """The queue is late (its history says 0.3 s), waiting on the rollouter, which waits on a tool outside
     the job: the rollouter is named, with the tool's address and process, and the rest are blocked by it."""

@@ -82,11 +82,19 @@ def _parked_producer(state: RunState, hops: list[Hop]) -> int | None:
     queue) and that itself waits on data (a gate) — the pipeline's shape, where the trainer waits on the queue,
     the queue on its producer, and the producer's gate on the trainer's new version; or a member that is its
     own queue's producer (slime's: a thread of its own fills the queue its call waits on, and that thread waits
-    on the gate). None: no such member."""
+    on the gate; or a task fills it by a call of it, and waits at the gate by another, its consumer waiting on a
+    third call of it). None: no such member."""
     for i, (src, edge) in enumerate(hops):
-        if edge.data and (hops[i - 1][1].data or _own_thread_feeds(state.workers[src])):
+        w, before = state.workers[src], hops[i - 1][1]
+        if edge.data and (before.data or _own_thread_feeds(w) or _another_call(w, before)):
             return i
     return None
+
+
+def _another_call(w: WorkerState, waited: Edge) -> bool:
+    """Whether ``waited`` is a wait on a call of ``w``'s other than the one it shows (a threaded actor's: the
+    consumer's ``get_sample`` beside the producer's parked ``pass_gate``)."""
+    return not waited.data and not waited.collective and waited.what != w.phase
 
 
 def _own_thread_feeds(w: WorkerState) -> str:
@@ -112,7 +120,8 @@ def _starved(state: RunState, hops: list[Hop], parked: int, still: float, found:
     # own fills (slime's), which the consumer waits on by a call of it
     thread = _own_thread_feeds(p) if not feeding.data else ""
     queue = (f"{producer}.{feeding.what}, whose queue only {producer}'s thread {thread} fills" if thread
-             else f"{fed}, which waits for {producer} to send {feeding.what}")
+             else f"{fed}, which waits for {producer} to send {feeding.what}" if feeding.data
+             else f"{producer}.{feeding.what}, another call of {producer}'s, beside the parked one")
     return AlertEvent(
         severity="critical", code="producer_parked", targets=[producer],
         message=f"a queue starved by a parked producer: {_call(p)} waits on {where or 'data'}; only {gate.target}'s "
