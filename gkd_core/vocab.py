@@ -96,6 +96,12 @@ class HttpWait(NamedTuple):
         return f"{self.route()} ({who})"
 
 
+def is_loopback(address: str) -> bool:
+    """Whether ``host:port`` is a loopback address: every node's own, so never another node's server."""
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 # a served HTTP request's call, as a server's phase and its flow's calls name it: "POST /generate"
 SERVED_ROUTE = re.compile(r"^[A-Z]+ /")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from gkd_core import stack_text
-from gkd_core.diagnosis.rules import waits
+from gkd_core.diagnosis.rules import servers, waits
 from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState, WorkerState
 from gkd_core.units import spoken
@@ -83,7 +83,7 @@ def _at_the_end(state: RunState, end: WorkerState, hops: list[waits.Hop], now: f
     if end.in_flight > 1 or last.request:
         return (f"an inference request in a server: {end.src}, {max(1, end.in_flight)} {end.phase} in flight, the "
                 f"oldest {age}" + (f" ({_path(hops)})" if last.request else ""))
-    if waits.external_request(state, end) is not None and "waiting for " in end.detail:
+    if servers.external_request(state, end) is not None and "waiting for " in end.detail:
         return f"an external call: {end.src} waits for {end.detail.partition('waiting for ')[2]}"
     external = _external(state, end)
     if external:

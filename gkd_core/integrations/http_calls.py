@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.calls import running_async
 from gkd_core.integrations.post_import import when_imported
+from gkd_core.telemetry.events import FLOW_SERVES_MAX
 from gkd_core.vocab import HttpWait
 
 LISTENERS_KEEP_S = 10.0  # who listens on an address is looked up again after this (a server started anew)
@@ -52,6 +53,9 @@ ID_SEGMENT = re.compile(r"^(?:\d+|[0-9a-fA-F-]{8,}|[A-Za-z0-9_\-.~%:+=]{24,})$")
 COMMAND_MAX = 80  # the listener's program and script, as a request's detail says them
 COMMANDS_KEPT = 256  # listeners' commands remembered (a pid used again after this many is read anew)
 SHAPED_KEPT = 512  # paths remembered as their routes
+# the addresses this process's served requests came to (host, port), the first FLOW_SERVES_MAX: said in its flow
+# events, so that a request to one from another node is known as a request to this worker
+SERVED_AT: dict[tuple[Any, ...], None] = {}
 _shaped: dict[str, str] = {}  # a path -> its route (a race of two threads writes the same value twice)
 
 
@@ -285,6 +289,8 @@ def _patch_aiohttp_server(module: ModuleType, activity: Activity, peers: Listene
     def note(app, request, *args, **kwargs) -> int | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":  # a connection, not a request
             return None
+        transport = request.transport
+        _served_at(transport.get_extra_info("sockname") if transport is not None else None)
         return activity.enter_call(f"{request.method} {_shape(request.path)}", lane=_lane())
 
     _wrap(module.Application, "_handle", note, activity, "noting a served HTTP request (aiohttp.web)", say_once)
@@ -295,9 +301,22 @@ def _patch_starlette(module: ModuleType, activity: Activity, peers: Listeners,
     def note(app, scope, *args, **kwargs) -> int | None:
         if scope.get("type") != "http":  # "websocket", "lifespan": a connection, a start
             return None
+        _served_at(scope.get("server"))
         return activity.enter_call(f"{scope['method']} {_shape(scope['path'])}", lane=_lane())
 
     _wrap(module.Starlette, "__call__", note, activity, "noting a served HTTP request (Starlette)", say_once)
+
+
+def _served_at(sockname: Any) -> None:
+    """A served request came to ``sockname`` (this end of its connection: ``(host, port, ...)``)."""
+    if type(sockname) is tuple and len(sockname) >= 2 and sockname[:2] not in SERVED_AT \
+            and len(SERVED_AT) < FLOW_SERVES_MAX:
+        SERVED_AT[sockname[:2]] = None
+
+
+def served_at() -> list[str]:
+    """``host:port`` of each address this process's served requests came to."""
+    return [f"{host}:{port}" for host, port in list(SERVED_AT)]
 
 
 def _default_port(scheme: str | None) -> int:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from gkd_core.integrations import job_env, remote_stacks, routes, torchrun
+from gkd_core.integrations import http_calls, job_env, remote_stacks, routes, torchrun
 from gkd_core.integrations.activity import Activity
 from gkd_core.integrations.actor_names import ActorNames
 from gkd_core.integrations.job_queues import Queues
@@ -162,12 +162,12 @@ class WatchedProcess:
             reporter.emit(ev.SendsEvent(to=sent))
         counts = dict(self.activity.counts)  # (a copy made whole under the GIL: calls go on meanwhile)
         calls = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:ev.FLOW_CALLS_MAX])
-        flow = ev.FlowEvent(calls=calls, queues=self.queues.now())
+        flow = ev.FlowEvent(calls=calls, queues=self.queues.now(), serves=http_calls.served_at())
         said = self._flow_said
         # said by a pipeline's stages only (a queue, a server), so a job of a thousand actors is not a flow
         # event each every few seconds
         ours = flow.queues or any(SERVED_ROUTE.match(name) for name in calls)
-        if ours and (said is None or (said.calls, said.queues) != (flow.calls, flow.queues)):
+        if ours and (said is None or (said.calls, said.queues, said.serves) != (flow.calls, flow.queues, flow.serves)):
             reporter.emit(flow)
             self._flow_said = flow
 

@@ -18,7 +18,7 @@ from gkd_core.state.records import WorkerState
 from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import SERVED_ROUTE as ROUTE
-from gkd_core.vocab import HttpWait
+from gkd_core.vocab import HttpWait, is_loopback
 
 RATE_WINDOW_S = 10.0  # rates are over this much of the newest flow
 # a flow event is sent every PERIODIC_S (2 s) while anything changed: past this, nothing has since its newest
@@ -77,6 +77,8 @@ def pipeline_view(st: RunRecord, now: float) -> PipelineView:
     peers: dict[str, tuple[int, list[str], float]] = {}
     seen = [st.workers[src] for src in sorted(st.in_pipeline | st.waiting) if src in st.workers]
     served = {(w.node, w.pid) for w in seen if _routes(w) or ROUTE.match(w.phase)}
+    # the addresses the job's servers were reached at, from any node (a loopback one is each node's own)
+    served_at = {a for w in seen if w.flows for a in w.flows[-1].serves if not is_loopback(a)}
     for w in seen:
         src = w.src
         if w.flows:
@@ -85,7 +87,7 @@ def pipeline_view(st: RunRecord, now: float) -> PipelineView:
             servers.append(_server_row(w, now))
         for said in w.waits_on:
             wait = HttpWait.parse(said)
-            if wait is None or (w.node, wait.pid) in served:
+            if wait is None or (w.node, wait.pid) in served or wait.address in served_at:
                 continue
             pid, waiters, since = peers.get(wait.address, (wait.pid, [], now))
             peers[wait.address] = (pid, [*waiters, src], min(since, w.waits_since or now))

@@ -146,7 +146,7 @@ def _on_flow(st: RunRecord, e: ev.FlowEvent) -> None:
         return
     e = ev.FlowEvent(ts=e.ts, src=e.src, calls=dict(list(e.calls.items())[:ev.FLOW_CALLS_MAX]),
                      queues=[ev.QueueDepth(q.name, q.depth, q.puts, q.behind[:ev.STALENESS_BUCKETS])
-                             for q in e.queues[:ev.FLOW_QUEUES_MAX]])
+                             for q in e.queues[:ev.FLOW_QUEUES_MAX]], serves=e.serves[:ev.FLOW_SERVES_MAX])
     st.in_pipeline.add(w.src)
     before = {q.name: q.behind for q in w.flows[-1].queues} if w.flows else {}
     w.flows.append(e)

@@ -283,10 +283,14 @@ class FlowEvent(Event, tag="flow"):
 
     calls: dict[str, Int] = {}
     queues: list[QueueDepth] = []  # at most FLOW_QUEUES_MAX
+    # the addresses (host:port) its served requests came to, at most FLOW_SERVES_MAX: a request sent to one of
+    # them from another node is a request to this worker
+    serves: list[str] = []
 
 
 FLOW_CALLS_MAX = 32
 FLOW_QUEUES_MAX = 8
+FLOW_SERVES_MAX = 8
 
 
 class StackEvent(Event, tag="stack"):

@@ -204,6 +204,46 @@ def test_a_run_on_two_nodes_reports_from_both_and_refuses_strangers(two_nodes, g
         stop(run_dir, proc, log)
 
 
+def test_a_request_to_a_server_on_the_other_node_names_that_server_not_an_address_outside_the_job(gkd_home,
+                                                                                                   monkeypatch):
+    """A client actor on the head awaits a request to an inference server actor on the second node, at that
+    node's address, whose handler stalls: the server is named (its request in flight, late), the client and the
+    driver blocked by it; nobody is said to wait on an address outside the job (the server's flow says the
+    address its requests came to)."""
+    job = ROOT / "tests" / "jobs" / "ray_two_nodes_http.py"
+    hidden = (str(gkd_home), str(Path(tempfile.gettempdir()) / f"gkd-{os.getuid()}"))  # a machine of its own
+    with cluster_of_two(monkeypatch, hidden):
+        run_dir = gkd_home / "runs" / "two-nodes-http"
+        log = open(gkd_home / "run.log", "w")
+        proc = subprocess.Popen(in_ns("head", sys.executable, "-m", "gkd_core", "run", "--run-id", "two-nodes-http",
+                                      "--", sys.executable, str(job), "10"), cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+        try:
+            def stalled_at() -> float | None:
+                driver_log = run_dir / "logs" / "driver.log"
+                text = driver_log.read_text() if driver_log.exists() else ""
+                return float(text.split("STALLED AT ")[1].split()[0]) if "STALLED AT " in text else None
+
+            began = wait_until(stalled_at, 150, "the healthy requests to end", every_s=0.5)
+
+            def named() -> list[dict]:
+                return [a for a in logged_events(run_dir) if a["kind"] == "alert" and not a.get("cleared")
+                        and a.get("severity") in ("warn", "critical") and a["ts"] >= began]
+
+            first = wait_until(named, 60, "the stalled server named", every_s=0.5)[0]
+            workers = {e["src"]: e for e in logged_events(run_dir) if e["kind"] == "worker"}
+            assert workers["InferenceServer/0"]["node"] != workers["Client/0"]["node"], workers
+            assert (first["code"], first["targets"]) == ("slower_than_usual", ["InferenceServer/0"]), first
+            assert "POST /generate" in first["message"], first["message"]
+            time.sleep(1.5)  # (a pass after the first: the blocked come with the chain)
+            said = named()
+            assert "external_wait" not in {a["code"] for a in said}, [(a["code"], a["message"]) for a in said]
+            latest = [a for a in said if a["targets"] == ["InferenceServer/0"]][-1]
+            assert "Client/0" in latest["evidence"].get("blocked", []), latest
+        finally:
+            stop(run_dir, proc, log)
+
+
 def stop(run_dir, proc: subprocess.Popen, log) -> None:
     """`gkd-tui stop` the run, and its supervisor's end waited for."""
     subprocess.run([sys.executable, "-m", "gkd_tui.cli", "stop", str(run_dir)], capture_output=True, timeout=60,

@@ -32,3 +32,4 @@ def test_a_listener_table_is_read_once_within_its_keep_misses_included(monkeypat
     assert peers.pid_of("127.0.0.1", 9999) == 0  # nobody listens: not read again for it
     assert peers.pid_of("localhost", 8000) == 4242 and len(reads) == 1
     assert peers.pid_of("10.255.255.1", 8000) == 0 and len(reads) == 1  # not this node's address: not looked up
+

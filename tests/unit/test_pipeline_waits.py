@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gkd_core import diagnosis
 from gkd_core.diagnosis.holds import what_holds
+from gkd_core.diagnosis.rules import servers
 from gkd_core.diagnosis.rules.waits import Edge, wait_graph
 from gkd_core.integrations.waits import RefBook, Sends
 from gkd_core.state import RunState
@@ -133,6 +134,31 @@ def test_a_chain_that_ends_in_a_request_to_a_server_outside_the_job_names_the_wo
                                    "tool_server.py), a server outside the job"), said.message
     assert said.evidence["found_as"] == ["slower_than_usual"] and said.evidence["external"] == TOOL.route()
     assert said.evidence["blocked"] == ["MessageQueue/0", "Trainer/0", "driver"]
+
+
+def test_a_request_to_a_server_on_another_node_is_a_wait_on_that_worker_by_the_address_it_serves():
+    """The rollouter on node-a waits on a server on node-b (its request's pid 0: nobody listens there on node-a);
+    the server's flow says the addresses its requests came to. The request is an edge to that worker, not an
+    address outside the job, and the pipeline has no outside address; a loopback address is each node's own,
+    never another's."""
+    from gkd_core.state.pipeline import pipeline_view
+
+    st = pipeline()
+    st.apply(ev.WorkerEvent(src="InferenceServer/0", role="InferenceServer", rank=0, node="node-b", pid=300,
+                            ts=T0 - 50))
+    st.apply(ev.FlowEvent(src="InferenceServer/0", ts=T0 - 5, calls={"POST /generate": 40},
+                          serves=["10.0.0.2:8000", "127.0.0.1:8000"]))
+    phase(st, "InferenceServer/0", "POST /generate", T0 - 10, call=41)
+    remote = HttpWait("POST", "10.0.0.2:8000", "/generate", 0)
+    phase(st, "Rollouter/0", "run", T0 - 10, call=1, waits_on=[remote.said()],
+          detail="run: waiting for POST /generate on 10.0.0.2:8000 (not served on this node)")
+    assert wait_graph(st)["Rollouter/0"] == [Edge("InferenceServer/0", remote.route(), T0 - 10, request=True)]
+    assert servers.external_request(st, st.workers["Rollouter/0"]) is None
+    assert pipeline_view(st, T0).peers == []
+    local = HttpWait("POST", "127.0.0.1:8000", "/generate", 0)  # node-a's own port 8000, where nobody listens
+    phase(st, "Rollouter/0", "run", T0 - 10, call=1, waits_on=[local.said()])
+    assert "Rollouter/0" not in wait_graph(st) and servers.external_request(st, st.workers["Rollouter/0"]) == local
+    assert [p.address for p in pipeline_view(st, T0).peers] == ["127.0.0.1:8000"]
 
 
 def test_a_process_says_whom_it_sends_calls_to_from_its_book_and_again_only_when_that_changes():

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from gkd_core import diagnosis
 from gkd_core.diagnosis.holds import what_holds
-from gkd_core.diagnosis.rules.waits import Edge, cycles, external_request, wait_graph
+from gkd_core.diagnosis.rules.servers import external_request
+from gkd_core.diagnosis.rules.waits import Edge, cycles, wait_graph
 from gkd_core.integrations.waits import RefBook, Wait
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev

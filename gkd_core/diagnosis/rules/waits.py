@@ -4,7 +4,8 @@ Each worker's phase says what it waits on that has not answered (``waits_on``), 
 an actor call (``Worker.method``: the ``ray.get`` of a watched job's driver or actor) to that worker, a
 call queued behind the one it runs where the worker runs another method (an actor runs one call at a
 time unless made otherwise); an HTTP request (``vocab.HttpWait``) to the worker whose process listens on
-its address; a wait on data (``vocab.DataWait``: a queue's get, a gate) to the workers that send the calls
+its address (by its pid on the sender's node, else by the addresses its served requests came to: a server on
+another node); a wait on data (``vocab.DataWait``: a queue's get, a gate) to the workers that send the calls
 that set it (``feeders_of``: their ``sends``). A rank inside a process group's newest collective waits on
 the ranks that have not entered it. A cycle none of whose members has moved is said by still_cycles; the
 workers whose waits lead into it are blocked by it, and nothing else names a member or a worker blocked by
@@ -25,11 +26,12 @@ from typing import NamedTuple
 import msgspec
 
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
+from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, Servers, external_request, live
 from gkd_core.diagnosis.stragglers import MIN_S
-from gkd_core.state import RunState, WorkerState
+from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
-from gkd_core.vocab import WORKER_ENDED, DataWait, HttpWait
+from gkd_core.vocab import DataWait, HttpWait
 
 STILL_S = MIN_S  # a cycle that has not moved for the straggler threshold is a deadlock
 JUDGED_AFTER_S = MIN_S + 1.0  # a worker at work on a call this long has been judged by its own measure
@@ -40,9 +42,6 @@ WAIT_PHASES = ("ray.get", "ray.wait")  # a phase that is the wait itself (a driv
 # a collective is a node of the graph of its own (the ranks inside it wait on it, it waits on the ranks not
 # in it): edges linear in the ranks, where each rank inside to each rank outside would be their product
 COLLECTIVE = "\0collective "
-EXTERNAL_HINT = ("the server of this worker's request does not answer, and it is no worker of the run on this node (a "
-                 "tool, a sandbox, an API, or a server on another node): look at that process (its log, its health "
-                 "endpoint), or give the request a timeout; this worker only waits")
 # what a member of a cycle, or a worker blocked by one, is also found to be: symptoms of the cycle
 EXPLAINED = ("straggler", "slower_than_usual", "collective_not_joined", "collective_stuck")
 
@@ -63,16 +62,6 @@ class Edge(NamedTuple):
 Hop = tuple[str, Edge]  # (the waiter, its edge to the next member)
 
 
-def _live(state: RunState, src: str) -> bool:
-    w = state.workers.get(src)
-    return w is not None and w.phase not in WORKER_ENDED and w.ray_state != "DEAD"
-
-
-def servers_of(state: RunState) -> dict[tuple[str, int], str]:
-    """(node, pid) -> the worker of the run with that process: who serves a request sent to that pid."""
-    return {(s.node, s.pid): s.src for s in state.workers.values() if s.pid}
-
-
 def feeders_of(state: RunState) -> dict[str, list[str]]:
     """``Worker.method`` -> the workers that sent it lately (their ``sends``): who feeds a queue, who opens a
     gate, for a wait on data that a call of that method ends."""
@@ -83,27 +72,16 @@ def feeders_of(state: RunState) -> dict[str, list[str]]:
     return out
 
 
-def external_request(state: RunState, w: WorkerState,
-                     servers: dict[tuple[str, int], str] | None = None) -> HttpWait | None:
-    """The HTTP request ``w``'s phase awaits from a server that is no worker of the run (a tool, a sandbox,
-    an API; on this node or another), or None."""
-    requests = [r for r in map(HttpWait.parse, w.waits_on) if r is not None]
-    if not requests:
-        return None
-    servers = servers_of(state) if servers is None else servers
-    return next((r for r in requests if not _live(state, servers.get((w.node, r.pid), "") if r.pid else "")), None)
-
-
 def wait_graph(state: RunState) -> dict[str, list[Edge]]:
     """waiter -> what it waits on, for every live worker whose phase waits on a live worker of the run: its
     unanswered calls (``waits_on``), and each rank inside a process group's newest collective on the ranks
     that have not entered it (through the collective's own node)."""
     graph: dict[str, list[Edge]] = {}
-    servers: dict[tuple[str, int], str] | None = None  # (node, pid) -> worker: made once, for the first HTTP wait
+    servers: Servers | None = None  # made once, for the first HTTP wait
     feeders: dict[str, list[str]] | None = None  # Worker.method -> who sends it: made once, for the first data wait
     for src in state.waiting:
         w = state.workers.get(src)
-        if w is None or not w.waits_on or not _live(state, src):
+        if w is None or not w.waits_on or not live(state, src):
             continue
         for call in w.waits_on:
             data = DataWait.parse(call)
@@ -112,26 +90,26 @@ def wait_graph(state: RunState) -> dict[str, list[Edge]]:
                     feeders = feeders_of(state)
                 for method in data.methods:
                     for sender in feeders.get(f"{w.src}.{method}", ()):
-                        if sender != w.src and _live(state, sender):
+                        if sender != w.src and live(state, sender):
                             graph.setdefault(w.src, []).append(Edge(sender, method, max(w.phase_since, w.waits_since),
                                                                     data=True))
                 continue
             request = HttpWait.parse(call)
             if request is not None:  # a request in flight: to the worker that listens there, if one of the run's
                 if servers is None:
-                    servers = servers_of(state)
-                worker = servers.get((w.node, request.pid), "") if request.pid else ""
+                    servers = Servers(state)
+                worker = servers.of(w.node, request)
                 method = request.route()
                 if worker == w.src:
                     continue
             else:
                 worker, _, method = call.rpartition(".")
-            if _live(state, worker):
+            if live(state, worker):
                 graph.setdefault(w.src, []).append(Edge(worker, method, max(w.phase_since, w.waits_since),
                                                         request=request is not None))
     for group, members in state.collectives.items():
         n = max((p.entered for p in members.values()), default=0)
-        missing = sorted(src for src, p in members.items() if p.entered < n and _live(state, src))
+        missing = sorted(src for src, p in members.items() if p.entered < n and live(state, src))
         if not missing:
             continue
         inside = [(src, p) for src, p in members.items() if p.entered == n and _inside(state, src, p)]
@@ -150,7 +128,7 @@ def _inside(state: RunState, src: str, p) -> bool:
     """Whether rank ``src`` is still inside the collective it entered last. Where its source cannot say it
     left (gloo, read from the Flight Recorder) it is taken to be inside only while it is still in the phase
     it entered the collective in: a rank whose broadcast returned and that went on to its next call is not."""
-    if not _live(state, src):
+    if not live(state, src):
         return False
     if p.left is not None:
         return p.left < p.entered
@@ -367,7 +345,7 @@ def _awaits_fresh_work(state: RunState, graph: dict[str, list[Edge]], src: str, 
                 return False
             continue
         w = state.workers.get(e.target)
-        if w is None or not _live(state, e.target):
+        if w is None or not live(state, e.target):
             return False
         doing = e.what.partition(" on ")[0] if e.request else e.what
         fresh = ((w.phase == doing and now - w.phase_since < JUDGED_AFTER_S)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
-from gkd_core.diagnosis.rules.waits import EXTERNAL_HINT, external_request
+from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
