@@ -45,9 +45,8 @@ SLIME_CAUSES = {
 
 # slime's shape with its producer a Ray task (the job's --slime-tasks): its worker named by its function
 SLIME_TASK_CAUSES = {
-    "server": CAUSES["server"],
+    **SLIME_CAUSES,
     "tool": ("external_wait", "produce/", CAUSES["tool"][2]),
-    "rank": CAUSES["rank"],
     "gate": ("producer_parked", "RolloutManager/",
              r"RolloutManager/0\.pass_gate #\d+ waits on a threading\.Condition in pass_gate \(ray_async_pipeline\.py:"
              r"\d+; its numbers: produced=\d+, param_version=\d+\).*; only Trainer/0's calls of update_param_version "

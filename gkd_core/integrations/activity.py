@@ -91,6 +91,7 @@ class Activity:
         self.asleep = False  # the watcher waits on ``_wake`` (set by the next call's ``enter``, or ``wake``)
         self._wake = threading.Event()
         self.reporter: Reporter | None = None
+        self.idle_unknown = False  # who it is may never be known (a task worker): asleep with no call, not asking
         self.periodic: Callable[[Reporter], None] | None = None  # asked every PERIODIC_S once it reports
         # the main thread's wait now, as its wrapper noted it: (name, start, what it waits on...), nothing more;
         # one that lasts SHOW_AFTER_S is made a call by the watcher (``make_wait``: its progress, whom it waits
@@ -316,9 +317,10 @@ class Activity:
             wait.ended(None)  # (its refs let go of here, not whenever this frame's locals go)
 
     def _may_sleep(self) -> bool:
-        """Nothing to show or to send, nothing asked of it, and no call for SLEEP_AFTER_S."""
-        return (self.reporter is not None and not self._active and not self._lanes.running and not self._brief
-                and self.main_wait is None
+        """Nothing to show or to send (nobody to send to: ``idle_unknown``), nothing asked, no call lately."""
+        unknown = self.reporter is None
+        return ((not unknown or self.idle_unknown) and not self._active and not self._lanes.running
+                and (unknown or not self._brief) and self.main_wait is None
                 and (self._task_stacks is None or not self._task_stacks.offered)
                 and time.time() - self._last_started > SLEEP_AFTER_S)
 

@@ -114,6 +114,7 @@ class WatchedProcess:
         """A task of ``function`` (a remote function's name) begins in this worker."""
         if self.task is None:
             self.asked_since = time.monotonic()  # (its route, like an actor's, is looked for from now)
+            self.activity.idle_unknown = not self.actor_id  # (between tasks, nothing to ask who it is for)
         self.task = (function, time.monotonic())
 
     def initialized(self, actor: Any) -> None:
@@ -154,6 +155,7 @@ class WatchedProcess:
         self.class_name = class_name
         self.asked_since = time.monotonic()
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
+        self.activity.idle_unknown = False  # an actor is named a moment after its __init__: asked until then
 
     def _say_lately(self, reporter: Reporter) -> None:
         """Every few seconds: whom it sent calls to, and what went through it (each when it changed)."""
