@@ -18,7 +18,6 @@ from pipeline_stalls import (
     CAUSES,
     HEALTHY_S,
     NAMED_WITHIN_S,
-    SLIME_CAUSES,
     alarms,
     launched,
     said,
@@ -38,11 +37,13 @@ def test_each_cause_of_a_stalled_pipeline_is_named_as_itself_and_the_trainer_is_
     stalled_and_named(cause)
 
 
-@pytest.mark.parametrize("cause", list(SLIME_CAUSES))
+@pytest.mark.parametrize("cause", ["tool", "gate"])
 @pytest.mark.timeout(HEALTHY_S + 240)
 def test_each_cause_is_named_as_itself_in_slimes_shape_where_the_producer_is_a_thread(gkd_home, cause):
     """The queue and the rollouter one threaded actor (slime's rollout manager): its producer a thread of its
-    own, its requests over urllib, its collector polling a queue.Queue with a timeout."""
+    own, its requests over urllib, its collector polling a queue.Queue with a timeout. The two causes whose
+    naming goes through the producer (a stalled server or rank names the same workers as in the plain shape,
+    SLIME_CAUSES, and passes here too: left out of CI's time)."""
     stalled_and_named(cause, "--slime")
 
 

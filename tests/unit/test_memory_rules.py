@@ -67,6 +67,21 @@ def test_a_start_ups_climb_and_a_scope_far_from_its_limit_are_not_warned():
         assert alerts(st, T0 + s, "memory_growing") == [], s
 
 
+def test_a_node_filled_mostly_by_another_job_is_not_blamed_on_a_worker_starting_beside_it():
+    """CI's verl tier runs beside the vLLM tier: the node rose by ~250 MB/s for a minute (a model loading in
+    another job) while a trainer imported its libraries at 60 MB/s; naming the trainer was wrong. A rise that
+    is mostly the job's own is still named (the first test)."""
+    st = job("Trainer/0", "Trainer/1")
+    node = 6 * GB
+    for s in range(0, 40):
+        t = T0 + s
+        node += 250 * MB
+        for src, rate in (("Trainer/0", 10 * MB), ("Trainer/1", 60 * MB)):
+            st.apply(ev.HeartbeatEvent(src=src, ts=t, phase="step", rss=100 * MB + rate * s, cpu=50.0,
+                                       mem=ev.MemoryBeat("node", node, 24 * GB, 24 * GB - node, 0)))
+        assert alerts(st, t, "memory_growing") == [], s
+
+
 def test_a_death_by_the_oom_killer_goes_to_the_largest_of_the_dead_and_is_named_after():
     st = job("Grower/0", "Flat/0")
     st.apply(ev.PhaseEvent(src="Grower/0", phase="grow", started=T0, ts=T0))

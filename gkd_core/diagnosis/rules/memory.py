@@ -26,9 +26,11 @@ WARN_WITHIN_S = 90.0  # the limit this near at its growth: warned
 CRITICAL_WITHIN_S = 20.0  # ... this near, or CRITICAL_FULL of it used: critical (either: a growth that slows
 CRITICAL_FULL = 0.8  # as the kernel reclaims near the limit would flap a warning on the time alone)
 FRESH_S = 5.0  # a scope or worker not heard from for longer says nothing of now
-# the job's workers' growth under this share of the scope's: the rise is not theirs to be named for (a job's
-# start, when Ray starts processes beside them, climbs by hundreds of MB a second while each grows by a few)
-JOB_SHARE = 0.25
+# the job's workers' growth under this share of the scope's: the rise is not theirs to be named for. A job's
+# start, when Ray starts processes beside them, climbs by hundreds of MB a second while each grows by a few;
+# another job on the node (a model loading) can climb for a minute while a worker beside it starts up. Most of
+# the rise must be theirs; a node filled by others is node_memory_low's to say, near its end
+JOB_SHARE = 0.5
 NAMED_MAX = 3
 # a node's available memory under this share of its total: warned; under NODE_CRITICAL, critical. Ray's memory
 # monitor kills a worker at 95 % used (RAY_memory_usage_threshold), the kernel's OOM killer after it
