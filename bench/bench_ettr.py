@@ -1,5 +1,6 @@
 """ETTR under faults (#56): the share of a run's wall time spent on steps that were kept, over an hour of the
-default demo with a fault every ~5 minutes, side by side in one run: the recovery policy on (``--restart-on``)
+default demo with a fault every ~5 minutes, side by side in one run: the recovery policy on (``--restart-on``,
+and ``trainer.replace_rollouts``: a rollout that dies or is stopped frozen is started again in place, not the run)
 and nobody but a person who answers 30 minutes after the first critical alert (simulated: ``gkd-tui restart``
 then, as they would).
 
@@ -119,7 +120,8 @@ def start(arm: Arm, policy: bool, grace_s: float, cache: Path) -> None:
     (arm.home / "cache").symlink_to(cache)
     env = dict(os.environ, GKD_HOME=str(arm.home))
     args = ["trainer.total_steps=1000000", "--linger", "7200", "--driver", TRAINER]
-    if policy:
+    if policy:  # (a rollout replaced in place, not the run: the policy's arm, as one leaving a run overnight sets it)
+        args[1:1] = ["trainer.replace_rollouts=true"]
         args += ["--restart-on", RESTART_ON, "--restart-grace", str(grace_s), "--restart-budget", "60"]
     arm.sup = RunningSupervisor(arm.home, args, env)
 
@@ -259,11 +261,15 @@ def kept_time(events: list[dict], end: float) -> tuple[float, int, int]:
 
 
 def recoveries(events: list[dict], faults: list[tuple[float, str, str]], end: float) -> list[list[float | None]]:
-    """For each fault, seconds from it until: the first critical alert after it, the policy's restart (or the
-    person's: the run's state "restarting"), and a step of the driver started after it; None for what did not
+    """For each fault, seconds from it until: the first critical alert after it, its recovery's start (the run's
+    state "restarting", by the policy or the person; or its driver starting the worker again in place), and a step
+    once it was over (of the driver started after it; or after the worker replaced was up); None for what did not
     come before the next fault or the end."""
     def first(pred, at: float, until: float) -> float | None:
         return next((round(e["ts"] - at, 1) for e in events if at < e["ts"] <= until and pred(e)), None)
+
+    def replaced(e: dict, cleared: bool) -> bool:
+        return e["kind"] == "alert" and e["code"] == "restarted_by_driver" and bool(e.get("cleared")) == cleared
 
     out: list[list[float | None]] = []
     for i, (at, _, _) in enumerate(faults):
@@ -272,7 +278,10 @@ def recoveries(events: list[dict], faults: list[tuple[float, str, str]], end: fl
                       at, until)
         restarted = first(lambda e: e["kind"] == "run" and e["state"] == "restarting", at, until)
         began = first(lambda e: e["kind"] == "run" and e["state"] == "running", at, until)
-        # (a step of the driver that started after the fault)
+        if restarted is None and began is None:  # (none: replaced in place, if at all)
+            restarted = first(lambda e: replaced(e, cleared=False), at, until)
+            began = first(lambda e: replaced(e, cleared=True), at, until)
+        # (a step of the driver that started after the fault, or after the new worker was up)
         trained = None if began is None else first(lambda e: e["kind"] == "metrics", at + began, until)
         out.append([named, restarted, None if trained is None else round(trained + began, 1)])
     return out
@@ -282,12 +291,18 @@ def measure(arm: Arm, end: float) -> dict:
     events = arm.events()
     began = next(e["ts"] for e in events if e["kind"] == "run")
     kept_s, kept, lost = kept_time(events, end)
-    restarts = sum(1 for e in events if e["kind"] == "action" and e.get("op") == "recover"
-                   and e["result"].get("stage") == "restart")
+    def recovered(stage: str) -> int:
+        return sum(1 for e in events if e["kind"] == "action" and e.get("op") == "recover" and e["ok"]
+                   and e["result"].get("stage") == stage)
+
+    # rollouts and teacher workers its driver started again (by themselves, or stopped frozen by the policy)
+    in_place = sum(1 for e in events if e["kind"] == "alert" and e["code"] == "restarted_by_driver"
+                   and not e.get("cleared"))
     return {"arm": arm.name, "wall_s": round(end - began, 1), "kept_s": round(kept_s, 1),
             "ettr": round(kept_s / (end - began), 3), "steps_kept": kept, "steps_lost": lost,
             "faults": [[round(t - began, 1), k, w] for t, k, w in arm.faults],
-            "policy_restarts": restarts, "person_restarts": len(arm.answers),
+            "policy_restarts": recovered("restart"), "policy_replacements": recovered("replace"),
+            "replaced_in_place": in_place, "person_restarts": len(arm.answers),
             "recoveries": recoveries(events, arm.faults, end)}
 
 
@@ -323,12 +338,15 @@ def bench(plan: Plan, keep: bool = False) -> list[dict]:
 
 def render(records: list[dict]) -> str:
     lines = ["| when | minutes | seed | grace s | arm | ETTR | kept s / wall s | steps kept | lost | faults | restarts "
-             "| a fault to: its alert, the restart, a step again (s, median and range) |",
+             "(workers replaced in place) | a fault to: its alert, the restart or replacement, a step again (s, median "
+             "and range) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         for a in r["arms"]:
             kinds = ", ".join(f"{k}" for _, k, _ in a["faults"]) or "-"
             restarts = a["policy_restarts"] if a["arm"] == "policy" else a["person_restarts"]
+            if a.get("replaced_in_place"):
+                restarts = f"{restarts} ({a['replaced_in_place']})"
             lines.append(f"| {r['when']} | {r['minutes']:g} | {r['seed']} | {r.get('grace_s', 10):g} | {a['arm']} | "
                          f"**{a['ettr']:.3f}** | {a['kept_s']:.0f} / {a['wall_s']:.0f} | {a['steps_kept']} | "
                          f"{a['steps_lost']} | {kinds} | {restarts} | {spread(a.get('recoveries'))} |")
@@ -374,7 +392,7 @@ def main() -> int:
         ok = write_results(render(records), a.check)
         print("bench/RESULTS.md's ETTR table " + ("is the record's" if ok else "is NOT the record's"))
         return 0 if ok else 1
-    if a.smoke:  # a freeze 15 s into the training, the policy's restart 3 s after its alert, the person's in 60 s
+    if a.smoke:  # a freeze 15 s into the training, the policy's act 3 s after its alert, the person's in 60 s
         arms = bench(Plan(a.seed, 2.0, 60.0, (15.0, 20.0), grace_s=3.0, kinds=("freeze",)), a.keep)
     else:
         arms = bench(Plan(a.seed, a.minutes, a.answer_min * 60, (240.0, 360.0)), a.keep)
@@ -382,10 +400,12 @@ def main() -> int:
         print(f"{arm['arm']:7s} ETTR {arm['ettr']:.3f}  kept {arm['kept_s']:.0f} s of {arm['wall_s']:.0f} s; "
               f"steps kept {arm['steps_kept']}, lost {arm['steps_lost']}; faults "
               f"{', '.join(f'{k}@{t:.0f}s' for t, k, _ in arm['faults']) or 'none'}; restarts by the policy "
-              f"{arm['policy_restarts']}, by the person {arm['person_restarts']}")
+              f"{arm['policy_restarts']}, by the person {arm['person_restarts']}; workers replaced in place "
+              f"{arm['replaced_in_place']} (stopped by the policy {arm['policy_replacements']})")
     if a.smoke:
         assert all(arm["faults"] for arm in arms), "a fault did not land in the smoke's minutes"
-        assert arms[0]["policy_restarts"] >= 1, "the policy did not restart the run"
+        policy = arms[0]
+        assert policy["policy_restarts"] + policy["policy_replacements"] >= 1, "the policy did not act on the freeze"
         return 0
     with RECORD.open("a") as f:
         f.write(json.dumps({"when": time.strftime("%Y-%m-%d"), "minutes": a.minutes, "seed": a.seed, "grace_s": GRACE_S,

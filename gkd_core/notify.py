@@ -109,7 +109,8 @@ class Notifier:
                                     f"{QUEUE_MAX} messages not sent yet: dropped"))
 
     def tell(self, kind: str, code: str, targets: list[str], said: str) -> None:
-        """Something done about an alert (``kind`` "restart": the recovery restarted the run), said at once,
+        """Something done about an alert (``kind`` "restart": the recovery restarted the run; "replace": it stopped
+        workers for their driver to start again in their place), said at once,
         every time: each is news. Never waits."""
         text = f"gkd run {self.run}: {kind.upper()} after {code}: {said}"[:1000] + f" ({self.attach})"
         m = {"text": text, "run": self.run, "attach": self.attach, "kind": kind, "code": code, "severity": "info",

@@ -75,6 +75,11 @@ class TrainerConfig(_Section):
     checkpoint_every: int = 10
     eval_every: int = 10  # held-out prompts evaluated every N steps (and before the first and after the last)
     keep_checkpoints: int = 3  # the newest N complete checkpoints are kept (verl's max_actor_ckpt_to_keep); 0: all
+    # a rollout worker that dies (killed, or stopped by the recovery: a frozen one) is started again in its place
+    # and the run goes on: the group made anew, the student's weights synced to it, the step's generation sent
+    # again. Off: the run fails, and a restart resumes from the newest checkpoint (the teacher's workers are
+    # always started again)
+    replace_rollouts: bool = False
     max_bad_steps: int = 3  # this many steps in a row with a non-finite loss or gradient stop the run
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # where each step's metrics go besides the run's log (trainer/loggers.py): its driver's log, TensorBoard's event

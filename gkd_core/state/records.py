@@ -72,6 +72,7 @@ class WorkerState(msgspec.Struct, kw_only=True):
     spans: list[PhaseSpan] = []  # finished phases, oldest first
     cpu_low_since: float | None = None  # every heartbeat since then under CPU_IDLE_PCT
     via: str = ""  # the relay its events go through (its node's agent), "" when they go straight
+    replaceable: bool = False  # its driver starts it again in its place when it dies (WorkerEvent.replaceable)
     # the worker whose death made this one fail (a sync's `blocked`): a victim, not a cause; until it
     # starts something new
     blocked_by: str = ""

@@ -90,6 +90,7 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
         w.waits_on, w.sends, w.flows = [], [], []  # the waits, calls and counts were the old process's
         st.waiting.discard(w.src)
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
+    w.replaceable = e.replaceable
     if not w.phase or w.phase in WORKER_ENDED:
         w.phase, w.phase_since, w.detail = "init", e.ts, ""
         st.mark_moved(w)

@@ -2,6 +2,12 @@
 period, the run is restarted, within a budget of restarts an hour and with a growing wait between them; once
 the budget is spent it is not restarted again, and that is said loudly. Off unless asked for.
 
+Where every worker the alert names is one its driver starts again in its place (``WorkerState.replaceable``: the
+bundled trainer's teacher, and its rollouts with ``trainer.replace_rollouts``), that worker alone is stopped
+(``cancel`` with force, through the driver) and the run goes on: the driver starts it again, and the step with it.
+If the same alert still holds REPLACE_WAIT_S after, the whole run is restarted as above. A replacement counts in
+the budget as a restart does; it waits for no back-off (it restarts no driver).
+
 ``decide`` is pure (the state, ``now`` and the restarts it made so far in, a decision out); ``Recovery``
 carries its decisions out in the supervisor's loop (the bug report first, then the restart) and records them.
 The restart waits for the report's live part (every worker's stacks, Ray's view): what a restart destroys. The
@@ -36,6 +42,9 @@ REPORT_DEADLINE_S = 90.0  # the whole report's; past it, the restart goes ahead 
 # the old driver's time to stop before it is killed: its run is hung and its report taken, and a graceful stop
 # waits on the very workers it hangs on (Ray's shutdown behind a frozen actor took the run's whole 10 s)
 STOP_S = 3.0
+# a worker replaced in place has this long to be up and the alert gone (a new actor's start: its imports, its
+# model, the group made anew, the weights synced), else the run is restarted
+REPLACE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -59,23 +68,26 @@ class RecoveryPolicy:
 
 
 class Decision(NamedTuple):
-    """What to do now: ``restart`` for ``code`` on ``targets`` (held ``held_s``); or ``spent``: the budget is
-    spent and nothing is done (said once)."""
+    """What to do now: ``restart`` for ``code`` on ``targets`` (held ``held_s``), or ``replace`` the targets
+    alone; or ``spent``: the budget is spent and nothing is done (said once)."""
 
-    action: str  # "restart" or "spent"
+    action: str  # "restart", "replace" or "spent"
     code: str
     targets: list[str]
     held_s: float
     reason: str
 
 
-def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) -> Decision | None:
+def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float],
+           replaced: list[tuple[float, list[str]]] | None = None) -> Decision | None:
     """The decision for now, or None (nothing held long enough, or the next restart's wait is not over).
-    ``made``: when this policy restarted the run before (its times, oldest first)."""
+    ``made``: when this policy restarted the run before (its times, oldest first); ``replaced``: when it replaced
+    workers in place, and which (``None``: it cannot, every recovery is a restart)."""
     if not policy:
         return None
     if made and st.running_since <= made[-1]:
         return None  # the restart's driver has not started yet: what holds now is the old one's
+    can_replace, replaced = replaced is not None, replaced or []
     # held since it was raised, or since this driver started (an alert of the driver before may still stand: a
     # run that failed again between two of the diagnosis' passes keeps its finding, never cleared)
     held = [(max(a.since, st.running_since), a) for a in st.active_alerts()
@@ -84,14 +96,27 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float]) 
     if not held:
         return None
     since, a = min(held, key=lambda held: held[0])
-    lately = [t for t in made if now - t < HOUR_S]
+    lately = [t for t in [*made, *(t for t, _ in replaced)] if now - t < HOUR_S]
     if len(lately) >= policy.per_hour:
         return Decision("spent", a.code, list(a.targets), now - since,
                         f"{len(lately)} restarts in the last hour (the budget is {policy.per_hour}): not restarted "
                         f"again; {a.code} has held {now - since:.0f} s")
+    # the workers named, replaced in place: given REPLACE_WAIT_S to be up (what is said of them meanwhile is of the
+    # old one's end or the new one's start); then an alert that held since before was no cure (the whole run), and
+    # one raised since is replaced again
+    if can_replace and a.targets and all((w := st.workers.get(t)) is not None and w.replaceable for t in a.targets):
+        last = max((t for t, who in replaced if set(who) & set(a.targets)), default=0.0)
+        if now - last < REPLACE_WAIT_S:
+            return None
+        if last < since:
+            return Decision("replace", a.code, list(a.targets), now - since,
+                            f"{a.code} on {', '.join(a.targets[:3])} held {now - since:.0f} s (the grace period is "
+                            f"{policy.grace_s:g} s): replaced in place, {len(lately) + 1} of {policy.per_hour} "
+                            "recoveries this hour")
     # the wait doubles with each restart of a crash loop, and starts again from backoff_s once a driver has run
     # HEALTHY_RESET_S before its alert (Kubernetes resets its back-off so): faults minutes apart are not a loop
-    streak = 0 if since - st.running_since >= HEALTHY_RESET_S else max(len(lately) - 1, 0)
+    made_lately = [t for t in made if now - t < HOUR_S]
+    streak = 0 if since - st.running_since >= HEALTHY_RESET_S else max(len(made_lately) - 1, 0)
     if made and now - made[-1] < policy.backoff_s * 2 ** streak:
         return None
     return Decision("restart", a.code, list(a.targets), now - since,
@@ -107,21 +132,27 @@ class Recovery:
     critical alert (``restart_budget_spent``, notified as every critical one is) and the run stopped (``stop``)."""
 
     def __init__(self, policy: RecoveryPolicy, run_dir: Path, restart: Callable[[str], object],
-                 stop: Callable[[str], None], tell: Callable[[str, str, list[str], str], None] | None = None):
+                 stop: Callable[[str], None], tell: Callable[[str, str, list[str], str], None] | None = None,
+                 replace: Callable[[dict[str, int], str], object] | None = None):
+        """``replace({worker: pid}, why)``: the workers stopped, each if it is still that process, for their driver
+        to start again in their place (None: every recovery restarts the run)."""
         self.policy, self.run_dir = policy, run_dir
-        self._restart, self._stop, self.tell = restart, stop, tell
+        self._restart, self._stop, self.tell, self._replace = restart, stop, tell, replace
         self.made: list[float] = []  # when it restarted the run (wall clock), oldest first
+        self.replaced: list[tuple[float, list[str]]] = []  # when it replaced workers in place, and which
         self.spent = False
         self._report: subprocess.Popen | None = None  # the bug report being taken, for ``_due``
         self._report_path = self._report_log = self._report_live = run_dir
         self._writing: list[tuple[subprocess.Popen, Path, Path]] = []  # reports whose archive is being written
         self._report_by = 0.0
         self._due: Decision | None = None
+        self._due_pids: dict[str, int] = {}  # the processes the decision was about (a replacement stops only them)
         self._said = False
 
     def said(self) -> str:
         """The policy and where it stands, as ``gkd-tui status`` says it."""
         return (f"{self.policy.said()}; {len(self.made)} made"
+                + (f", {len(self.replaced)} replacement(s) of workers in place" if self.replaced else "")
                 + ("; its budget is spent: not restarted again" if self.spent else ""))
 
     def tick(self, st: RunState, now: float, emit: Callable[[ev.Event], None]) -> None:
@@ -135,7 +166,7 @@ class Recovery:
             return
         if self.spent or st.state not in ("running", "failed"):  # (a failed run's supervisor can start it again)
             return
-        d = decide(self.policy, st, now, self.made)
+        d = decide(self.policy, st, now, self.made, self.replaced if self._replace is not None else None)
         if d is None:
             return
         if d.action == "spent":
@@ -149,7 +180,8 @@ class Recovery:
             self._stop(f"the recovery's budget is spent ({d.reason})")
             return
         self._due = d
-        n = len(self.made) + 1
+        self._due_pids = {t: w.pid for t in d.targets if (w := st.workers.get(t)) is not None}
+        n = len(self.made) + len(self.replaced) + 1
         self._report_path = self.run_dir / "bundles" / f"recovery-{n:03d}.tar.gz"
         self._report_log = self.run_dir / "logs" / f"recovery-{n:03d}.log"
         self._report_live = self.run_dir / "bundles" / f".recovery-{n:03d}.live"
@@ -197,6 +229,8 @@ class Recovery:
             self._report_live.unlink()
         self._report, self._due = None, None
         why = f"{d.reason}; the bug report: {taken}"
+        if d.action == "replace" and self._in_place(d, why, taken, now, emit):
+            return
         self.made.append(now)  # (a restart refused counts too: the next waits, and the budget ends the tries)
         try:
             self._restart(why)
@@ -212,6 +246,26 @@ class Recovery:
         self._record(emit)
         if self.tell is not None:
             self.tell("restart", d.code, d.targets, why)
+
+    def _in_place(self, d: Decision, why: str, taken: str, now: float, emit: Callable[[ev.Event], None]) -> bool:
+        """The workers of ``d`` stopped for their driver to replace; False when that was refused (no driver to
+        ask, say): the run is restarted instead."""
+        assert self._replace is not None  # (decide says "replace" only when it was given)
+        try:
+            self._replace(self._due_pids, why)
+        except Refused as e:
+            emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
+                                result={"stage": "replace", "code": d.code, "targets": d.targets, "report": taken,
+                                        "error": f"{e}; the run is restarted instead"}))
+            return False
+        self.replaced.append((now, list(d.targets)))
+        emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
+                            result={"stage": "replace", "code": d.code, "targets": d.targets, "report": taken,
+                                    "reason": d.reason}))
+        self._record(emit)
+        if self.tell is not None:
+            self.tell("replace", d.code, d.targets, why)
+        return True
 
     def _written(self, emit: Callable[[ev.Event], None]) -> None:
         """The archives written since the restarts they came before, on the record (or why one is not)."""

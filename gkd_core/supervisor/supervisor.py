@@ -100,7 +100,8 @@ class Supervisor:
                             self.sockets.publish, seq)
         self.emit = self.rec.emit
         self.unattended = unattended_part(unattended, cfg.recovery, self.run_dir, restart=self._restart_to_recover,
-                                          stop=lambda why: self.life.request_stop(reason=why))
+                                          stop=lambda why: self.life.request_stop(reason=why),
+                                          replace=self._replace_to_recover)
         if self.unattended is not None:
             self.rec.on_alert = self.unattended.alert
             self.endpoints["metrics"] = self.unattended.metrics_address  # ("" when not served)
@@ -176,6 +177,13 @@ class Supervisor:
 
     def _restart_to_recover(self, why: str) -> None:
         self._op_restart(ops.RestartArgs(grace_s=recovery.STOP_S), Asked(f"the recovery policy: {why}"))
+
+    def _replace_to_recover(self, pids: dict[str, int], why: str) -> None:
+        """Workers their driver starts again in their place, stopped (killed through Ray, by the driver), each only
+        if it is still that process (its driver may have started it again already): the run goes on. Refused (no
+        driver to ask): the recovery restarts the run instead."""
+        for t, pid in pids.items():
+            self._ops["cancel"](ops.CancelArgs(target=t, mode="force", pid=pid), Asked(f"the recovery policy: {why}"))
 
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,

@@ -28,10 +28,11 @@ OUTCOMES_KEEP = 256  # outcomes not recorded yet (the loop records them every ti
 
 
 def unattended_part(told: UnattendedConfig | None, recovery: RecoveryConfig, run_dir: Path,
-                    restart: Callable[[str], object], stop: Callable[[str], None]) -> Unattended | None:
+                    restart: Callable[[str], object], stop: Callable[[str], None],
+                    replace: Callable[[dict[str, int], str], object] | None = None) -> Unattended | None:
     """The run's part for nobody watching, or None when it was told nothing: ``told`` (the command line's and
-    the user's settings), over the run config's ``recovery`` section; ``restart`` and ``stop``: the
-    supervisor's, for the recovery."""
+    the user's settings), over the run config's ``recovery`` section; ``restart``, ``stop`` and ``replace``
+    (workers stopped for their driver to start again in their place): the supervisor's, for the recovery."""
     told = told or UnattendedConfig()
     policy = RecoveryPolicy(
         codes=frozenset(told.restart_on or recovery.restart_on),
@@ -41,7 +42,7 @@ def unattended_part(told: UnattendedConfig | None, recovery: RecoveryConfig, run
     if not (told or policy):
         return None
     return Unattended(told, run_dir.name, f"gkd-tui attach {run_dir}",
-                      Recovery(policy, run_dir, restart, stop) if policy else None)
+                      Recovery(policy, run_dir, restart, stop, replace=replace) if policy else None)
 
 
 class Unattended:

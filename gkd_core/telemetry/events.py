@@ -58,6 +58,9 @@ class WorkerEvent(Event, tag="worker"):
     gpus: list[Int] = []
     actor_id: str = ""
     via: str = ""  # the relay its events go through (``agent/<node>``); "" when they go straight
+    # its driver starts it again in its place when it dies, and the run goes on: the recovery stops a frozen one
+    # (``cancel`` with force) rather than restart the whole run
+    replaceable: bool = False
 
 
 class PhaseEvent(Event, tag="phase"):

@@ -53,6 +53,9 @@ class CancelArgs(Args):
     target: Annotated[str, Meta(min_length=1, max_length=200,
                                 description="a worker (rollout/1), 'sync' or 'all'")] = "sync"
     mode: Annotated[CancelMode, Meta(description="'cooperative' or 'force'")] = "cooperative"
+    # a worker's process, when it must be that one: refused if the worker is another process by now (the recovery
+    # stops a frozen worker whose driver may have started it again meanwhile: never the new one)
+    pid: Annotated[int, Meta(ge=0, description="a process id (0: whichever process the worker is)")] = 0
 
 
 DUMP_ID = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}\Z"  # a folder under RUN/stacks, nowhere else

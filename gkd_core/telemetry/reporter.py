@@ -124,9 +124,9 @@ class Reporter:
                 self._peak_of, self._peak_rss = (e.phase, e.call), self._last_rss
 
     def register(self, role: str, rank: int | None = None, *, node: str = "", gpus: list[int] | None = None,
-                 actor_id: str = "", via: str = "") -> None:
+                 actor_id: str = "", via: str = "", replaceable: bool = False) -> None:
         self.emit(ev.WorkerEvent(role=role, rank=rank, node=node or os.uname().nodename, pid=os.getpid(),
-                                 gpus=gpus or [], actor_id=actor_id, via=via))
+                                 gpus=gpus or [], actor_id=actor_id, via=via, replaceable=replaceable))
 
     def set_phase(self, phase: str, *, step: int | None = None, deadline: float | None = None,
                   detail: str = "") -> None:

@@ -58,7 +58,7 @@ class Actions:
                 if isinstance(args, ops.DumpStacksArgs):
                     self.dump_stacks(args.targets, args.dump_id or f"dump-{cmd.id}", answer)
                 elif isinstance(args, ops.CancelArgs):
-                    self.cancel(args.target, args.mode, answer)
+                    self.cancel(args.target, args.mode, answer, args.pid)
                 else:
                     answer(False, f"the driver does not carry out '{cmd.op}'")
             except Exception as e:  # a command must never take the run down
@@ -107,9 +107,10 @@ class Actions:
             self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
         answer(True, {"dump_id": dump_id, "targets": sorted(wanted), "folder": str(folder.relative_to(self.run_dir))})
 
-    def cancel(self, target: str, mode: ops.CancelMode, answer: Answer) -> None:
+    def cancel(self, target: str, mode: ops.CancelMode, answer: Answer, pid: int = 0) -> None:
         """``sync``: answered when the sync has ended (``cancel_sync``); a worker or ``all``: once each
-        worker has its cancel flag set (or is killed, with ``force``), and for ``all`` the sync's end too."""
+        worker has its cancel flag set (or is killed, with ``force``), and for ``all`` the sync's end too.
+        ``pid``: only if the worker is still that process."""
         actors = self.cluster.actors
         if target == "sync":
             self.cancel_sync(answer)
@@ -118,6 +119,11 @@ class Actions:
         missing = [n for n in names if n not in actors]
         if missing:
             answer(False, f"no worker named {', '.join(missing)}; workers: {', '.join(actors)}")
+            return
+        now = self.cluster.info.get(target, {}).get("pid")
+        if pid and now != pid:
+            answer(False, f"{target} is {f'pid {now}' if now else 'being started again'} now, not pid {pid}: not "
+                          "cancelled")
             return
         for n in names:
             if mode == "force":

@@ -28,15 +28,14 @@ from gkd_core.lifeline import pass_sigterm_to_group
 from gkd_core.node.agent import start_agents
 from gkd_core.node.ray_watch import RayWatcher
 from gkd_core.rundir import socket_dir
-from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ingest
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer import workers
-from gkd_core.trainer.faults import FaultPlan
+from gkd_core.trainer.faults import FaultPlan, WorkerFaults
 from gkd_core.trainer.guarded import EXIT_STUCK, guarded_wait, watchdog
 from gkd_core.trainer.sync_group import SyncGroup
 from gkd_core.trainer.worker_base import WorkerContext
-from gkd_core.vocab import src_of
+from gkd_core.vocab import WorkerId, src_of
 
 log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
@@ -118,11 +117,16 @@ class Cluster:
         return guarded_wait(refs, timeout_s, phase=phase, describe=self.describe, on_tick=on_tick or self.on_tick,
                             hint=hint)
 
-    def context(self, src: str) -> WorkerContext:
+    def context(self, src: str, again: bool = False) -> WorkerContext:
+        """A worker's: ``again``, one started in the place of one that died, gets no injected faults (they fired
+        in the one before). The teacher's actors are always started again when they die, the rollouts when
+        ``trainer.replace_rollouts`` says so (``replacing``): said as they register."""
+        role = WorkerId.parse(src).role
         return WorkerContext(ingest=self.rep.ingest, run_id=self.rep.run,
                              heartbeat_s=self.cfg.telemetry.heartbeat_s, device=self.device,
-                             faults=self.faults.for_worker(src, self.run_dir), stacks_dir=str(self.run_dir / "stacks"),
-                             route=self.route)
+                             faults=WorkerFaults() if again else self.faults.for_worker(src, self.run_dir),
+                             stacks_dir=str(self.run_dir / "stacks"), route=self.route,
+                             replaceable=role == "teacher" or (role == "rollout" and self.cfg.trainer.replace_rollouts))
 
     # --- start ---------------------------------------------------------------------------
 
@@ -150,10 +154,9 @@ class Cluster:
         gpu = self.gpus_per_actor
         with self.rep.phase("init", detail="actors"):
             student = ray.remote(workers.StudentActor).options(num_gpus=gpu, **self.opts("student"))
-            rollout = ray.remote(workers.RolloutWorker).options(num_gpus=gpu, **self.opts("rollout"))
             self.actors["student/0"] = student.remote(self.context("student/0"), cfg_dict)
             for i in range(cfg.rollout.n_workers):
-                self.actors[src_of("rollout", i)] = rollout.remote(i, self.context(src_of("rollout", i)), cfg_dict)
+                self.start_rollout(i)
             if cfg.teacher.launch:
                 self.start_teacher()
             self.info.update(self.wait({n: a.ready.remote() for n, a in self.actors.items()},
@@ -167,6 +170,12 @@ class Cluster:
                                student_ip=self.info["student/0"].get("ip", ""), wait=self.wait, reporter=self.rep,
                                init_timeout_s=cfg.trainer.init_timeout_s, sync_timeout_s=cfg.trainer.sync_timeout_s)
         self.group.make()
+
+    def start_rollout(self, rank: int, again: bool = False) -> None:
+        """Rollout worker ``rank``'s actor (``again``: in the place of one that died), not waited for."""
+        actor = ray.remote(workers.RolloutWorker).options(num_gpus=self.gpus_per_actor, **self.opts("rollout"))
+        src = src_of("rollout", rank)
+        self.actors[src] = actor.remote(rank, self.context(src, again), msgspec.to_builtins(self.cfg))
 
     def opts(self, role: str) -> dict:
         """Ray options of a role's actors: threaded, no CPU reserved, its resources from trainer.placement."""
@@ -278,67 +287,16 @@ class Cluster:
                 pass
         return dead
 
+    def forget_probe(self, name: str) -> None:
+        """``name``'s unanswered probe, dropped: its actor is replaced (the new one is asked anew)."""
+        self._probes.pop(name, None)
+
     def dead_teacher(self) -> list[str]:
         """The launched teacher's actors that Ray reports dead (``dead``)."""
         if not self.cfg.teacher.launch or "teacher/proxy" not in self.actors:
             return []
         return self.dead({n: self.actors[n] for n in ["teacher/proxy", *self.teacher_workers()]})
 
-    def revive_agents(self) -> list[str]:
-        """Node agents that Ray reports dead, started again on their nodes; returns their labels.
-        Until then a node has no GPU readings and its stacks come from the workers themselves."""
-        dead = self.dead({f"agent {node}": h for node, h in self.agents.items()})
-        nodes = {n.removeprefix("agent ") for n in dead}
-        if not nodes:
-            return []
-        labels = [self.node_labels.get(n, n[:8]) for n in nodes]
-        for n in nodes:
-            self.agents.pop(n)
-            self._probes.pop(f"agent {n}", None)
-        self.rep.log(f"node agent(s) on {', '.join(labels)} died: starting them again", level="warn")
-        self._said_dead([src_of("agent", label) for label in labels], "starting them again on their nodes")
-        a = self.cfg.agent
-        try:
-            agents, _ = start_agents(self.route, self.rep.run, self.run_dir,
-                                     gpu_backend=self.faults.gpu_backend(a.gpu_backend),
-                                     gpu_interval_s=a.gpu_interval_s, nvml_deadline_s=a.nvml_deadline_s,
-                                     heartbeat_s=self.cfg.telemetry.heartbeat_s, only=nodes)
-        except Exception as e:  # never the reason a run stops
-            self.rep.log(f"node agents did not start again ({type(e).__name__}: {e})", level="warn")
-            return []
-        self.agents.update(agents)
-        self._said_dead([src_of("agent", label) for label in labels], "", cleared=True)
-        return labels
-
-    def revive_teacher(self, dead: list[str]) -> list[str]:
-        """Start the dead teacher actors again; returns who was started. A dead proxy takes its
-        workers with it: they serve its backend address, which a new proxy does not keep."""
-        if not dead:
-            return []
-        again = ["teacher/proxy", *self.teacher_workers()] if "teacher/proxy" in dead else dead
-        for n in again:
-            ray.kill(self.actors.pop(n), no_restart=True)
-            self._probes.pop(n, None)
-        with self.rep.phase("init", detail=f"starting {', '.join(again)} again"):
-            self.rep.log(f"{', '.join(dead)} died: starting {', '.join(again)} again", level="warn")
-            self._said_dead(dead, f"starting {', '.join(again)} again")
-            self.start_teacher()
-            self.info.update(self.wait({n: self.actors[n].ready.remote() for n in again},
-                                       self.cfg.trainer.init_timeout_s, "init",
-                                       hint="check RUN/logs/driver.log for an import or memory error"))
-        self._said_dead(dead, "", cleared=True)
-        return again
-
-    def _said_dead(self, dead: list[str], doing: str, cleared: bool = False) -> None:
-        """An actor the driver finds dead and starts again is named as dead at once: the new one registers
-        under its name within seconds, before a silence or Ray's word of the old one could name it. Cleared
-        once the new one is up."""
-        names = ", ".join(sorted(dead))
-        self.rep.emit(ev.AlertEvent(
-            severity="warn", code="restarted_by_driver", targets=sorted(dead), cleared=cleared,
-            message=f"{names} died and the driver started it again" if cleared else
-                    f"{names} died (Ray reports the actor dead): the driver is {doing}",
-            hint="read its log (enter on it) for why; out of memory or killed from outside?"))
     def teacher_workers(self) -> list[str]:
         return [n for n in self.actors if n.startswith("teacher/") and n != "teacher/proxy"]
 

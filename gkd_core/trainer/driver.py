@@ -8,6 +8,7 @@ workers over a collective group. The loop is here; its parts are modules of thei
 
 - ``inputs``: what the run trains on (model folders, prompts), checked before anything starts;
 - ``cluster``: Ray, the actors, the collective group, and every wait (a deadline and a name);
+- ``replacing``: a worker that died started again in its place, and the wait it failed done again;
 - ``schedulers``: when the next batch is generated (``sync``, ``one_step_off``);
 - ``weight_sync``: the student's weights to the rollouts, fingerprinted;
 - ``saver``: checkpoints that fit, and resuming from the newest complete one;
@@ -24,6 +25,7 @@ import socket
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -37,14 +39,15 @@ from gkd_core.teacher.client import TeacherClient, TeacherUnavailable
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.commands import CommandInbox
 from gkd_core.telemetry.reporter import Reporter
-from gkd_core.trainer import data, inputs
+from gkd_core.trainer import data, inputs, replacing
 from gkd_core.trainer.actions import Actions
 from gkd_core.trainer.batch import Batch, Pending
 from gkd_core.trainer.cluster import CLOSE_S, QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
-from gkd_core.trainer.faults import FaultPlan, kill_as_the_kernel_would
+from gkd_core.trainer.faults import FaultPlan, TeacherFaults
 from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
 from gkd_core.trainer.loggers import MetricLoggers
+from gkd_core.trainer.replacing import RolloutReplacer
 from gkd_core.trainer.saver import Saver
 from gkd_core.trainer.schedulers import SCHEDULERS, Scheduler
 from gkd_core.trainer.step_result import EvalResult, StepResult
@@ -69,7 +72,6 @@ class Driver:
         self.rep.register("driver", 0, node=socket.gethostname())
         # faults fire in the first incarnation only: a restart is how you get past them
         self.faults = FaultPlan.for_run(cfg.faults, self.restart)
-        self._teacher_back_at: float | None = None
         self.bad_steps = 0
         self._bad_run: list[int] = []  # the current run of skipped steps
         self.consumed = 0  # the data position after the last trained step's prompts (kept in checkpoints)
@@ -112,6 +114,8 @@ class Driver:
         self.cluster.on_tick = self.sync.on_tick = self.actions.serve
         self.saver = Saver(cfg, self.run_dir, self.rep, self.cluster, self.faults, self.restart)
         self.cluster.start_workers(cfg)
+        self.teacher_faults = TeacherFaults(self.faults, self.cluster, self.rep)
+        self.rollouts = RolloutReplacer(self.cluster, cfg.trainer.replace_rollouts)
         self.teacher = TeacherClient(self.cluster.teacher_address, num_microbatches=cfg.teacher.num_microbatches,
                                      max_in_flight=cfg.teacher.max_in_flight, timeout_s=cfg.teacher.request_timeout_s,
                                      max_retries=cfg.teacher.max_retries, reporter=self.rep)
@@ -138,16 +142,27 @@ class Driver:
     def launch_generate(self, step: int) -> Pending:
         """The next batch of prompts, out to the rollouts."""
         rows = [self.inputs.train.ids[i] for i in self.order.take(self.cfg.data.batch_size)]
-        return self._send(rows, step, seed=self.cfg.data.seed * 100_003 + step * 31, greedy=False)
+        return self._send(rows, step, seed=self.cfg.data.seed * 100_003 + step * 31, greedy=False,
+                          position=self.order.position)
 
-    def _send(self, rows: list[list[int]], step: int, seed: int, greedy: bool) -> Pending:
+    def _send(self, rows: list[list[int]], step: int, seed: int, greedy: bool, position: int) -> Pending:
         ids, pads = data.left_pad(rows, self.inputs.pad_id)
         n = self.cfg.rollout.n_workers
         actors = self.cluster.actors
         parts = np.array_split(np.arange(len(ids)), n)
         refs = {src: actors[src].generate.remote(ids[idx], pads[idx], step, seed + i, greedy)
                 for i, idx in enumerate(parts) if len(idx) for src in [src_of("rollout", i)]}
-        return Pending(refs, pads, ids.shape[1], self.order.position)
+        return Pending(refs, pads, ids.shape[1], position, rows, step, seed, greedy)
+
+    def resend(self, p: Pending) -> Pending:
+        """The same prompts out again, as they were: a rollout generating them died and was replaced."""
+        return self._send(p.rows, p.step, p.seed, p.greedy, p.position)
+
+    def regenerate(self, sched: Scheduler, weights_of: int) -> None:
+        """After a rollout generating the batch in flight was replaced: the student's weights (those of step
+        ``weights_of``) to every rollout, the new one among them, then the batch sent again."""
+        self.sync(weights_of)
+        sched.again(self.resend)
 
     def collect_generate(self, pending: Pending, step: int, what: str = "generate") -> Batch:
         out = self.cluster.wait(pending.refs, self.cfg.trainer.step_timeout_s, what,
@@ -161,7 +176,7 @@ class Driver:
     def teacher_score(self, batch: Batch, step: int) -> tuple[np.ndarray, np.ndarray]:
         deadline = time.monotonic() + self.cfg.trainer.step_timeout_s
         while True:
-            self.maybe_teacher_back()
+            self.teacher_faults.back()
             try:
                 return self.teacher.score(batch.seqs, self.cfg.teacher.topk, on_wait=self.on_teacher_wait,
                                           left_pad=batch.left_pad)
@@ -172,14 +187,14 @@ class Driver:
                 self.rep.set_phase("teacher_wait", step=step, detail=f"teacher unavailable, retrying: {e}"[:300])
 
     def on_teacher_wait(self) -> None:
-        self.maybe_teacher_back()
+        self.teacher_faults.back()
         self.revive_teacher()
         self.actions.serve()
 
     def revive_teacher(self) -> None:
         """A teacher actor Ray reports dead is started again, and what was in flight is sent again
         at once (to the new proxy's address, if it was the proxy) instead of at its timeout."""
-        started = self.cluster.revive_teacher(self.cluster.dead_teacher())
+        started = replacing.revive_teacher(self.cluster, self.cluster.dead_teacher())
         if started:
             self.teacher.resend(self.cluster.teacher_address)
 
@@ -195,7 +210,8 @@ class Driver:
         if not self.inputs.val:
             return
         with self.rep.phase("evaluate", step=step, detail=f"{len(self.inputs.val)} held-out prompts"):
-            batch = self.collect_generate(self._send(self.inputs.val, step, seed=0, greedy=True), step, "evaluate")
+            batch = self.collect_generate(self._send(self.inputs.val, step, seed=0, greedy=True,
+                                                     position=self.order.position), step, "evaluate")
             tids, tlps = self.teacher_score(batch, step)
             student = self.cluster.actors["student/0"]
             self.last_eval = self.cluster.wait(
@@ -205,34 +221,6 @@ class Driver:
     def eval_due(self, step: int) -> bool:
         every = self.cfg.trainer.eval_every
         return step == self.cfg.trainer.total_steps or (every > 0 and step % every == 0)
-
-    # --- faults the driver fires -----------------------------------------------------------
-
-    def apply_driver_faults(self, step: int) -> None:
-        c = self.cluster
-        teachers = c.teacher_workers()
-        f = self.faults.at("kill_teacher", step)
-        if f:
-            self.rep.log(f"fault injected: killing {', '.join(teachers)} at step {step}", level="warn")
-            for n in teachers:
-                kill_as_the_kernel_would(n, c.actors.pop(n), self.rep)  # popped: the driver does not start it again
-            if f.seconds:
-                self._teacher_back_at = time.monotonic() + f.seconds
-        f = self.faults.at("delay_teacher", step)
-        if f:
-            self.rep.log(f"fault injected: {', '.join(teachers)} answer {f.seconds:g} s late from step {step}",
-                         level="warn")
-            for n in teachers:
-                c.actors[n].set_delay.remote(f.seconds)
-        if self.faults.ends("delay_teacher", step):
-            for n in c.teacher_workers():
-                c.actors[n].set_delay.remote(0.0)
-
-    def maybe_teacher_back(self) -> None:
-        if self._teacher_back_at is not None and time.monotonic() >= self._teacher_back_at:
-            self._teacher_back_at = None
-            self.rep.log("fault: bringing the teacher workers back", level="warn")
-            self.cluster.start_teacher()
 
     # --- bad steps ---------------------------------------------------------------------------
 
@@ -260,8 +248,13 @@ class Driver:
         cfg = self.cfg
         total = cfg.trainer.total_steps
         start = self.resume()
-        self.sync(start - 1)  # the rollouts start from the student's weights
-        self.evaluate(start - 1)  # where it starts from: the "from" of the run's summary
+        # every wait on the rollouts is done again after a rollout that died in it is replaced (when the run
+        # replaces them: trainer.replace_rollouts): a sync by itself; a generation after the weights are synced
+        # to the new one
+        again = self.rollouts.retried
+        again(partial(self.sync, start - 1))  # the rollouts start from the student's weights
+        # where it starts from: the "from" of the run's summary
+        again(partial(self.evaluate, start - 1), partial(self.sync, start - 1))
         sched: Scheduler = SCHEDULERS[cfg.trainer.scheduler](self.launch_generate, self.collect_generate, self.rep)
         if start <= total:
             sched.start(start)
@@ -269,10 +262,10 @@ class Driver:
             last = step == total
             t_step = time.monotonic()
             timing: dict[str, float] = {}
-            self.apply_driver_faults(step)
+            self.teacher_faults.at_step(step)
             t = time.monotonic()
             with self.rep.phase("generate", step=step):
-                batch = sched.batch(step)
+                batch = again(partial(sched.batch, step), partial(self.regenerate, sched, step - 1))
             timing["generate"] = time.monotonic() - t
             sched.during_train(step, last)
             t = time.monotonic()
@@ -294,7 +287,8 @@ class Driver:
                 self.rep.emit(self.metrics_event(step, m, batch, timing, evaluated=False))
                 raise BadSteps(stop)
             t = time.monotonic()
-            sched.before_sync(step, last)
+            # (the next batch, generated meanwhile with the weights before this step's; sent again with this one's)
+            again(partial(sched.before_sync, step, last), partial(self.regenerate, sched, step))
             timing["wait"] = time.monotonic() - t
             evaluated = self.eval_due(step)
             t = time.monotonic()
@@ -302,11 +296,11 @@ class Driver:
             # needed only for its evaluation
             if not skipped and (not last or evaluated):
                 with self.rep.phase("sync_weights", step=step, timeout_s=cfg.trainer.sync_timeout_s):
-                    self.sync(step)
+                    again(partial(self.sync, step))
             timing["sync"] = time.monotonic() - t
             if evaluated:  # the rollouts are idle here: the next batch is generated or not yet asked for
                 t = time.monotonic()
-                self.evaluate(step)
+                again(partial(self.evaluate, step), partial(self.sync, step))
                 timing["eval"] = time.monotonic() - t
             sched.after_sync(step, last)
             metrics = self.metrics_event(step, m, batch, timing, evaluated)
@@ -319,7 +313,7 @@ class Driver:
             self.rep.emit(metrics)
             self.loggers.write(metrics)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
-            self.cluster.revive_agents()  # between steps: a node agent that died is started again
+            replacing.revive_agents(self.cluster)  # between steps: a node agent that died is started again
 
     def metrics_event(self, step: int, m: StepResult, batch: Batch, timing: dict, evaluated: bool) -> ev.MetricsEvent:
         e = self.last_eval

@@ -31,12 +31,14 @@ class WaitTimeout(TimeoutError):
 
 class WorkerFailed(RuntimeError):
     """``name`` is the cause; ``blocked``, the workers of the same wait that failed or cannot finish
-    because of it (a broadcast's peers when one rank died): victims, not causes."""
+    because of it (a broadcast's peers when one rank died): victims, not causes. ``died``: Ray says the
+    cause's actor is dead (not a call of a live one that raised): one its driver may start again."""
 
-    def __init__(self, message: str, name: str, blocked: list[str] | None = None):
+    def __init__(self, message: str, name: str, blocked: list[str] | None = None, died: bool = False):
         super().__init__(message)
         self.name = name
         self.blocked = blocked or []
+        self.died = died
 
 
 # A worker whose process dies inside a collective makes its peers fail at once ("Connection closed by
@@ -76,7 +78,7 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
                 blocked = sorted(pending)
                 raise WorkerFailed(_died(name, describe, phase, e) + (
                     f"; {', '.join(blocked)} still in the same {phase}" if blocked else ""),
-                    name, blocked=blocked) from None
+                    name, blocked=blocked, died=isinstance(e, RayActorError)) from None
             except RayTaskError as e:
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 said = f"{type(cause).__name__}: {str(cause).splitlines()[0][:300] if str(cause) else ''}"
@@ -85,7 +87,7 @@ def guarded_wait(refs: dict[str, Any], timeout_s: float, *, phase: str, describe
                     who, err = dead
                     blocked = sorted(set(pending) - {who} | {name})
                     raise WorkerFailed(f"{_died(who, describe, phase, err)}; {name} failed in the same {phase} "
-                                       f"because of it ({said[:200]})", who, blocked=blocked) from None
+                                       f"because of it ({said[:200]})", who, blocked=blocked, died=True) from None
                 raise WorkerFailed(f"{name} ({describe(name)}) failed in {phase}: {said}", name) from None
             except GetTimeoutError:
                 raise WorkerFailed(f"{name}: its result of {phase} could not be fetched within 30 s", name) from None

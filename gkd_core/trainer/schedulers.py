@@ -31,6 +31,9 @@ class Scheduler(Protocol):
 
     def after_sync(self, step: int, last: bool) -> None: ...
 
+    def again(self, resend: Callable) -> None:
+        """The batch in flight sent again (``resend(pending)``): a rollout generating it was replaced."""
+
 
 class SyncScheduler:
     def __init__(self, launch: Callable, collect: Callable, rep: Reporter):
@@ -52,6 +55,9 @@ class SyncScheduler:
     def after_sync(self, step: int, last: bool) -> None:
         if not last:
             self.pending = self.launch(step + 1)
+
+    def again(self, resend: Callable) -> None:
+        self.pending = resend(self.pending)
 
 
 class OneStepOffScheduler:
@@ -78,6 +84,9 @@ class OneStepOffScheduler:
 
     def after_sync(self, step: int, last: bool) -> None:
         pass
+
+    def again(self, resend: Callable) -> None:
+        self.pending = resend(self.pending)  # (a batch already collected, ``ready``, stays)
 
 
 SCHEDULERS: dict[str, Callable[..., Scheduler]] = {"sync": SyncScheduler, "one_step_off": OneStepOffScheduler}

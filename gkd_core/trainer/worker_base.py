@@ -56,6 +56,7 @@ class WorkerContext:
     device: str = "cpu"
     stacks_dir: str = ""  # RUN/stacks: where faulthandler writes on SIGUSR1
     route: IngestRoute | None = None
+    replaceable: bool = False  # its driver starts it again in its place if it dies (said when it registers)
 
 
 def interface_of(ip: str) -> str:
@@ -103,7 +104,8 @@ class WorkerBase:
             log.debug("no Ray actor here: %s", e)
             actor_id = ""
         via = ctx.route.relay_names.get(node_id(), "") if ctx.route else ""
-        self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id, via=via)
+        self.rep.register(role, rank, node=socket.gethostname(), gpus=self.gpus, actor_id=actor_id, via=via,
+                          replaceable=ctx.replaceable)
         self.rep.set_phase("init")
         if ctx.stacks_dir:  # the agent's way in when py-spy cannot attach
             install_faulthandler(Path(ctx.stacks_dir))

@@ -151,3 +151,77 @@ def test_the_restart_waits_for_the_reports_live_part_not_its_archive(tmp_path, m
     recovery.tick(st, T0 + 70, said.append)
     stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
     assert stages == [("report", True), ("restart", True), ("report_written", True)], stages
+
+
+def replaceable(since: float = T0, pid: int = 4242) -> RunState:
+    """``held``, where the worker named says its driver starts it again in its place (the trainer's rollouts with
+    trainer.replace_rollouts, its teacher)."""
+    st = held(since=since)
+    st.apply(ev.WorkerEvent(src="rollout/1", role="rollout", rank=1, pid=pid, replaceable=True, ts=since - 0.5))
+    return st
+
+
+def test_a_worker_its_driver_replaces_is_replaced_alone_and_the_run_restarted_only_if_that_did_not_cure_it():
+    st = replaceable()
+    assert decide(POLICY, held(), T0 + 61, [], []).action == "restart"  # a worker not replaceable: the run
+    assert decide(POLICY, st, T0 + 61, []).action == "restart"  # a recovery that cannot replace: the run
+    d = decide(POLICY, st, T0 + 61, [], [])
+    assert (d.action, d.targets) == ("replace", ["rollout/1"])
+    assert d.reason == ("straggler on rollout/1 held 61 s (the grace period is 60 s): replaced in place, 1 of 3 "
+                        "recoveries this hour")
+    replaced = [(T0 + 65, ["rollout/1"])]
+    assert decide(POLICY, st, T0 + 65 + 59, [], replaced) is None  # the new one is starting: its time to be up
+    d = decide(POLICY, st, T0 + 65 + 61, [], replaced)  # the same alert, held since before: no cure
+    assert d.action == "restart"
+    st.apply(ev.AlertEvent(src="supervisor", severity="critical", code="straggler", targets=["rollout/1"],
+                           message="rollout/1 is late", cleared=True, ts=T0 + 80))
+    st.apply(ev.AlertEvent(src="supervisor", severity="critical", code="straggler", targets=["rollout/1"],
+                           message="rollout/1 is late", ts=T0 + 300))  # a new fault, minutes after
+    assert decide(POLICY, st, T0 + 361, [], replaced).action == "replace"
+    # a replacement counts in the budget as a restart does
+    more = [*replaced, (T0 + 100, ["rollout/0"]), (T0 + 200, ["rollout/1"])]
+    assert decide(POLICY, st, T0 + 361, [], more).action == "spent"
+    # raised within a minute of the replacement (Ray's word of the old one's death, say): the new one's to clear
+    st.apply(ev.AlertEvent(src="supervisor", severity="critical", code="straggler", targets=["rollout/1"],
+                           message="rollout/1 is late", cleared=True, ts=T0 + 362))
+    st.apply(ev.AlertEvent(src="supervisor", severity="critical", code="straggler", targets=["rollout/1"],
+                           message="rollout/1 is late", ts=T0 + 363))
+    quick = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=5.0, per_hour=3, backoff_s=30.0)
+    assert decide(quick, st, T0 + 363 + 30, [], [(T0 + 362, ["rollout/1"])]) is None
+
+
+def test_the_replacement_stops_only_the_process_the_alert_was_about_and_a_refusal_restarts_the_run(tmp_path,
+                                                                                                  monkeypatch):
+    import gkd_core.supervisor.recovery as recovery_module
+    from gkd_core.supervisor.control_ops import Refused
+
+    reports: list[FakeReport] = []
+    monkeypatch.setattr(recovery_module.subprocess, "Popen", lambda argv, **kw: reports.append(FakeReport(argv)) or
+                        reports[-1])
+    (tmp_path / "logs").mkdir()
+    said: list[ev.Event] = []
+    asked: dict[str, list] = {"restart": [], "stop": [], "replace": []}
+    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append,
+                        replace=lambda pids, why: asked["replace"].append(pids))
+    st = replaceable(pid=4242)
+    recovery.tick(st, T0 + 61, said.append)
+    st.apply(ev.WorkerEvent(src="rollout/1", role="rollout", rank=1, pid=5151, replaceable=True, ts=T0 + 62))
+    reports[-1].returncode = 0  # (the report ended)
+    recovery.tick(st, T0 + 63, said.append)
+    # the process the decision was about, not the one that registered since (its driver may have replaced it)
+    assert asked["replace"] == [{"rollout/1": 4242}] and asked["restart"] == []
+    assert recovery.replaced == [(T0 + 63, ["rollout/1"])]
+    stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
+    assert stages == [("report", True), ("replace", True)], stages
+
+    def no_driver(pids, why):
+        raise Refused("'cancel' needs a running driver; the run is failed")
+
+    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append,
+                        replace=no_driver)
+    recovery.tick(replaceable(), T0 + 61, said.append)
+    reports[-1].returncode = 0
+    recovery.tick(replaceable(), T0 + 62, said.append)
+    assert len(asked["restart"]) == 1 and recovery.made == [T0 + 62]
+    refused = [e.result for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover" and not e.ok]
+    assert refused[-1]["error"].endswith("; the run is restarted instead")
