@@ -482,7 +482,9 @@ BAD_ARGS = {
     "restart": {"shrink": NOT_BOOL, "dry_run": NOT_BOOL, "overrides": NOT_STRINGS},
     "cancel": {"target": st.one_of(st.none(), st.integers(), st.just(""), st.lists(st.text(), max_size=2)),
                "mode": st.one_of(st.none(), st.integers(), st.text(max_size=8).filter(
-                   lambda m: m not in ("cooperative", "force")))},
+                   lambda m: m not in ("cooperative", "force"))),
+               "pid": st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.integers(max_value=-1),
+                                st.sampled_from([1.5, -0.5]))},
     "dump_stacks": {"targets": NOT_STRINGS,
                     "dump_id": st.one_of(st.none(), st.integers(), st.sampled_from(
                         ["", "../../../tmp/x", "a/b", ".hidden", "..", "x" * 65, "tab\there", "nul\x00"]))},

@@ -30,6 +30,7 @@ from typing import NamedTuple
 from gkd_core.state import RunState
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 
 HOUR_S = 3600.0
 # a driver that ran this long before its alert was no crash loop: the wait starts again. A loop fails in its
@@ -127,17 +128,17 @@ def decide(policy: RecoveryPolicy, st: RunState, now: float, made: list[float],
 class Recovery:
     """Carries ``decide``'s decisions out, across the supervisor's ticks and never blocking them: the bug report
     first, by ``gkd-tui bundle`` in a process of its own (it takes every worker's stacks through the run's
-    control socket, which the loop goes on answering meanwhile), then the restart (``restart``, given why);
-    each on the record as a ``recover`` action and told (``tell``: where the alerts go). The budget spent: a
+    control socket, which the loop goes on answering meanwhile), then the restart, or the workers stopped for
+    their driver to replace (the ``restart`` or ``cancel`` op, by ``act``, given why); each on the record as a
+    ``recover`` action and told (``tell``: where the alerts go). The budget spent: a
     critical alert (``restart_budget_spent``, notified as every critical one is) and the run stopped (``stop``)."""
 
-    def __init__(self, policy: RecoveryPolicy, run_dir: Path, restart: Callable[[str], object],
-                 stop: Callable[[str], None], tell: Callable[[str, str, list[str], str], None] | None = None,
-                 replace: Callable[[dict[str, int], str], object] | None = None):
-        """``replace({worker: pid}, why)``: the workers stopped, each if it is still that process, for their driver
-        to start again in their place (None: every recovery restarts the run)."""
+    def __init__(self, policy: RecoveryPolicy, run_dir: Path, act: Callable[[ops.Args, str], object],
+                 stop: Callable[[str], None], tell: Callable[[str, str, list[str], str], None] | None = None):
+        """``act(args, why)``: the op carried out as a person's request would be (``restart``; ``cancel`` with force
+        of a worker its driver replaces, aimed at its pid), raising ``Refused`` when it cannot be."""
         self.policy, self.run_dir = policy, run_dir
-        self._restart, self._stop, self.tell, self._replace = restart, stop, tell, replace
+        self._act, self._stop, self.tell = act, stop, tell
         self.made: list[float] = []  # when it restarted the run (wall clock), oldest first
         self.replaced: list[tuple[float, list[str]]] = []  # when it replaced workers in place, and which
         self.spent = False
@@ -166,7 +167,7 @@ class Recovery:
             return
         if self.spent or st.state not in ("running", "failed"):  # (a failed run's supervisor can start it again)
             return
-        d = decide(self.policy, st, now, self.made, self.replaced if self._replace is not None else None)
+        d = decide(self.policy, st, now, self.made, self.replaced)
         if d is None:
             return
         if d.action == "spent":
@@ -233,7 +234,7 @@ class Recovery:
             return
         self.made.append(now)  # (a restart refused counts too: the next waits, and the budget ends the tries)
         try:
-            self._restart(why)
+            self._act(ops.RestartArgs(grace_s=STOP_S), why)
         except Refused as e:  # stopping meanwhile, a restart a person asked for first, a job it cannot start
             emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
                                 result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
@@ -250,9 +251,9 @@ class Recovery:
     def _in_place(self, d: Decision, why: str, taken: str, now: float, emit: Callable[[ev.Event], None]) -> bool:
         """The workers of ``d`` stopped for their driver to replace; False when that was refused (no driver to
         ask, say): the run is restarted instead."""
-        assert self._replace is not None  # (decide says "replace" only when it was given)
         try:
-            self._replace(self._due_pids, why)
+            for target, pid in self._due_pids.items():  # (only if still that process: its driver may have replaced it)
+                self._act(ops.CancelArgs(target=target, mode="force", pid=pid), why)
         except Refused as e:
             emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
                                 result={"stage": "replace", "code": d.code, "targets": d.targets, "report": taken,

@@ -28,7 +28,7 @@ from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.state import RunState, encode_state
-from gkd_core.supervisor import alerts, control_ops, recovery
+from gkd_core.supervisor import alerts, control_ops
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
 from gkd_core.supervisor.heap import Heap
@@ -99,9 +99,8 @@ class Supervisor:
                             HeartbeatLog(cfg.telemetry.heartbeat_log_s, cfg.telemetry.heartbeat_s),
                             self.sockets.publish, seq)
         self.emit = self.rec.emit
-        self.unattended = unattended_part(unattended, cfg.recovery, self.run_dir, restart=self._restart_to_recover,
-                                          stop=lambda why: self.life.request_stop(reason=why),
-                                          replace=self._replace_to_recover)
+        self.unattended = unattended_part(unattended, cfg.recovery, self.run_dir, act=self._act_to_recover,
+                                          stop=lambda why: self.life.request_stop(reason=why))
         if self.unattended is not None:
             self.rec.on_alert = self.unattended.alert
             self.endpoints["metrics"] = self.unattended.metrics_address  # ("" when not served)
@@ -175,15 +174,9 @@ class Supervisor:
         life.restart_with(path, self.grace_s if args.grace_s is ops.UNSET else args.grace_s)
         return result
 
-    def _restart_to_recover(self, why: str) -> None:
-        self._op_restart(ops.RestartArgs(grace_s=recovery.STOP_S), Asked(f"the recovery policy: {why}"))
-
-    def _replace_to_recover(self, pids: dict[str, int], why: str) -> None:
-        """Workers their driver starts again in their place, stopped (killed through Ray, by the driver), each only
-        if it is still that process (its driver may have started it again already): the run goes on. Refused (no
-        driver to ask): the recovery restarts the run instead."""
-        for t, pid in pids.items():
-            self._ops["cancel"](ops.CancelArgs(target=t, mode="force", pid=pid), Asked(f"the recovery policy: {why}"))
+    def _act_to_recover(self, args: ops.Args, why: str) -> object:
+        """The recovery's op (a restart, a worker stopped for its driver to replace), carried out as a person's."""
+        return self._ops[ops.OP_OF[type(args)]](args, Asked(f"the recovery policy: {why}"))
 
     def _forward(self, op: str) -> control_ops.Handler:
         """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,

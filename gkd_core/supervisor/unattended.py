@@ -23,16 +23,16 @@ from gkd_core.supervisor.metrics import Scrapes, SupervisorCounts
 from gkd_core.supervisor.recovery import Recovery, RecoveryPolicy
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 
 OUTCOMES_KEEP = 256  # outcomes not recorded yet (the loop records them every tick)
 
 
 def unattended_part(told: UnattendedConfig | None, recovery: RecoveryConfig, run_dir: Path,
-                    restart: Callable[[str], object], stop: Callable[[str], None],
-                    replace: Callable[[dict[str, int], str], object] | None = None) -> Unattended | None:
+                    act: Callable[[ops.Args, str], object], stop: Callable[[str], None]) -> Unattended | None:
     """The run's part for nobody watching, or None when it was told nothing: ``told`` (the command line's and
-    the user's settings), over the run config's ``recovery`` section; ``restart``, ``stop`` and ``replace``
-    (workers stopped for their driver to start again in their place): the supervisor's, for the recovery."""
+    the user's settings), over the run config's ``recovery`` section; ``act`` (an op carried out as the
+    recovery's) and ``stop``: the supervisor's, for the recovery."""
     told = told or UnattendedConfig()
     policy = RecoveryPolicy(
         codes=frozenset(told.restart_on or recovery.restart_on),
@@ -42,7 +42,7 @@ def unattended_part(told: UnattendedConfig | None, recovery: RecoveryConfig, run
     if not (told or policy):
         return None
     return Unattended(told, run_dir.name, f"gkd-tui attach {run_dir}",
-                      Recovery(policy, run_dir, restart, stop, replace=replace) if policy else None)
+                      Recovery(policy, run_dir, act, stop) if policy else None)
 
 
 class Unattended:

@@ -14,7 +14,7 @@ workers over a collective group. The loop is here; its parts are modules of thei
 - ``saver``: checkpoints that fit, and resuming from the newest complete one;
 - ``loggers``: each step's metrics to the console, TensorBoard, W&B (``trainer.logger``);
 - ``actions``: commands forwarded by the supervisor (stacks, cancel), served during every wait;
-- ``faults``: the injected faults, typed, each fired where it belongs.
+- ``faults``: the injected faults, typed, each fired where it belongs (the teacher's: ``teacher_faults``).
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ from gkd_core.trainer.actions import Actions
 from gkd_core.trainer.batch import Batch, Pending
 from gkd_core.trainer.cluster import CLOSE_S, QUIET_ENV, Cluster
 from gkd_core.trainer.data import DataError
-from gkd_core.trainer.faults import FaultPlan, TeacherFaults
+from gkd_core.trainer.faults import FaultPlan
 from gkd_core.trainer.guarded import EXIT_STUCK, WaitTimeout, WorkerFailed
 from gkd_core.trainer.loggers import MetricLoggers
 from gkd_core.trainer.replacing import RolloutReplacer
 from gkd_core.trainer.saver import Saver
 from gkd_core.trainer.schedulers import SCHEDULERS, Scheduler
 from gkd_core.trainer.step_result import EvalResult, StepResult
+from gkd_core.trainer.teacher_faults import TeacherFaults
 from gkd_core.trainer.vllm_engine import EngineUnavailable, require_vllm
 from gkd_core.trainer.weight_sync import WeightSync
 from gkd_core.vocab import WorkerId, src_of

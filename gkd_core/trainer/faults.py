@@ -22,13 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gkd_core.config import FaultConfig
-
-if TYPE_CHECKING:  # (the cluster imports the plan: typed only)
-    from gkd_core.telemetry.reporter import Reporter
-    from gkd_core.trainer.cluster import Cluster
 
 DRIVER_KINDS = ("kill_teacher", "delay_teacher", "disk_full", "hang_nvml")
 ARMED = Path("faults") / "armed.json"  # in the run's folder: {"pid": N, "signal": "SIGSTOP" | "SIGKILL"}
@@ -154,38 +149,3 @@ def kill_as_the_kernel_would(name: str, actor, rep) -> None:
         rep.log(f"fault: {name} is on {info['node']}, out of a signal's reach: ray.kill instead", level="warn")
         ray.kill(actor, no_restart=True)
 
-
-class TeacherFaults:
-    """The faults the driver fires on the teacher at a step's start (``kill_teacher``: its workers killed and not
-    started again; ``delay_teacher``: each answer late for one step), and the killed workers brought back after the
-    fault's ``seconds`` (``back``: asked during every wait on the teacher)."""
-
-    def __init__(self, plan: FaultPlan, cluster: Cluster, rep: Reporter):
-        self.plan, self.cluster, self.rep = plan, cluster, rep
-        self._back_at: float | None = None
-
-    def at_step(self, step: int) -> None:
-        c = self.cluster
-        teachers = c.teacher_workers()
-        f = self.plan.at("kill_teacher", step)
-        if f:
-            self.rep.log(f"fault injected: killing {', '.join(teachers)} at step {step}", level="warn")
-            for n in teachers:
-                kill_as_the_kernel_would(n, c.actors.pop(n), self.rep)  # popped: the driver does not start it again
-            if f.seconds:
-                self._back_at = time.monotonic() + f.seconds
-        f = self.plan.at("delay_teacher", step)
-        if f:
-            self.rep.log(f"fault injected: {', '.join(teachers)} answer {f.seconds:g} s late from step {step}",
-                         level="warn")
-            for n in teachers:
-                c.actors[n].set_delay.remote(f.seconds)
-        if self.plan.ends("delay_teacher", step):
-            for n in c.teacher_workers():
-                c.actors[n].set_delay.remote(0.0)
-
-    def back(self) -> None:
-        if self._back_at is not None and time.monotonic() >= self._back_at:
-            self._back_at = None
-            self.rep.log("fault: bringing the teacher workers back", level="warn")
-            self.cluster.start_teacher()

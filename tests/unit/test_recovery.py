@@ -8,13 +8,34 @@ import pytest
 
 from gkd_core.config import ConfigError, RecoveryConfig, load_config
 from gkd_core.state import RunState
+from gkd_core.supervisor.control_ops import Refused
 from gkd_core.supervisor.recovery import Recovery, RecoveryPolicy, decide
 from gkd_core.supervisor.unattended import unattended_part
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 
 T0 = 1_795_000_000.0
 POLICY = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=60.0, per_hour=3, backoff_s=30.0)
+
+
+class Asked:
+    """What the recovery asked of the supervisor: restarts (each one's why), the workers it stopped (each one's
+    cancel), stops (each one's why)."""
+
+    def __init__(self, refuse: str = ""):
+        self.restart: list[str] = []
+        self.cancel: list[ops.CancelArgs] = []
+        self.stop: list[str] = []
+        self.refuse = refuse  # an op refused (no driver to ask, say), or ""
+
+    def act(self, args: ops.Args, why: str) -> None:
+        if ops.OP_OF[type(args)] == self.refuse:
+            raise Refused(f"'{self.refuse}' needs a running driver; the run is failed")
+        if isinstance(args, ops.RestartArgs):
+            self.restart.append(why)
+        elif isinstance(args, ops.CancelArgs):
+            self.cancel.append(args)
 
 
 def held(code: str = "straggler", severity: str = "critical", since: float = T0) -> RunState:
@@ -64,27 +85,27 @@ def test_after_a_restart_only_the_new_drivers_time_counts_even_for_an_alert_neve
 
 def test_the_budget_spent_is_a_critical_alert_and_the_run_stopped_with_why_never_a_restart(tmp_path):
     said: list[ev.Event] = []
-    asked: dict[str, list[str]] = {"restart": [], "stop": []}
+    asked = Asked()
     policy = RecoveryPolicy(codes=frozenset({"straggler"}), grace_s=60.0, per_hour=1, backoff_s=30.0)
-    recovery = Recovery(policy, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append)
+    recovery = Recovery(policy, tmp_path, act=asked.act, stop=asked.stop.append)
     recovery.made = [T0 + 10]  # one restart already this hour
     st = held(since=T0 + 20)
     recovery.tick(st, T0 + 100, said.append)
     alerts = [e for e in said if isinstance(e, ev.AlertEvent)]
     assert [(a.code, a.severity, a.targets) for a in alerts] == [("restart_budget_spent", "critical", ["rollout/1"])]
     assert alerts[0].message.startswith("the recovery restarted the run 1 time(s) and 1 restarts in the last hour")
-    assert asked["restart"] == [] and len(asked["stop"]) == 1
-    assert asked["stop"][0].startswith("the recovery's budget is spent (1 restarts in the last hour")
+    assert asked.restart == [] and len(asked.stop) == 1
+    assert asked.stop[0].startswith("the recovery's budget is spent (1 restarts in the last hour")
     policy_said = [e.result["said"] for e in said if isinstance(e, ev.ActionEvent) and e.op == "recovery"]
     assert policy_said[-1] == ("restart on straggler once critical for 60 s, the bug report taken first; at most 1 "
                                "an hour; 1 made; its budget is spent: not restarted again")
     recovery.tick(st, T0 + 200, said.append)  # said once
-    assert sum(isinstance(e, ev.AlertEvent) for e in said) == 1 and len(asked["stop"]) == 1
+    assert sum(isinstance(e, ev.AlertEvent) for e in said) == 1 and len(asked.stop) == 1
 
 
 def test_the_run_configs_policy_holds_unless_the_command_line_gives_its_own(tmp_path):
     section = load_config(None, ["recovery.restart_on=[heartbeat_stale]", "recovery.grace_s=20"]).recovery
-    part = unattended_part(None, section, tmp_path, restart=print, stop=print)
+    part = unattended_part(None, section, tmp_path, act=print, stop=print)
     assert part is not None and part.recovery is not None
     assert (part.recovery.policy.codes, part.recovery.policy.grace_s) == (frozenset({"heartbeat_stale"}), 20.0)
     told = UnattendedConfig(restart_on=["deadlock"], restart_grace_s=5.0)
@@ -134,17 +155,17 @@ def test_the_restart_waits_for_the_reports_live_part_not_its_archive(tmp_path, m
                         reports[-1])
     (tmp_path / "logs").mkdir()  # (a run directory's)
     said: list[ev.Event] = []
-    asked: dict[str, list[str]] = {"restart": [], "stop": []}
-    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append)
+    asked = Asked()
+    recovery = Recovery(POLICY, tmp_path, act=asked.act, stop=asked.stop.append)
     st = held(since=T0)
     recovery.tick(st, T0 + 61, said.append)  # held past its grace: the report is started
     [report] = reports
     live = tmp_path / report.argv[report.argv.index("--live-taken") + 1]
     recovery.tick(st, T0 + 62, said.append)
-    assert asked["restart"] == []  # the live part not taken yet: no restart
+    assert asked.restart == []  # the live part not taken yet: no restart
     live.touch()
     recovery.tick(st, T0 + 63, said.append)
-    assert len(asked["restart"]) == 1 and report.poll() is None  # restarted, the archive still being written
+    assert len(asked.restart) == 1 and report.poll() is None  # restarted, the archive still being written
     assert not live.exists()
     (tmp_path / "bundles" / "recovery-001.tar.gz").write_bytes(b"")
     report.returncode = 0
@@ -193,35 +214,30 @@ def test_a_worker_its_driver_replaces_is_replaced_alone_and_the_run_restarted_on
 def test_the_replacement_stops_only_the_process_the_alert_was_about_and_a_refusal_restarts_the_run(tmp_path,
                                                                                                   monkeypatch):
     import gkd_core.supervisor.recovery as recovery_module
-    from gkd_core.supervisor.control_ops import Refused
 
     reports: list[FakeReport] = []
     monkeypatch.setattr(recovery_module.subprocess, "Popen", lambda argv, **kw: reports.append(FakeReport(argv)) or
                         reports[-1])
     (tmp_path / "logs").mkdir()
     said: list[ev.Event] = []
-    asked: dict[str, list] = {"restart": [], "stop": [], "replace": []}
-    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append,
-                        replace=lambda pids, why: asked["replace"].append(pids))
+    asked = Asked()
+    recovery = Recovery(POLICY, tmp_path, act=asked.act, stop=asked.stop.append)
     st = replaceable(pid=4242)
     recovery.tick(st, T0 + 61, said.append)
     st.apply(ev.WorkerEvent(src="rollout/1", role="rollout", rank=1, pid=5151, replaceable=True, ts=T0 + 62))
     reports[-1].returncode = 0  # (the report ended)
     recovery.tick(st, T0 + 63, said.append)
     # the process the decision was about, not the one that registered since (its driver may have replaced it)
-    assert asked["replace"] == [{"rollout/1": 4242}] and asked["restart"] == []
+    assert asked.cancel == [ops.CancelArgs(target="rollout/1", mode="force", pid=4242)] and asked.restart == []
     assert recovery.replaced == [(T0 + 63, ["rollout/1"])]
     stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
     assert stages == [("report", True), ("replace", True)], stages
 
-    def no_driver(pids, why):
-        raise Refused("'cancel' needs a running driver; the run is failed")
-
-    recovery = Recovery(POLICY, tmp_path, restart=asked["restart"].append, stop=asked["stop"].append,
-                        replace=no_driver)
+    asked = Asked(refuse="cancel")  # no driver to ask
+    recovery = Recovery(POLICY, tmp_path, act=asked.act, stop=asked.stop.append)
     recovery.tick(replaceable(), T0 + 61, said.append)
     reports[-1].returncode = 0
     recovery.tick(replaceable(), T0 + 62, said.append)
-    assert len(asked["restart"]) == 1 and recovery.made == [T0 + 62]
+    assert len(asked.restart) == 1 and recovery.made == [T0 + 62]
     refused = [e.result for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover" and not e.ok]
     assert refused[-1]["error"].endswith("; the run is restarted instead")
