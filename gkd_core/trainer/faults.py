@@ -148,4 +148,3 @@ def kill_as_the_kernel_would(name: str, actor, rep) -> None:
     else:
         rep.log(f"fault: {name} is on {info['node']}, out of a signal's reach: ray.kill instead", level="warn")
         ray.kill(actor, no_restart=True)
-
