@@ -19,6 +19,7 @@ from gkd_core.lifeline import die_with_supervisor
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.commands import CommandInbox
+from gkd_core.telemetry.pausing import Pause
 from gkd_core.telemetry.reporter import Reporter
 
 STEP_PHASES = (("generate", 0.4), ("teacher_wait", 0.15), ("train", 0.3), ("sync_weights", 0.15))
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = Reporter("driver", heartbeat_s=cfg.telemetry.heartbeat_s)
     inbox = CommandInbox()
     rep.register("driver", 0)
+    pause = Pause(rep)
 
     def serve_commands(timeout_s: float) -> None:
         for cmd in inbox.poll(timeout_s):
@@ -54,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
                 # the answer, as the trainer's driver gives it: which dump, whose stacks (none saved to files here)
                 rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True, request=cmd.id,
                                         result={"targets": ["driver"], "dump_id": dump_id}))
+            elif isinstance(args, ops.PauseArgs):
+                rep.emit(ev.ActionEvent(op="pause", by=cmd.by, ok=True, request=cmd.id,
+                                        result=pause.ask(args, cmd.by)))
+            elif isinstance(args, ops.ResumeArgs):
+                ok, result = pause.resume()
+                rep.emit(ev.ActionEvent(op="resume", by=cmd.by, ok=ok, request=cmd.id, result=result))
             else:
                 rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, request=cmd.id,
                                         result=f"the demo driver (gkd_core.demo_driver) has nothing to {cmd.op}"))
@@ -79,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 rep.emit(ev.SyncEvent(sync_id=step, state="done", timeout_s=cfg.trainer.sync_timeout_s,
                                       elapsed_s=timing["sync"], done=["driver"], fingerprint_ok=True, step=step))
         rep.emit(ev.MetricsEvent(step=step, timing=timing))
+        pause.hold(step, serve_commands)
     rep.set_phase("finished")
     rep.close(timeout_s=2.0)
     inbox.close()

@@ -38,6 +38,7 @@ SYNC_PARTS = {
 }
 TRAINER_SYNC_PARTS = ("gather", "broadcast", "load", "reset_cache", "verify")  # the ones our trainer runs
 
+PAUSED = "paused"  # the phase of a driver held between steps by a pause (telemetry/pausing)
 # a worker's phase once it has stopped working: nothing it does is late any more
 WORKER_ENDED = ("finished", "failed", "cancelled", "exited")
 CPU_IDLE_PCT = 10.0  # a heartbeat below this CPU share counts as no progress

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -24,13 +23,14 @@ from textual.worker import Worker
 from gkd_core.state import RunState
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
+from gkd_core.vocab import PAUSED
 from gkd_tui.answers import ActionAnswered, PendingAnswers
 from gkd_tui.errors import Refused, action_worker, toast_failure
 from gkd_tui.screens.confirm import cancel_dialog, restart_dialog
 from gkd_tui.screens.help import HelpScreen
 from gkd_tui.screens.stacks import StackScreen
 from gkd_tui.screens.worker_details import WorkerDetails
-from gkd_tui.sources import Playback, Source, wait_for
+from gkd_tui.sources import Source, wait_for
 from gkd_tui.theme import THEME_VARIABLES
 from gkd_tui.widgets.log_tail import LogTail
 from gkd_tui.widgets.metrics_pane import MetricsPane
@@ -70,18 +70,19 @@ class GkdApp(App):
         Binding("D", "dump_stacks(True)", "Dump all stacks", show=False),
         Binding("c", "cancel", "Cancel…"),
         Binding("r", "restart", "Restart smaller…"),
+        Binding("P", "pause", "Pause/resume the driver", show=False),
         Binding("p", "plots", "Plots"),
         Binding("b", "bundle", "Bundle for a bug report", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("slash", "filter", "Filter rows"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         # replay keys win over the table's own (End would scroll it otherwise)
-        Binding("space", "toggle_play", "Play/pause (replay)", show=False, priority=True),
-        Binding("right", "step", "Step (replay)", show=False, priority=True),
-        Binding("end", "to_end", "Jump to end (replay)", show=False, priority=True),
-        Binding("home", "to_start", "Restart (replay)", show=False, priority=True),
-        Binding("plus,equals_sign", "speed(True)", "Faster (replay)", show=False),
-        Binding("minus", "speed(False)", "Slower (replay)", show=False),
+        Binding("space", "replay('toggle')", "Play/pause (replay)", show=False, priority=True),
+        Binding("right", "replay('step')", "Step (replay)", show=False, priority=True),
+        Binding("end", "replay('to_end')", "Jump to end (replay)", show=False, priority=True),
+        Binding("home", "replay('to_start')", "Restart (replay)", show=False, priority=True),
+        Binding("plus,equals_sign", "replay('faster', True)", "Faster (replay)", show=False),
+        Binding("minus", "replay('faster', False)", "Slower (replay)", show=False),
     ]
 
     def __init__(self, source: Source, stall_s: float = 10.0, readonly: bool = False):
@@ -160,7 +161,7 @@ class GkdApp(App):
     # --- actions -------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in ("cancel", "restart") and (self.readonly or not self.can_control()):
+        if action in ("cancel", "restart", "pause") and (self.readonly or not self.can_control()):
             return False  # --readonly, or nobody to ask: the dangerous actions are not there at all
         return True
 
@@ -246,6 +247,12 @@ class GkdApp(App):
             return  # Cancel: nothing happens
         self.send(ops.CancelArgs(target=choice.removeprefix("worker:")))
 
+    def action_pause(self) -> None:
+        """The driver paused at its step's end, or a paused one resumed (telemetry/pausing)."""
+        with self.source.lock:
+            paused = getattr(self.source.state.workers.get("driver"), "phase", "") == PAUSED
+        self.send(ops.ResumeArgs() if paused else ops.PauseArgs())
+
     def action_restart(self) -> None:
         self.preview_restart()
 
@@ -330,25 +337,11 @@ class GkdApp(App):
         self.query_one(WorkersTable).focus()
         self.redraw()
 
-    def _replay(self, act: Callable[[Playback], None]) -> None:
+    def action_replay(self, move: str, *args: bool) -> None:
+        """A replay key: the recording's clock moved (``Playback``'s method ``move``)."""
         if self.source.playback is None:
             self.notify("this is a live run: replay keys do nothing here", severity="warning", timeout=2)
             return
-        act(self.source.playback)
+        getattr(self.source.playback, move)(*args)
         self.query_one(WorkersTable).resort_soon()  # a jump in the recording: the rows follow at once
         self.redraw()
-
-    def action_toggle_play(self) -> None:
-        self._replay(lambda pb: pb.toggle())
-
-    def action_step(self) -> None:
-        self._replay(lambda pb: pb.step())
-
-    def action_to_end(self) -> None:
-        self._replay(lambda pb: pb.to_end())
-
-    def action_to_start(self) -> None:
-        self._replay(lambda pb: pb.to_start())
-
-    def action_speed(self, up: bool) -> None:
-        self._replay(lambda pb: pb.faster(up))

@@ -13,7 +13,15 @@ from gkd_core.integrations.job_env import split_command
 from gkd_core.supervisor import unattended_settings
 from gkd_tui.commands.attach import cmd_attach, cmd_replay
 from gkd_tui.commands.bundle import cmd_bundle
-from gkd_tui.commands.control import cmd_cancel, cmd_note, cmd_restart, cmd_status, cmd_stop
+from gkd_tui.commands.control import (
+    cmd_cancel,
+    cmd_note,
+    cmd_pause,
+    cmd_restart,
+    cmd_resume,
+    cmd_status,
+    cmd_stop,
+)
 from gkd_tui.commands.doctor import cmd_doctor
 from gkd_tui.commands.launch import cmd_launch
 from gkd_tui.commands.run_arg import add_run
@@ -81,6 +89,19 @@ def _parser() -> argparse.ArgumentParser:
     add_run(s, positional=False)
     s.add_argument("--force", action="store_true", help="kill the worker if it does not stop")
     s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("pause", help="hold the driver at the end of the step under way (its workers idle, the run "
+                                     "kept) until `gkd-tui resume`, or --for seconds")
+    add_run(s)
+    s.add_argument("--for", dest="for_s", type=float, default=None, metavar="SECONDS",
+                   help="the pause ends by itself after this long (default: an hour)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_pause)
+
+    s = sub.add_parser("resume", help="a paused driver goes on (a pause asked for and not begun is called off)")
+    add_run(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_resume)
 
     s = sub.add_parser("note", help="put a note on the run's record (what you tried, what you saw): the bug report "
                                     "lists it among what was tried")

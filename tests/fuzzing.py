@@ -489,6 +489,8 @@ BAD_ARGS = {
                     "dump_id": st.one_of(st.none(), st.integers(), st.sampled_from(
                         ["", "../../../tmp/x", "a/b", ".hidden", "..", "x" * 65, "tab\there", "nul\x00"]))},
     "open_ingest": {"host": st.one_of(st.none(), st.integers(), st.booleans(), st.lists(st.text(), max_size=2))},
+    "pause": {"for_s": st.one_of(st.none(), st.booleans(), st.text(max_size=8), st.just(0), st.floats(max_value=0),
+                                 st.floats(min_value=604_801), BIG_INTS, st.sampled_from(["nan", "inf", "60"]))},
     "note": {"text": st.one_of(st.none(), st.integers(), st.just(""), st.just("x" * 2001),
                                st.lists(st.text(), max_size=2))},
 }
@@ -497,7 +499,7 @@ BAD_ARGS = {
 VALID_ARGS = {"stop": {}, "restart": {"dry_run": True, "shrink": False, "overrides": []},
               "cancel": {"target": "sync", "mode": "cooperative"},
               "dump_stacks": {"targets": [], "dump_id": "fuzz"}, "open_ingest": {"host": "127.0.0.1"},
-              "note": {"text": "tried a smaller micro-batch"}}
+              "note": {"text": "tried a smaller micro-batch"}, "pause": {"for_s": 60.0}}
 
 
 @st.composite
@@ -517,7 +519,7 @@ def bad_requests(draw) -> tuple[bytes, tuple[str, ...]]:
         return encode(draw(st.one_of(SCALARS, st.lists(SCALARS, max_size=3)))), ("malformed",)
     if how == "envelope":  # a field of the envelope of the wrong type: the error says which
         field, value = draw(st.sampled_from([("op", 5), ("op", None), ("op", ["stop"]), ("args", "grace_s=0"),
-                                             ("args", [1]), ("args", 3), ("id", "7"), ("id", 1.5), ("token", 0),
+                                             ("args", [1]), ("args", 3), ("id", "7"), ("id", 1.5),
                                              ("by", {"me": 1})]))
         req = {"op": "stop", "args": {}, field: value}
         return encode(req), ("malformed", f"$.{field}")

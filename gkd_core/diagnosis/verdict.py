@@ -2,7 +2,9 @@
 heartbeats' CPU share and two stacks taken a few seconds apart.
 
 - dead: Ray says its actor is DEAD;
-- frozen: no heartbeat (the Reporter thread is stopped too: SIGSTOP, D state, the GIL held in C);
+- frozen: silent as long as the liveness judge calls frozen (``state.liveness``: the Reporter thread is stopped
+  too: SIGSTOP, D state, the GIL held in C);
+- silent: not heard from lately, not frozen yet (or nothing else is heard from either);
 - stuck: no CPU progress and the same stack twice;
 - busy: the CPU is used and the stack changes;
 - waiting: little CPU but the stack moves (a slow peer, network, disk).
@@ -14,20 +16,19 @@ from typing import NamedTuple
 
 from gkd_core.stack_text import signature, where
 from gkd_core.state import RunState, WorkerState
-from gkd_core.state.views import silent_for
+from gkd_core.state.liveness import DEAD, FROZEN, LATE, Limits, judge, others_heard
 
-FROZEN_S = 5.0  # a heartbeat older than this (at 1 Hz) means the whole process has stopped
 NO_PROGRESS_S = 5.0
 BUSY_PCT = 50.0
 
 
 class Verdict(NamedTuple):
-    word: str  # frozen, stuck, busy, waiting, or "" while there is nothing to go on
+    word: str  # dead, frozen, silent, stuck, busy, waiting, or "" while there is nothing to go on
     text: str
     where: str  # the stack line, when a stack was taken during this phase
 
 
-def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZEN_S) -> Verdict:
+def verdict(state: RunState, w: WorkerState, now: float, limits: Limits) -> Verdict:
     cur, prev = state.stacks.get(w.src), state.stacks_prev.get(w.src)
     cur = cur if cur is not None and cur.ts >= w.phase_since and cur.text else None
     prev = prev if cur is not None and prev is not None and prev.ts >= w.phase_since and prev.text else None
@@ -35,13 +36,18 @@ def verdict(state: RunState, w: WorkerState, now: float, frozen_s: float = FROZE
     two = prev is not None
     same = cur is not None and prev is not None and signature(cur.text) == signature(prev.text)
     suffix = f", {line}" if line.startswith("in ") else f", in {line}" if line else ""  # ("in epoll_wait", alone)
-    if w.ray_state == "DEAD":
+    alive = judge(state, w, now, limits)
+    if alive.word == DEAD:
         return Verdict("dead", "dead: Ray reports its actor DEAD" + (f" ({w.ray_death_cause[:120]})"
                                                                     if w.ray_death_cause else ""), line)
-    age = silent_for(state, w, now)
-    if age is not None and age > frozen_s:
-        return Verdict("frozen", f"frozen: no heartbeat for {age:.0f} s (SIGSTOP, D state or the GIL held in C)"
-                       + suffix, line)
+    if alive.word == FROZEN:
+        return Verdict("frozen", f"frozen: no heartbeat for {alive.silent_s:.0f} s (SIGSTOP, D state or the GIL held "
+                                 "in C)" + suffix, line)
+    if alive.word == LATE:  # its numbers are old: what it does now is not known
+        alone = others_heard(state, now, limits)
+        return Verdict("silent", f"silent: no heartbeat for {alive.silent_s:.0f} s" + (
+            "" if alone else ", nor from any other process (the path to the supervisor, or the supervisor?)")
+            + suffix, line)
     low = now - w.cpu_low_since if w.cpu_low_since is not None else 0.0
     if low >= NO_PROGRESS_S and (same or not two):
         return Verdict("stuck", f"stuck: no CPU progress for {low:.0f} s"

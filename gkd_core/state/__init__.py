@@ -10,7 +10,8 @@ heartbeat age, a sync's elapsed time) take ``now`` as an argument and are never 
 - ``run_record``: ``RunRecord``, the state's fields (what the reducer's cases change, typed against it);
 - ``run_state``: ``RunState``, the whole: the fields, the views and ``apply``;
 - ``reducer``: how each kind of event changes it;
-- ``views``: what is derived from it (``now`` from the caller).
+- ``views``: what is derived from it (``now`` from the caller);
+- ``liveness``: whether a worker is alive, late, frozen or dead (the one judge the rules and the dashboard ask).
 """
 
 from gkd_core.state.records import (

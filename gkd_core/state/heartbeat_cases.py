@@ -20,6 +20,8 @@ def on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
     elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
         w.cpu_low_since = w.last_heartbeat or e.ts
     w.last_heartbeat = e.ts
+    if e.ts > st.newest_beat:
+        st.newest_beat = e.ts
     w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
     memory_cases.on_memory(st, w, e.mem, e.ts)
 
@@ -37,8 +39,11 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
         known = st.relay_clocks
         other_epoch = {c.relay for c in e.clocks if (was := known.get(c.relay)) is not None and was[0] != c.epoch}
         relays = {c.relay for c in e.clocks} - other_epoch
+    newest = st.newest_beat
     for b in e.beats:
         ts = b.ts
+        if ts > newest:
+            newest = ts
         w = workers.get(b.src)
         if w is None:
             w = st.worker_seen(b.src, ts)
@@ -57,6 +62,7 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
             memory_cases.on_memory(st, w, b.mem, ts)
         if not w.clock_via and w.via in relays:
             w.clock_via = w.via
+    st.newest_beat = newest
     for c in e.clocks:
         if on_clock(st, c) and (c.joined or c.quiet):
             on_roster(st, c)
@@ -75,6 +81,8 @@ def on_clock(st: RunRecord, c: ev.RelayClock) -> bool:
         was = None
     if was is None or c.ts > was[1]:
         st.relay_clocks[c.relay] = (c.epoch, c.ts)
+        if c.ts > st.newest_beat:
+            st.newest_beat = c.ts
     return True
 
 

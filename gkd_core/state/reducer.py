@@ -50,6 +50,8 @@ def _on_run(st: RunRecord, e: ev.RunEvent) -> None:
         st.config_digest = e.config_digest
     if e.total_steps is not None:
         st.total_steps = e.total_steps
+    if e.heartbeat_s and math.isfinite(e.heartbeat_s) and e.heartbeat_s > 0:
+        st.heartbeat_s = e.heartbeat_s
     if e.heartbeat_s and e.heartbeat_log_s is not None:
         vouch = vouch_s(e.heartbeat_s, e.heartbeat_log_s)
         if math.isfinite(vouch):  # periods near the float's end (no run's) overflow, and a keyframe has no inf

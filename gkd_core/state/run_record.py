@@ -84,6 +84,10 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     # how far past a worker's newest full beat its relay's clock is taken for it (``views.heartbeat_at``):
     # the run's periods set it (``vouch_s``); this default is theirs by default
     vouch_s: float = 23.0
+    heartbeat_s: float = 1.0  # how often its workers send a heartbeat, as the run said (liveness.Limits)
+    # the newest heartbeat or relay's clock of any process: are others heard from while one is silent
+    # (``liveness.others_heard``), without a walk over every worker
+    newest_beat: float = 0.0
 
     def worker_seen(self, src: str, ts: float) -> WorkerState:
         """The worker ``src`` (made when first heard of), last seen at ``ts`` or later."""

@@ -71,12 +71,6 @@ def usual_part_time(hist: list[SyncState], part: str) -> tuple[float, int] | Non
     return (statistics.median(took), len(took)) if took else None
 
 
-def silent_for(st: RunRecord, w: WorkerState, now: float) -> float | None:
-    """Seconds since the process was last heard from (``heard_from``), None when it never sent a heartbeat."""
-    heard = heard_from(st, w)
-    return now - heard if heard else None
-
-
 class RunViews(RunRecord):
     """What is derived from a ``RunRecord`` (no fields of its own, so the state stays one encoded object)."""
 
@@ -92,12 +86,6 @@ class RunViews(RunRecord):
         for w in sorted(self.workers.values(), key=lambda w: (w.role, w.rank if w.rank is not None else -1, w.src)):
             out.setdefault(w.role, []).append(w)
         return out
-
-    def stale_workers(self, now: float, stall_s: float) -> dict[str, float]:
-        """Workers not finished and silent for more than ``stall_s`` (``silent_for``): frozen or dead.
-        src -> seconds silent."""
-        return {w.src: age for w in self.workers.values()
-                if w.phase not in WORKER_ENDED and (age := silent_for(self, w, now)) is not None and age > stall_s}
 
     def sync_view(self, now: float) -> SyncView | None:
         s = self.sync
@@ -160,6 +148,15 @@ class RunViews(RunRecord):
     def active_alerts(self) -> list[AlertState]:
         """Most severe first, then oldest first."""
         return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
+
+    def outcome(self, request: int) -> dict[str, Any] | None:
+        """The answer to the request with this id that its carrier gave (the driver's ``action`` event, not the
+        supervisor's receipt that it handed the request on), once on record."""
+        for act in reversed(self.actions):
+            res = act.get("result")
+            if act.get("request") == request and not (isinstance(res, dict) and res.get("forwarded")):
+                return dict(act)
+        return None
 
     def dump_answer(self, dump_id: str) -> dict[str, Any] | None:
         """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:

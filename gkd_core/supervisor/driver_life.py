@@ -1,7 +1,8 @@
-"""The run's driver from start to exit, each turn said as a ``run`` event.
+"""The run's driver process from start to exit, each turn said as a ``run`` event.
 
-Started as our trainer (``python -m DRIVER_MODULE``), as any command (``launch -- COMMAND``), or not
-at all: a job its user started and that asked to be watched is adopted by pid. Watched without
+Started as the run's ``Driver`` says (supervisor/drivers.py): as our trainer (``python -m DRIVER_MODULE``),
+as any command (``launch -- COMMAND``), or not at all: a job its user started and that asked to be
+watched is adopted by pid. Watched without
 blocking; its exit is the run's end (finished, failed, stopped) unless a restart is pending, which
 starts it again with the new config. Commands for it (cancel, stacks) go over its command channel
 once it has said hello.
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 import zmq
@@ -30,12 +32,18 @@ from gkd_core.telemetry import events as ev
 STOPPED_EXIT = 143
 
 
+class Job(Protocol):
+    """What says how the driver's process starts: the run's ``Driver`` (supervisor/drivers.py)."""
+
+    def start(self, life: DriverLife, cfg: config_mod.Config, config_path: Path) -> None: ...
+
+
 class DriverLife:
-    def __init__(self, *, run_dir: Path, run_id: str, endpoints: dict, drivers: zmq.Socket, driver_module: str,
-                 command: list[str] | None, adopt: int | None, grace_s: float, restarts: int,
-                 emit: Callable[[ev.Event], None]):
+    def __init__(self, *, run_dir: Path, run_id: str, endpoints: dict, drivers: zmq.Socket, job: Job,
+                 grace_s: float, restarts: int, emit: Callable[[ev.Event], None]):
+        """``job``: the run's driver, which says how its process starts (``Driver.start``)."""
         self.run_dir, self.run_id, self.endpoints, self.drivers = run_dir, run_id, endpoints, drivers
-        self.driver_module, self.command, self.adopt, self.grace_s = driver_module, command, adopt, grace_s
+        self.job, self.grace_s = job, grace_s
         self.restarts = restarts
         self.emit = emit
         self.driver: DriverProcess | AdoptedProcess | None = None
@@ -49,13 +57,17 @@ class DriverLife:
     def alive(self) -> bool:
         return self.driver is not None and self.driver.poll() is None
 
+    def connected(self) -> bool:
+        """It runs, and has connected its command channel: a request can be handed to it."""
+        return self.driver is not None and self.identity is not None
+
     # --- start ---------------------------------------------------------------------------
 
     def spawn(self, cfg: config_mod.Config, config_path: Path) -> None:
-        if self.adopt:
-            return self._adopt(cfg, self.adopt)
-        if self.command:
-            return self._spawn_command(cfg, self.command)
+        self.job.start(self, cfg, config_path)
+
+    def start_module(self, cfg: config_mod.Config, config_path: Path, module: str) -> None:
+        """Our trainer's driver, ``python -m module``, with the run's config and its endpoints."""
         env = dict(os.environ)
         env.update({
             "GKD_RUN_DIR": str(self.run_dir), "GKD_RUN_ID": self.run_id, "GKD_INGEST": self.endpoints["ingest"],
@@ -63,14 +75,15 @@ class DriverLife:
             "GKD_CONFIG": str(config_path), "PYTHONUNBUFFERED": "1",
             "GKD_RESTART": str(self.restarts), "GKD_SUPERVISOR_PID": str(os.getpid()),
         })
-        argv = [sys.executable, "-m", self.driver_module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
+        argv = [sys.executable, "-m", module, "--config", str(config_path), "--run-dir", str(self.run_dir)]
         self.identity = None
         self.driver = DriverProcess(argv, env, self.run_dir / "logs" / "driver.log")
         self._record(argv, env, "our trainer")
         self.emit(ev.RunEvent(state="running", restart=self.restarts, config_digest=config_mod.digest(cfg),
                               total_steps=cfg.trainer.total_steps, reason=f"driver pid {self.driver.pid}"))
 
-    def _adopt(self, cfg: config_mod.Config, pid: int) -> None:
+    def adopt(self, cfg: config_mod.Config, pid: int) -> None:
+        """A job its user started, watched by its pid: not started, only watched."""
         try:
             self.driver = AdoptedProcess(pid)
         except ProcessLookupError as e:
@@ -81,7 +94,8 @@ class DriverLife:
         self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
                               reason=f"watching pid {pid}, started by its user: {shlex.join(shown)}"[:500]))
 
-    def _spawn_command(self, cfg: config_mod.Config, command: list[str]) -> None:
+    def start_command(self, cfg: config_mod.Config, command: list[str]) -> None:
+        """Any command, its processes watched through the run's environment (integrations/job_env)."""
         env = job_env.command_env(os.environ, run_id=self.run_id, run_dir=str(self.run_dir),
                                   ingest=self.endpoints["ingest"], heartbeat=cfg.telemetry.heartbeat_s,
                                   commands=self.endpoints["driver"], control=self.endpoints["control"])
@@ -140,10 +154,8 @@ class DriverLife:
             state, status = "failed", code if code > 0 else 128 - code
         self.exit_status = status
         last_words()  # the workers' last words before the run's
-        reason = describe_exit(code) if not (self.stopping and self.stop_reason) else (
-            f"{self.stop_reason}; the driver {describe_exit(code)}")
-        if isinstance(d, AdoptedProcess):  # not our child: its exit code went to the shell that started it
-            reason, code = f"pid {d.pid} exited (its exit code went to the shell that started it)", None
+        said, code = d.exit_said(code)
+        reason = said if not (self.stopping and self.stop_reason) else f"{self.stop_reason}; the driver {said}"
         self.emit(ev.RunEvent(state=state, restart=self.restarts, exit_code=code, reason=reason,
                               log_tail=tail if state != "finished" else tail[-3:]))
         self.ended_at = time.monotonic()

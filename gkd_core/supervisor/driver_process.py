@@ -68,6 +68,10 @@ class DriverProcess:
         except PermissionError:
             self.proc.send_signal(sig)
 
+    def exit_said(self, code: int) -> tuple[str, int | None]:
+        """(how it ended, in words; its exit code as the run's end says it) once ``poll`` gave ``code``."""
+        return describe_exit(code), code
+
     def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
         assert self.log_path is not None  # (an adopted driver says no tail: its own log_tail)
         try:
@@ -114,6 +118,9 @@ class AdoptedProcess(DriverProcess):
                 os.kill(self.pid, sig)
             except OSError:
                 pass
+
+    def exit_said(self, code: int) -> tuple[str, int | None]:
+        return f"pid {self.pid} exited (its exit code went to the shell that started it)", None  # (not our child)
 
     def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
         return []  # its output went to its own terminal

@@ -37,7 +37,7 @@ class Awaited:
 
 
 class LocalStacks:
-    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], None] | None = None):
+    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], object] | None = None):
         """``ask_driver(args)``: forward a ``dump_stacks`` of workers on other nodes to the job's driver;
         raises (with the reason) when it cannot."""
         self.run_dir = run_dir

@@ -11,7 +11,6 @@ diagnosis on its RunState.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -28,12 +27,11 @@ from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.runlog.keyframes import KeyframeWriter
 from gkd_core.state import RunState, encode_state
-from gkd_core.supervisor import alerts, control_ops
+from gkd_core.supervisor import alerts, control_ops, drivers
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
 from gkd_core.supervisor.heap import Heap
 from gkd_core.supervisor.ingest import Ingest
-from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.supervisor.recorder import Recorder
 from gkd_core.supervisor.sockets import Sockets
@@ -41,7 +39,6 @@ from gkd_core.supervisor.unattended import unattended_part
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
-from gkd_core.trainer import checkpoints
 
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
@@ -64,15 +61,16 @@ class Supervisor:
         where its alerts and metrics go (supervisor/unattended.py)."""
         self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
-        self.foreign = bool(command or adopt)  # a job that is not our trainer: its stacks are taken here
-        self.adopt = adopt
         self.linger_s = linger_s
         self.grace_s = grace_s
         os.umask(0o077)  # everything this process creates (sockets, logs, keys) is private
         self.resuming, self.resumed_from_pid = resume is not None, 0
         self.run_dir = resume if resume is not None else rundir.create_run_dir(home, run_id)
         self.run_id = self.run_dir.name
-        self.local_stacks = LocalStacks(self.run_dir, self._forward_stacks) if self.foreign else None
+        # the job, asked the same way whatever its kind (supervisor/drivers.py); its process's life is ``life``'s
+        reach = drivers.Reach(hand=lambda op, args, asked: self.life.forward(op, args, asked, self.state.state),
+                              alive=lambda: self.life.alive(), connected=lambda: self.life.connected())
+        self.driver = drivers.driver_of(reach, self.run_dir, driver_module, command, adopt)
         self.state = RunState()
         self._auth_refused = self._auth_reported = self._rejects_reported = 0
         self._signalled = False
@@ -87,11 +85,7 @@ class Supervisor:
         if resume is None:
             (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
         self.sockets = Sockets(self.run_dir, cfg.telemetry, {
-            "run_id": self.run_id, "supervisor_pid": os.getpid(),
-            "driver_module": driver_module,  # what a supervisor that takes the run over starts
-            "command": list(command or []),  # ... or this command (launch -- COMMAND)
-            "adopted": adopt or 0,  # ... or nothing: a job its user started, which only its user can start
-            "ray_address": "",
+            "run_id": self.run_id, "supervisor_pid": os.getpid(), **self.driver.endpoint_fields(), "ray_address": "",
         })
         self.endpoints = self.sockets.endpoints  # published in endpoints.json once the run's first events are logged
         self.log = EventLog(self.run_dir / "events.jsonl", max_ts=self.state.last_ts)
@@ -106,8 +100,8 @@ class Supervisor:
             self.endpoints["metrics"] = self.unattended.metrics_address  # ("" when not served)
         self.ingest = Ingest(self.rec, self.sockets)
         self.life = DriverLife(run_dir=self.run_dir, run_id=self.run_id, endpoints=self.endpoints,
-                               drivers=self.sockets.drivers, driver_module=driver_module, command=command,
-                               adopt=adopt, grace_s=grace_s, restarts=restarts, emit=self.emit)
+                               drivers=self.sockets.drivers, job=self.driver, grace_s=grace_s, restarts=restarts,
+                               emit=self.emit)
         self.keyframes = KeyframeWriter(self.run_dir / "keyframes", cfg.telemetry.keyframe_mb)
         self.oom_watch = OomWatch(self.emit, cfg.telemetry.heartbeat_s)
         self.heap = Heap()
@@ -116,9 +110,10 @@ class Supervisor:
         # each op's handler; its arguments are declared in telemetry/ops
         self._ops: dict[str, control_ops.Handler] = {
             "ping": self._op_ping, "snapshot": self._op_snapshot, "stop": self._op_stop,
-            "restart": self._op_restart, "cancel": self._op_cancel_foreign if self.foreign else self._forward("cancel"),
-            "dump_stacks": self._op_dump_local if self.foreign else self._forward("dump_stacks"),
-            "open_ingest": self._op_open_ingest, "note": control_ops.note,
+            "restart": self._op_restart, "open_ingest": self._op_open_ingest, "note": control_ops.note,
+            "cancel": lambda args, asked: self.driver.cancel(args, asked, self.state),
+            "dump_stacks": lambda args, asked: self.driver.dump_stacks(args, asked, self.state, f"dump-{self.seq}"),
+            "pause": self._forward("pause"), "resume": self._forward("resume"),
         }
         # the answers to the latest acting requests, for a client's retry of one (ipc and tcp alike)
         self._recent_replies = control_ops.RecentReplies()
@@ -155,11 +150,8 @@ class Supervisor:
             raise Refused("the run is stopping; a restart would be undone at once")
         if life.pending_config is not None:
             raise Refused("a restart is already under way")
-        if self.adopt:
-            raise Refused(f"this run watches a job it did not start (pid {self.adopt}): restart it as you started it")
-        if life.command and (args.shrink or args.overrides):
-            raise Refused("this run's driver is a command of its own (launch -- COMMAND): a restart runs it again "
-                          "as it is; to change its settings, stop it and launch it with them")
+        if refusal := self.driver.restart_refusal(args):
+            raise Refused(refusal)
         new, changes = plan.compose(self.cfg, self.state, args.shrink, args.overrides)
         result = {"restart": life.restarts + 1, "changes": changes, "digest": config_mod.digest(new)}
         if args.dry_run:
@@ -179,28 +171,8 @@ class Supervisor:
         return self._ops[ops.OP_OF[type(args)]](args, Asked(f"the recovery policy: {why}"))
 
     def _forward(self, op: str) -> control_ops.Handler:
-        """An op the driver carries out: handed to it, and its outcome comes as the driver's ``action`` event,
-        with the request's id."""
-        def forward(args: ops.Args, asked: Asked) -> dict:
-            control_ops.check_targets(op, _targets(args), self.state.workers)
-            return self.life.forward(op, msgspec.to_builtins(args), asked, self.state.state)
-        return forward
-
-    def _op_cancel_foreign(self, args: ops.CancelArgs, asked: Asked) -> dict:
-        """A job of its own: its driver cancels (gkd_core/integrations/cancels.py) once it has called ray.init."""
-        if self.life.alive() and self.life.identity is None:
-            raise Refused("cancel: the job's driver has not called ray.init yet (there is nothing of Ray to cancel); "
-                          "`gkd-tui dump-stacks driver` shows where it is")
-        return self._forward("cancel")(args, asked)
-
-    def _op_dump_local(self, args: ops.DumpStacksArgs, asked: Asked) -> dict:
-        control_ops.check_targets("dump_stacks", args.targets, self.state.workers)
-        assert self.local_stacks is not None  # (this op is a foreign job's, which has them)
-        return self.local_stacks.dump(self.state, args.targets, args.dump_id or f"dump-{self.seq}", asked.by)
-
-    def _forward_stacks(self, args: dict) -> None:
-        """Workers of a foreign job on other nodes: its driver captures them there (remote_stacks)."""
-        self.life.forward("dump_stacks", args, Asked("supervisor"), self.state.state)
+        """An op the job's driver carries out (``Driver.forward``)."""
+        return lambda args, asked: self.driver.forward(op, args, asked, self.state)
 
     def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
@@ -234,22 +206,12 @@ class Supervisor:
         self._auto_dump_stacks(time.monotonic())
 
     def _auto_dump_stacks(self, mono: float) -> None:
-        """Two stacks of every worker named late, a few seconds apart, through the driver (or taken here,
-        for a command run)."""
-        if self.local_stacks is not None:
-            due = self.auto_stacks.due(self.state, mono)
-            if due:
-                self.local_stacks.dump(self.state, due, f"auto-{self.seq}", "diagnosis")
-            return
-        if self.life.driver is None or self.life.identity is None:
-            return  # nobody to ask yet: the alert stands without a stack, and they are taken once it can
+        """Two stacks of every worker named late, a few seconds apart (``Driver.take_stacks``)."""
+        if not self.driver.can_take_stacks():
+            return  # asked for once they can be taken
         due = self.auto_stacks.due(self.state, mono)
         if due:
-            try:
-                self._forward("dump_stacks")(ops.DumpStacksArgs(targets=due, dump_id=f"auto-{self.seq}"),
-                                             Asked("diagnosis"))
-            except Refused:
-                pass  # the driver is exiting: its workers' stacks go with it
+            self.driver.take_stacks(due, f"auto-{self.seq}", self.state)
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True
@@ -267,14 +229,12 @@ class Supervisor:
                                          "latest checkpoint",
                                   heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
             done = self.state.metrics[-1].step if self.state.metrics else 0  # the newest step the log says done
-            if not self.foreign and (lost := steps_the_log_lost(self.run_dir, done, self.resumed_from_pid)):
+            if lost := self.driver.steps_lost(self.run_dir, done, self.resumed_from_pid):
                 self.emit(ev.LogEvent(level="warn", message=lost))
         else:
-            self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg),
-                                  total_steps=None if self.foreign else self.cfg.trainer.total_steps,
-                                  reason=f"a job of its own, telemetry config from {self.config_source}"
-                                  if self.foreign else f"config from {self.config_source}",
-                                  heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
+            total_steps, said = self.driver.run_said(self.cfg, self.config_source)
+            self.emit(ev.RunEvent(state="starting", config_digest=config_mod.digest(self.cfg), total_steps=total_steps,
+                                  reason=said, heartbeat_s=tel.heartbeat_s, heartbeat_log_s=tel.heartbeat_log_s))
         self.emit(ev.LogEvent(message=f"supervisor pid {os.getpid()}: run directory {self.run_dir}, control "
                                       f"{self.endpoints['control']}, workers push to {self.endpoints['ingest']}"))
         life.spawn(self.cfg, self.config_path)
@@ -321,8 +281,7 @@ class Supervisor:
                     self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
                     if self.unattended is not None:
                         self.unattended.counts.alert_pass_s = took
-                if self.local_stacks is not None:
-                    self.local_stacks.hand_over(self.state, self.emit)
+                self.driver.tick(self.state, self.emit)
                 if self.unattended is not None:
                     self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
                 self.rec.flush()
@@ -350,30 +309,3 @@ class Supervisor:
         self.life.kill_now()
         self.rec.close()
         self.sockets.close()
-
-
-# how steps_the_log_lost begins, for a reader of the log's steps: "the log lost steps 71-109: ..."
-LOST_STEPS = re.compile(r"the log lost steps? (\d+)(?:-(\d+))?: ")
-
-
-def steps_the_log_lost(run_dir: Path, logged: int, killed_pid: int) -> str:
-    """What a run taken over says of steps its newest checkpoint comes after and its log does not have, or "".
-
-    A supervisor killed while behind (a burst, or just thawed from a freeze) takes the events it had
-    not written with it, and the driver dies with it: the steps they told of were trained, and the
-    newest checkpoint holds them. The log says so, where a reader of its steps finds the hole. The
-    checkpoint's own step is not lost: the driver that resumes from it says its metrics again."""
-    newest = checkpoints.latest(run_dir / "checkpoints")
-    step = checkpoints.step_of(newest) if newest is not None else 0
-    if newest is None or step <= logged + 1:
-        return ""
-    first, last = logged + 1, step - 1
-    span = f"step {first}" if first == last else f"steps {first}-{last}"
-    return (f"the log lost {span}: checkpoint {newest.name} holds step {step}, and the log has steps only to "
-            f"{logged}; they were trained, but supervisor pid {killed_pid or '?'} was gone before it wrote "
-            f"their events (killed while it was behind)")
-
-
-def _targets(args: ops.Args) -> list[str]:
-    """The workers a cancel or a dump names."""
-    return [args.target] if isinstance(args, ops.CancelArgs) else list(getattr(args, "targets", []))

@@ -1,4 +1,4 @@
-"""Control requests (DESIGN §5): JSON ``{op, args, token, id}`` -> ``{ok, result, error, id}``.
+"""Control requests (DESIGN §5): JSON ``{op, args, id, by}`` -> ``{ok, result, error, id}``.
 
 The client is the "lazy pirate" of the ZeroMQ guide: a DEALER with a deadline per attempt; after a
 timeout the socket is closed (linger 0) and a fresh one retries, a bounded number of times. Every try
@@ -64,7 +64,8 @@ class ControlUnreachable(TimeoutError):
 class Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     op: str
     args: dict[str, Any] = {}
-    token: str = ""
+    # (no token: who may ask is the socket's to say, a private ipc file or CurveZMQ keys; an old client's
+    # empty token is an unknown field, ignored)
     id: int = 0
     by: str = ""  # who asks (informative; recorded on the action event)
 
@@ -93,9 +94,9 @@ def decode_request(data: bytes) -> Request:
     try:
         return _request_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise ValueError(f"malformed control request ({e}); expected JSON {{op, args, token}}") from None
+        raise ValueError(f"malformed control request ({e}); expected JSON {{op, args, id, by}}") from None
     except RecursionError:  # arrays within arrays past Python's limit: msgspec recurses once a level
-        raise ValueError("malformed control request (nested too deeply); expected JSON {op, args, token}") from None
+        raise ValueError("malformed control request (nested too deeply); expected JSON {op, args, id, by}") from None
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class ControlClient:
         # be told about it; giving up after one try would leave them with "no answer" for a late reply
         # (a supervisor busy or briefly frozen) and tempt them to press it again, under a new id.
         req_id = request_id or new_request_id()
-        payload = msgspec.json.encode({"op": op, "args": args or {}, "token": "", "id": req_id, "by": self.by})
+        payload = msgspec.json.encode({"op": op, "args": args or {}, "id": req_id, "by": self.by})
         for _ in range(attempts):
             sock = self._socket()
             sock.send_multipart([b"", payload])

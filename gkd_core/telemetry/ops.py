@@ -67,6 +67,16 @@ class DumpStacksArgs(Args):
                                                               "or '-'")] | Unset = UNSET
 
 
+class PauseArgs(Args):
+    # how long the driver stays paused unless resumed before: a pause that nobody ends must end (telemetry/pausing)
+    for_s: Annotated[float, Meta(gt=0, le=7 * 86400, description="a number of seconds over 0, up to 604800 "
+                                                                   "(a week)")] = 3600.0
+
+
+class ResumeArgs(Args):
+    """The paused driver goes on (a pause asked for and not yet begun is called off)."""
+
+
 class OpenIngestArgs(Args):
     host: Annotated[str, Meta(description="an IP address, as text")] | Unset = UNSET
 
@@ -77,7 +87,8 @@ class NoteArgs(Args):
 
 OPS: dict[str, type[Args]] = {
     "ping": QueryArgs, "snapshot": QueryArgs, "stop": StopArgs, "restart": RestartArgs, "cancel": CancelArgs,
-    "dump_stacks": DumpStacksArgs, "open_ingest": OpenIngestArgs, "note": NoteArgs,
+    "dump_stacks": DumpStacksArgs, "open_ingest": OpenIngestArgs, "note": NoteArgs, "pause": PauseArgs,
+    "resume": ResumeArgs,
 }
 # the op an action's arguments are for: a caller sends the Struct (``ControlClient.ask``), typed from the key or
 # the command line to the handler, which parses them again; a query (QueryArgs, shared) is asked by its name

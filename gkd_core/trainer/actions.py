@@ -1,5 +1,5 @@
-"""The driver's side of the one-key actions: commands the supervisor forwards (dump stacks, cancel),
-served between steps and while any wait is in progress, each recorded as an `action` event."""
+"""The driver's side of the one-key actions: commands the supervisor forwards (dump stacks, cancel, pause and
+resume), served between steps and while any wait is in progress, each recorded as an `action` event."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gkd_core.node.stacks import Capture
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.commands import Command, CommandInbox
+from gkd_core.telemetry.pausing import Pause
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.cluster import Cluster
 from gkd_core.trainer.worker_base import thread_stacks
@@ -44,6 +45,7 @@ class Actions:
         (cancelled and made again, or over before the cancel took hold, or none under way)."""
         self.cluster, self.rep, self.run_dir, self.inbox = cluster, rep, run_dir, inbox
         self.cancel_sync = cancel_sync
+        self.pause = Pause(rep)  # held at a step's end (``hold``)
 
     def answer_to(self, cmd: Command) -> Answer:
         def answer(ok: bool, result: Any) -> None:
@@ -51,7 +53,16 @@ class Actions:
         return answer
 
     def serve(self, *_args) -> None:
-        for cmd in self.inbox.poll(0):
+        """The requests that came, carried out (a wait's tick: none is waited for)."""
+        self.serve_for(0.0)
+
+    def hold(self, step: int) -> None:
+        """A step's end: held here while a pause is asked for (``telemetry/pausing``), requests served meanwhile."""
+        self.pause.hold(step, self.serve_for)
+
+    def serve_for(self, timeout_s: float) -> None:
+        """The requests that come within ``timeout_s`` (on the inbox's socket), carried out."""
+        for cmd in self.inbox.poll(timeout_s):
             answer = self.answer_to(cmd)
             try:
                 args = ops.parse(cmd.op, cmd.args)
@@ -59,6 +70,10 @@ class Actions:
                     self.dump_stacks(args.targets, args.dump_id or f"dump-{cmd.id}", answer)
                 elif isinstance(args, ops.CancelArgs):
                     self.cancel(args.target, args.mode, answer, args.pid)
+                elif isinstance(args, ops.PauseArgs):
+                    answer(True, self.pause.ask(args, cmd.by))
+                elif isinstance(args, ops.ResumeArgs):
+                    answer(*self.pause.resume())
                 else:
                     answer(False, f"the driver does not carry out '{cmd.op}'")
             except Exception as e:  # a command must never take the run down

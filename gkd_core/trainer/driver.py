@@ -315,6 +315,7 @@ class Driver:
             self.loggers.write(metrics)
             self.rep.set_phase("idle", step=step, detail=f"step {step} took {time.monotonic() - t_step:.2f} s")
             replacing.revive_agents(self.cluster)  # between steps: a node agent that died is started again
+            self.actions.hold(step)  # and held while a pause is asked for
 
     def metrics_event(self, step: int, m: StepResult, batch: Batch, timing: dict, evaluated: bool) -> ev.MetricsEvent:
         e = self.last_eval

@@ -1,5 +1,5 @@
 """The commands that ask a run's supervisor: status, stop, restart (or take over a run whose
-supervisor is gone), cancel. Each is the scriptable twin of a dashboard key."""
+supervisor is gone), cancel, pause and resume. Each is the scriptable twin of a dashboard key."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import msgspec
 
 from gkd_core import rundir
 from gkd_core.state import RunState
+from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import ops
-from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_core.telemetry.control import ControlError, ControlUnreachable, new_request_id
 from gkd_tui.commands.reach import LAUNCH_WAIT_S, client, unreachable
 from gkd_tui.render_text import status_text
 
@@ -60,6 +61,41 @@ def act(a: argparse.Namespace, args: ops.Args, timeout_s: float = 5.0, run: Path
     return 0
 
 
+OUTCOME_WAIT_S = 10.0  # a driver answers between its waits' ticks (a second or less), or between steps
+
+
+def act_on_driver(a: argparse.Namespace, args: ops.Args, timeout_s: float = OUTCOME_WAIT_S) -> int:
+    """An op the driver carries out (pause, resume): asked, and the driver's answer (an ``action`` event with
+    the request's id) heard on the run's event stream, subscribed to before asking so that it cannot be missed;
+    printed (as JSON with ``--json``). Exit 1 when it refused or did not answer within ``timeout_s``."""
+    from gkd_tui.answers import outcome_text  # (the dashboard's words for an outcome)
+
+    op, run = ops.OP_OF[type(args)], None
+    try:
+        run = rundir.resolve_run(a.run)
+        c, endpoints = client(run, 5.0)
+        with c:
+            sub = RunSubscriber(endpoints=endpoints, client=c)
+            try:
+                sub.connect()
+                request = new_request_id()
+                c.ask(args, request_id=request)
+                answer = sub.pump_until(lambda state: state.outcome(request), timeout_s)
+            finally:
+                sub.sub.close(linger=0)  # (the client is closed with it)
+    except ControlError as e:
+        print(f"gkd-tui: {op} refused: {e}", file=sys.stderr)
+        return 1
+    except (rundir.RunNotFound, ControlUnreachable) as e:
+        return unreachable(run, e)
+    if answer is None:
+        print(f"gkd-tui: {op}: handed to the driver, which did not answer within {timeout_s:g} s (it answers "
+              "between its waits' ticks: is it frozen? `gkd-tui status` says its phase)", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=1) if a.json else outcome_text(op, answer["ok"], answer["result"]))
+    return 0 if answer["ok"] else 1
+
+
 def describe(op: str, result) -> str:
     if op == "restart" and isinstance(result, dict):
         lines = [f"restart {result.get('restart')}: {result.get('config', '(dry run)')}"]
@@ -85,6 +121,14 @@ def cmd_cancel(a: argparse.Namespace) -> int:
     if a.target:
         args.target = a.target
     return act(a, args)
+
+
+def cmd_pause(a: argparse.Namespace) -> int:
+    return act_on_driver(a, ops.PauseArgs(for_s=a.for_s) if a.for_s is not None else ops.PauseArgs())
+
+
+def cmd_resume(a: argparse.Namespace) -> int:
+    return act_on_driver(a, ops.ResumeArgs())
 
 
 def cmd_note(a: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@ HELP = """[b]gkd-tui keys[/b]
   d      the selected worker's stacks → the stack viewer (D: everyone's)
   c      cancel the selected worker's task, the current sync or everything
   r      restart smaller from the latest checkpoint (the diff first)
+  P      pause the driver at its step's end (the run kept, for an hour at
+         most), or resume a paused one
   enter  the selected worker's details: state, last stack, log lines;
          on a group's line, open or close the group
   /      filter the workers by name, phase, node or pid (escape clears)

@@ -8,7 +8,7 @@ stragglers") until enter opens it. A worker alone in its role (the driver, the s
 of its own, without a group line. A filter shows every worker it matches, by name, phase, node or
 pid, in any group.
 
-One pass over the workers builds it (about 0.4 µs a worker alone, two or three times that on a busy
+One pass over the workers builds it (about 0.5 µs a worker alone, two or three times that on a busy
 machine): the table rebuilds at most once a second, a large run's in slices (``Pass``), and each redraw
 reads the rows on screen straight from the state.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from gkd_core import vocab
 from gkd_core.state import AlertState, RunState, WorkerState
-from gkd_core.state.views import heartbeat_at
+from gkd_core.state.liveness import DEAD, FROZEN, Limits, judge, silent_among
 from gkd_core.vocab import SEVERITY_ORDER, WORKER_ENDED
 from gkd_tui.widgets.styles import CAUTION, FAILURE, NAMED_ROW, TROUBLE
 
@@ -71,20 +71,21 @@ def worst_alerts(st: RunState) -> dict[str, AlertState]:
     return out
 
 
-def trouble(w: WorkerState, alert: AlertState | None, now: float, stale_before: float,
-            beat: float) -> tuple[int, str, str] | None:
+def trouble(st: RunState, w: WorkerState, alert: AlertState | None, now: float,
+            limits: Limits) -> tuple[int, str, str] | None:
     """(how bad: 0 worst, the word for it, its row's style) of a worker something is wrong with;
-    None if nothing is. The one place that says so, for the group's counts and order and for the row.
-    ``beat``: when its newest heartbeat was sent (``views.heartbeat_at``)."""
+    None if nothing is. The one place that says so, for the group's counts and order and for the row;
+    whether it is alive, the liveness judge's (``state.liveness``)."""
     if w.phase in WORKER_ENDED:
         return (0, "failed", FAILURE) if w.phase == "failed" else None
-    if w.ray_state == "DEAD":  # Ray says so, whatever its last heartbeat said
+    alive = judge(st, w, now, limits)
+    if alive.word == DEAD:  # Ray says so, whatever its last heartbeat said
         return 0, "dead", TROUBLE
     if alert is not None and alert.severity in NAMED_ROW:  # a straggler, a frozen or an out-of-memory worker
         return (0 if alert.severity == "critical" else 1), CODE_WORD.get(alert.code, alert.code), \
             NAMED_ROW[alert.severity]
-    if beat and beat < stale_before:
-        return 1, "stale", TROUBLE
+    if alive.word == FROZEN:  # (in the word of the alert that names it so, which may be on its way)
+        return 1, CODE_WORD["heartbeat_stale"], TROUBLE
     if w.deadline and now > w.deadline - 0.2 * max(1.0, w.deadline - w.phase_since):
         return 2, "near deadline", CAUTION
     return None
@@ -98,11 +99,11 @@ def matches(w: WorkerState, text: str) -> bool:
     return text in f"{w.src} {w.phase} {w.node} {w.pid}"
 
 
-def build(st: RunState, now: float, stall_s: float, toggled: frozenset[str] | set[str] = frozenset(),
+def build(st: RunState, now: float, limits: Limits, toggled: frozenset[str] | set[str] = frozenset(),
           filter_text: str = "") -> list[tuple]:
     """The rows, in order: ``("group", Group)`` or ``("worker", src)``. ``toggled``: the keys of the
     groups enter opened (or closed, for a small one)."""
-    one = Pass(st, stall_s, toggled, filter_text)
+    one = Pass(st, limits, toggled, filter_text)
     one.take(now)
     return one.rows()
 
@@ -113,9 +114,9 @@ class Pass:
     at 65,536 workers on a busy 2-core machine that was 60-150 ms, the slowest part of a phase change's way
     to the screen (bench/bench_dashboard.py). A worker that joins during a pass is in the next one."""
 
-    def __init__(self, st: RunState, stall_s: float, toggled: frozenset[str] | set[str] = frozenset(),
+    def __init__(self, st: RunState, limits: Limits, toggled: frozenset[str] | set[str] = frozenset(),
                  filter_text: str = ""):
-        self.st, self.stall_s, self.filter_text = st, stall_s, filter_text
+        self.st, self.limits, self.filter_text = st, limits, filter_text
         self.toggled = frozenset(toggled)
         self.named = worst_alerts(st)
         self.groups: dict[str, Group] = {}
@@ -130,7 +131,8 @@ class Pass:
         """The next ``n`` workers (all that are left: None), judged at ``now``."""
         end = len(self._workers) if n is None else min(len(self._workers), self._next + n)
         st, named, groups, filter_text = self.st, self.named, self.groups, self.filter_text
-        stale_before = now - self.stall_s
+        frozen = {w.src for w, _ in silent_among(st, itertools.islice(self._workers, self._next, end), now,
+                                                 self.limits, FROZEN)}
         for w in itertools.islice(self._workers, self._next, end):
             if filter_text and not matches(w, filter_text):
                 continue
@@ -141,10 +143,8 @@ class Pass:
             g.n += 1
             g.phases[w.phase] = g.phases.get(w.phase, 0) + 1
             # the common case in one test: no alert, not terminal, heartbeat fresh, no deadline
-            beat = heartbeat_at(st, w) if w.last_heartbeat < stale_before else w.last_heartbeat  # (the clock's, later)
-            if (w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline
-                    or (beat and beat < stale_before)):
-                why = trouble(w, named.get(w.src), now, stale_before, beat)
+            if w.src in named or w.phase in WORKER_ENDED or w.ray_state == "DEAD" or w.deadline or w.src in frozen:
+                why = trouble(st, w, named.get(w.src), now, self.limits)
                 if why is not None:
                     g.trouble.append(((why[0], *sort_key(w)), w.src, why[1]))
                     continue

@@ -22,7 +22,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from gkd_core.state import AlertState, RunState, WorkerState
-from gkd_core.state.views import heartbeat_at, shown_phase
+from gkd_core.state.liveness import FROZEN, Limits, judge
+from gkd_core.state.views import shown_phase
 from gkd_core.vocab import WORKER_ENDED
 from gkd_tui.widgets import worker_groups
 from gkd_tui.widgets.format import fmt_duration
@@ -78,7 +79,7 @@ class WorkersTable(ScrollView, can_focus=True):
         self.order: list[str] = []  # a key per row: the worker's src, or "group:<role>"
         self._state: RunState | None = None
         self._now = 0.0
-        self._stall_s = 10.0
+        self._limits = Limits()
         self._named: dict[str, AlertState] = {}  # worker -> the most severe alert naming it
         self._toggled: set[str] = set()  # groups opened (or closed) with enter
         self._filter = ""
@@ -94,7 +95,8 @@ class WorkersTable(ScrollView, can_focus=True):
 
     def show(self, st: RunState, now: float, stall_s: float = 10.0, filter_text: str = "") -> None:
         """Point the table at ``st``; only the visible rows are rendered, at the next refresh."""
-        self._state, self._now, self._stall_s, self._filter = st, now, stall_s, filter_text
+        self._state, self._now, self._filter = st, now, filter_text
+        self._limits = Limits(st.heartbeat_s, stall_s)
         self._named = worker_groups.worst_alerts(st)
         self._base = None
         signature = (id(st), len(st.workers), filter_text, frozenset(self._toggled))
@@ -103,7 +105,7 @@ class WorkersTable(ScrollView, can_focus=True):
             self._pass = None  # what is shown changed under it: the rows are built whole, below
         if self._pass is None and (signature != self._built_for or mono - self._built_at > RESORT_S):
             if len(st.workers) > SLICE and signature == self._built_for:  # only their time is up: in slices
-                self._pass = worker_groups.Pass(st, stall_s, self._toggled, filter_text)
+                self._pass = worker_groups.Pass(st, self._limits, self._toggled, filter_text)
                 self._pass_for = (signature, mono)
             else:
                 self.rebuild()
@@ -125,7 +127,7 @@ class WorkersTable(ScrollView, can_focus=True):
         st = self._state
         assert st is not None  # (shown first)
         self._pass = None
-        self._install(worker_groups.build(st, self._now, self._stall_s, self._toggled, self._filter))
+        self._install(worker_groups.build(st, self._now, self._limits, self._toggled, self._filter))
 
     def _install(self, rows: list[tuple]) -> None:
         selected = self.order[self.cursor] if 0 <= self.cursor < len(self.order) else None
@@ -185,15 +187,14 @@ class WorkersTable(ScrollView, can_focus=True):
         if w.phase in WORKER_ENDED and w.phase != "failed":
             return DONE
         assert self._state is not None  # (a row of the state shown)
-        why = worker_groups.trouble(w, self._named.get(w.src), self._now, self._now - self._stall_s,
-                                    heartbeat_at(self._state, w))
+        why = worker_groups.trouble(self._state, w, self._named.get(w.src), self._now, self._limits)
         return why[2] if why is not None else None
 
     def row_cells(self, w: WorkerState) -> tuple:
         st, now = self._state, self._now
         assert st is not None  # (a row of the state shown)
         age = st.heartbeat_age(w, now)
-        stale = age is not None and age > self._stall_s and w.phase not in WORKER_ENDED
+        stale = age is not None and judge(st, w, now, self._limits).word == FROZEN
         return (w.src, shown_phase(w), fmt_duration(st.time_in_phase(w, now)),
                 (fmt_duration(age) + (" STALE" if stale else "")) if age is not None else "-",
                 "-" if w.step is None else w.step, ",".join(map(str, w.gpus)) or "-", w.pid or "-", w.node or "-",

@@ -36,7 +36,7 @@ from gkd_core import rundir
 from gkd_core.config import load_config
 from gkd_core.diagnosis.rules.workers import SLOW_ON_PURPOSE
 from gkd_core.node.cpu_load import NODE_BUSY
-from gkd_core.supervisor.supervisor import LOST_STEPS
+from gkd_core.supervisor.drivers import LOST_STEPS
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"

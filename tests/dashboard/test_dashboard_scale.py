@@ -8,6 +8,7 @@ import pytest
 
 from gkd_core.diagnosis import diagnose
 from gkd_core.state import RunState
+from gkd_core.state.liveness import Limits
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_tui.app import GkdApp
@@ -114,8 +115,9 @@ async def test_a_large_run_s_rows_follow_in_slices_one_a_redraw(big_run):
         await at_now()(pilot)
         table = app.query_one(WorkersTable)
         whole = list(table.order)
+        limits = Limits(app.source.state.heartbeat_s, app.stall_s)
         assert whole == [row[1].key if row[0] == "group" else row[1]
-                         for row in worker_groups.build(app.source.state, NOW, app.stall_s)]
+                         for row in worker_groups.build(app.source.state, NOW, limits)]
         table._built_at -= 2 * RESORT_S  # a pass is due
         shown, redraws = table.rows, 0
         while True:

@@ -12,6 +12,7 @@ import pytest
 from conftest import wait_until
 
 from gkd_core.diagnosis.stragglers import MIN_S
+from gkd_core.telemetry import ops
 
 pytestmark = pytest.mark.slow
 TRAINER = "gkd_core.trainer.driver"
@@ -57,12 +58,25 @@ def test_hang_demo_names_only_the_straggler_and_a_restart_resumes(start_supervis
 
 def test_one_slow_part_of_a_sync_is_named_with_its_usual_time_and_plotted(start_supervisor):
     """rollout/1's load of the weights after step 3 takes 9 s longer: named as that part of that sync, with
-    the part's usual time from the syncs before, within the floor and a few seconds; not as a straggler too."""
+    the part's usual time from the syncs before, within the floor and a few seconds; not as a straggler too.
+    (Its run is paused after step 1 and resumed, which the trainer's driver does between steps: a run of its
+    own for it would cost the suite half a minute.)"""
     sup = start_supervisor("trainer.total_steps=4", "trainer.sync_timeout_s=300",
                            "faults=[{kind: slow_sync_part, target: rollout/1, step: 3, part: load, seconds: 9}]",
                            driver=TRAINER)
+    sup.wait_driver(timeout_s=120)
+    with sup.client(timeout_s=5) as c:
+        c.ask(ops.PauseArgs(for_s=60))
+        paused = wait_until(lambda: [e for e in sup.events() if e["kind"] == "phase" and e["src"] == "driver"
+                                     and e["phase"] == "paused"], 240, "the driver held at a step's end")
+        time.sleep(2.0)
+        c.ask(ops.ResumeArgs())
     wait_until(lambda: [e for e in run_states(sup) if e["state"] == "finished"], 300, "the run to finish")
     events = sup.events()
+    held_at = paused[0]["step"]
+    steps = [e for e in events if e["kind"] == "metrics"]
+    after = next(e for e in steps if e["step"] == held_at + 1)
+    assert after["ts"] - paused[0]["ts"] >= 2.0 and sorted(e["step"] for e in steps) == [1, 2, 3, 4]
     began = next(e for e in events if e["kind"] == "sync_part" and e["src"] == "rollout/1" and e["step"] == 3
                  and e["part"] == "load" and e["state"] == "began")
     named = [e for e in events if e["kind"] == "alert" and e["code"] == "sync_part_slow" and not e.get("cleared")]

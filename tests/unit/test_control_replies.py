@@ -9,7 +9,7 @@ from gkd_core.telemetry import control
 
 
 def body(req_id: int, op: str = "restart", **args) -> bytes:
-    return msgspec.json.encode({"op": op, "args": args, "token": "", "id": req_id, "by": "alice/cli"})
+    return msgspec.json.encode({"op": op, "args": args, "id": req_id, "by": "alice/cli"})
 
 
 def test_a_repeat_gets_the_first_answer_and_is_counted():

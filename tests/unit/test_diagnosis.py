@@ -97,7 +97,8 @@ def test_a_frozen_worker_says_so_as_soon_as_its_peers_heartbeats_still_arrive():
     st = running_sync(until=T0 + 3)  # every heartbeat stops at T0 + 3: the path, or the supervisor
     assert named(st, T0 + 9, "heartbeat_stale") == []  # not before stall_s (10 s)
     (a,) = [a for a in diagnosis.diagnose(st, T0 + 12) if a.code == "straggler"]
-    assert a.evidence["verdict"] == "frozen" and "no heartbeat" in a.message
+    # every process silent for 9 s: not frozen (that is for stall_s), and not stuck either: nothing is known
+    assert a.evidence["verdict"] == "silent" and "no heartbeat for 9 s, nor from any other process" in a.message
     st = running_sync(until=T0 + 30)
     for t in range(31, 40):  # rollout/1 alone goes silent (SIGSTOP): named at FROZEN_S, not at stall_s
         for src in ("driver", "student/0", "rollout/0"):
@@ -241,6 +242,23 @@ def test_no_step_for_three_times_the_median_while_everyone_is_alive():
     assert named(st, last + 30) == []
     ((code, _, severity),) = named(st, last + 40)
     assert code == "no_progress" and severity == "warn"
+
+
+def test_a_pause_a_person_asked_for_is_no_stall_during_it_nor_just_after_it():
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0))
+    for src in ("driver", "rollout/0"):
+        st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], ts=T0))
+    for step in range(1, 11):
+        st.apply(ev.MetricsEvent(step=step, ts=T0 + 12 * step))
+    last = T0 + 120
+    phase(st, "driver", "paused", last + 1, 10)  # held at step 10's end for ten minutes
+    for t in range(0, 620):
+        beat(st, "rollout/0", last + t, 1.0)
+        beat(st, "driver", last + t, 1.0)
+    assert named(st, last + 600) == []
+    phase(st, "driver", "generate", last + 601, 11)  # resumed: the stall is counted from here
+    assert named(st, last + 619) == []
 
 
 def test_a_slow_healthy_teacher_is_not_unreached_and_a_restart_is_not_a_stall():

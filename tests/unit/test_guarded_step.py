@@ -33,7 +33,7 @@ def test_prune_keeps_the_newest_complete_and_deletes_torn_older_ones(tmp_path):
 
 
 def test_a_run_taken_over_says_which_steps_its_checkpoint_holds_and_its_log_lost(tmp_path):
-    from gkd_core.supervisor.supervisor import LOST_STEPS, steps_the_log_lost
+    from gkd_core.supervisor.drivers import LOST_STEPS, steps_the_log_lost
 
     assert steps_the_log_lost(tmp_path, 70, 123) == ""  # no checkpoint yet
     _ckpt(tmp_path / "checkpoints", 70)

@@ -2,6 +2,7 @@ import msgspec
 
 from gkd_core.runlog.reader import replay
 from gkd_core.state import RunState, decode_state, encode_state
+from gkd_core.state.liveness import ALIVE, ENDED, FROZEN, Limits, judge
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 
@@ -55,8 +56,9 @@ def test_views_of_a_hung_sync():
     assert r1.phase == "sync_weights" and r1.node == "n1" and r1.gpus == [1]
     assert st.time_in_phase(r1, 1100.0) == 90.0
     assert st.heartbeat_age(r1, 1100.0) == 89.0
-    assert list(st.stale_workers(1100.0, stall_s=10)) == ["rollout/0", "rollout/1"]
-    assert st.stale_workers(1012.0, stall_s=10) == {}
+    assert [src for src, w in st.workers.items() if judge(st, w, 1100.0, Limits()).word == FROZEN] == \
+        ["rollout/0", "rollout/1"]
+    assert {judge(st, w, 1012.0, Limits()).word for w in st.workers.values()} == {ALIVE}
     view = st.sync_view(1045.0)  # 5 s reported at 1015 + 30 s since
     assert view.running and view.pending == ["rollout/1"] and view.elapsed_s == 35.0
     assert abs(view.fraction - 35 / 60) < 1e-9
@@ -86,7 +88,7 @@ def test_sync_end_archives_and_alert_clears_and_gpu_recovers():
 def test_run_end_marks_workers_exited_so_they_are_not_stale():
     st = build()
     st.apply(ev.RunEvent(state="failed", exit_code=-9, reason="killed by SIGKILL", ts=2000.0, seq=99))
-    assert st.stale_workers(3000.0, 10) == {}
+    assert {judge(st, w, 3000.0, Limits()).word for w in st.workers.values()} == {ENDED}
     assert st.workers["rollout/1"].phase == "exited"
 
 

@@ -29,13 +29,18 @@ def test_an_argument_of_the_wrong_type_fails_type_checking_and_a_right_one_passe
     wrong = type_errors('ops.RestartArgs(shrink="yes")\n', tmp_path)
     assert 'Argument "shrink" to "RestartArgs" has incompatible type "str"; expected "bool"' in wrong, wrong
     assert "error" in type_errors("ops.CancelArgs(mode='gently')\n", tmp_path)  # (a Literal: cooperative or force)
+    # the op added last, as an example of adding one (pause/resume): its argument typed the same way
+    assert type_errors("ops.PauseArgs(for_s=60.0)\nops.ResumeArgs()\n", tmp_path) == ""
+    wrong = type_errors('ops.PauseArgs(for_s="1h")\n', tmp_path)
+    assert 'Argument "for_s" to "PauseArgs" has incompatible type "str"' in wrong, wrong
 
 
 def test_every_action_op_has_its_own_struct_and_a_struct_says_its_op():
     assert set(ops.OP_OF.values()) == set(ops.OPS) - ops.QUERIES
     assert {ops.OP_OF[type(a)] for a in (ops.RestartArgs(shrink=True), ops.StopArgs(), ops.CancelArgs(),
-                                         ops.DumpStacksArgs(), ops.NoteArgs(text="x"))} == {
-        "restart", "stop", "cancel", "dump_stacks", "note"}
+                                         ops.DumpStacksArgs(), ops.NoteArgs(text="x"), ops.PauseArgs(),
+                                         ops.ResumeArgs())} == {
+        "restart", "stop", "cancel", "dump_stacks", "note", "pause", "resume"}
     # what goes on the wire is what the handler parses back: the Struct again, an argument left out unset
     sent = ops.RestartArgs(shrink=True)
     assert ops.parse("restart", msgspec.to_builtins(sent)) == sent

@@ -6,8 +6,8 @@ import re
 from typing import NamedTuple
 
 from gkd_core.config import TrainerConfig
-from gkd_core.diagnosis.verdict import FROZEN_S
 from gkd_core.state import RunState
+from gkd_core.state.liveness import Limits
 
 
 class Settings(NamedTuple):
@@ -18,6 +18,11 @@ class Settings(NamedTuple):
     # busy node starves it); the driver's own wait for it ends then too (the supervisor passes the run's
     # trainer.init_timeout_s; this is its default)
     setup_s: float = TrainerConfig().init_timeout_s
+
+    @property
+    def limits(self) -> Limits:
+        """The liveness judge's limits for these periods (``state.liveness``)."""
+        return Limits(self.heartbeat_s, self.stall_s)
 
 
 BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it
@@ -54,11 +59,6 @@ def phase_hint(phase: str) -> str:
         if all(w in name for w in words):
             return PHASE_HINTS[key]
     return "its stack (d) says where it waits; cancel it (c) or restart (r)"
-
-
-def frozen_limits(cfg: Settings) -> tuple[float, float]:
-    """(a heartbeat this young is fresh, a silence this long is frozen): three beats, at least 5 s."""
-    return max(3.0, 3 * cfg.heartbeat_s), max(FROZEN_S, 3 * cfg.heartbeat_s)
 
 
 def last_words(state: RunState, src: str) -> str:

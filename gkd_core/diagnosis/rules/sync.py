@@ -4,7 +4,7 @@ are in."""
 
 from __future__ import annotations
 
-from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings, frozen_limits
+from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings
 from gkd_core.diagnosis.stragglers import MIN_S, OWN_FACTOR, OWN_MIN_SAMPLES
 from gkd_core.state import RunState
 from gkd_core.state.views import heartbeat_at, usual_part_time
@@ -142,7 +142,7 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state not in ("running", ""):
         return []
     out = []
-    fresh = frozen_limits(cfg)[0]
+    fresh = cfg.limits.fresh_s
     for group, members in state.collectives.items():
         n = max((p.entered for p in members.values()), default=0)
         if n == 0 or len(members) < 2:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gkd_core.diagnosis.rules.common import Settings, frozen_limits
+from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.state import RunState, TeacherSide
 from gkd_core.telemetry.events import AlertEvent
@@ -50,7 +50,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                 hint="the path between them: teacher.address, the proxy's host and port, a firewall; "
                      "`gkd-tui doctor` checks what it can",
                 evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
-    fresh = frozen_limits(cfg)[0]
+    fresh = cfg.limits.fresh_s
     for s in servers:
         waited = now - s.progress_at
         # counts the proxy has not said again lately are not the queue now: the proxy (or the relay that
@@ -58,7 +58,7 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         if s.queue_depth and waited >= _stall_limit(s) and now - s.ts <= fresh:
             workers = sorted(w.src for w in state.workers.values() if w.role == "teacher" and w.src != "teacher/proxy"
                              and w.phase not in WORKER_ENDED)
-            vs = {w: verdict(state, state.workers[w], now, frozen_limits(cfg)[1]) for w in workers[:4]}
+            vs = {w: verdict(state, state.workers[w], now, cfg.limits) for w in workers[:4]}
             verdicts = [f"{w}: {v.text}" for w, v in vs.items()]
             out.append(AlertEvent(
                 severity="critical", code="teacher_not_serving", targets=workers or ["teacher/proxy"],

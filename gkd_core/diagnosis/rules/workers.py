@@ -5,56 +5,36 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
-from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, frozen_limits, last_words, phase_hint
+from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, last_words, phase_hint
 from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import RunState, WorkerState
-from gkd_core.state.views import silent_for
+from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard, silent_among
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
-from gkd_core.vocab import WORKER_ENDED
+from gkd_core.vocab import PAUSED, WORKER_ENDED
 
 # phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
-# preparation): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
-SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data")
+# preparation, a pause a person asked for): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
+SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data", PAUSED)
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
-    """A worker that sends no heartbeat: frozen or dead. Named at ``stall_s``, or sooner (FROZEN_S)
-    when its peers' heartbeats still arrive: then it is this process, not the path or the supervisor, and
-    the heartbeat thread, which waits with the GIL released, has not run for five of its periods. That is
-    critical at once, unless its node's CPU is held outside the run (a starved thread: critical at
-    ``stall_s``) or it is in a phase slow on purpose (a checkpoint's pickling can hold the GIL).
-    A worker in a set-up phase is critical only past its set-up deadline (``_silent_in_set_up``). Silence
-    counts from when the process was last heard from (``heard_from``)."""
-    fresh, frozen = frozen_limits(cfg)
-    # one walk over the workers (65,536 of them at the largest, every pass): how many beat lately, and
-    # who has been quiet long enough for any of the limits below (``silent_for``, inline)
-    quietest = min(cfg.stall_s, frozen) - 2 * cfg.heartbeat_s
-    others_fresh, quiet = 0, []
-    vouch = state.vouch_s
-    clock_at = {relay: ts for relay, (_, ts) in state.relay_clocks.items()}
-    fresh_after, quiet_before = now - fresh, now - quietest  # (times, not ages: one subtraction less a worker)
-    for w in state.workers.values():
-        beat = w.last_heartbeat  # (``heartbeat_at``, inline)
-        if not beat:
-            continue  # never heard from: not silent, only not yet started
-        if w.clock_via and (clock := clock_at.get(w.clock_via)) is not None and clock > beat:
-            beat = clock if clock < beat + vouch else beat + vouch
-        if beat > fresh_after:
-            others_fresh += 1
-        heard = beat if beat >= w.phase_since else w.phase_since
-        if heard < quiet_before:
-            quiet.append((w, now - heard))
-    limit = min(cfg.stall_s, frozen) if others_fresh else cfg.stall_s
-    quiet = [(w, age) for w, age in quiet if w.phase not in WORKER_ENDED]
-    silent = {w.src: age for w, age in quiet if age > limit}  # (``RunState.stale_workers``)
+    """A worker that sends no heartbeat: frozen or dead (``liveness.judge``: at ``stall_s``, or at
+    ``frozen_s`` while others are heard from). That is critical at once, unless its node's CPU is held outside
+    the run (a starved thread: critical at ``stall_s``) or it is in a phase slow on purpose (a checkpoint's
+    pickling can hold the GIL). A worker in a set-up phase is critical only past its set-up deadline
+    (``_silent_in_set_up``). Silence counts from when the process was last heard from (``heard_from``)."""
+    limits = cfg.limits
+    others = others_heard(state, now, limits)
+    judged = silent_among(state, state.workers.values(), now, limits)  # late or frozen
+    silent = {w.src: j.silent_s or 0.0 for w, j in judged if j.word == FROZEN}
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
     # its own go quiet, so a relay that is nearly stale counts too.
-    quiet_relays = {w.src for w, age in quiet if w.role == "agent" and age > limit - 2 * cfg.heartbeat_s}
+    quiet_relays = {w.src for w, _ in judged if w.role == "agent"}
     behind: dict[str, list[str]] = {}
     for src in silent:
         w = state.workers[src]
@@ -71,14 +51,15 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
         if set_up(w.phase) and not relayed:
             out.append(_silent_in_set_up(w, age, now, where, busy, cfg))
             continue
-        v = verdict(state, w, now, frozen)
+        v = verdict(state, w, now, limits)
         with_it = (f"; the {relayed} worker(s) whose events it relays are silent with it (they may be working: "
                    "their events wait in their own queues)") if relayed else ""
         out.append(AlertEvent(
-            severity="critical" if age > cfg.stall_s or relayed or (others_fresh and not busy
+            severity="critical" if age > cfg.stall_s or relayed or (others and not busy
                                                                     and w.phase not in SLOW_ON_PURPOSE) else "warn",
             code="heartbeat_stale",
-            message=f"{w.src} sent no heartbeat for {spoken(age)} while {others_fresh} other(s) did (phase {w.phase}, "
+            message=f"{w.src} sent no heartbeat for {spoken(age)} "
+                    f"{'while others did' if others else 'nor did any other process'} (phase {w.phase}, "
                     f"{where}){'; ' + v.text if v.where or v.word == 'dead' else ''}{with_it}"
                     + (f"; {busy}" if busy else ""),
             hint=f"the process is frozen (SIGSTOP, D state, the GIL held in C) or dead: press d on it, or "
@@ -128,12 +109,12 @@ def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """Late workers, named by their peers (or by their own history), with the stuck-or-slow verdict."""
     if state.state not in ("running", ""):
         return []
-    return [_late_alert(state, late, now, frozen_limits(cfg)[1]) for late in late_workers(state, now)]
+    return [_late_alert(state, late, now, cfg.limits) for late in late_workers(state, now)]
 
 
-def _late_alert(state: RunState, late: Late, now: float, frozen_s: float) -> AlertEvent:
+def _late_alert(state: RunState, late: Late, now: float, limits: Limits) -> AlertEvent:
     w = state.workers[late.src]
-    v = verdict(state, w, now, frozen_s)
+    v = verdict(state, w, now, limits)
     at = f" (step {late.step})" if late.step is not None else ""
     if late.by == "peers":
         code = "straggler"
@@ -213,9 +194,10 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                        default=0.0) if driver is not None else 0.0
     since = now - max(ms[-1].ts, state.running_since, set_up_ended)
     limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
-    alive = [w for w in state.workers.values()
-             if (age := silent_for(state, w, now)) is not None and age < cfg.stall_s]
-    if since < limit or not alive or late_workers(state, now):  # a named straggler is the why already
+    if since < limit:
+        return []
+    alive = [w for w in state.workers.values() if judge(state, w, now, cfg.limits).word in (ALIVE, LATE)]
+    if not alive or late_workers(state, now):  # a named straggler is the why already
         return []
     busy = sorted(((now - w.phase_since, w.src, w.phase) for w in alive if w.phase not in NOT_WORK),
                   reverse=True)[:3]
