@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--adopt", type=int, metavar="PID", default=None,
                      help="watch a job its user started (pid PID) instead of starting a driver: what a job that "
                           "asked for a run of its own (GKD_WATCH=1) starts")
+    run.add_argument("--ray-address", default="", metavar="ADDRESS",
+                     help="look at the jobs of the Ray cluster at ADDRESS ('auto': this machine's) through its state "
+                          "API instead of starting a driver: what `gkd-tui attach --ray-address` starts")
     run.add_argument("--driver", default=None, help=argparse.SUPPRESS)
     run.add_argument("--quiet", action="store_true", help="print nothing but errors")
     unattended_settings.add_arguments(run)
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             args.driver = args.driver or (old.get("driver_module") if isinstance(old, dict) else None)
             command = command or (list(old.get("command") or []) if isinstance(old, dict) else []) or None
             adopted = old.get("adopted") if isinstance(old, dict) else None
+            args.ray_address = args.ray_address or (str(old.get("ray_address") or "") if isinstance(old, dict) else "")
         except (OSError, ValueError):
             adopted = None
         if adopted and not command:
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sup = Supervisor(cfg, config_source=cfg_path or "the embedded default", run_id=args.run_id,
                      driver_module=args.driver or DEFAULT_DRIVER, linger_s=args.linger, resume=resume,
-                     command=command or None, adopt=args.adopt, unattended=told or None)
+                     command=command or None, adopt=args.adopt, ray_address=args.ray_address,
+                     unattended=told or None)
     if not args.quiet:
         print(f"gkd: run {sup.run_id} in {sup.run_dir}", file=sys.stderr)
         print("gkd: watch it with `gkd-tui attach`; stop it with `gkd-tui stop`", file=sys.stderr)

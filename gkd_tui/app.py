@@ -21,6 +21,7 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.vocab import PAUSED
@@ -116,8 +117,8 @@ class GkdApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        if hasattr(self.source, "on_action"):  # a live run: a driver's answer is handed over as it comes
-            self.source.on_action = lambda e: self.post_message(ActionAnswered(e))
+        # a live run's driver's answers are handed over as they come (a replay has none to hand)
+        self.source.on_action = self._hand_over_answer
         self.source.start()
         self.query_one(WorkersTable).focus()  # not the hidden filter box: keys are actions
         self.redraw()
@@ -212,21 +213,15 @@ class GkdApp(App):
     @action_worker("dump stacks")
     def dump_stacks(self, targets: list[str]) -> None:
         dump_id = f"d{int(time.time() * 1000)}"
-        under_way = f"dumping stacks of {', '.join(targets) or 'every worker'}…"
-        capture = self.source.capture_stacks
-        if capture is not None:  # a source that reads stacks itself (py-spy on this machine): seconds
-            self.call_from_thread(self.notify, under_way, timeout=3)
-            capture(targets, dump_id)
-        else:  # said once asked: a replay refuses at once, and only the refusal is shown
-            self.request(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))
-            self.call_from_thread(self.notify, under_way, timeout=3)
+        self.request(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))  # (a replay refuses at once: shown alone)
+        self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
 
         def taken(state: RunState) -> dict:
             return {t: r for t, r in state.stacks.items() if r.dump_id == dump_id}
 
         def complete(state: RunState) -> dict | None:  # the dump's stacks, once answered or all in
             got = taken(state)
-            answered = capture is not None or state.dump_answer(dump_id) is not None
+            answered = state.dump_answer(dump_id) is not None
             return got if got and (answered or (targets and all(t in got for t in targets))) else None
 
         got = wait_for(self.source, complete, STACK_WAIT_S)
@@ -273,6 +268,10 @@ class GkdApp(App):
         said = self.answers.receipt(request, op, self.request(args, request_id=request))
         if said is not None:
             self.call_from_thread(self.answers.show_receipt, request, said)
+
+    def _hand_over_answer(self, e: ev.ActionEvent) -> None:
+        """(The source's thread) an action that answers a request: to the app's thread, as a message."""
+        self.post_message(ActionAnswered(e))
 
     def on_action_answered(self, message: ActionAnswered) -> None:
         self.answers.hear(message.event)

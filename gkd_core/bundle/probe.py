@@ -118,7 +118,7 @@ def gpus() -> dict[str, Any]:
 
 def ray_view(address: str | None) -> dict[str, Any]:
     """Ray's state API: what `ray list nodes/actors/placement-groups --detail` print."""
-    # Ray 2.60's clients send the cluster's token only under RAY_AUTH_MODE=token (gkd_tui/sources/ray_state.py)
+    # Ray 2.60's clients send the cluster's token only under RAY_AUTH_MODE=token (gkd_core/node/ray_cluster.py)
     token_path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
     if "RAY_AUTH_MODE" not in os.environ and (os.environ.get("RAY_AUTH_TOKEN") or os.path.isfile(token_path)):
         os.environ["RAY_AUTH_MODE"] = "token"

@@ -5,7 +5,7 @@
 is a second view of each (alive or dead, which method since when, why it died), sent as ``ray``
 events, and the two disagree exactly when something is wrong (a worker that reports ``idle``
 while Ray has ``sync_rollout_weights`` running on it for 400 s). For any other Ray job (``gkd-tui
-attach --ray-address``, gkd_tui/sources/ray_state.py) every actor is a worker, named by its class,
+attach --ray-address``, gkd_core/node/ray_cluster.py) every actor is a worker, named by its class,
 and its calls are its phases, the finished ones with their real start and end (its peers' times).
 Nodes and their resources go out in both: whether a pending actor's demand fits anywhere.
 """

@@ -25,7 +25,7 @@ from gkd_core import config as config_mod
 from gkd_core.bundle import environment
 from gkd_core.integrations import job_env
 from gkd_core.supervisor.control_ops import Asked, Refused
-from gkd_core.supervisor.driver_process import AdoptedProcess, DriverProcess, describe_exit
+from gkd_core.supervisor.driver_process import AdoptedProcess, ClusterWatch, DriverProcess, describe_exit
 from gkd_core.telemetry import events as ev
 
 # exit status of `python -m gkd_core run` for a run that was stopped on request (as SIGTERM's)
@@ -93,6 +93,14 @@ class DriverLife:
         shown = self._record(self.driver.argv, environment.process_environ(pid), "adopted")
         self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
                               reason=f"watching pid {pid}, started by its user: {shlex.join(shown)}"[:500]))
+
+    def watch_cluster(self, cfg: config_mod.Config, watch: ClusterWatch) -> None:
+        """A Ray cluster's jobs, looked at from outside: no process started, ``watch`` looks."""
+        self.identity = None
+        self.driver = watch
+        self._record(watch.argv, {}, "ray cluster")
+        self.emit(ev.RunEvent(state="running", config_digest=config_mod.digest(cfg),
+                              reason=f"Ray job(s) at {watch.address}, seen through the state API"))
 
     def start_command(self, cfg: config_mod.Config, command: list[str]) -> None:
         """Any command, its processes watched through the run's environment (integrations/job_env)."""

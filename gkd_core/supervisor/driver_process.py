@@ -1,14 +1,21 @@
-"""The driver as a child process: spawned in its own session, watched without ever blocking."""
+"""The driver as a child process: spawned in its own session, watched without ever blocking; or a process
+its user started (``AdoptedProcess``); or no process at all, a Ray cluster looked at from outside
+(``ClusterWatch``)."""
 
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from pathlib import Path
+
+from gkd_core.node.ray_cluster import POLL_S, ClusterLook, use_token_if_present
+from gkd_core.telemetry import events as ev
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -124,6 +131,48 @@ class AdoptedProcess(DriverProcess):
 
     def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
         return []  # its output went to its own terminal
+
+
+class ClusterWatch(DriverProcess):
+    """A Ray cluster's jobs looked at from outside (``attach --ray-address``): no process of its own, a look every
+    ``poll_s`` in a thread of the supervisor's (``ClusterLook``), each look's events put on ``looks`` for the
+    supervisor's loop to record. It ends (0) when the run is stopped."""
+
+    def __init__(self, address: str, looks: queue.SimpleQueue[list[ev.Event]], poll_s: float = POLL_S):
+        self.pid = os.getpid()  # (the supervisor's own: nothing else runs for it)
+        self.started = time.time()
+        self.argv = ["ray state API", address]
+        self.address, self.looks, self.poll_s = address, looks, poll_s
+        self.log_path = None
+        self._kill_at: float | None = None
+        self._stop = threading.Event()
+        threading.Thread(target=self._look, name="gkd-ray-cluster", daemon=True).start()
+
+    def _look(self) -> None:
+        use_token_if_present()
+        look = ClusterLook(self.address)
+        while True:  # one look at a time, then a pause: never two at once
+            self.looks.put(look.look())
+            if self._stop.wait(self.poll_s):
+                return
+
+    def poll(self) -> int | None:
+        return 0 if self._stop.is_set() else None
+
+    def terminate(self, grace_s: float) -> None:
+        self._stop.set()
+
+    def tick(self) -> None:
+        pass
+
+    def kill_now(self) -> None:
+        self._stop.set()
+
+    def exit_said(self, code: int) -> tuple[str, int | None]:
+        return f"stopped looking at the Ray cluster at {self.address}", 0
+
+    def log_tail(self, n: int = 20, max_bytes: int = 16384) -> list[str]:
+        return []
 
 
 def _stat_fields(pid: int) -> list[str] | None:

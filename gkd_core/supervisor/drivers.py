@@ -10,11 +10,14 @@ restart may change it. The supervisor never asks which kind it has.
   once it has called ``ray.init``), its cancels carried out by its driver (integrations/cancels.py); run
   again as it is by a restart;
 - ``AdoptedDriver``: a job its user started that asked for a run of its own (``GKD_WATCH=1``): watched as a
-  command is, but only its user can start it, or start it again.
+  command is, but only its user can start it, or start it again;
+- ``RayClusterDriver``: the jobs of a Ray cluster seen through its state API alone (``attach --ray-address``,
+  gkd_core/node/ray_cluster.py): nothing started, nothing to cancel; the stacks of its actors on this node.
 """
 
 from __future__ import annotations
 
+import queue
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +26,12 @@ from typing import NamedTuple
 import msgspec
 
 from gkd_core import config as config_mod
+from gkd_core.node.ray_cluster import POLL_S, is_local
 from gkd_core.state import RunState
 from gkd_core.supervisor import control_ops
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_life import DriverLife
+from gkd_core.supervisor.driver_process import ClusterWatch
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
@@ -47,9 +52,14 @@ class Driver:
     def __init__(self, reach: Reach, module: str):
         self.reach, self.module = reach, module
 
+    def settings(self, cfg: config_mod.Config) -> config_mod.Config:
+        """The run's config as this driver's workers keep it (their heartbeats' period, which liveness is judged
+        by)."""
+        return cfg
+
     def endpoint_fields(self) -> dict:
         """What a supervisor that takes the run over (its own gone) starts again, in ``endpoints.json``."""
-        return {"driver_module": self.module, "command": [], "adopted": 0}
+        return {"driver_module": self.module, "command": [], "adopted": 0, "ray_address": ""}
 
     def start(self, life: DriverLife, cfg: config_mod.Config, config_path: Path) -> None:
         life.start_module(cfg, config_path, self.module)
@@ -105,7 +115,7 @@ class CommandDriver(Driver):
         self.stacks = LocalStacks(run_dir, lambda args: reach.hand("dump_stacks", args, Asked("supervisor")))
 
     def endpoint_fields(self) -> dict:
-        return {"driver_module": "", "command": list(self.argv), "adopted": 0}
+        return {"driver_module": "", "command": list(self.argv), "adopted": 0, "ray_address": ""}
 
     def start(self, life: DriverLife, cfg: config_mod.Config, config_path: Path) -> None:
         life.start_command(cfg, self.argv)
@@ -151,7 +161,7 @@ class AdoptedDriver(CommandDriver):
         self.pid = pid
 
     def endpoint_fields(self) -> dict:
-        return {"driver_module": "", "command": [], "adopted": self.pid}
+        return {"driver_module": "", "command": [], "adopted": self.pid, "ray_address": ""}
 
     def start(self, life: DriverLife, cfg: config_mod.Config, config_path: Path) -> None:
         life.adopt(cfg, self.pid)
@@ -160,8 +170,56 @@ class AdoptedDriver(CommandDriver):
         return f"this run watches a job it did not start (pid {self.pid}): restart it as you started it"
 
 
-def driver_of(reach: Reach, run_dir: Path, module: str, command: list[str] | None, adopt: int | None) -> Driver:
-    """The driver of a run that adopts the job ``adopt``, or runs ``command``, or else our trainer's ``module``."""
+class RayClusterDriver(CommandDriver):
+    """A Ray cluster's jobs, looked at through its state API (``ClusterWatch``, a look every few seconds)."""
+
+    def __init__(self, reach: Reach, run_dir: Path, address: str):
+        super().__init__(reach, run_dir, [])
+        self.address = address
+        self.looks: queue.SimpleQueue[list[ev.Event]] = queue.SimpleQueue()
+        # its actors' nodes are Ray's node addresses: those of this machine are here
+        self.stacks = LocalStacks(run_dir, on_this_node=lambda w: is_local(w.node))
+
+    def settings(self, cfg: config_mod.Config) -> config_mod.Config:
+        """Its actors' heartbeats come with each look (from /proc), every ``POLL_S`` and a look's time: a
+        silence is judged against that, not against a Reporter's second."""
+        slower = max(cfg.telemetry.heartbeat_s, POLL_S)
+        return msgspec.structs.replace(cfg, telemetry=msgspec.structs.replace(cfg.telemetry, heartbeat_s=slower))
+
+    def endpoint_fields(self) -> dict:
+        return {"driver_module": "", "command": [], "adopted": 0, "ray_address": self.address}
+
+    def start(self, life: DriverLife, cfg: config_mod.Config, config_path: Path) -> None:
+        life.watch_cluster(cfg, ClusterWatch(self.address, self.looks))
+
+    def run_said(self, cfg: config_mod.Config, config_source: str) -> tuple[int | None, str]:
+        return None, f"Ray job(s) at {self.address}, seen through the state API"
+
+    def restart_refusal(self, args: ops.RestartArgs) -> str:
+        return (f"this run looks at the Ray cluster at {self.address} from outside: nothing of it is its own to "
+                "restart (`gkd-tui stop` ends the looking)")
+
+    def forward(self, op: str, args: ops.Args, asked: Asked, state: RunState) -> dict:
+        raise Refused(f"'{op}': this run looks at the Ray cluster at {self.address} from outside, through its state "
+                      "API: nothing here carries out requests in its jobs (run a job under `gkd-tui launch --` for "
+                      "that); its stacks can be taken (d)")
+
+    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> dict:
+        return self.forward("cancel", args, asked, state)
+
+    def tick(self, state: RunState, emit: Callable[[ev.Event], None]) -> None:
+        while not self.looks.empty():
+            for e in self.looks.get_nowait():
+                emit(e)
+        super().tick(state, emit)
+
+
+def driver_of(reach: Reach, run_dir: Path, module: str, command: list[str] | None, adopt: int | None,
+              ray_address: str = "") -> Driver:
+    """The driver of a run that looks at the Ray cluster at ``ray_address``, or adopts the job ``adopt``, or runs
+    ``command``, or else our trainer's ``module``."""
+    if ray_address:
+        return RayClusterDriver(reach, run_dir, ray_address)
     if adopt:
         return AdoptedDriver(reach, run_dir, adopt)
     if command:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gkd_core.node.stacks import capture_many
-from gkd_core.state import RunState
+from gkd_core.state import RunState, WorkerState
 from gkd_core.telemetry import events as ev
 
 TIMEOUT_S = 4.0
@@ -37,12 +37,16 @@ class Awaited:
 
 
 class LocalStacks:
-    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], object] | None = None):
+    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], object] | None = None,
+                 on_this_node: Callable[[WorkerState], bool] | None = None):
         """``ask_driver(args)``: forward a ``dump_stacks`` of workers on other nodes to the job's driver;
-        raises (with the reason) when it cannot."""
+        raises (with the reason) when it cannot; None: there is none to ask (their notes say where to look).
+        ``on_this_node``: whether a worker runs here (by default: its node is this host's name, as the
+        workers of a watched job say it)."""
         self.run_dir = run_dir
         self.ask_driver = ask_driver
         self.host = socket.gethostname()
+        self.on_this_node = on_this_node or (lambda w: w.node in (self.host, ""))
         self.results: queue.SimpleQueue[ev.Event] = queue.SimpleQueue()
         self._awaited: dict[str, Awaited] = {}  # dump id -> the other nodes' stacks it waits for
         self._lock = threading.Lock()  # (``_awaited``: filled on the loop, read by the capture's thread)
@@ -65,14 +69,15 @@ class LocalStacks:
         workers = {s: w for s, w in state.workers.items()
                    if (s in targets if targets else w.phase != "exited")}
         unknown = [t for t in targets if t not in workers]
-        here = {s: w.pid for s, w in workers.items() if w.pid and w.node in (self.host, "")}
+        here = {s: w.pid for s, w in workers.items() if w.pid and self.on_this_node(w)}
         remote = {s: w for s, w in workers.items() if s not in here}
         elsewhere = {t: f"no worker named {t}" for t in unknown}
         asked: list[str] = []
-        if remote:
+        if remote and self.ask_driver is None:
+            elsewhere.update({s: f"{s} runs on {w.node or 'another node'}, pid {w.pid}: `py-spy dump --native --pid "
+                                 f"{w.pid}` there" for s, w in remote.items()})
+        elif remote and self.ask_driver is not None:
             try:
-                if self.ask_driver is None:
-                    raise RuntimeError("this run has no driver of a Ray job to ask")
                 self.ask_driver({"dump_id": dump_id, "targets": {s: [w.pid, w.actor_id] for s, w in remote.items()}})
                 asked = sorted(remote)
             except Exception as e:

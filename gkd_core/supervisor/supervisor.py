@@ -51,13 +51,14 @@ class Supervisor:
     def __init__(self, cfg: config_mod.Config, *, config_source: str = "the embedded default",
                  home: Path | None = None, run_id: str | None = None, driver_module: str = DEFAULT_DRIVER,
                  linger_s: float = 0.0, grace_s: float = 10.0, resume: Path | None = None,
-                 command: list[str] | None = None, adopt: int | None = None,
+                 command: list[str] | None = None, adopt: int | None = None, ray_address: str = "",
                  unattended: UnattendedConfig | None = None):
         """``resume``: the directory of a run whose supervisor is gone (``gkd-tui restart``): its log
         is taken over and its driver started again, which resumes from the latest checkpoint.
         ``command``: any command as the run's driver (``launch -- COMMAND``), its processes watched
         through the run's environment (gkd_core/integrations). ``adopt``: the pid of a job its user started,
-        which asked for a run of its own (``GKD_WATCH=1``, gkd_core/integrations/opt_in.py). ``unattended``:
+        which asked for a run of its own (``GKD_WATCH=1``, gkd_core/integrations/opt_in.py). ``ray_address``:
+        a Ray cluster whose jobs are looked at through its state API (``attach --ray-address``). ``unattended``:
         where its alerts and metrics go (supervisor/unattended.py)."""
         self.cfg = cfg = config_mod.absolute_paths(cfg, Path.cwd())
         self.config_source = config_source
@@ -70,7 +71,8 @@ class Supervisor:
         # the job, asked the same way whatever its kind (supervisor/drivers.py); its process's life is ``life``'s
         reach = drivers.Reach(hand=lambda op, args, asked: self.life.forward(op, args, asked, self.state.state),
                               alive=lambda: self.life.alive(), connected=lambda: self.life.connected())
-        self.driver = drivers.driver_of(reach, self.run_dir, driver_module, command, adopt)
+        self.driver = drivers.driver_of(reach, self.run_dir, driver_module, command, adopt, ray_address)
+        self.cfg = cfg = self.driver.settings(cfg)
         self.state = RunState()
         self._auth_refused = self._auth_reported = self._rejects_reported = 0
         self._signalled = False
@@ -85,7 +87,7 @@ class Supervisor:
         if resume is None:
             (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(cfg))
         self.sockets = Sockets(self.run_dir, cfg.telemetry, {
-            "run_id": self.run_id, "supervisor_pid": os.getpid(), **self.driver.endpoint_fields(), "ray_address": "",
+            "run_id": self.run_id, "supervisor_pid": os.getpid(), **self.driver.endpoint_fields(),
         })
         self.endpoints = self.sockets.endpoints  # published in endpoints.json once the run's first events are logged
         self.log = EventLog(self.run_dir / "events.jsonl", max_ts=self.state.last_ts)

@@ -5,27 +5,45 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from gkd_core import rundir
-from gkd_core.telemetry.control import ControlUnreachable
-from gkd_tui.commands.reach import EXIT_UNREACHABLE, unreachable
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.control import ControlError, ControlUnreachable
+from gkd_tui.commands.reach import EXIT_UNREACHABLE, NotStarted, client, start_detached, unreachable
 from gkd_tui.render_text import status_text
 
 
 def cmd_attach_ray(a: argparse.Namespace) -> int:
-    """Any Ray job through the state API: the dashboard, or (--plain, or no TTY) one snapshot."""
-    from gkd_tui.sources.ray_state import RayStateSource
-
-    source = RayStateSource(a.ray_address)
+    """Any Ray job through the state API: (--plain, or no TTY) one look, diagnosed, printed; else a run that
+    looks every few seconds (a supervisor with the cluster as its driver: supervisor/drivers.py), on the
+    dashboard, and stopped when the dashboard is left (its record stays, for `gkd-tui replay`)."""
     if a.plain or not sys.stdout.isatty():
-        source.start_once()
-        with source.lock:
-            print(status_text(source.state, time.time()))
-        return EXIT_UNREACHABLE if source.error else 0
+        state, error = look_once(a.ray_address)
+        print(status_text(state, time.time()))
+        return EXIT_UNREACHABLE if error else 0
+    from gkd_core.telemetry import ops
     from gkd_tui.app import GkdApp
+    from gkd_tui.sources.live import LiveSource
 
-    GkdApp(source, readonly=True).run()
+    try:
+        run, _ = start_detached(["--ray-address", a.ray_address])
+    except NotStarted as e:
+        print(f"gkd-tui: {e}", file=sys.stderr)
+        return 1
+    try:
+        GkdApp(LiveSource(run), readonly=True).run()
+    finally:
+        try:
+            c, _ = client(run, 5.0)
+            with c:
+                c.ask(ops.StopArgs(grace_s=0))
+        except (ControlUnreachable, ControlError) as e:
+            print(f"gkd-tui: the run looking at the cluster did not stop ({e}): `gkd-tui stop {run}`", file=sys.stderr)
+    print(f"gkd-tui: stopped looking at the Ray cluster; what was seen is in {run} (`gkd-tui replay {run}`)",
+          file=sys.stderr)
     return 0
 
 
@@ -76,3 +94,27 @@ def cmd_replay(a: argparse.Namespace) -> int:
         source.speed = a.speed
     GkdApp(source).run()
     return 0
+
+
+def look_once(address: str = "auto") -> tuple[RunState, str]:
+    """One look at the Ray cluster at ``address``, diagnosed as a run's supervisor would (a worker named late
+    gets its stacks taken, so the alert can say stuck or busy): (the state, why Ray could not be read or "")."""
+    from gkd_core import diagnosis
+    from gkd_core.node.ray_cluster import ClusterLook, run_name, stacks_of
+
+    look, state = ClusterLook(address), RunState()
+
+    def apply(events: Sequence[ev.Event]) -> None:
+        now = time.time()
+        for e in events:
+            e.run, e.ts = e.run or run_name(address), e.ts or now
+            state.apply(e)
+
+    apply(look.first())
+    apply(look.look())
+    apply(diagnosis.changes(state, diagnosis.diagnose(state, time.time())))
+    due = diagnosis.AutoStacks().due(state, time.monotonic())
+    if due:
+        apply(stacks_of(state, due, "auto-1"))
+        apply(diagnosis.changes(state, diagnosis.diagnose(state, time.time())))
+    return state, look.error

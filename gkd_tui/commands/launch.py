@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gkd_core import rundir
 from gkd_core.config import ConfigError, load_config
 from gkd_core.supervisor import unattended_settings
 from gkd_tui.commands.attach import cmd_attach
-from gkd_tui.commands.reach import LAUNCH_WAIT_S
+from gkd_tui.commands.reach import NotStarted, start_detached
 
 
 def config_and_overrides(a: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -38,26 +36,15 @@ def cmd_launch(a: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"gkd-tui: invalid unattended settings: {e}", file=sys.stderr)
         return 2
-    run_id = rundir.new_run_id()
-    home = rundir.gkd_home()
-    home.mkdir(parents=True, exist_ok=True)
     command = a.command
-    argv = [sys.executable, "-m", "gkd_core", "run", *([cfg_path] if cfg_path else []), *overrides,
-            "--run-id", run_id, "--linger", str(a.linger), "--quiet", *(["--", *command] if command else [])]
-    out = open(home / f"supervisor-{run_id}.log", "ab")
-    # its own session, like tmux: closing the dashboard or the SSH session does not stop training
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, **unattended_settings.to_env(told)})
-    out.close()
-    run = rundir.runs_root(home) / run_id
-    deadline = time.monotonic() + LAUNCH_WAIT_S
-    while not (run / "endpoints.json").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            print(f"gkd-tui: the supervisor did not start within {LAUNCH_WAIT_S:g} s; its output is in "
-                  f"{home / f'supervisor-{run_id}.log'}", file=sys.stderr)
-            return 1
-        time.sleep(0.05)
-    print(f"gkd-tui: launched run {run_id} (supervisor pid {proc.pid}) in {run}", file=sys.stderr)
+    try:
+        run, pid = start_detached([*([cfg_path] if cfg_path else []), *overrides, "--linger", str(a.linger),
+                                   *(["--", *command] if command else [])],
+                                  env={**os.environ, **unattended_settings.to_env(told)})
+    except NotStarted as e:
+        print(f"gkd-tui: {e}", file=sys.stderr)
+        return 1
+    print(f"gkd-tui: launched run {run.name} (supervisor pid {pid}) in {run}", file=sys.stderr)
     if a.detach:
         return 0
     a.run = str(run)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from gkd_core import rundir
@@ -33,3 +35,29 @@ def unreachable(run: Path | None, err: Exception) -> int:
             print(f"gkd-tui: its supervisor (pid {rundir.supervisor_pid(run) or '?'}) is gone: `gkd-tui restart "
                   f"{run}` takes the run over and resumes it from its latest checkpoint", file=sys.stderr)
     return EXIT_UNREACHABLE
+
+
+class NotStarted(RuntimeError):
+    """A supervisor started detached that did not say where it listens in time; the message says where its
+    output is."""
+
+
+def start_detached(run_args: list[str], env: dict[str, str] | None = None) -> tuple[Path, int]:
+    """``python -m gkd_core run RUN_ARGS`` in its own session (like tmux: closing the dashboard or the SSH
+    session does not stop it), its output in ``$GKD_HOME/supervisor-RUN_ID.log``: (its run directory, its pid)
+    once it has published its endpoints, within ``LAUNCH_WAIT_S``."""
+    run_id, home = rundir.new_run_id(), rundir.gkd_home()
+    home.mkdir(parents=True, exist_ok=True)
+    # (its own options first: the caller's may end in `-- COMMAND`)
+    argv = [sys.executable, "-m", "gkd_core", "run", "--run-id", run_id, "--quiet", *run_args]
+    log = home / f"supervisor-{run_id}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    run = rundir.runs_root(home) / run_id
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while not (run / "endpoints.json").exists():  # (a file another process writes: nothing to wait on but it)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise NotStarted(f"the supervisor did not start within {LAUNCH_WAIT_S:g} s; its output is in {log}")
+        time.sleep(0.05)
+    return run, proc.pid

@@ -1,7 +1,7 @@
-"""Where a dashboard's events come from: a live run (ZeroMQ), a recorded one (replay), or any Ray job
-(its state API). Each is a ``Source``: a RunState under a lock, the clock it is read at, and the
-capabilities its kind has, declared (None where it has none) so that the app asks no object what
-it happens to have."""
+"""Where a dashboard's events come from: a live run (ZeroMQ) or a recorded one (replay); a Ray cluster
+looked at from outside is a live run too (supervisor/drivers.py). Each is a ``Source``: a RunState under a
+lock, the clock it is read at, and the capabilities its kind has, declared (None where it has none) so that
+the app asks no object what it happens to have."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gkd_core.state import RunState
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from gkd_core.telemetry import events as ev
     from gkd_core.telemetry.control import ControlClient
     from gkd_tui.sources.log_follower import LogFollower
 
@@ -47,9 +48,8 @@ class Source(Protocol):
     def playback(self) -> Playback | None: ...  # a replay's clock, or None
     @property
     def logs(self) -> LogFollower | None: ...  # RUN/logs followed, or None
-    # a source that takes stacks itself (py-spy on this machine): (targets, dump_id), or None
-    @property
-    def capture_stacks(self) -> Callable[[list[str], str], None] | None: ...
+    # told of each action event that answers a request, as it comes (a live run's; set by the dashboard)
+    on_action: Callable[[ev.ActionEvent], None] | None
 
     def now(self) -> float: ...
     def describe(self) -> str: ...

@@ -20,7 +20,6 @@ class LiveSource:
     """A ``Source`` with control and logs; no playback, and stacks come through the driver."""
 
     playback = None
-    capture_stacks = None
     on_action: Callable[[ev.ActionEvent], None] | None = None  # told of each action that answers a request
 
     def __init__(self, run: Path):

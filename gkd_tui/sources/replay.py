@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gkd_core.runlog.reader import skipped_note
 from gkd_core.runlog.timeline import Timeline
+from gkd_core.telemetry import events as ev
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 100.0)
 
@@ -23,7 +24,7 @@ class ReplaySource(Timeline):
 
     control = None
     logs = None
-    capture_stacks = None
+    on_action: Callable[[ev.ActionEvent], None] | None = None  # (a recording answers no request of this dashboard's)
 
     def __init__(self, path: Path, keyframes: bool = True):
         """``keyframes=False``: read the log from its start even where keyframes are (to compare)."""

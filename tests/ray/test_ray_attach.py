@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from gkd_core.telemetry import ops
+from gkd_core.telemetry.control import ControlError
 from gkd_tui.app import GkdApp
 from gkd_tui.screens.stacks import StackScreen
-from gkd_tui.sources.ray_state import RayStateSource
+from gkd_tui.sources.live import LiveSource
 from gkd_tui.widgets.workers_table import WorkersTable
 
 pytestmark = pytest.mark.slow
@@ -57,26 +59,18 @@ def test_plain_attach_shows_the_actor_the_stuck_method_and_its_elapsed_time(stuc
     assert elapsed.endswith("s") and float(elapsed.rstrip("s").split("m")[-1]) >= 1.0, row
 
 
-@pytest.fixture
-def restore_auth_mode():
-    """The source sets RAY_AUTH_MODE in this process, as it should in a dashboard's; later tests
-    (and the processes they start) get the environment they had."""
-    before = os.environ.get("RAY_AUTH_MODE")
-    yield
-    if before is None:
-        os.environ.pop("RAY_AUTH_MODE", None)
-    else:
-        os.environ["RAY_AUTH_MODE"] = before
-
-
-async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, restore_auth_mode):
-    source = RayStateSource("auto", poll_s=0.5)
+async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, start_supervisor):
+    """What `attach --ray-address` opens: a run whose driver is the cluster (a look every 2 s, by its supervisor,
+    which diagnoses it as any run and takes its stacks), on the dashboard as any live run."""
+    sup = start_supervisor("--ray-address", "auto")
+    source = LiveSource(sup.run)
     app = GkdApp(source, readonly=True)
     async with app.run_test(size=(120, 36)) as pilot:
         table = app.query_one(WorkersTable)
-        for _ in range(100):
+        for _ in range(150):
             await pilot.pause(0.1)
-            stuck = [s for s, w in source.state.workers.items() if w.phase == "sync_rollout_weights"]
+            with source.lock:
+                stuck = [s for s, w in source.state.workers.items() if w.phase == "sync_rollout_weights"]
             if stuck and stuck[0] in table.order:
                 break
         assert stuck, source.describe()
@@ -87,7 +81,7 @@ async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, restore_a
                 break
         named = [a for a in source.state.alerts.values() if a.code == "straggler"]
         assert [a.targets for a in named] == [stuck], (source.describe(), list(source.state.alerts.values()))
-        assert not app.check_action("cancel", ()) and not app.check_action("restart", ())  # nobody to ask
+        assert not app.check_action("cancel", ()) and not app.check_action("restart", ())  # nothing to ask
         table.move_to(stuck[0])
         t0 = time.monotonic()
         await pilot.press("d")
@@ -95,10 +89,15 @@ async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, restore_a
             await pilot.pause(0.1)
             if isinstance(app.screen, StackScreen):
                 break
-        assert isinstance(app.screen, StackScreen) and time.monotonic() - t0 < 6
+        assert isinstance(app.screen, StackScreen) and time.monotonic() - t0 < 8
         record = source.state.stacks[stuck[0]]
         assert record.method == "py-spy" and "sync_rollout_weights" in record.text, record.error
         await pilot.press("escape", "q")
+    with sup.client() as c:  # a request in its jobs is refused, saying why
+        with pytest.raises(ControlError, match="from outside"):
+            c.ask(ops.CancelArgs())
+        c.ask(ops.StopArgs())
+    assert sup.wait_exit(15) == 143
 
 
 def test_without_the_token_it_says_what_is_missing(stuck_job):

@@ -15,7 +15,7 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
 
 ROOT = Path(__file__).resolve().parents[2]
-KINDS = ("Driver", "CommandDriver", "AdoptedDriver")
+KINDS = ("Driver", "CommandDriver", "AdoptedDriver", "RayClusterDriver")
 
 
 class FakeLife:
@@ -45,9 +45,11 @@ def test_the_kind_follows_what_the_run_was_given(tmp_path):
     assert type(drivers.driver_of(reach, tmp_path, "", None, 4321)) is drivers.AdoptedDriver
     fields = [drivers.driver_of(reach, tmp_path, "m", c, a).endpoint_fields()
               for c, a in ((None, None), (["job"], None), (None, 4321))]
-    assert fields == [{"driver_module": "m", "command": [], "adopted": 0},
-                      {"driver_module": "", "command": ["job"], "adopted": 0},
-                      {"driver_module": "", "command": [], "adopted": 4321}]  # what a takeover starts again
+    assert fields == [{"driver_module": "m", "command": [], "adopted": 0, "ray_address": ""},
+                      {"driver_module": "", "command": ["job"], "adopted": 0, "ray_address": ""},
+                      {"driver_module": "", "command": [], "adopted": 4321, "ray_address": ""}]  # a takeover's
+    cluster = drivers.driver_of(reach, tmp_path, "m", None, None, "10.0.0.1:6379")
+    assert type(cluster) is drivers.RayClusterDriver and cluster.endpoint_fields()["ray_address"] == "10.0.0.1:6379"
 
 
 def test_each_kind_says_whether_a_restart_may_change_it(tmp_path):
@@ -101,3 +103,19 @@ def test_nothing_in_the_supervisor_but_its_drivers_module_asks_which_kind_of_dri
                     and isinstance(node.value, ast.Name) and node.value.id == "self"):
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert found == []
+
+
+def test_a_clusters_driver_refuses_requests_in_its_jobs_and_judges_silence_by_its_looks(tmp_path):
+    from gkd_core.config import load_config
+    from gkd_core.node.ray_cluster import POLL_S
+
+    cluster = drivers.RayClusterDriver(FakeLife().reach(), tmp_path, "auto")
+    for op, args in (("cancel", ops.CancelArgs()), ("pause", ops.PauseArgs())):
+        with pytest.raises(Refused, match="from outside"):
+            cluster.forward(op, args, Asked("cli"), state_with())
+    with pytest.raises(Refused, match="from outside"):
+        cluster.cancel(ops.CancelArgs(), Asked("cli"), state_with())
+    assert "nothing of it is its own to restart" in cluster.restart_refusal(ops.RestartArgs())
+    # its actors' heartbeats come with each look: a silence is judged against the looks' period
+    assert cluster.settings(load_config(None)).telemetry.heartbeat_s == POLL_S
+    assert drivers.Driver(FakeLife().reach(), "m").settings(load_config(None)).telemetry.heartbeat_s == 1.0

@@ -10,7 +10,7 @@ from gkd_core import vocab
 
 ROOT = Path(__file__).resolve().parents[2]
 WHERE = {"rules": "gkd_core/diagnosis/", "supervisor": "gkd_core/supervisor/", "driver": "gkd_core/trainer/",
-         "ray_state": "gkd_tui/sources/ray_state.py"}
+         "ray_state": "gkd_core/node/ray_cluster.py"}
 
 
 def spelled() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
