@@ -10,12 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from gkd_core.errors import GkdError
+
 SUBDIRS = ("logs", "stacks", "checkpoints", "restarts", "keys")
 # A unix socket path must fit in sun_path (108 bytes on Linux, 104 on macOS), with room to spare.
 MAX_IPC_PATH = 100
 
 
-class RunNotFound(LookupError):
+class RunNotFound(GkdError, LookupError):
     """No run where we looked; the message says where that was."""
 
 

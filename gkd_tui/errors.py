@@ -11,12 +11,10 @@ from collections.abc import Callable
 from textual.app import App
 from textual.worker import Worker, WorkerState
 
+from gkd_core.errors import Refused as Refused  # (gkd's one refusal, gkd_core/errors.py)
+
 ERROR_TOAST_S = 6.0  # long enough to read a control error's address or path
 REFUSED_TOAST_S = 4.0
-
-
-class Refused(Exception):
-    """An action this view cannot do, and why."""
 
 
 def action_worker(action: str | Callable[..., str], group: str = "control"):

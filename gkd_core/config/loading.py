@@ -17,12 +17,13 @@ import yaml
 
 from gkd_core import vocab
 from gkd_core.config.schema import Config
+from gkd_core.errors import GkdError
 from gkd_core.vocab import TRAINER_SYNC_PARTS
 
 LOGGER_PACKAGES = ("tensorboard", "wandb")  # the loggers that need a package of their name (the loggers extra)
 
 
-class ConfigError(ValueError):
+class ConfigError(GkdError, ValueError):
     """A config that must not start: says the key path, the value, the source and a fix."""
 
 

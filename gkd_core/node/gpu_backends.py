@@ -15,12 +15,13 @@ import logging
 import math
 import time
 
+from gkd_core.errors import GkdError
 from gkd_core.telemetry.events import GpuEvent as GpuReading  # a reading is the event, less its node
 
 log = logging.getLogger(__name__)  # what a broad except let go, said at debug level
 
 
-class NoDriver(Exception):
+class NoDriver(GkdError):
     """No NVIDIA driver on this node: a state to show, not an error."""
 
 

@@ -41,6 +41,7 @@ from typing import Annotated
 
 import msgspec
 
+from gkd_core.errors import GkdError
 from gkd_core.lifeline import die_with_parent
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.state import RunState, decode_state, encode_state
@@ -77,7 +78,7 @@ class Header(msgspec.Struct, kw_only=True):
     written: float  # wall clock at the fork
 
 
-class KeyframeError(Exception):
+class KeyframeError(GkdError):
     """A keyframe that cannot be used: the message says which file, and why."""
 
 

@@ -18,14 +18,11 @@ import msgspec
 import zmq
 
 from gkd_core import config as config_mod
+from gkd_core.errors import Refused as Refused  # (gkd's one refusal, gkd_core/errors.py)
 from gkd_core.telemetry import control, ops
 from gkd_core.telemetry import events as ev
 
 log = logging.getLogger("gkd.supervisor")
-
-
-class Refused(Exception):
-    """A control request that is understood but cannot be carried out; the message says why."""
 
 
 class Asked(msgspec.Struct, frozen=True):

@@ -219,7 +219,33 @@ class Supervisor:
         self._signalled = True
 
     def serve(self) -> int:
-        """Run until the driver's run ends (plus ``linger_s``) or a stop; returns the exit status."""
+        """Run until the driver's run ends (plus ``linger_s``) or a stop; returns the exit status. One loop: what
+        is ready on the sockets read (``_read``), then the chores (``_chores``), at most every FLUSH_EVERY_S."""
+        self._begin()
+        chores = self._chores()
+        next_chores = 0.0
+        ended = False  # by the loop's own way out, not an exception: the run's end is worth a keyframe
+        try:
+            while not ended:
+                self.ingest.gather()
+                self._read(dict(self._poller.poll(int(TICK_S * 1000))))
+                now = time.monotonic()
+                if now < next_chores:
+                    continue  # under load, batch the chores: one flush per FLUSH_EVERY_S, not per event
+                next_chores = now + FLUSH_EVERY_S
+                for chore in chores:
+                    chore(now)
+                ended = self._over(now)
+        finally:
+            self.ingest.last()
+            self.rec.restate_silent(everyone=True)
+            self.rec.flush()
+            self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq) if ended else None))
+            self.close()
+        return self.life.exit_status
+
+    def _begin(self) -> None:
+        """The run's first events, its driver started, its endpoints published, its sockets polled."""
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         tel, life, s = self.cfg.telemetry, self.life, self.sockets
@@ -243,63 +269,64 @@ class Supervisor:
         self.log.flush()
         # last: whoever finds endpoints.json finds a run with its first events on disk
         rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
-        poller = self._poller
         for sock in (s.ingest, s.control, s.drivers, s.control_tcp, *s.monitors):
             if sock is not None:
-                poller.register(sock, zmq.POLLIN)
-        next_chores = 0.0
-        ended = False  # by the loop's own way out, not an exception: the run's end is worth a keyframe
-        try:
-            while not ended:
-                self.ingest.gather()
-                ready = dict(poller.poll(int(TICK_S * 1000)))
-                self.ingest.read(ready)
-                if s.control in ready:
-                    control_ops.serve(s.control, "ipc", self._ops, self.emit, self._recent_replies)
-                if s.control_tcp is not None and s.control_tcp in ready:
-                    control_ops.serve(s.control_tcp, "tcp", self._ops, self.emit, self._recent_replies)
-                if s.drivers in ready:
-                    life.serve_hellos()
-                for mon in s.monitors:
-                    if mon in ready:
-                        self._auth_refused += s.refusals(mon, self.rec.rejects)
-                now = time.monotonic()
-                if now < next_chores:
-                    continue  # under load, batch the chores: one flush per FLUSH_EVERY_S, not per event
-                next_chores = now + FLUSH_EVERY_S
-                if self._signalled:
-                    self._signalled = False
-                    life.request_stop()
-                if life.watch(self.cfg, lambda: self.rec.restate_silent(everyone=True)):
-                    self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
-                stragglers.keep_up(self.state)
-                if now >= self._next_alerts:
-                    self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
-                    self.ingest.pass_begins()
-                    self._evaluate_alerts(between_rules=self.ingest.between)
-                    # every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
-                    # (65,536 workers: about every second): the diagnosis never crowds out the events it reads
-                    took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
-                    self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
-                    if self.unattended is not None:
-                        self.unattended.counts.alert_pass_s = took
-                self.driver.tick(self.state, self.emit)
-                if self.unattended is not None:
-                    self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
-                self.rec.flush()
-                self.heap.tick(now)
-                self._keyframe(self.keyframes.tick(self.state, self.log, self.seq))  # forks when one is due
-                # (a restart asked for, or one a failed run's recovery may yet ask for, keeps it, whatever --linger)
-                ended = (life.ended_at is not None and life.driver is None and life.pending_config is None
-                         and not (self.unattended is not None and self.unattended.may_restart(self.state))
-                         and (life.stopping or now - life.ended_at >= self.linger_s))
-        finally:
-            self.ingest.last()
-            self.rec.restate_silent(everyone=True)
-            self.rec.flush()
-            self._keyframe(self.keyframes.close(end_of=(self.state, self.log, self.seq) if ended else None))
-            self.close()
-        return life.exit_status
+                self._poller.register(sock, zmq.POLLIN)
+
+    def _read(self, ready: dict) -> None:
+        """What is ready: events, control requests (ipc, tcp), the driver's hello, refused tcp connections."""
+        s = self.sockets
+        self.ingest.read(ready)
+        if s.control in ready:
+            control_ops.serve(s.control, "ipc", self._ops, self.emit, self._recent_replies)
+        if s.control_tcp is not None and s.control_tcp in ready:
+            control_ops.serve(s.control_tcp, "tcp", self._ops, self.emit, self._recent_replies)
+        if s.drivers in ready:
+            self.life.serve_hellos()
+        for mon in s.monitors:
+            if mon in ready:
+                self._auth_refused += s.refusals(mon, self.rec.rejects)
+
+    def _chores(self) -> tuple[Callable[[float], object], ...]:
+        """What the loop does between its reads, in this order, each given the (monotonic) time."""
+        return (self._on_stop_asked, self._watch_driver, lambda now: stragglers.keep_up(self.state),
+                self._alerts_when_due, lambda now: self.driver.tick(self.state, self.emit), self._tell_unattended,
+                lambda now: self.rec.flush(), self.heap.tick,
+                lambda now: self._keyframe(self.keyframes.tick(self.state, self.log, self.seq)))  # forks when due
+
+    def _on_stop_asked(self, now: float) -> None:
+        if self._signalled:  # (a signal's handler only notes it: the loop acts)
+            self._signalled = False
+            self.life.request_stop()
+
+    def _watch_driver(self, now: float) -> None:
+        if self.life.watch(self.cfg, lambda: self.rec.restate_silent(everyone=True)):
+            self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
+
+    def _alerts_when_due(self, now: float) -> None:
+        """The diagnosis's pass every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
+        (65,536 workers: about every second): the diagnosis never crowds out the events it reads."""
+        if now < self._next_alerts:
+            return
+        self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
+        self.ingest.pass_begins()
+        self._evaluate_alerts(between_rules=self.ingest.between)
+        took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
+        self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
+        if self.unattended is not None:
+            self.unattended.counts.alert_pass_s = took
+
+    def _tell_unattended(self, now: float) -> None:
+        if self.unattended is not None:
+            self.unattended.tick(self.state, time.time(), self.emit, self.seq, self.rec.rejects.total)
+
+    def _over(self, now: float) -> bool:
+        """Whether the run is over and its lingering done (a restart asked for, or one a failed run's recovery
+        may yet ask for, keeps it, whatever --linger says)."""
+        life = self.life
+        return (life.ended_at is not None and life.driver is None and life.pending_config is None
+                and not (self.unattended is not None and self.unattended.may_restart(self.state))
+                and (life.stopping or now - life.ended_at >= self.linger_s))
 
     def _keyframe(self, trouble: str) -> None:
         if trouble:

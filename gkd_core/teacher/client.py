@@ -15,13 +15,14 @@ import msgspec
 import numpy as np
 import zmq
 
+from gkd_core.errors import GkdError
 from gkd_core.teacher import protocol
 from gkd_core.teacher.stats import LatencyWindow
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
 
-class TeacherUnavailable(RuntimeError):
+class TeacherUnavailable(GkdError, RuntimeError):
     """A microbatch failed after every retry; the message says how and where."""
 
 

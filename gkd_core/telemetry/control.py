@@ -22,6 +22,7 @@ import msgspec
 import zmq
 import zmq.auth
 
+from gkd_core.errors import GkdError
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.ops import QUERIES
 
@@ -53,11 +54,11 @@ def new_request_id() -> int:
     return _id_prefix | (next(_ids) & ((1 << _ID_COUNTER_BITS) - 1))
 
 
-class ControlError(RuntimeError):
+class ControlError(GkdError, RuntimeError):
     """The supervisor answered ``ok: false``."""
 
 
-class ControlUnreachable(TimeoutError):
+class ControlUnreachable(GkdError, TimeoutError):
     """No answer within the deadline; the message says where we asked."""
 
 

@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from gkd_core.errors import GkdError
+
 
 class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """An op's arguments: an argument it does not take is refused (a typo, ``dry-run``, must never be taken
@@ -107,7 +109,7 @@ _AT_FIELD = re.compile(r"at `\$\.([A-Za-z_]+)")
 _MISSING = re.compile(r"missing required field `(.*)`")
 
 
-class BadArgs(ValueError):
+class BadArgs(GkdError, ValueError):
     """The arguments are not what the op takes; the message names the op and the argument."""
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from gkd_core.errors import GkdError
 from gkd_core.telemetry.events import (
     ENVELOPE,
     INT64,
@@ -30,7 +31,7 @@ from gkd_core.telemetry.events import (
 )
 
 
-class Rejected(Exception):
+class Rejected(GkdError):
     """Why a message was dropped: garbage, malformed, oversized, version."""
 
     def __init__(self, reason: str, detail: str):

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gkd_core.errors import GkdError
+
 SUFFIXES = {".parquet": "Parquet", ".jsonl": "JSON lines", ".json": "JSON"}
 
 
-class DataError(ValueError):
+class DataError(GkdError, ValueError):
     """A data file that cannot be used: the message says which, why and what to do."""
 
 

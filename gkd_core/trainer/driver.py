@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gkd_core import config as config_mod
+from gkd_core.errors import GkdError
 from gkd_core.lifeline import die_with_supervisor
 from gkd_core.rundir import gkd_home
 from gkd_core.teacher.client import TeacherClient, TeacherUnavailable
@@ -59,7 +60,7 @@ from gkd_core.vocab import WorkerId, src_of
 EXIT_CONFIG = 2
 
 
-class BadSteps(RuntimeError):
+class BadSteps(GkdError, RuntimeError):
     """Steps in a row whose loss or gradient was not finite: the run stops instead of training on."""
 
 

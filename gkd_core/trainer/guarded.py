@@ -19,17 +19,19 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError, TaskCancelledError
 
+from gkd_core.errors import GkdError
+
 EXIT_STUCK = 3  # the driver's exit code when a wait ran past its deadline or a worker died
 
 
-class WaitTimeout(TimeoutError):
+class WaitTimeout(GkdError, TimeoutError):
     def __init__(self, message: str, pending: list[str], done: dict[str, float]):
         super().__init__(message)
         self.pending = pending
         self.done = done
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(GkdError, RuntimeError):
     """``name`` is the cause; ``blocked``, the workers of the same wait that failed or cannot finish
     because of it (a broadcast's peers when one rank died): victims, not causes. ``died``: Ray says the
     cause's actor is dead (not a call of a live one that raised): one its driver may start again."""

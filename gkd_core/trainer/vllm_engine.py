@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gkd_core.errors import GkdError
 from gkd_core.trainer.engine_stats import MISSING
 
 ALIGN = 64  # bytes: every tensor in the weights file starts here, so that a view of any dtype is aligned
 READY_S = 300.0  # the engine's weights made readable (one reload from disk) at its start, at most this
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(GkdError, RuntimeError):
     pass
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gkd_core.errors import GkdError
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.actions import Answer
@@ -19,7 +20,7 @@ from gkd_core.trainer.cluster import Cluster
 from gkd_core.trainer.guarded import WaitTimeout, WorkerFailed, guarded_wait
 
 
-class SyncCancelled(RuntimeError):
+class SyncCancelled(GkdError, RuntimeError):
     pass
 
 

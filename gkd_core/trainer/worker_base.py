@@ -25,6 +25,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from gkd_core.errors import GkdError
 from gkd_core.node.stacks import install_faulthandler
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.collectives import TRACKER
@@ -37,11 +38,11 @@ log = logging.getLogger(__name__)  # what a broad except let go, said at debug l
 SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
 
 
-class Cancelled(RuntimeError):
+class Cancelled(GkdError, RuntimeError):
     """The method saw its cancel flag."""
 
 
-class NonFiniteWeights(RuntimeError):
+class NonFiniteWeights(GkdError, RuntimeError):
     """The student's weights hold NaN or inf: they must not reach the rollout workers."""
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from gkd_core import rundir
+from gkd_core.errors import GkdError
 from gkd_core.telemetry.control import ControlClient, ControlUnreachable
 
 EXIT_UNREACHABLE = 3
@@ -37,7 +38,7 @@ def unreachable(run: Path | None, err: Exception) -> int:
     return EXIT_UNREACHABLE
 
 
-class NotStarted(RuntimeError):
+class NotStarted(GkdError, RuntimeError):
     """A supervisor started detached that did not say where it listens in time; the message says where its
     output is."""
 

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = [
     # words, units, files and processes: what everything else is said in
-    {"gkd_core.units", "gkd_core.vocab", "gkd_core.stack_text", "gkd_core.lifeline", "gkd_core.proctree",
-     "gkd_core.memory", "gkd_core.rundir", "gkd_core.config"},
+    {"gkd_core.units", "gkd_core.vocab", "gkd_core.errors", "gkd_core.stack_text", "gkd_core.lifeline",
+     "gkd_core.proctree", "gkd_core.memory", "gkd_core.rundir", "gkd_core.config"},
     {"gkd_core.telemetry"},  # the protocol: events, their codec, the reporter, control
     {"gkd_core.state"},  # the reducer
     # what reads the state or feeds it: the log, the diagnosis, a late joiner, node agents, the teacher service,
