@@ -217,7 +217,7 @@ class GkdApp(App):
         self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
 
         def taken(state: RunState) -> dict:
-            return {t: r for t, r in state.stacks.items() if r.dump_id == dump_id}
+            return state.dump_records(dump_id)
 
         def complete(state: RunState) -> dict | None:  # the dump's stacks, once answered or all in
             got = taken(state)

@@ -13,6 +13,7 @@ from gkd_core.state.records import (
     CollectiveView,
     GpuRow,
     MetricsPoint,
+    StackRecord,
     SyncState,
     SyncView,
     TeacherTotals,
@@ -157,6 +158,14 @@ class RunViews(RunRecord):
             if act.get("request") == request and not (isinstance(res, dict) and res.get("forwarded")):
                 return dict(act)
         return None
+
+    def dump_records(self, dump_id: str) -> dict[str, StackRecord]:
+        """The stacks dump ``dump_id`` took, by target, as far as the state still holds them: it keeps a worker's
+        newest stack and the one before, and the diagnosis's own dump of a worker it names can land between a
+        person's and their read of it."""
+        got = {t: r for t, r in self.stacks_prev.items() if r.dump_id == dump_id}
+        got.update({t: r for t, r in self.stacks.items() if r.dump_id == dump_id})
+        return got
 
     def dump_answer(self, dump_id: str) -> dict[str, Any] | None:
         """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:

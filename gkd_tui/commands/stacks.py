@@ -71,10 +71,9 @@ def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: floa
     result, {} when it did not within ``timeout_s``)."""
     # the state keeps a worker's newest stack: one the diagnosis took after we asked (its automatic
     # dump can land between ours and our read) is as good an answer
-    records = {t: r for t, r in state.stacks_prev.items() if r.dump_id == dump_id}
+    records = state.dump_records(dump_id)
     records.update({t: r for t, r in state.stacks.items()
-                    if r.dump_id == dump_id or (r.ts >= asked_at and r.text and t in (answered.get("targets") or [])
-                                                and t not in records)})
+                    if r.ts >= asked_at and r.text and t in (answered.get("targets") or []) and t not in records})
     wanted = answered.get("targets") or targets or sorted(records)
     taken = {t: r.text for t, r in records.items() if r.text}
     missing = {t: (records[t].error if t in records else f"no answer within {timeout_s:g} s") for t in wanted

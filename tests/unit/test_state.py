@@ -198,3 +198,15 @@ def test_an_engines_counts_land_on_its_worker_survive_a_snapshot_and_read_in_its
     text = WorkerDetails.describe(st, "rollout/1", 1020.0)
     assert ("engine vllm: 40 running, 8 waiting, KV cache 100 % (full: requests wait for room), 3 preempted, "
             "1200 tokens generated") in text.splitlines()
+
+
+def test_a_persons_dump_is_still_found_after_the_diagnosis_took_the_same_worker_again():
+    """The state keeps a worker's newest stack and the one before: the dashboard's dump of rollout/1 stays
+    readable when the diagnosis's own second stack of it lands before the dashboard reads its answer."""
+    st = RunState()
+    for e in seqd([ev.StackEvent(target="rollout/1", dump_id="d1", method="py-spy", text="in mine"),
+                   ev.StackEvent(target="rollout/1", dump_id="auto-7", method="py-spy", text="in theirs")]):
+        st.apply(e)
+    assert st.stacks["rollout/1"].dump_id == "auto-7"
+    assert {t: r.text for t, r in st.dump_records("d1").items()} == {"rollout/1": "in mine"}
+    assert set(st.dump_records("auto-7")) == {"rollout/1"} and st.dump_records("d9") == {}
