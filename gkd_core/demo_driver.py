@@ -18,7 +18,8 @@ from gkd_core.config import load_config
 from gkd_core.lifeline import die_with_supervisor
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
-from gkd_core.telemetry.commands import CommandInbox
+from gkd_core.telemetry.answers import Dumped
+from gkd_core.telemetry.commands import CommandInbox, DriverCommands, Handler, Reply
 from gkd_core.telemetry.pausing import Pause
 from gkd_core.telemetry.reporter import Reporter
 
@@ -34,6 +35,24 @@ def thread_stacks() -> str:
     return "\n".join(out)
 
 
+class DemoCommands(DriverCommands):
+    who = "the demo driver (gkd_core.demo_driver)"
+
+    def __init__(self, inbox: CommandInbox, rep: Reporter):
+        super().__init__(inbox, rep.emit)
+        self.pause = Pause(rep)
+
+    def handlers(self) -> dict[type[ops.Args], Handler]:
+        return {ops.DumpStacksArgs: self.dump_stacks, ops.PauseArgs: self.pause.asked,
+                ops.ResumeArgs: self.pause.resumed}
+
+    def dump_stacks(self, args: ops.DumpStacksArgs, reply: Reply) -> None:
+        dump_id = args.dump_id or f"dump-{reply.cmd.id}"
+        self.emit(ev.StackEvent(dump_id=dump_id, target="driver", method="in-process", text=thread_stacks()))
+        # the answer, as the trainer's driver gives it: which dump, whose stacks (none saved to files here)
+        reply(True, Dumped(dump_id=dump_id, targets=["driver"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
@@ -43,28 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     die_with_supervisor()
     cfg = load_config(args.config)
     rep = Reporter("driver", heartbeat_s=cfg.telemetry.heartbeat_s)
-    inbox = CommandInbox()
     rep.register("driver", 0)
-    pause = Pause(rep)
-
-    def serve_commands(timeout_s: float) -> None:
-        for cmd in inbox.poll(timeout_s):
-            args = ops.parse(cmd.op, cmd.args)  # (the supervisor forwards only what it parsed)
-            if isinstance(args, ops.DumpStacksArgs):
-                dump_id = args.dump_id or f"dump-{cmd.id}"
-                rep.emit(ev.StackEvent(dump_id=dump_id, target="driver", method="in-process", text=thread_stacks()))
-                # the answer, as the trainer's driver gives it: which dump, whose stacks (none saved to files here)
-                rep.emit(ev.ActionEvent(op="dump_stacks", by=cmd.by, ok=True, request=cmd.id,
-                                        result={"targets": ["driver"], "dump_id": dump_id}))
-            elif isinstance(args, ops.PauseArgs):
-                rep.emit(ev.ActionEvent(op="pause", by=cmd.by, ok=True, request=cmd.id,
-                                        result=pause.ask(args, cmd.by)))
-            elif isinstance(args, ops.ResumeArgs):
-                ok, result = pause.resume()
-                rep.emit(ev.ActionEvent(op="resume", by=cmd.by, ok=ok, request=cmd.id, result=result))
-            else:
-                rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, request=cmd.id,
-                                        result=f"the demo driver (gkd_core.demo_driver) has nothing to {cmd.op}"))
+    commands = DemoCommands(CommandInbox(), rep)
+    pause, serve_commands = commands.pause, commands.serve_for
 
     def walk(phase: str, seconds: float, step: int | None = None) -> None:
         with rep.phase(phase, step=step):
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         pause.hold(step, serve_commands)
     rep.set_phase("finished")
     rep.close(timeout_s=2.0)
-    inbox.close()
+    commands.inbox.close()
     return 0
 
 

@@ -8,7 +8,6 @@ over as it arrives (``ActionAnswered``): nothing is polled for it.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from textual.message import Message
 
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.answers import Answer, Forwarded, Receipt
 from gkd_core.telemetry.control import new_request_id
 
 
@@ -25,19 +25,6 @@ class ActionAnswered(Message):
     def __init__(self, event: ev.ActionEvent):
         super().__init__()
         self.event = event
-
-
-def outcome_text(op: str, ok: bool, result: Any) -> str:
-    """``cancel: sync 4 cancelled …`` or ``cancel failed: no weight sync is under way …``."""
-    if isinstance(result, dict) and "outcome" in result:
-        said = result["outcome"]
-        if isinstance(said, dict):  # a watched job's driver: one outcome per worker
-            said = "; ".join(f"{who}: {what}" for who, what in said.items())
-    elif isinstance(result, str):
-        said = result
-    else:
-        said = json.dumps(result)
-    return f"{op}{'' if ok else ' failed'}: {said}"
 
 
 class PendingAnswers:
@@ -59,18 +46,19 @@ class PendingAnswers:
             self._asked[request] = op
         return request
 
-    def receipt(self, request: int, op: str, result: Any) -> str | None:
+    def receipt(self, request: int, op: str, answer: Answer) -> str | None:
         """What to say of the supervisor's reply: for a request handed to the driver, that its outcome follows
         (None when the outcome came first); else the reply is the outcome."""
         with self._lock:
             waiting = request in self._asked
             if not waiting:
                 return None  # its action event came first, and was shown
-            if not (isinstance(result, dict) and result.get("forwarded")):
+            if not isinstance(answer, Receipt):
                 del self._asked[request]
-                return outcome_text(op, True, result)
+                return f"{op}: {answer.said()}"
             self._receipting.add(request)
-        return f"{op}: handed to the {result.get('to', 'driver')}; its outcome will show here"
+        to = answer.to if isinstance(answer, Forwarded) else "supervisor"
+        return f"{op}: handed to the {to}; its outcome will show here"
 
     def shown(self, request: int) -> tuple[str, bool] | None:
         """The receipt of ``request`` is on screen: the outcome that came meanwhile (its text, whether it went
@@ -98,11 +86,11 @@ class PendingAnswers:
 
     def answered(self, e: ev.ActionEvent) -> str | None:
         """The outcome to show, when ``e`` is a driver's answer to a request of ours."""
-        if not e.request or e.forwarded:
+        if not e.request or e.is_receipt:
             return None
         with self._lock:
             op = self._asked.pop(e.request, None)
             if op is not None and e.request in self._receipting:  # after its receipt, which is on its way
-                self._held[e.request] = (outcome_text(op, e.ok, e.result), e.ok)
+                self._held[e.request] = (e.said(), e.ok)
                 return None
-        return outcome_text(op, e.ok, e.result) if op is not None else None
+        return e.said() if op is not None else None

@@ -23,6 +23,7 @@ from textual.worker import Worker
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import A, Receipt
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.vocab import PAUSED
 from gkd_tui.answers import ActionAnswered, PendingAnswers
@@ -174,13 +175,22 @@ class GkdApp(App):
     def selected_worker(self) -> str | None:
         return self.query_one(WorkersTable).selected
 
-    def request(self, args: ops.Args, timeout_s: float = 3.0, request_id: int | None = None):
-        """The op ``args`` are for, from a worker thread; raises ControlError/ControlUnreachable."""
+    def _control(self) -> ControlClient:
         if self.source.control is None:
             raise Refused("a replay has no run to act on")
         if self._client is None:
             self._client = self.source.control()
-        return self._client.ask(args, timeout_s=timeout_s, request_id=request_id)
+        return self._client
+
+    def call(self, args: ops.Answered[A], timeout_s: float = 3.0) -> A:
+        """The supervisor's answer to the op ``args`` are for, from a worker thread; raises
+        ControlError/ControlUnreachable."""
+        return self._control().call(args, timeout_s=timeout_s)
+
+    def hand(self, args: ops.Handed, timeout_s: float = 3.0, request_id: int | None = None) -> Receipt:
+        """The op ``args`` are for, handed on to the driver, from a worker thread: the supervisor's receipt (the
+        answer comes as an action event with ``request_id``)."""
+        return self._control().hand(args, timeout_s=timeout_s, request_id=request_id)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -213,7 +223,7 @@ class GkdApp(App):
     @action_worker("dump stacks")
     def dump_stacks(self, targets: list[str]) -> None:
         dump_id = f"d{int(time.time() * 1000)}"
-        self.request(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))  # (a replay refuses at once: shown alone)
+        self.hand(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))  # (a replay refuses at once: shown alone)
         self.call_from_thread(self.notify, f"dumping stacks of {', '.join(targets) or 'every worker'}…", timeout=3)
 
         def taken(state: RunState) -> dict:
@@ -254,7 +264,7 @@ class GkdApp(App):
     @action_worker("restart")
     def preview_restart(self) -> None:
         """The supervisor's dry run first: the dialog shows the config diff it would apply."""
-        dry = self.request(ops.RestartArgs(shrink=True, dry_run=True))
+        dry = self.call(ops.RestartArgs(shrink=True, dry_run=True))
         self.call_from_thread(self.push_screen, restart_dialog(dry), self._restart_chosen)
 
     def _restart_chosen(self, choice: str | None) -> None:
@@ -262,10 +272,11 @@ class GkdApp(App):
             self.send(ops.RestartArgs(shrink=True))
 
     @action_worker(lambda args: ops.OP_OF[type(args)])
-    def send(self, args: ops.Args) -> None:
+    def send(self, args: ops.Answered | ops.Handed) -> None:
         op = ops.OP_OF[type(args)]
         request = self.answers.ask(op)
-        said = self.answers.receipt(request, op, self.request(args, request_id=request))
+        answer = self.hand(args, request_id=request) if isinstance(args, ops.Handed) else self.call(args)
+        said = self.answers.receipt(request, op, answer)
         if said is not None:
             self.call_from_thread(self.answers.show_receipt, request, said)
 
@@ -295,12 +306,12 @@ class GkdApp(App):
             self.call_from_thread(self.notify, "bundle: taking every worker's stacks first…", timeout=4)
             asked_at, dump_id = time.time(), f"bundle-{int(time.time() * 1000)}"
             try:
-                self.request(ops.DumpStacksArgs(dump_id=dump_id))
+                self.hand(ops.DumpStacksArgs(dump_id=dump_id))
             except (ControlError, ControlUnreachable) as e:  # the report is wanted most when the run is in trouble
                 live = False
                 stacks = StacksTaken(note=f"the run refused or did not answer ({e}); those taken before are in stacks/")
             else:
-                answered = wait_for(self.source, lambda state: state.dump_answer(dump_id), BUNDLE_STACK_WAIT_S) or {}
+                answered = wait_for(self.source, lambda state: state.dump_answer(dump_id), BUNDLE_STACK_WAIT_S)
                 with self.source.lock:
                     stacks = stacks_of_dump(self.source.state, dump_id, answered, asked_at, [], BUNDLE_STACK_WAIT_S)
         state = copy_of_state(self.source)  # and again once the rest is gathered: who joined meanwhile

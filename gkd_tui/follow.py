@@ -31,7 +31,7 @@ def describe(e: ev.Event | ev.UnknownEvent) -> str | None:
     if isinstance(e, ev.AlertEvent):
         return f"{t} {'cleared' if e.cleared else e.severity.upper()} {e.code}: {e.message}"
     if isinstance(e, ev.ActionEvent):
-        return f"{t} action {e.op} by {e.by}: {'ok' if e.ok else 'refused'} {e.result}"
+        return f"{t} action {e.op} by {e.by}: {'ok' if e.ok else 'refused'} {e.result_said}"
     if isinstance(e, ev.MetricsEvent):
         vals = [f"{k}={getattr(e, k):.4g}" for k in ("loss", "kl", "agreement") if getattr(e, k) is not None]
         step_s = sum(e.timing.values())

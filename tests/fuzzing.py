@@ -430,7 +430,7 @@ class RawDealer:
 
     def ping(self) -> None:
         reply = self.ask(encode({"op": "ping", "id": 1}))
-        assert reply["ok"] and reply["result"]["pong"], reply
+        assert reply["ok"] and reply["result"]["answer"] == "ping", reply
 
     def close(self) -> None:
         self.sock.close()

@@ -219,7 +219,8 @@ def _our_files(state: RunState, driver: environment.DriverRecord | None, facts: 
         stack_text = grouped_report(stacks.taken, named, {**stacks.notes, **stacks.missing})
     else:
         stack_text = f"(no stacks: {stacks.note})\n"
-    said = {"alerts": [msgspec.to_builtins(a) for a in state.active_alerts()], "actions": state.actions}
+    said = {"alerts": [msgspec.to_builtins(a) for a in state.active_alerts()],
+            "actions": [msgspec.to_builtins(a) for a in state.actions]}
     files = {
         "environment.json": json.dumps(env, indent=1, default=str).encode(),
         "ray.json": json.dumps(ray, indent=1, default=str).encode(),

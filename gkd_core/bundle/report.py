@@ -175,14 +175,13 @@ def _stack_at(target: str, stacks: StacksTaken, phase: str) -> str:
 def _tried(st: RunState) -> list[str]:
     out = ["## What was tried", ""]
     # a request passed on to the driver is on record twice: the supervisor's receipt, then the driver's answer
-    acts = [a for a in st.actions if not (isinstance(a.get("result"), dict) and a["result"].get("forwarded"))]
+    acts = [a for a in st.actions if not a.is_receipt]
     if not acts:
         return out + ["Nothing from the dashboard or the command line (no control action on record).", ""]
     for a in acts:
-        when = time.strftime("%H:%M:%S", time.localtime(a.get("ts") or 0))
-        result = str(a.get("result", ""))[:200]
-        out.append(f"- {when} `{a.get('op')}` by {a.get('by') or '?'}: {'ok' if a.get('ok') else 'failed'}"
-                   + (f" — {result}" if result else ""))
+        when = time.strftime("%H:%M:%S", time.localtime(a.ts or 0))
+        said = a.result_said.replace("\n", "; ")[:200]
+        out.append(f"- {when} `{a.op}` by {a.by or '?'}: {'ok' if a.ok else 'failed'}" + (f" — {said}" if said else ""))
     return out + [""]
 
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from gkd_core import config as config_mod
 from gkd_core import vocab
 from gkd_core.state import AlertState, RunState
+from gkd_core.telemetry.answers import ConfigChange
 
 # the memory ladder of the troubleshooting guides as this trainer's keys: (key, factor, floor);
 # gradient checkpointing and the offloads of the ladder have no key in the bundled trainer yet
@@ -123,9 +124,9 @@ def apply(cfg: config_mod.Config, changes: list[Change]) -> config_mod.Config:
 
 
 def compose(cfg: config_mod.Config, state: RunState, shrink: bool = False,
-            overrides: list[str] | tuple[str, ...] = ()) -> tuple[config_mod.Config, list[list]]:
+            overrides: list[str] | tuple[str, ...] = ()) -> tuple[config_mod.Config, list[ConfigChange]]:
     """A restart's config: with ``shrink``, the plan that follows the active findings (nothing diagnosed:
-    the config's shrink rules), then ``overrides``. Its changes, each ``[key, old, new, because]``, in the
+    the config's shrink rules), then ``overrides``. Its changes, each ``(key, old, new, because)``, in the
     plan's order (the ladder's rungs in turn), then any other."""
     new = cfg
     because: dict[str, str] = {}
@@ -137,6 +138,6 @@ def compose(cfg: config_mod.Config, state: RunState, shrink: bool = False,
         new = config_mod.apply_overrides(new, list(overrides), source="restart overrides")
         because.update({config_mod.parse_override(o)[0]: "asked for" for o in overrides})
     order = list(because)
-    changes = sorted(([k, old, v, because.get(k, "")] for k, old, v in config_mod.diff(cfg, new)),
+    changes = sorted(((k, old, v, because.get(k, "")) for k, old, v in config_mod.diff(cfg, new)),
                      key=lambda c: order.index(c[0]) if c[0] in order else len(order))
     return new, changes

@@ -21,9 +21,8 @@ from gkd_core.integrations import job_env, remote_stacks
 from gkd_core.integrations.waits import Wait
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
-from gkd_core.telemetry.commands import Command, CommandInbox
-
-POLL_S = 0.2
+from gkd_core.telemetry.answers import Cancelled
+from gkd_core.telemetry.commands import CommandInbox, DriverCommands, Handler, Reply
 
 
 def start_commands(process: Any, emit: Callable[[ev.Event], None], address: str) -> list[Callable[[list[dict]], None]]:
@@ -32,41 +31,29 @@ def start_commands(process: Any, emit: Callable[[ev.Event], None], address: str)
     first dump there does not wait for a Ray worker process to start (remote_stacks)."""
     if not address:
         return []
-    DriverCommands(process, emit, address).start()
+    WatchedCommands(process, emit, address).serve_in_thread()
     return [remote_stacks.HELPERS.start_on]
 
 
-class DriverCommands:
+class WatchedCommands(DriverCommands):
+    """A watched job's driver's commands, served on a thread of their own (the job never calls us)."""
+
+    who = "a watched job's driver"
+
     def __init__(self, process: Any, emit: Callable[[ev.Event], None], address: str):
-        self.process, self.emit = process, emit
-        self.inbox = CommandInbox(address)
-        self._thread = threading.Thread(target=self._run, name="gkd-commands", daemon=True)
+        super().__init__(CommandInbox(address), emit)
+        self.process = process
 
-    def start(self) -> DriverCommands:
-        self._thread.start()
-        return self
+    def handlers(self) -> dict[type[ops.Args], Handler]:
+        return {ops.CancelArgs: self.cancel, ops.RemoteStacksArgs: self.remote_stacks}
 
-    def _run(self) -> None:
-        while True:
-            for cmd in self.inbox.poll(POLL_S):
-                try:
-                    self.carry_out(cmd)
-                except Exception as e:  # a command must never take the job down
-                    self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, result=f"{type(e).__name__}: {e}"[:300],
-                                             request=cmd.id))
+    def remote_stacks(self, args: ops.RemoteStacksArgs, reply: Reply) -> None:
+        """A helper on each node, awaited in a thread of its own: a cancel meanwhile is not held up. Its stacks
+        are the supervisor's dump's (the supervisor says the dump's end): this reply is not awaited."""
+        threading.Thread(target=remote_stacks.take, name="gkd-remote-stacks", daemon=True, args=(
+            args.targets, args.dump_id, self.process.run, os.environ.get(job_env.RUN_DIR, ""), self.emit)).start()
 
-    def carry_out(self, cmd: Command) -> None:
-        if cmd.op == "dump_stacks" and isinstance(cmd.args.get("targets"), dict):
-            # a helper on each node, awaited in a thread of its own: a cancel meanwhile is not held up
-            threading.Thread(target=remote_stacks.take, name="gkd-remote-stacks", daemon=True, args=(
-                cmd.args["targets"], str(cmd.args.get("dump_id", "")), self.process.run,
-                os.environ.get(job_env.RUN_DIR, ""), self.emit)).start()
-            return
-        args = ops.parse(cmd.op, cmd.args)
-        if not isinstance(args, ops.CancelArgs):
-            self.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=False, request=cmd.id,
-                                     result=f"a watched job's driver does not carry out '{cmd.op}'"))
-            return
+    def cancel(self, args: ops.CancelArgs, reply: Reply) -> None:
         target, force = args.target, args.mode == "force"
         p = self.process
         wait = p.current_wait  # (read once: the main thread moves on meanwhile, and a Wait made on asking is one)
@@ -74,16 +61,15 @@ class DriverCommands:
         if target == "sync":
             names = list(wait.pending) if wait is not None and wait.is_sync else []
             if not names:
-                self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=False, request=cmd.id,
-                                         result="the driver waits on no weight sync"))
+                reply(False, "the driver waits on no weight sync")
                 return
         elif target == "all":
             names = sorted(set(p.actors.names.values()))
         else:
             names = [target]
         outcome = {n: self._cancel(n, force, wait) for n in names}
-        self.emit(ev.ActionEvent(op="cancel", by=cmd.by, ok=all(not o.startswith("no ") for o in outcome.values()),
-                                 result={"target": target, "mode": args.mode, "outcome": outcome}, request=cmd.id))
+        reply(all(not o.startswith("no ") for o in outcome.values()),
+              Cancelled(target=target, mode=args.mode, outcome=outcome))
 
     def _cancel(self, name: str, force: bool, wait: Wait | None) -> str:
         import ray

@@ -28,6 +28,7 @@ from typing import Any
 from gkd_core.integrations import job_env
 from gkd_core.integrations.routes import KV_NAMESPACE, stacks_dir
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.ops import Where
 
 # The supervisor waits 8 s from a dump's start for the stacks of other nodes (supervisor/local_stacks.py
 # REMOTE_WAIT_S), then says they did not come: the driver's waits stay inside it.
@@ -181,19 +182,19 @@ class _Helpers:
 HELPERS = _Helpers()
 
 
-def take(targets: dict[str, list], dump_id: str, run: str, run_dir: str, emit: Callable[[ev.Event], None]) -> None:
-    """``targets``: worker -> [pid, actor id]. Every stack (or why there is none) is sent as an event."""
+def take(targets: dict[str, Where], dump_id: str, run: str, run_dir: str, emit: Callable[[ev.Event], None]) -> None:
+    """``targets``: worker -> its pid and actor id. Every stack (or why there is none) is sent as an event."""
     import ray
     from ray.experimental.internal_kv import _internal_kv_get
 
     t0 = time.monotonic()
     by_node: dict[str, dict[str, int]] = {}
-    for target, (pid, actor_id) in targets.items():
-        where = _internal_kv_get(node_key(run, actor_id), namespace=KV_NAMESPACE) if actor_id else None
+    for target, at in targets.items():
+        where = _internal_kv_get(node_key(run, at.actor_id), namespace=KV_NAMESPACE) if at.actor_id else None
         if where is None:
             emit(ev.StackEvent(dump_id=dump_id, target=target, error=f"{target}'s node is not known to the driver"))
             continue
-        by_node.setdefault(where.decode(), {})[target] = int(pid)
+        by_node.setdefault(where.decode(), {})[target] = at.pid
     pending: dict[Any, tuple[str, _Helper, dict[str, int]]] = {}
     wait_s = 0.0
     for node, pids in by_node.items():

@@ -48,7 +48,9 @@ from gkd_core.state import RunState, decode_state, encode_state
 
 # 2: the state carries its plots' series, whose GPU sums a keyframe without them would start wrong (a
 # reading's predecessor taken away that was never added): a keyframe of 1 is passed over, the log read
-FORMAT = 2
+# 3: a state's actions are the action events, their answers typed, and its log lines records (source, level,
+# text, time): a keyframe of 2 is passed over, the log read (which reads an older log's answers as such)
+FORMAT = 3
 KEEP = 8  # keyframes kept: a seek before the oldest reads the log from its start
 DEADLINE_S = 120.0  # a child not done by then is killed, and says so
 # at the run's end, one more keyframe when the log grew by this share of keyframe_mb since the last: a finished

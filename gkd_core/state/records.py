@@ -250,6 +250,18 @@ class AlertState(msgspec.Struct, kw_only=True):
     evidence: dict[str, Any] = {}
 
 
+class LogLine(msgspec.Struct, kw_only=True):
+    """A line a process of the run logged (a ``log`` event), kept whole: who, how loud, what, when."""
+
+    src: str
+    level: str
+    text: str
+    ts: float = 0.0
+
+    def said(self) -> str:
+        return f"{self.src} {self.level}: {self.text}"
+
+
 class StackRecord(msgspec.Struct, kw_only=True):
     dump_id: str
     method: str

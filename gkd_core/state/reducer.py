@@ -21,6 +21,7 @@ from gkd_core.state.records import (
     UTIL_AVG_S,
     AlertState,
     GpuRow,
+    LogLine,
     MetricsPoint,
     PhaseSpan,
     ProbeHang,
@@ -36,6 +37,7 @@ from gkd_core.state.run_record import RunRecord
 from gkd_core.state.series import TeacherPoint, mem_share
 from gkd_core.state.views import vouch_s
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.answers import RecoverySaid
 from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
 
@@ -341,7 +343,7 @@ def _unblock(st: RunRecord, a: AlertState) -> None:
 
 
 def _on_log(st: RunRecord, e: ev.LogEvent) -> None:
-    st.logs.append(f"{e.src} {e.level}: {e.message}"[:500])
+    st.logs.append(LogLine(src=e.src, level=e.level, text=e.message[:500], ts=e.ts))
     if len(st.logs) > 50:
         del st.logs[0]
     if e.level in ("warn", "error") and OOM.search(e.message):
@@ -354,12 +356,11 @@ def _note_oom(st: RunRecord, ts: float, src: str, line: str) -> None:
 
 
 def _on_action(st: RunRecord, e: ev.ActionEvent) -> None:
-    st.actions.append({"seq": e.seq, "ts": e.ts, "op": e.op, "by": e.by, "ok": e.ok, "result": e.result,
-                       "request": e.request})
+    st.actions.append(e)
     if len(st.actions) > 50:
         del st.actions[0]
-    if e.op == "recovery" and isinstance(e.result, dict):  # the policy, said anew as it acts
-        st.recovery = str(e.result.get("said", ""))
+    if isinstance(e.result, RecoverySaid):  # the policy, said anew as it acts
+        st.recovery = e.result.said()
 
 
 HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {

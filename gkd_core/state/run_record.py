@@ -5,14 +5,13 @@ and ``apply``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from gkd_core.state.records import (
     SPANS_KEEP,
     AlertState,
     GpuRow,
+    LogLine,
     MetricsPoint,
     ProbeHang,
     RayNode,
@@ -62,11 +61,11 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     metrics: list[MetricsPoint] = []  # the newest METRICS_KEEP
     first_metrics: MetricsPoint | None = None  # the run's first, kept for the summary's "from -> to"
     bad_steps: list[int] = []  # steps skipped for a non-finite loss or gradient, the newest last
-    actions: list[dict[str, Any]] = []  # the last few control actions, newest last
+    actions: list[ev.ActionEvent] = []  # the last few actions (requests answered, the supervisor's), newest last
     recovery: str = ""  # the recovery policy and where it stands, as said (supervisor/recovery.py); "": off
     stacks: dict[str, StackRecord] = {}  # target -> its newest stack
     stacks_prev: dict[str, StackRecord] = {}  # target -> the one before: is it stuck in the same place?
-    logs: list[str] = []  # the last few `log` events
+    logs: list[LogLine] = []  # the last few `log` events
     # out-of-memory lines of this incarnation of the driver: (ts, src, line); a new driver starts afresh
     oom: list[tuple[float, str, str]] = []
     # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)

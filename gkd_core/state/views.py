@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from typing import Any
 
 from gkd_core.state.records import (
     AlertState,
@@ -20,6 +19,8 @@ from gkd_core.state.records import (
     WorkerState,
 )
 from gkd_core.state.run_record import RunRecord
+from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.answers import Dumped
 from gkd_core.telemetry.events import FULL_BEAT_S
 from gkd_core.vocab import SEVERITY_ORDER, SYNC_OPEN, WORKER_ENDED
 
@@ -150,13 +151,13 @@ class RunViews(RunRecord):
         """Most severe first, then oldest first."""
         return sorted(self.alerts.values(), key=lambda a: (SEVERITY_ORDER.get(a.severity, 3), a.since))
 
-    def outcome(self, request: int) -> dict[str, Any] | None:
+    def outcome(self, request: int) -> ev.ActionEvent | None:
         """The answer to the request with this id that its carrier gave (the driver's ``action`` event, not the
-        supervisor's receipt that it handed the request on), once on record."""
+        supervisor's receipt that it handed the request on), once on record: the CLI, the dashboard and the bug
+        report hear their answers here, from whichever event stream feeds the state."""
         for act in reversed(self.actions):
-            res = act.get("result")
-            if act.get("request") == request and not (isinstance(res, dict) and res.get("forwarded")):
-                return dict(act)
+            if act.request == request and not act.is_receipt:
+                return act
         return None
 
     def dump_records(self, dump_id: str) -> dict[str, StackRecord]:
@@ -167,13 +168,12 @@ class RunViews(RunRecord):
         got.update({t: r for t, r in self.stacks.items() if r.dump_id == dump_id})
         return got
 
-    def dump_answer(self, dump_id: str) -> dict[str, Any] | None:
-        """The driver's `dump_stacks` action for this dump (its targets and folder), once on record:
-        every stack it took is in ``stacks`` by then."""
+    def dump_answer(self, dump_id: str) -> Dumped | None:
+        """The end of dump ``dump_id`` (its targets and folder), once on record: every stack it took is in
+        ``stacks`` by then."""
         for act in reversed(self.actions):
-            res = act.get("result")
-            if act.get("op") == "dump_stacks" and isinstance(res, dict) and res.get("dump_id") == dump_id:
-                return res
+            if isinstance(act.result, Dumped) and act.result.dump_id == dump_id:
+                return act.result
         return None
 
     def recent_metrics(self, n: int = 60) -> list[MetricsPoint]:

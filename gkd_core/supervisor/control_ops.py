@@ -21,6 +21,7 @@ from gkd_core import config as config_mod
 from gkd_core.errors import Refused as Refused  # (gkd's one refusal, gkd_core/errors.py)
 from gkd_core.telemetry import control, ops
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.answers import Noted
 
 log = logging.getLogger("gkd.supervisor")
 
@@ -36,10 +37,10 @@ class Asked(msgspec.Struct, frozen=True):
 # (``ops.OPS[op]``, which ``ops.parse`` made), so each handler takes its op's type, not ``ops.Args``.
 Handler = Callable[[Any, Asked], Any]
 
-def note(args: ops.NoteArgs, asked: Asked) -> dict:
+def note(args: ops.NoteArgs, asked: Asked) -> Noted:
     """A person's note on the run ("lowered the micro-batch, no change"): on the record as an action, which
     the bug report lists among what was tried."""
-    return {"note": args.text}
+    return Noted(note=args.text)
 
 
 NAMES_SHOWN = 12  # workers listed in a refusal (a run of 65,536 has them all in the dashboard)

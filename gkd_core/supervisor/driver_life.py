@@ -27,6 +27,9 @@ from gkd_core.integrations import job_env
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.supervisor.driver_process import AdoptedProcess, ClusterWatch, DriverProcess, describe_exit
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Forwarded
+from gkd_core.telemetry.commands import Command
 
 # exit status of `python -m gkd_core run` for a run that was stopped on request (as SIGTERM's)
 STOPPED_EXIT = 143
@@ -213,15 +216,16 @@ class DriverLife:
             if len(frames) == 2 and frames[1] == b"hello":
                 self.identity = frames[0]
 
-    def forward(self, op: str, args: dict, asked: Asked, run_state: str = "") -> dict:
-        """``op`` to the driver, which answers with an ``action`` event carrying the request's id (``asked``);
+    def forward(self, args: ops.Handed, asked: Asked, run_state: str = "") -> Forwarded:
+        """``args``' op to the driver, which answers with an ``action`` event carrying the request's id (``asked``);
         Refused when there is no driver to take it."""
+        op = ops.OP_OF[type(args)]
         if not self.alive():
             raise Refused(f"'{op}' needs a running driver; the run is {run_state or 'not started'}")
         assert self.driver is not None  # (alive)
         if self.identity is None:
             raise Refused(f"'{op}': the driver (pid {self.driver.pid}) has not connected its command channel; "
                           "it may be hung before init: try `gkd-tui dump-stacks driver`")
-        cmd = {"op": op, "args": args, "by": asked.by, "id": asked.id}
+        cmd = Command(op=op, args=msgspec.to_builtins(args), by=asked.by, id=asked.id)
         self.drivers.send_multipart([self.identity, msgspec.json.encode(cmd)], zmq.NOBLOCK)
-        return {"forwarded": True, "to": f"driver pid {self.driver.pid}"}
+        return Forwarded(to=f"driver pid {self.driver.pid}")

@@ -35,13 +35,14 @@ from gkd_core.supervisor.driver_process import ClusterWatch
 from gkd_core.supervisor.local_stacks import LocalStacks
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Forwarded, Receipt
 from gkd_core.trainer import checkpoints
 
 
 class Reach(NamedTuple):
     """How a driver reaches the job's own driver process (the supervisor's ``DriverLife``)."""
 
-    hand: Callable[[str, dict, Asked], dict]  # an op handed to it; Refused when there is none to take it
+    hand: Callable[[ops.Handed, Asked], Forwarded]  # an op handed to it; Refused when there is none to take it
     alive: Callable[[], bool]  # it runs
     connected: Callable[[], bool]  # it runs and has connected its command channel
 
@@ -76,18 +77,18 @@ class Driver:
         """What a run taken over says of steps its checkpoints hold and its log does not ("" when none)."""
         return steps_the_log_lost(run_dir, logged, killed_pid)
 
-    def forward(self, op: str, args: ops.Args, asked: Asked, state: RunState) -> dict:
+    def forward(self, args: ops.Handed, asked: Asked, state: RunState) -> Receipt:
         """An op the job's driver carries out: handed to it, its outcome to come as its ``action`` event with the
         request's id; refused at once when it names a worker the run does not have."""
-        control_ops.check_targets(op, targets_of(args), state.workers)
-        return self.reach.hand(op, msgspec.to_builtins(args), asked)
+        control_ops.check_targets(ops.OP_OF[type(args)], targets_of(args), state.workers)
+        return self.reach.hand(args, asked)
 
-    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> dict:
-        return self.forward("cancel", args, asked, state)
+    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> Receipt:
+        return self.forward(args, asked, state)
 
-    def dump_stacks(self, args: ops.DumpStacksArgs, asked: Asked, state: RunState, unnamed_id: str) -> dict:
+    def dump_stacks(self, args: ops.DumpStacksArgs, asked: Asked, state: RunState, unnamed_id: str) -> Receipt:
         """``unnamed_id``: the dump's id when the request names none (our driver names it by the request)."""
-        return self.forward("dump_stacks", args, asked, state)
+        return self.forward(args, asked, state)
 
     def can_take_stacks(self) -> bool:
         """Whether stacks can be taken now (``take_stacks``): with nobody to ask yet, an alert stands without a
@@ -112,7 +113,7 @@ class CommandDriver(Driver):
         super().__init__(reach, "")
         self.argv = argv
         # the workers on other nodes: the job's driver captures them there (integrations/remote_stacks.py)
-        self.stacks = LocalStacks(run_dir, lambda args: reach.hand("dump_stacks", args, Asked("supervisor")))
+        self.stacks = LocalStacks(run_dir, lambda args: reach.hand(args, Asked("supervisor")))
 
     def endpoint_fields(self) -> dict:
         return {"driver_module": "", "command": list(self.argv), "adopted": 0, "ray_address": ""}
@@ -132,22 +133,22 @@ class CommandDriver(Driver):
     def steps_lost(self, run_dir: Path, logged: int, killed_pid: int) -> str:
         return ""  # its checkpoints, if any, are its own
 
-    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> dict:
+    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> Receipt:
         """Its driver cancels (gkd_core/integrations/cancels.py), once it has called ray.init."""
         if self.reach.alive() and not self.reach.connected():
             raise Refused("cancel: the job's driver has not called ray.init yet (there is nothing of Ray to cancel); "
                           "`gkd-tui dump-stacks driver` shows where it is")
-        return self.forward("cancel", args, asked, state)
+        return self.forward(args, asked, state)
 
-    def dump_stacks(self, args: ops.DumpStacksArgs, asked: Asked, state: RunState, unnamed_id: str) -> dict:
+    def dump_stacks(self, args: ops.DumpStacksArgs, asked: Asked, state: RunState, unnamed_id: str) -> Receipt:
         control_ops.check_targets("dump_stacks", args.targets, state.workers)
-        return self.stacks.dump(state, args.targets, args.dump_id or unnamed_id, asked.by)
+        return self.stacks.dump(state, args.targets, args.dump_id or unnamed_id, asked)
 
     def can_take_stacks(self) -> bool:
         return True  # taken here (those on other nodes: once its driver can be asked, else said why not)
 
     def take_stacks(self, due: list[str], dump_id: str, state: RunState) -> None:
-        self.stacks.dump(state, due, dump_id, "diagnosis")
+        self.stacks.dump(state, due, dump_id, Asked("diagnosis"))
 
     def tick(self, state: RunState, emit: Callable[[ev.Event], None]) -> None:
         self.stacks.hand_over(state, emit)
@@ -199,13 +200,13 @@ class RayClusterDriver(CommandDriver):
         return (f"this run looks at the Ray cluster at {self.address} from outside: nothing of it is its own to "
                 "restart (`gkd-tui stop` ends the looking)")
 
-    def forward(self, op: str, args: ops.Args, asked: Asked, state: RunState) -> dict:
-        raise Refused(f"'{op}': this run looks at the Ray cluster at {self.address} from outside, through its state "
-                      "API: nothing here carries out requests in its jobs (run a job under `gkd-tui launch --` for "
-                      "that); its stacks can be taken (d)")
+    def forward(self, args: ops.Handed, asked: Asked, state: RunState) -> Receipt:
+        raise Refused(f"'{ops.OP_OF[type(args)]}': this run looks at the Ray cluster at {self.address} from outside, "
+                      "through its state API: nothing here carries out requests in its jobs (run a job under "
+                      "`gkd-tui launch --` for that); its stacks can be taken (d)")
 
-    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> dict:
-        return self.forward("cancel", args, asked, state)
+    def cancel(self, args: ops.CancelArgs, asked: Asked, state: RunState) -> Receipt:
+        return self.forward(args, asked, state)
 
     def tick(self, state: RunState, emit: Callable[[ev.Event], None]) -> None:
         while not self.looks.empty():

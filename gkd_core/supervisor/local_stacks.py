@@ -22,7 +22,10 @@ from pathlib import Path
 
 from gkd_core.node.stacks import capture_many
 from gkd_core.state import RunState, WorkerState
+from gkd_core.supervisor.control_ops import Asked
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Dumped, Taking
 
 TIMEOUT_S = 4.0
 REMOTE_WAIT_S = 8.0  # from the dump's start: a helper started on another node, then its capture; the CLI waits 10 s
@@ -37,9 +40,9 @@ class Awaited:
 
 
 class LocalStacks:
-    def __init__(self, run_dir: Path, ask_driver: Callable[[dict], object] | None = None,
+    def __init__(self, run_dir: Path, ask_driver: Callable[[ops.RemoteStacksArgs], object] | None = None,
                  on_this_node: Callable[[WorkerState], bool] | None = None):
-        """``ask_driver(args)``: forward a ``dump_stacks`` of workers on other nodes to the job's driver;
+        """``ask_driver(args)``: hand the stacks of workers on other nodes to the job's driver to take;
         raises (with the reason) when it cannot; None: there is none to ask (their notes say where to look).
         ``on_this_node``: whether a worker runs here (by default: its node is this host's name, as the
         workers of a watched job say it)."""
@@ -64,8 +67,9 @@ class LocalStacks:
                 if awaited.got.keys() == awaited.targets:
                     awaited.all_in.set()
 
-    def dump(self, state: RunState, targets: list[str], dump_id: str, by: str) -> dict:
-        """Start a dump of ``targets`` (every worker when empty); returns at once."""
+    def dump(self, state: RunState, targets: list[str], dump_id: str, who: Asked) -> Taking:
+        """Start a dump of ``targets`` (every worker when empty) for ``who`` (its end carries their request's
+        id); returns at once, with what is under way."""
         workers = {s: w for s, w in state.workers.items()
                    if (s in targets if targets else w.phase != "exited")}
         unknown = [t for t in targets if t not in workers]
@@ -78,7 +82,8 @@ class LocalStacks:
                                  f"{w.pid}` there" for s, w in remote.items()})
         elif remote and self.ask_driver is not None:
             try:
-                self.ask_driver({"dump_id": dump_id, "targets": {s: [w.pid, w.actor_id] for s, w in remote.items()}})
+                self.ask_driver(ops.RemoteStacksArgs(dump_id=dump_id, targets={
+                    s: ops.Where(w.pid, w.actor_id) for s, w in remote.items()}))
                 asked = sorted(remote)
             except Exception as e:
                 elsewhere.update({s: f"{s} runs on {w.node}, pid {w.pid}: `py-spy dump --native --pid {w.pid}` there "
@@ -88,13 +93,13 @@ class LocalStacks:
         if asked:
             with self._lock:
                 self._awaited[dump_id] = Awaited(frozenset(asked))
-        threading.Thread(target=self._take, args=(here, asked, elsewhere, dump_id, by, deadline),
+        threading.Thread(target=self._take, args=(here, asked, elsewhere, dump_id, who, deadline),
                          name=f"gkd-stacks[{dump_id}]", daemon=True).start()
         # not the answer (that is the action `_take` records once the stacks are in): what is under way
-        return {"taking": sorted([*here, *asked, *elsewhere]),
-                "by": "the supervisor, on this node" + (", and the job's driver on the others" if asked else "")}
+        return Taking(taking=sorted([*here, *asked, *elsewhere]),
+                      by="the supervisor, on this node" + (", and the job's driver on the others" if asked else ""))
 
-    def _take(self, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str, by: str,
+    def _take(self, pids: dict[str, int], asked: list[str], notes: dict[str, str], dump_id: str, who: Asked,
               deadline: float) -> None:
         folder = self.run_dir / "stacks" / dump_id
         try:
@@ -120,11 +125,10 @@ class LocalStacks:
                 (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {error}\n" if error else ""))
             for target, note in notes.items():
                 self.results.put(ev.StackEvent(dump_id=dump_id, target=target, error=note))
-            self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=True, result={
-                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]), "folder": f"stacks/{dump_id}"}))
+            self.results.put(ev.ActionEvent(op="dump_stacks", by=who.by, ok=True, request=who.id, result=Dumped(
+                dump_id=dump_id, targets=sorted([*pids, *asked, *notes]), folder=f"stacks/{dump_id}")))
         except Exception as e:  # a full disk, say: the dump fails, on the record; the run goes on
             with self._lock:
                 self._awaited.pop(dump_id, None)
-            self.results.put(ev.ActionEvent(op="dump_stacks", by=by, ok=False, result={
-                "dump_id": dump_id, "targets": sorted([*pids, *asked, *notes]),
-                "error": f"{type(e).__name__}: {e}"[:300]}))
+            self.results.put(ev.ActionEvent(op="dump_stacks", by=who.by, ok=False, request=who.id, result=Dumped(
+                dump_id=dump_id, targets=sorted([*pids, *asked, *notes]), error=f"{type(e).__name__}: {e}"[:300])))

@@ -31,6 +31,7 @@ from gkd_core.state import RunState
 from gkd_core.supervisor.control_ops import Refused
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Recovered, RecoverySaid
 
 HOUR_S = 3600.0
 # a driver that ran this long before its alert was no crash loop: the wait starts again. A loop fails in its
@@ -194,7 +195,7 @@ class Recovery:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self._report_by = now + REPORT_DEADLINE_S
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
-                            result={"stage": "report", "code": d.code, "targets": d.targets, "reason": d.reason}))
+                            result=Recovered(stage="report", code=d.code, targets=d.targets, reason=d.reason)))
 
     def may_restart(self, st: RunState) -> bool:
         """A failed run this policy is about to restart (its report being taken, or a listed critical alert
@@ -237,13 +238,13 @@ class Recovery:
             self._act(ops.RestartArgs(grace_s=STOP_S), why)
         except Refused as e:  # stopping meanwhile, a restart a person asked for first, a job it cannot start
             emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
-                                result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
-                                        "error": str(e)}))
+                                result=Recovered(stage="restart", code=d.code, targets=d.targets, report=taken,
+                                                 error=str(e))))
             self._record(emit)
             return
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
-                            result={"stage": "restart", "code": d.code, "targets": d.targets, "report": taken,
-                                    "restart": len(self.made), "reason": d.reason}))
+                            result=Recovered(stage="restart", code=d.code, targets=d.targets, report=taken,
+                                             restart=len(self.made), reason=d.reason)))
         self._record(emit)
         if self.tell is not None:
             self.tell("restart", d.code, d.targets, why)
@@ -256,13 +257,13 @@ class Recovery:
                 self._act(ops.CancelArgs(target=target, mode="force", pid=pid), why)
         except Refused as e:
             emit(ev.ActionEvent(op="recover", by="recovery", ok=False,
-                                result={"stage": "replace", "code": d.code, "targets": d.targets, "report": taken,
-                                        "error": f"{e}; the run is restarted instead"}))
+                                result=Recovered(stage="replace", code=d.code, targets=d.targets, report=taken,
+                                                 error=f"{e}; the run is restarted instead")))
             return False
         self.replaced.append((now, list(d.targets)))
         emit(ev.ActionEvent(op="recover", by="recovery", ok=True,
-                            result={"stage": "replace", "code": d.code, "targets": d.targets, "report": taken,
-                                    "reason": d.reason}))
+                            result=Recovered(stage="replace", code=d.code, targets=d.targets, report=taken,
+                                             reason=d.reason)))
         self._record(emit)
         if self.tell is not None:
             self.tell("replace", d.code, d.targets, why)
@@ -276,13 +277,12 @@ class Recovery:
                 continue
             self._writing.remove(entry)
             ok = report.returncode == 0 and path.exists()
-            emit(ev.ActionEvent(op="recover", by="recovery", ok=ok, result={
-                "stage": "report_written", "report": str(path.relative_to(self.run_dir)),
-                **({} if ok else {"error": f"`gkd-tui bundle` exited {report.returncode} "
-                                           f"({log.relative_to(self.run_dir)})"})}))
+            emit(ev.ActionEvent(op="recover", by="recovery", ok=ok, result=Recovered(
+                stage="report_written", report=str(path.relative_to(self.run_dir)),
+                error="" if ok else f"`gkd-tui bundle` exited {report.returncode} ({log.relative_to(self.run_dir)})")))
 
     def _record(self, emit: Callable[[ev.Event], None]) -> None:
-        emit(ev.ActionEvent(op="recovery", by="supervisor", ok=True, result={"said": self.said()}))
+        emit(ev.ActionEvent(op="recovery", by="supervisor", ok=True, result=RecoverySaid(said_now=self.said())))
 
 
 def _kill_group(p: subprocess.Popen) -> None:

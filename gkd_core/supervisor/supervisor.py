@@ -39,6 +39,7 @@ from gkd_core.supervisor.unattended import unattended_part
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import IngestOpened, Pong, Receipt, Restarted, Stopping
 
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
@@ -69,7 +70,7 @@ class Supervisor:
         self.run_dir = resume if resume is not None else rundir.create_run_dir(home, run_id)
         self.run_id = self.run_dir.name
         # the job, asked the same way whatever its kind (supervisor/drivers.py); its process's life is ``life``'s
-        reach = drivers.Reach(hand=lambda op, args, asked: self.life.forward(op, args, asked, self.state.state),
+        reach = drivers.Reach(hand=lambda args, asked: self.life.forward(args, asked, self.state.state),
                               alive=lambda: self.life.alive(), connected=lambda: self.life.connected())
         self.driver = drivers.driver_of(reach, self.run_dir, driver_module, command, adopt, ray_address)
         self.cfg = cfg = self.driver.settings(cfg)
@@ -115,7 +116,7 @@ class Supervisor:
             "restart": self._op_restart, "open_ingest": self._op_open_ingest, "note": control_ops.note,
             "cancel": lambda args, asked: self.driver.cancel(args, asked, self.state),
             "dump_stacks": lambda args, asked: self.driver.dump_stacks(args, asked, self.state, f"dump-{self.seq}"),
-            "pause": self._forward("pause"), "resume": self._forward("resume"),
+            "pause": self._forward, "resume": self._forward,
         }
         # the answers to the latest acting requests, for a client's retry of one (ipc and tcp alike)
         self._recent_replies = control_ops.RecentReplies()
@@ -127,11 +128,12 @@ class Supervisor:
 
     # --- control -------------------------------------------------------------------------
 
-    def _op_ping(self, args: ops.QueryArgs, asked: Asked) -> dict:
-        return {"pong": True, "run": self.run_id, "seq": self.seq, "state": self.state.state,
-                "pid": os.getpid(), "uptime_s": round(time.monotonic() - self._started_mono, 3)}
+    def _op_ping(self, args: ops.PingArgs, asked: Asked) -> Pong:
+        return Pong(run=self.run_id, seq=self.seq, state=self.state.state, pid=os.getpid(),
+                    uptime_s=round(time.monotonic() - self._started_mono, 3))
 
-    def _op_snapshot(self, args: ops.QueryArgs, asked: Asked) -> msgspec.Raw:
+    def _op_snapshot(self, args: ops.SnapshotArgs, asked: Asked) -> msgspec.Raw:
+        """A ``Snapshot``, written here as its bytes: the state of a large run is megabytes, encoded once."""
         driver = self.life.driver
         meta = msgspec.json.encode({
             "pid": os.getpid(), "run_dir": str(self.run_dir), "events_logged": self.log.lines,
@@ -142,11 +144,11 @@ class Supervisor:
         })
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
-    def _op_stop(self, args: ops.StopArgs, asked: Asked) -> dict:
+    def _op_stop(self, args: ops.StopArgs, asked: Asked) -> Stopping:
         self.life.request_stop(self.grace_s if args.grace_s is ops.UNSET else args.grace_s)
-        return {"stopping": True, "driver_pid": self.life.driver.pid if self.life.driver else None}
+        return Stopping(driver_pid=self.life.driver.pid if self.life.driver else None)
 
-    def _op_restart(self, args: ops.RestartArgs, asked: Asked) -> dict:
+    def _op_restart(self, args: ops.RestartArgs, asked: Asked) -> Restarted:
         life = self.life
         if life.stopping:
             raise Refused("the run is stopping; a restart would be undone at once")
@@ -155,14 +157,14 @@ class Supervisor:
         if refusal := self.driver.restart_refusal(args):
             raise Refused(refusal)
         new, changes = plan.compose(self.cfg, self.state, args.shrink, args.overrides)
-        result = {"restart": life.restarts + 1, "changes": changes, "digest": config_mod.digest(new)}
+        result = Restarted(restart=life.restarts + 1, changes=changes, digest=config_mod.digest(new))
         if args.dry_run:
             return result
         path = self.run_dir / "restarts" / f"{life.restarts + 1:03d}.yaml"
         path.write_text(config_mod.to_yaml(new))  # written before it is used
         (self.run_dir / "config.yaml").write_text(config_mod.to_yaml(new))
         self.cfg = new
-        result["config"] = str(path.relative_to(self.run_dir))
+        result.config = str(path.relative_to(self.run_dir))
         self.emit(ev.RunEvent(state="restarting", restart=life.restarts, config_digest=config_mod.digest(new),
                               reason=f"restart requested by {asked.by}" + (" (smaller)" if args.shrink else "")))
         life.restart_with(path, self.grace_s if args.grace_s is ops.UNSET else args.grace_s)
@@ -172,11 +174,11 @@ class Supervisor:
         """The recovery's op (a restart, a worker stopped for its driver to replace), carried out as a person's."""
         return self._ops[ops.OP_OF[type(args)]](args, Asked(f"the recovery policy: {why}"))
 
-    def _forward(self, op: str) -> control_ops.Handler:
+    def _forward(self, args: ops.Handed, asked: Asked) -> Receipt:
         """An op the job's driver carries out (``Driver.forward``)."""
-        return lambda args, asked: self.driver.forward(op, args, asked, self.state)
+        return self.driver.forward(args, asked, self.state)
 
-    def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> dict:
+    def _op_open_ingest(self, args: ops.OpenIngestArgs, asked: Asked) -> IngestOpened:
         """The tcp ingest for workers on other nodes (Sockets.open_ingest). Opened once; asked again, the same."""
         s = self.sockets
         if (sock := s.ingest_tcp) is None:
@@ -184,7 +186,7 @@ class Supervisor:
             rundir.write_private_json(self.run_dir / "endpoints.json", self.endpoints)
             self._poller.register(sock, zmq.POLLIN)
             self._poller.register(s.ingest_monitor, zmq.POLLIN)
-        return {"endpoint": sock.get_string(zmq.LAST_ENDPOINT)}
+        return IngestOpened(endpoint=sock.get_string(zmq.LAST_ENDPOINT))
 
     # --- the loop ------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from gkd_core.supervisor.recovery import Recovery, RecoveryPolicy
 from gkd_core.supervisor.unattended_settings import UnattendedConfig
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Notified
 
 OUTCOMES_KEEP = 256  # outcomes not recorded yet (the loop records them every tick)
 
@@ -89,9 +90,8 @@ class Unattended:
             heard = list(self._outcomes)
             self._outcomes.clear()
         for o in heard:
-            emit(ev.ActionEvent(op="notify", by="supervisor", ok=o.ok,
-                                result={"to": o.to, "alert": o.code, "targets": list(o.targets), "kind": o.kind,
-                                        "tries": o.tries, **({"error": o.error} if o.error else {})}))
+            emit(ev.ActionEvent(op="notify", by="supervisor", ok=o.ok, result=Notified(
+                to=o.to, alert=o.code, targets=list(o.targets), kind=o.kind, tries=o.tries, error=o.error)))
         if self.scrapes is not None:
             self.scrapes.answer(st, now, self.counts)
         if self.recovery is not None:

@@ -16,7 +16,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -24,6 +24,7 @@ import zmq.auth
 
 from gkd_core.errors import GkdError
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import A, Receipt
 from gkd_core.telemetry.ops import QUERIES
 
 # A request id: a random prefix of this process (31 bits) above a counter (32 bits), so that two clients,
@@ -178,10 +179,19 @@ class ControlClient:
             self._sock.close(linger=0)
             self._sock = None
 
-    def ask(self, args: ops.Args, *, timeout_s: float | None = None, request_id: int | None = None) -> Any:
-        """The op ``args`` are for (``ops.OP_OF``), with them: ``request`` for an action, its arguments typed."""
-        return self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s,
-                            request_id=request_id)
+    def call(self, args: ops.Answered[A], *, timeout_s: float | None = None) -> A:
+        """The op ``args`` are for (``ops.OP_OF``), carried out by the supervisor: its answer, typed as the op
+        declares it (``call(RestartArgs(shrink=True, dry_run=True))`` is a ``Restarted``)."""
+        raw = self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s, raw=True)
+        return cast(A, msgspec.json.decode(raw, type=ops.answer_of(type(args))))
+
+    def hand(self, args: ops.Handed[A], *, timeout_s: float | None = None, request_id: int | None = None) -> Receipt:
+        """The op ``args`` are for, handed on (to the job's driver): the supervisor's receipt. The answer, an ``A``,
+        comes later as an ``action`` event carrying ``request_id`` (``new_request_id()``, noted before asking:
+        the answer may come before the receipt), which ``RunState.outcome(request_id)`` finds."""
+        raw = self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s, raw=True,
+                           request_id=request_id)
+        return msgspec.json.decode(raw, type=Receipt)
 
     def request(self, op: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None,
                 raw: bool = False, request_id: int | None = None) -> Any:

@@ -11,6 +11,8 @@ from typing import Any, Union, cast
 
 import msgspec
 
+from gkd_core.telemetry.answers import Answer, AnyAnswer, Receipt
+
 # the heartbeat's parts, and the 64-bit integers every event's numbers are (their own module: ``beats``)
 from gkd_core.telemetry.beats import FULL_BEAT_S as FULL_BEAT_S
 from gkd_core.telemetry.beats import INT64 as INT64
@@ -353,18 +355,30 @@ class RayPlacementGroupEvent(Event, tag="ray_pg"):
 
 
 class ActionEvent(Event, tag="action"):
+    """An op carried out, or refused: a request's answer (``telemetry/answers``), or the supervisor's own act."""
+
     op: str = ""
     by: str = ""
     ok: bool = True
-    result: Any = None
+    result: AnyAnswer | str | None = None  # the answer; a refusal's or a failure's text
     # the control request it answers (its id): the supervisor's answer, and a driver's outcome that comes
     # later (a cancel's, a dump's); 0 for what nobody asked (the diagnosis's own dumps)
     request: int = 0
 
     @property
-    def forwarded(self) -> bool:
-        """A supervisor's receipt for a request it handed to the driver: the outcome is the driver's, to come."""
-        return isinstance(self.result, dict) and bool(self.result.get("forwarded"))
+    def is_receipt(self) -> bool:
+        """A supervisor's receipt for a request it handed on (to the driver, to its stack taker): the answer
+        is to come."""
+        return isinstance(self.result, Receipt)
+
+    @property
+    def result_said(self) -> str:
+        """The answer in a person's words, or the refusal's text."""
+        return self.result.said() if isinstance(self.result, Answer) else str(self.result or "")
+
+    def said(self) -> str:
+        """``cancel: sync 4 cancelled …`` or ``cancel failed: no weight sync is under way …``."""
+        return f"{self.op}{'' if self.ok else ' failed'}: {self.result_said}"
 
 
 # every kind defined above (a kind left out of a hand-kept list decoded as unknown: the reducer

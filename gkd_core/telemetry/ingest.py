@@ -80,7 +80,7 @@ def open_remote(control_address: str, host: str, keys_dir: Path, by: str = "driv
     if not control_address:
         raise RuntimeError("no supervisor control socket (GKD_CONTROL) in this process's environment")
     with control.ControlClient(control_address, timeout_s=5.0, retries=1, by=by) as c:
-        endpoint = c.ask(ops.OpenIngestArgs(host=host))["endpoint"]
+        endpoint = c.call(ops.OpenIngestArgs(host=host)).endpoint
     return endpoint, client_keys(keys_dir)
 
 

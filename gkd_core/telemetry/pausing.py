@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Paused, Resumed
+from gkd_core.telemetry.commands import Reply
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.units import spoken
 from gkd_core.vocab import PAUSED
@@ -27,23 +28,25 @@ class Pause:
         self.by = ""  # who asked for it
         self.held_since: float | None = None  # (monotonic) while the driver is held
 
-    def ask(self, args: ops.PauseArgs, by: str) -> dict[str, Any]:
-        """A pause asked for (again: its deadline moved): the driver's answer."""
-        self.until, self.by = time.monotonic() + args.for_s, by
+    def asked(self, args: ops.PauseArgs, reply: Reply) -> None:
+        """A pause asked for (again: its deadline moved), answered."""
+        self.until, self.by = time.monotonic() + args.for_s, reply.by
         if self.held_since is not None:
             said = f"paused already; now for {spoken(args.for_s)} more"
         else:
             said = f"pauses at the end of the step under way, for {spoken(args.for_s)} at most"
-        return {"outcome": said + " (`gkd-tui resume`, or P in the dashboard, goes on)", "for_s": args.for_s}
+        reply(True, Paused(outcome=said + " (`gkd-tui resume`, or P in the dashboard, goes on)", for_s=args.for_s))
 
-    def resume(self) -> tuple[bool, dict[str, Any] | str]:
-        """(went well, the driver's answer) of a resume."""
+    def resumed(self, args: ops.ResumeArgs, reply: Reply) -> None:
+        """A resume, answered (refused when there is no pause to end)."""
         if self.until is None:
-            return False, "the driver is not paused"
+            reply(False, "the driver is not paused")
+            return
         self.until = None
         if self.held_since is None:
-            return True, {"outcome": "the pause asked for is called off: it had not begun"}
-        return True, {"outcome": f"resumed after {spoken(time.monotonic() - self.held_since)} paused"}
+            reply(True, Resumed(outcome="the pause asked for is called off: it had not begun"))
+        else:
+            reply(True, Resumed(outcome=f"resumed after {spoken(time.monotonic() - self.held_since)} paused"))
 
     def hold(self, step: int | None, serve: Callable[[float], None]) -> None:
         """At a step's end: while a pause is asked for, the driver waits here, ``serve(timeout_s)`` waiting up to

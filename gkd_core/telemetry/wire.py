@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from gkd_core.errors import GkdError
+from gkd_core.telemetry.answers import answer_from
 from gkd_core.telemetry.events import (
     ENVELOPE,
     INT64,
@@ -20,6 +21,7 @@ from gkd_core.telemetry.events import (
     MAX_DEPTH,
     MAX_EVENT_BYTES,
     PROTOCOL_VERSION,
+    ActionEvent,
     AnyEvent,
     Beat,
     Event,
@@ -79,6 +81,8 @@ def validate_dict(obj: Any) -> Event | UnknownEvent:
         rest = {k: val for k, val in obj.items() if k not in ENVELOPE}
         return UnknownEvent(kind=kind, seq=int(obj.get("seq", 0)), ts=float(obj.get("ts", 0.0)),
                             src=obj.get("src", ""), fields=rest)
+    if cls is ActionEvent and not isinstance(obj.get("result"), str | None):  # an answer as an older writer wrote it
+        obj["result"] = msgspec.to_builtins(answer_from(str(obj.get("op", "")), obj["result"]))
     try:
         event: Event = msgspec.convert(obj, AnyEvent)
     except msgspec.ValidationError as e:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import ray
 
@@ -14,7 +13,8 @@ from gkd_core.node.agent import gather_stacks
 from gkd_core.node.stacks import Capture
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
-from gkd_core.telemetry.commands import Command, CommandInbox
+from gkd_core.telemetry.answers import AnyAnswer, Cancelled, Dumped
+from gkd_core.telemetry.commands import CommandInbox, DriverCommands, Handler, Reply
 from gkd_core.telemetry.pausing import Pause
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.cluster import Cluster
@@ -34,23 +34,25 @@ def best_stack(cap: Capture | None, own: tuple[str, str] | None) -> tuple[str, s
     return "", "", "; ".join(reasons)
 
 
-# the outcome of a command, to whoever asked: (ok, result) -> an ``action`` event with the request's id
-Answer = Callable[[bool, Any], None]
+# the outcome of a command, to whoever asked: (ok, answer) -> an ``action`` event with the request's id
+Answer = Callable[[bool, AnyAnswer | str], None]
 
 
-class Actions:
+class Actions(DriverCommands):
+    who = "our trainer's driver"
+
     def __init__(self, cluster: Cluster, rep: Reporter, run_dir: Path, inbox: CommandInbox,
                  cancel_sync: Callable[[Answer], None]):
         """``cancel_sync(answer)``: the weight sync under way is cancelled, and ``answer`` told how it ended
         (cancelled and made again, or over before the cancel took hold, or none under way)."""
-        self.cluster, self.rep, self.run_dir, self.inbox = cluster, rep, run_dir, inbox
+        super().__init__(inbox, rep.emit)
+        self.cluster, self.rep, self.run_dir = cluster, rep, run_dir
         self.cancel_sync = cancel_sync
         self.pause = Pause(rep)  # held at a step's end (``hold``)
 
-    def answer_to(self, cmd: Command) -> Answer:
-        def answer(ok: bool, result: Any) -> None:
-            self.rep.emit(ev.ActionEvent(op=cmd.op, by=cmd.by, ok=ok, result=result, request=cmd.id))
-        return answer
+    def handlers(self) -> dict[type[ops.Args], Handler]:
+        return {ops.DumpStacksArgs: self.dump_stacks, ops.CancelArgs: self.cancel,
+                ops.PauseArgs: self.pause.asked, ops.ResumeArgs: self.pause.resumed}
 
     def serve(self, *_args) -> None:
         """The requests that came, carried out (a wait's tick: none is waited for)."""
@@ -60,31 +62,13 @@ class Actions:
         """A step's end: held here while a pause is asked for (``telemetry/pausing``), requests served meanwhile."""
         self.pause.hold(step, self.serve_for)
 
-    def serve_for(self, timeout_s: float) -> None:
-        """The requests that come within ``timeout_s`` (on the inbox's socket), carried out."""
-        for cmd in self.inbox.poll(timeout_s):
-            answer = self.answer_to(cmd)
-            try:
-                args = ops.parse(cmd.op, cmd.args)
-                if isinstance(args, ops.DumpStacksArgs):
-                    self.dump_stacks(args.targets, args.dump_id or f"dump-{cmd.id}", answer)
-                elif isinstance(args, ops.CancelArgs):
-                    self.cancel(args.target, args.mode, answer, args.pid)
-                elif isinstance(args, ops.PauseArgs):
-                    answer(True, self.pause.ask(args, cmd.by))
-                elif isinstance(args, ops.ResumeArgs):
-                    answer(*self.pause.resume())
-                else:
-                    answer(False, f"the driver does not carry out '{cmd.op}'")
-            except Exception as e:  # a command must never take the run down
-                answer(False, f"{type(e).__name__}: {e}")
-
-    def dump_stacks(self, targets: list[str], dump_id: str, answer: Answer) -> None:
+    def dump_stacks(self, args: ops.DumpStacksArgs, answer: Reply) -> None:
         """Every target's stack, two ways at once within one deadline: its node's agent (py-spy with
         native frames, or faulthandler: these work while the process holds the GIL or sits in C), and
         the worker's own thread (which needs the GIL). The agent's answer wins when it has one."""
         c = self.cluster
-        wanted = targets or ["driver", *c.actors]
+        dump_id = args.dump_id or f"dump-{answer.cmd.id}"
+        wanted = args.targets or ["driver", *c.actors]
         folder = self.run_dir / "stacks" / dump_id
         folder.mkdir(parents=True, exist_ok=True)
         refs = {t: c.actors[t].stacks.remote() for t in wanted if t in c.actors}
@@ -120,12 +104,13 @@ class Actions:
                     err += f"; try `py-spy dump --native --pid {c.info.get(t, {}).get('pid', '?')}` on its node"
             (folder / (t.replace("/", "_") + ".txt")).write_text(text + (f"\n# note: {err}\n" if err else ""))
             self.rep.emit(ev.StackEvent(dump_id=dump_id, target=t, method=method, text=text, error=err))
-        answer(True, {"dump_id": dump_id, "targets": sorted(wanted), "folder": str(folder.relative_to(self.run_dir))})
+        answer(True, Dumped(dump_id=dump_id, targets=sorted(wanted), folder=str(folder.relative_to(self.run_dir))))
 
-    def cancel(self, target: str, mode: ops.CancelMode, answer: Answer, pid: int = 0) -> None:
+    def cancel(self, args: ops.CancelArgs, answer: Reply) -> None:
         """``sync``: answered when the sync has ended (``cancel_sync``); a worker or ``all``: once each
         worker has its cancel flag set (or is killed, with ``force``), and for ``all`` the sync's end too.
         ``pid``: only if the worker is still that process."""
+        target, mode, pid = args.target, args.mode, args.pid
         actors = self.cluster.actors
         if target == "sync":
             self.cancel_sync(answer)
@@ -145,6 +130,6 @@ class Actions:
                 ray.kill(actors[n], no_restart=True)
             else:
                 actors[n].cancel.remote()
-        answer(True, {"target": target, "mode": mode, "outcome": "killed" if mode == "force" else "cancel flag set"})
+        answer(True, Cancelled(target=target, mode=mode, outcome="killed" if mode == "force" else "cancel flag set"))
         if target == "all":
             self.cancel_sync(lambda ok, result: answer(ok, result) if ok else None)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gkd_core.errors import GkdError
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.answers import Cancelled
 from gkd_core.telemetry.reporter import Reporter
 from gkd_core.trainer.actions import Answer
 from gkd_core.trainer.cluster import Cluster
@@ -48,7 +48,7 @@ class WeightSync:
             return
         self._cancels.append(answer)
 
-    def _answer_cancels(self, ok: bool, result: Any) -> None:
+    def _answer_cancels(self, ok: bool, result: Cancelled | str) -> None:
         cancels, self._cancels = self._cancels, []
         for answer in cancels:
             answer(ok, result)
@@ -111,9 +111,9 @@ class WeightSync:
             except Exception as rebuilt:
                 self._answer_cancels(False, f"{e}, but making the group again failed: {rebuilt}"[:500])
                 raise
-            self._answer_cancels(True, {"target": "sync", "outcome": f"{e} after {time.monotonic() - t0:.1f} s; "
-                                                                     f"the group was made again and sync "
-                                                                     f"{sid + 1} sends the weights anew"})
+            self._answer_cancels(True, Cancelled(target="sync", outcome=f"{e} after {time.monotonic() - t0:.1f} s; "
+                                                                         f"the group was made again and sync "
+                                                                         f"{sid + 1} sends the weights anew"))
             return self._sync(step)
         except WorkerFailed as e:
             ended("failed", pending=[e.name], blocked=e.blocked, error=str(e)[:1000])

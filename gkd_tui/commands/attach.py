@@ -39,7 +39,7 @@ def cmd_attach_ray(a: argparse.Namespace) -> int:
         try:
             c, _ = client(run, 5.0)
             with c:
-                c.ask(ops.StopArgs(grace_s=0))
+                c.call(ops.StopArgs(grace_s=0))
         except (ControlUnreachable, ControlError) as e:
             print(f"gkd-tui: the run looking at the cluster did not stop ({e}): `gkd-tui stop {run}`", file=sys.stderr)
     print(f"gkd-tui: stopped looking at the Ray cluster; what was seen is in {run} (`gkd-tui replay {run}`)",

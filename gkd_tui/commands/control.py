@@ -16,6 +16,7 @@ from gkd_core import rundir
 from gkd_core.state import RunState
 from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Answer, Receipt
 from gkd_core.telemetry.control import ControlError, ControlUnreachable, new_request_id
 from gkd_tui.commands.reach import LAUNCH_WAIT_S, client, unreachable
 from gkd_tui.render_text import status_text
@@ -43,33 +44,32 @@ def cmd_status(a: argparse.Namespace) -> int:
     return 0
 
 
-def act(a: argparse.Namespace, args: ops.Args, timeout_s: float = 5.0, run: Path | None = None) -> int:
+def act(a: argparse.Namespace, args: ops.Answered | ops.Handed, timeout_s: float = 5.0, run: Path | None = None) -> int:
     """The op ``args`` are for, on ``run`` (``a.run`` resolved when not given); its answer printed (as JSON with
-    ``--json``)."""
+    ``--json``): the supervisor's, or its receipt for an op it handed on."""
     op = ops.OP_OF[type(args)]
     try:
         run = run or rundir.resolve_run(a.run)
         c, _ = client(run, timeout_s)
         with c:
-            result = c.ask(args)
+            answer: Answer = c.hand(args) if isinstance(args, ops.Handed) else c.call(args)
     except ControlError as e:
         print(f"gkd-tui: {op} refused: {e}", file=sys.stderr)
         return 1
     except (rundir.RunNotFound, ControlUnreachable) as e:
         return unreachable(run, e)
-    print(json.dumps(result, indent=1) if a.json else describe(op, result))
+    said = f"{op}: {answer.said()}" if isinstance(answer, Receipt) else answer.said()
+    print(json.dumps(msgspec.to_builtins(answer), indent=1) if a.json else said)
     return 0
 
 
 OUTCOME_WAIT_S = 10.0  # a driver answers between its waits' ticks (a second or less), or between steps
 
 
-def act_on_driver(a: argparse.Namespace, args: ops.Args, timeout_s: float = OUTCOME_WAIT_S) -> int:
+def act_on_driver(a: argparse.Namespace, args: ops.Handed, timeout_s: float = OUTCOME_WAIT_S) -> int:
     """An op the driver carries out (pause, resume): asked, and the driver's answer (an ``action`` event with
     the request's id) heard on the run's event stream, subscribed to before asking so that it cannot be missed;
     printed (as JSON with ``--json``). Exit 1 when it refused or did not answer within ``timeout_s``."""
-    from gkd_tui.answers import outcome_text  # (the dashboard's words for an outcome)
-
     op, run = ops.OP_OF[type(args)], None
     try:
         run = rundir.resolve_run(a.run)
@@ -79,7 +79,7 @@ def act_on_driver(a: argparse.Namespace, args: ops.Args, timeout_s: float = OUTC
             try:
                 sub.connect()
                 request = new_request_id()
-                c.ask(args, request_id=request)
+                c.hand(args, request_id=request)
                 answer = sub.pump_until(lambda state: state.outcome(request), timeout_s)
             finally:
                 sub.sub.close(linger=0)  # (the client is closed with it)
@@ -92,23 +92,8 @@ def act_on_driver(a: argparse.Namespace, args: ops.Args, timeout_s: float = OUTC
         print(f"gkd-tui: {op}: handed to the driver, which did not answer within {timeout_s:g} s (it answers "
               "between its waits' ticks: is it frozen? `gkd-tui status` says its phase)", file=sys.stderr)
         return 1
-    print(json.dumps(answer, indent=1) if a.json else outcome_text(op, answer["ok"], answer["result"]))
-    return 0 if answer["ok"] else 1
-
-
-def describe(op: str, result) -> str:
-    if op == "restart" and isinstance(result, dict):
-        lines = [f"restart {result.get('restart')}: {result.get('config', '(dry run)')}"]
-        for key, old, new, *why in result.get("changes", []):
-            lines.append(f"  {key}: {old!r} -> {new!r}" + (f"    ({why[0]})" if why and why[0] else ""))
-        if not result.get("changes"):
-            lines.append("  (same config)")
-        return "\n".join(lines)
-    if op == "stop" and isinstance(result, dict):
-        pid = result.get("driver_pid")
-        who = f"the driver (pid {pid}) gets SIGTERM, then SIGKILL if it lingers" if pid else "no driver is running"
-        return f"stopping: {who}; the supervisor ends after it (`gkd-tui replay` shows the run afterwards)"
-    return f"{op}: {json.dumps(result)}"
+    print(json.dumps(msgspec.to_builtins(answer), indent=1) if a.json else answer.said())
+    return 0 if answer.ok else 1
 
 
 def cmd_stop(a: argparse.Namespace) -> int:

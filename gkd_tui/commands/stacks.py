@@ -13,6 +13,7 @@ from gkd_core.bundle.report import StacksTaken
 from gkd_core.state import RunState
 from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Dumped
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_tui.commands.reach import client, unreachable
 
@@ -57,27 +58,29 @@ def take_stacks(c: ControlClient, endpoints: dict, targets: list[str], timeout_s
         sub.connect()
         asked_at = time.time()
         dump_id = f"{by}-{os.getpid()}-{int(asked_at * 1000)}"
-        c.ask(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))
-        # the driver's answer: every stack it took came before it ({} at the deadline)
-        answered = sub.pump_until(lambda state: state.dump_answer(dump_id), timeout_s) or {}
+        c.hand(ops.DumpStacksArgs(targets=targets, dump_id=dump_id))
+        # the driver's answer: every stack it took came before it (None at the deadline)
+        answered = sub.pump_until(lambda state: state.dump_answer(dump_id), timeout_s)
         return sub.state, stacks_of_dump(sub.state, dump_id, answered, asked_at, targets, timeout_s)
     finally:
         sub.sub.close(linger=0)  # (the client is the caller's)
 
 
-def stacks_of_dump(state: RunState, dump_id: str, answered: dict, asked_at: float, targets: list[str],
+def stacks_of_dump(state: RunState, dump_id: str, answered: Dumped | None, asked_at: float, targets: list[str],
                    timeout_s: float) -> StacksTaken:
-    """What dump ``dump_id`` took, from the state once the driver answered (``answered``: its action's
-    result, {} when it did not within ``timeout_s``)."""
+    """What dump ``dump_id`` took, from the state once the driver answered (``answered``: the dump's end,
+    None when it did not come within ``timeout_s``)."""
+    said = answered.targets if answered is not None else []
     # the state keeps a worker's newest stack: one the diagnosis took after we asked (its automatic
     # dump can land between ours and our read) is as good an answer
     records = state.dump_records(dump_id)
     records.update({t: r for t, r in state.stacks.items()
-                    if r.ts >= asked_at and r.text and t in (answered.get("targets") or []) and t not in records})
-    wanted = answered.get("targets") or targets or sorted(records)
+                    if r.ts >= asked_at and r.text and t in said and t not in records})
+    wanted = said or targets or sorted(records)
     taken = {t: r.text for t, r in records.items() if r.text}
     missing = {t: (records[t].error if t in records else f"no answer within {timeout_s:g} s") for t in wanted
                if t not in taken}
     notes = {t: r.error for t, r in records.items() if r.text and r.error}
-    return StacksTaken(dump_id=dump_id, folder=answered.get("folder", ""), taken=taken, missing=missing, notes=notes)
+    return StacksTaken(dump_id=dump_id, folder=answered.folder if answered is not None else "", taken=taken,
+                       missing=missing, notes=notes)
 

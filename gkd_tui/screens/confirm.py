@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from gkd_core.telemetry.answers import Restarted
+
 
 class ConfirmScreen(ModalScreen[str | None]):
     """Returns the value of the chosen action, or None for Cancel / escape / n."""
@@ -53,12 +55,11 @@ def cancel_dialog(selected: str | None) -> ConfirmScreen:
     return ConfirmScreen("Cancel what?", body, choices)
 
 
-def restart_dialog(dry: dict) -> ConfirmScreen:
+def restart_dialog(dry: Restarted) -> ConfirmScreen:
     """`r`: the config diff of the supervisor's dry run (``restart {dry_run: true}``), each change with
     the finding it follows from, before anything restarts."""
-    changes = dry.get("changes") or []
-    diff = "\n".join(f"  {key}: {old!r} -> {new!r}" + (f"\n      ← {why[0]}" if why and why[0] else "")
-                     for key, old, new, *why in changes) or "  (nothing to shrink)"
-    body = (f"Restart {dry.get('restart')} from the latest checkpoint with a smaller config:\n{diff}\n\n"
+    diff = "\n".join(f"  {key}: {old!r} -> {new!r}" + (f"\n      ← {why}" if why else "")
+                     for key, old, new, why in dry.changes) or "  (nothing to shrink)"
+    body = (f"Restart {dry.restart} from the latest checkpoint with a smaller config:\n{diff}\n\n"
             "The new config is written to RUN/restarts/ before the driver starts again.")
     return ConfirmScreen("Restart smaller?", body, [("restart", "Restart smaller")])

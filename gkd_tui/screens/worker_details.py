@@ -73,7 +73,7 @@ class WorkerDetails(ModalScreen[None]):
                 out = ("left it" if p.left is not None and p.left >= p.entered else
                        "not left" if p.left is not None else "its leaving unknown (gloo's Flight Recorder)")
                 lines.append(f"group {group}: rank {p.rank} of {p.world}, {where}, {out} ({p.source})")
-        logs = [line for line in st.logs if line.startswith(src + " ")][-10:]
+        logs = [line.said() for line in st.logs if line.src == src][-10:]
         lines.append("\nlog:")
         lines.extend(logs or ["(no log lines from it)"])
         rec = st.stacks.get(src)

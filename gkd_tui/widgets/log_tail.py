@@ -14,12 +14,11 @@ class LogTail(Pane):
         """The run's own log events (warnings and errors styled), then the tail of RUN/logs."""
         lines = max(3, self.size.height - 2)
         t = Text()
-        events = st.logs[-(lines // 2 if files else lines):]
+        events = [(line.said(), line.level) for line in st.logs[-(lines // 2 if files else lines):]]
         if not events and st.log_tail:
-            events = [f"driver: {line}" for line in st.log_tail[-lines:]]
-        for line in events:
-            level = line.split(" ", 2)[1].rstrip(":") if " " in line else ""
-            t.append(line[:300] + "\n", style=self.tone(LEVEL.get(level)))
+            events = [(f"driver: {line}", "") for line in st.log_tail[-lines:]]
+        for said, level in events:
+            t.append(said[:300] + "\n", style=self.tone(LEVEL.get(level)))
         for line in (files or [])[-(lines - len(events)):] if lines > len(events) else []:
             t.append(line[:300] + "\n", style="dim")
         if not t.plain:

@@ -104,7 +104,7 @@ async def test_d_shows_the_stack_r_restarts_on_the_record_c_cancel_does_nothing(
         assert isinstance(app.screen, ConfirmScreen)
         [task] = [b for b in app.screen.query(Button) if str(b.label) == f"{worker}'s task"]
         task.press()
-        outcome = "cancel failed: the demo driver (gkd_core.demo_driver) has nothing to cancel"
+        outcome = "cancel failed: the demo driver (gkd_core.demo_driver) does not carry out 'cancel'"
         for _ in range(150):  # (a loaded machine: up to 15 s, left at once when it is there)
             await pilot.pause(0.1)
             if outcome in toasts:

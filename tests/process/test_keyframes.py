@@ -114,7 +114,7 @@ def test_the_supervisor_writes_keyframes_of_its_log_and_keeps_the_newest(recorde
         assert h.max_ts >= logged and h.max_ts == max(logged, state.last_ts, beats, clocks), \
             (h.max_ts, logged, state.last_ts, beats, clocks)
         head, state, end = f.read_bytes().split(b"\n")  # the header, then the state as a snapshot has it
-        assert head.startswith(b'{"format":2,') and state.startswith(b'{"run":') and end == b""
+        assert head.startswith(b'{"format":%d,' % kf.FORMAT) and state.startswith(b'{"run":') and end == b""
     assert [h.seq for h in headers] == sorted(h.seq for h in headers)
     # about one per 10 KB of log; more were written than kept; the newest at the run's end (the lines after it:
     # what the supervisor said as it closed)

@@ -18,7 +18,7 @@ from conftest import wait_until
 from gkd_core.runlog.reader import replay
 from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import events as ev
-from gkd_core.telemetry import ingest
+from gkd_core.telemetry import ingest, ops
 from gkd_core.telemetry.control import ControlClient, ControlError, ControlUnreachable
 from gkd_core.telemetry.reporter import Reporter
 
@@ -135,7 +135,7 @@ def test_sigkill_of_a_subscriber_does_not_disturb_the_run(start_supervisor):
         child.kill()  # the SIGKILL under test, and never a subscriber left behind
         child.wait()
     with sup.client(timeout_s=1.0) as c:
-        assert c.request("ping")["pong"]
+        assert c.call(ops.PingArgs()).pid > 0  # (the answer typed as the op declares it: telemetry/answers)
     assert sup.wait_exit(60) == 0
     assert log_state(sup).state == "finished"
 
@@ -158,7 +158,7 @@ def test_bad_messages_on_ingest_are_counted_and_dropped(start_supervisor):
             return s if sum(s["supervisor"]["rejected"].values()) == 4 else None
         snap = wait_until(counted, 10.0, "four rejections")
         assert snap["supervisor"]["rejected"] == {"garbage": 1, "malformed": 1, "oversized": 1, "version": 1}
-        assert c.request("ping")["pong"]
+        assert c.request("ping")["answer"] == "ping"
         wait_until(lambda: any(a["code"] == "ingest_rejected"
                                for a in c.request("snapshot")["state"]["alerts"].values()),
                    5.0, "an ingest_rejected alert")
@@ -175,9 +175,9 @@ def test_tcp_ingest_for_other_nodes_lets_in_only_the_run_key(start_supervisor):
         for host, why in (("0.0.0.0", "every interface"), ("node-1", "not an IP address")):
             with pytest.raises(ControlError, match=why):
                 c.request("open_ingest", {"host": host})
-        endpoint = c.request("open_ingest", {"host": "127.0.0.1"})["endpoint"]
+        endpoint = c.call(ops.OpenIngestArgs(host="127.0.0.1")).endpoint
         assert endpoint.startswith("tcp://127.0.0.1:") and c.request("open_ingest", {"host": "127.0.0.1"}) == {
-            "endpoint": endpoint}
+            "answer": "open_ingest", "endpoint": endpoint}
     keys = sup.run / "keys"
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.rglob("ingest*.key*"))
     own = zmq.curve_keypair()
@@ -198,7 +198,7 @@ def test_tcp_ingest_for_other_nodes_lets_in_only_the_run_key(start_supervisor):
         snap = c.request("snapshot")
         assert snap["supervisor"]["rejected"].get("unauthenticated", 0) >= 2, snap["supervisor"]
         assert "forged" not in msgspec.json.encode(snap["state"]).decode()
-        assert c.request("ping")["pong"]
+        assert c.request("ping")["answer"] == "ping"
     assert not [e for e in sup.events() if e.get("src") == "stranger" or e.get("reason") == "forged"]
 
 
@@ -210,7 +210,7 @@ def test_tcp_control_needs_the_run_key(start_supervisor):
         if p.is_file():
             assert stat.S_IMODE(p.stat().st_mode) == 0o600
     with ControlClient(addr, keys_dir=sup.run / "keys", timeout_s=2.0) as good:
-        assert good.request("ping")["pong"]
+        assert good.request("ping")["answer"] == "ping"
 
     stranger = sup.run.parent / "stranger"
     stranger.mkdir()

@@ -70,9 +70,9 @@ def test_the_notifiers_outcomes_go_on_the_record_as_actions():
             time.sleep(0.02)
     finally:
         u.close()
-    assert [(e.op, e.ok, e.result["to"], e.result["alert"], e.result["tries"]) for e in recorded] == [
+    assert [(e.op, e.ok, e.result.to, e.result.alert, e.result.tries) for e in recorded] == [
         ("notify", True, "command", "straggler", 1), ("notify", False, "command", "straggler", 3)]
-    assert recorded[1].result["error"].startswith("ValueError: exit 4")
+    assert recorded[1].result.error.startswith("ValueError: exit 4")
 
 
 def test_a_metrics_port_in_use_is_said_on_the_record_and_the_rest_goes_on():

@@ -112,7 +112,7 @@ def test_the_summary_reads_as_an_issue(tmp_path):
               ev.AlertEvent(severity="critical", code="deadlock", message="deadlock: Trainer/0.step waits for X",
                             hint="stop one side", targets=["Trainer/0"], ts=t + 20)):
         st.apply(e)
-    st.actions.append({"op": "cancel", "by": "cli", "ok": True, "result": "sent", "ts": t + 30})
+    st.actions.append(ev.ActionEvent(op="cancel", by="cli", ok=True, result="sent", ts=t + 30))
     driver = environment.DriverRecord(argv=["python", "job.py", "--lr", "1e-5"], pid=9, how="command",
                                       env={"NCCL_DEBUG": "INFO"})
     facts = {"versions": {"python": "3.11.7", "torch": "2.13.0", "torch_build": {"cuda": None, "nccl": "none"}},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gkd_core.state import RunState
@@ -13,6 +14,7 @@ from gkd_core.supervisor import drivers
 from gkd_core.supervisor.control_ops import Asked, Refused
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import ops
+from gkd_core.telemetry.answers import Forwarded
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("Driver", "CommandDriver", "AdoptedDriver", "RayClusterDriver")
@@ -25,9 +27,9 @@ class FakeLife:
         self.is_alive, self.is_connected, self.handed = alive, connected, []
 
     def reach(self) -> drivers.Reach:
-        def hand(op, args, asked):
-            self.handed.append((op, args, asked.by))
-            return {"forwarded": True}
+        def hand(args: ops.Handed, asked: Asked) -> Forwarded:
+            self.handed.append((ops.OP_OF[type(args)], msgspec.to_builtins(args), asked.by))
+            return Forwarded(to="driver pid 1")
         return drivers.Reach(hand=hand, alive=lambda: self.is_alive, connected=lambda: self.is_connected)
 
 
@@ -70,7 +72,7 @@ def test_a_request_is_handed_to_the_jobs_driver_only_for_workers_the_run_has(tmp
     assert life.handed == [("cancel", {"target": "rollout/0", "mode": "cooperative", "pid": 0}, "cli")]
     with pytest.raises(Refused, match="no worker 'rollout/9'"):
         ours.cancel(ops.CancelArgs(target="rollout/9"), Asked("cli"), st)
-    ours.forward("pause", ops.PauseArgs(for_s=5), Asked("cli"), st)
+    assert ours.forward(ops.PauseArgs(for_s=5), Asked("cli"), st) == Forwarded(to="driver pid 1")
     assert life.handed[-1] == ("pause", {"for_s": 5.0}, "cli")
 
 
@@ -110,9 +112,9 @@ def test_a_clusters_driver_refuses_requests_in_its_jobs_and_judges_silence_by_it
     from gkd_core.node.ray_cluster import POLL_S
 
     cluster = drivers.RayClusterDriver(FakeLife().reach(), tmp_path, "auto")
-    for op, args in (("cancel", ops.CancelArgs()), ("pause", ops.PauseArgs())):
+    for args in (ops.CancelArgs(), ops.PauseArgs()):
         with pytest.raises(Refused, match="from outside"):
-            cluster.forward(op, args, Asked("cli"), state_with())
+            cluster.forward(args, Asked("cli"), state_with())
     with pytest.raises(Refused, match="from outside"):
         cluster.cancel(ops.CancelArgs(), Asked("cli"), state_with())
     assert "nothing of it is its own to restart" in cluster.restart_refusal(ops.RestartArgs())

@@ -5,6 +5,7 @@ import pytest
 
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
+from gkd_core.telemetry.answers import Stopping
 
 SAMPLES = [
     ev.RunEvent(state="running", config_digest="abc", restart=1, total_steps=5),
@@ -26,7 +27,7 @@ SAMPLES = [
     ev.StackEvent(dump_id="d1", target="rollout/1", method="py-spy", text="Thread ..."),
     ev.AlertEvent(severity="critical", code="sync_timed_out", message="m", hint="h", targets=["rollout/1"]),
     ev.LogEvent(level="warn", message="hello"),
-    ev.ActionEvent(op="stop", by="me", ok=True, result={"stopping": True}),
+    ev.ActionEvent(op="stop", by="me", ok=True, result=Stopping(driver_pid=3)),
     ev.PhaseEvent(phase="train", call=9, started=1.5),
     ev.CollectivesEvent(groups=[ev.CollectiveProgress(group="weight_sync", rank=2, world=4, entered=57, op="broadcast",
                                                       nbytes=4096, entered_at=1.5, left=56, left_at=1.25),

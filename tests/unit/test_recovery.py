@@ -96,7 +96,7 @@ def test_the_budget_spent_is_a_critical_alert_and_the_run_stopped_with_why_never
     assert alerts[0].message.startswith("the recovery restarted the run 1 time(s) and 1 restarts in the last hour")
     assert asked.restart == [] and len(asked.stop) == 1
     assert asked.stop[0].startswith("the recovery's budget is spent (1 restarts in the last hour")
-    policy_said = [e.result["said"] for e in said if isinstance(e, ev.ActionEvent) and e.op == "recovery"]
+    policy_said = [e.result_said for e in said if isinstance(e, ev.ActionEvent) and e.op == "recovery"]
     assert policy_said[-1] == ("restart on straggler once critical for 60 s, the bug report taken first; at most 1 "
                                "an hour; 1 made; its budget is spent: not restarted again")
     recovery.tick(st, T0 + 200, said.append)  # said once
@@ -170,7 +170,7 @@ def test_the_restart_waits_for_the_reports_live_part_not_its_archive(tmp_path, m
     (tmp_path / "bundles" / "recovery-001.tar.gz").write_bytes(b"")
     report.returncode = 0
     recovery.tick(st, T0 + 70, said.append)
-    stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
+    stages = [(e.result.stage, e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
     assert stages == [("report", True), ("restart", True), ("report_written", True)], stages
 
 
@@ -230,7 +230,7 @@ def test_the_replacement_stops_only_the_process_the_alert_was_about_and_a_refusa
     # the process the decision was about, not the one that registered since (its driver may have replaced it)
     assert asked.cancel == [ops.CancelArgs(target="rollout/1", mode="force", pid=4242)] and asked.restart == []
     assert recovery.replaced == [(T0 + 63, ["rollout/1"])]
-    stages = [(e.result["stage"], e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
+    stages = [(e.result.stage, e.ok) for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover"]
     assert stages == [("report", True), ("replace", True)], stages
 
     asked = Asked(refuse="cancel")  # no driver to ask
@@ -240,4 +240,4 @@ def test_the_replacement_stops_only_the_process_the_alert_was_about_and_a_refusa
     recovery.tick(replaceable(), T0 + 62, said.append)
     assert len(asked.restart) == 1 and recovery.made == [T0 + 62]
     refused = [e.result for e in said if isinstance(e, ev.ActionEvent) and e.op == "recover" and not e.ok]
-    assert refused[-1]["error"].endswith("; the run is restarted instead")
+    assert refused[-1].error.endswith("; the run is restarted instead")

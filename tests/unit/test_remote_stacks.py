@@ -8,6 +8,7 @@ import pytest
 
 from gkd_core.integrations import remote_stacks
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import ops
 
 NODE = "ab" * 28  # a Ray node id (28 bytes, in hex)
 
@@ -26,7 +27,7 @@ def test_helpers_that_could_not_be_started_with_the_job_are_said_by_the_dump(hel
     # where the worker noted its node (ray_process, in Ray's KV store: not here without Ray)
     monkeypatch.setattr("ray.experimental.internal_kv._internal_kv_get", lambda key, namespace: NODE.encode())
     said: list[ev.Event] = []
-    remote_stacks.take({"rollout/1": [4121, "actor-1"]}, "d1", "run-1", "", said.append)
+    remote_stacks.take({"rollout/1": ops.Where(4121, "actor-1")}, "d1", "run-1", "", said.append)
     assert [(s.dump_id, s.target) for s in said if isinstance(s, ev.StackEvent)] == [("d1", "rollout/1")]
     error = said[0].error
     assert error.startswith("no stacks helper could be made on its node: RaySystemError"), error

@@ -69,7 +69,7 @@ def test_views_of_a_hung_sync():
     assert [a.code for a in st.active_alerts()] == ["b", "a"]  # critical first
     assert st.recent_metrics()[-1].agreement == 0.3
     assert st.stacks["rollout/1"].text == "in sync_rollout"
-    assert st.actions[-1]["op"] == "dump_stacks"
+    assert st.actions[-1].op == "dump_stacks"
 
 
 def test_sync_end_archives_and_alert_clears_and_gpu_recovers():
