@@ -218,7 +218,7 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                 sent += 1
             else:  # one by one, the way workers sent them before the relay
                 for beat in b.beats:
-                    sock.send(wire.encode(wire.heartbeat_of(beat)))
+                    sock.send(wire.encode(ev.event_of_beat(beat)))
                     sent += 1
                 b.beats = []
             node += 1

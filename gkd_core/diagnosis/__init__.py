@@ -17,6 +17,7 @@ from gkd_core.diagnosis import cascade
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
+from gkd_core.telemetry.evidence import elapsed_of
 
 __all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
 
@@ -55,20 +56,13 @@ def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
     return cascade.with_blocked(state, out, chains)
 
 
-def _elapsed(evidence: dict, missing: float) -> float:
-    """``evidence["elapsed_s"]`` when it is a number: an alert that came from elsewhere (the driver, a
-    stranger's bug) may carry anything there, and the supervisor's loop must not die of it."""
-    v = evidence.get("elapsed_s", missing)
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else missing
-
-
 def _changed(cur: AlertState, a: AlertEvent) -> bool:
     if cur.severity != a.severity:
         return True
     if a.code in LIVE:  # the time in the message grows every second: a change only when it has grown
         # by half (a log scale: 6, 9, 14, 20 s ...) or the verdict or the place changed
         # (2x > 3y, not x > 1.5y: exact for an integer of any size, where the float product overflows)
-        grown = 2 * _elapsed(a.evidence, 0.0) > 3 * _elapsed(cur.evidence, math.inf)
+        grown = 2 * elapsed_of(a.evidence, 0.0) > 3 * elapsed_of(cur.evidence, math.inf)
         return grown or any(cur.evidence.get(k) != a.evidence.get(k) for k in ("verdict", "where", "blocked"))
     return cur.message != a.message or cur.evidence.get("blocked") != a.evidence.get("blocked")
 

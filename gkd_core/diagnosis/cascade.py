@@ -23,6 +23,7 @@ import msgspec
 from gkd_core import vocab
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
+from gkd_core.telemetry.evidence import blocked_of
 from gkd_core.vocab import WORKER_ENDED
 
 # the findings that name a cause others can wait on
@@ -72,7 +73,7 @@ def with_blocked(state: RunState, alerts: list[AlertEvent],
         a = alerts[i]
         behind = waiting_on(set(a.targets)) if i in chained and waiting_on is not None else set()
         held = held_up(state, a.targets) if i in causes else []
-        blocked = sorted((set(a.evidence.get("blocked") or ()) | set(held) | behind) - set(a.targets))
+        blocked = sorted((set(blocked_of(a.evidence)) | set(held) | behind) - set(a.targets))
         if not blocked:
             continue
         # a wait that holds the job's driver holds the whole job: it stalls, and that is critical

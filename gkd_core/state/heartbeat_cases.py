@@ -6,33 +6,26 @@ worker that said nothing new. O(1) a beat: 65,536 of them a second at the larges
 from __future__ import annotations
 
 from gkd_core.state import memory_cases
-from gkd_core.state.records import CPU_IDLE_PCT
+from gkd_core.state.records import CPU_IDLE_PCT, WorkerState
 from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
 
 
 def on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
+    """A process's heartbeat by itself: the beat of a batch of one (``on_beat``)."""
     w = st.worker_seen(e.src, e.ts)
-    if e.ts <= w.last_heartbeat:
-        return  # one the log restated (or a duplicate): nothing new
-    if e.cpu >= CPU_IDLE_PCT:
-        w.cpu_low_since = None
-    elif w.cpu_low_since is None:  # the heartbeat's share is of the interval since the one before
-        w.cpu_low_since = w.last_heartbeat or e.ts
-    w.last_heartbeat = e.ts
     if e.ts > st.newest_beat:
         st.newest_beat = e.ts
-    w.rss, w.cpu, w.dropped = e.rss, e.cpu, e.dropped
-    memory_cases.on_memory(st, w, e.mem, e.ts)
+    on_beat(st, w, ev.beat_of_event(e))
 
 
 def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
-    # the same as ``on_heartbeat`` for each full beat, inline (at the largest, tens of thousands a second); the
-    # other beats are their relays' clocks, one a batch, taken after the beats (a relay started again unclocks
-    # its workers, and those who join it are clocked again). A full beat that came with its relay's clock is
-    # of the relay's roster (its joining may have been lost to a supervisor that took the run over between
-    # the batch and its log line), unless the clock is of another epoch than the relay's known one: an old
-    # relay's late batch is of workers its successor never vouched for (and a new one's roster is `joined`)
+    """A relay's batch (or the supervisor's merge of several): each full beat, then the relays' clocks, which
+    say the other beats, one a batch (a relay started again unclocks its workers, and those who join it are
+    clocked again). A full beat that came with its relay's clock is of the relay's roster (its joining may
+    have been lost to a supervisor that took the run over between the batch and its log line), unless the
+    clock is of another epoch than the relay's known one: an old relay's late batch is of workers its
+    successor never vouched for (and a new one's roster is ``joined``)."""
     workers = st.workers
     relays: set[str] | tuple[()] = ()
     if e.clocks:
@@ -40,7 +33,7 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
         other_epoch = {c.relay for c in e.clocks if (was := known.get(c.relay)) is not None and was[0] != c.epoch}
         relays = {c.relay for c in e.clocks} - other_epoch
     newest = st.newest_beat
-    for b in e.beats:
+    for b in e.beats:  # (at the largest, thousands of full beats a second: the walk stays here, one call a beat)
         ts = b.ts
         if ts > newest:
             newest = ts
@@ -49,23 +42,30 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
             w = st.worker_seen(b.src, ts)
         elif ts > w.last_seen:
             w.last_seen = ts
-        if ts <= w.last_heartbeat:
-            continue
-        cpu = b.cpu
-        if cpu >= CPU_IDLE_PCT:
-            w.cpu_low_since = None
-        elif w.cpu_low_since is None:
-            w.cpu_low_since = w.last_heartbeat or ts  # (a relay sends the beat before a crossing with it)
-        w.last_heartbeat = ts
-        w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
-        if b.mem is not None:
-            memory_cases.on_memory(st, w, b.mem, ts)
-        if not w.clock_via and w.via in relays:
+        if on_beat(st, w, b) and not w.clock_via and w.via in relays:
             w.clock_via = w.via
     st.newest_beat = newest
     for c in e.clocks:
         if on_clock(st, c) and (c.joined or c.quiet):
             on_roster(st, c)
+
+
+def on_beat(st: RunRecord, w: WorkerState, b: ev.Beat) -> bool:
+    """A worker's beat, whichever way it came: its numbers, its memory, and when its CPU went idle; False for
+    one no newer than its last (one the log restated, or a duplicate): nothing new."""
+    ts = b.ts
+    if ts <= w.last_heartbeat:
+        return False
+    cpu = b.cpu
+    if cpu >= CPU_IDLE_PCT:
+        w.cpu_low_since = None
+    elif w.cpu_low_since is None:  # the beat's share is of the interval since the one before (a relay sends the
+        w.cpu_low_since = w.last_heartbeat or ts  # beat before a crossing with it)
+    w.last_heartbeat = ts
+    w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
+    if b.mem is not None:
+        memory_cases.on_memory(st, w, b.mem, ts)
+    return True
 
 
 def on_clock(st: RunRecord, c: ev.RelayClock) -> bool:

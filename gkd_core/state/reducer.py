@@ -38,6 +38,7 @@ from gkd_core.state.series import TeacherPoint, mem_share
 from gkd_core.state.views import vouch_s
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.answers import RecoverySaid
+from gkd_core.telemetry.evidence import blocked_of
 from gkd_core.vocab import RUN_STATUSES, SYNC_OPEN, WORKER_ENDED
 
 
@@ -320,10 +321,9 @@ def _on_alert(st: RunRecord, e: ev.AlertEvent) -> None:
     if e.cleared:
         st.alerts.pop(key, None)
         return
-    blocked = e.evidence.get("blocked")
-    if e.targets and isinstance(blocked, list):  # (a stranger's alert may carry anything there)
-        for b in blocked:
-            w = st.workers.get(b) if isinstance(b, str) else None
+    if e.targets:
+        for b in blocked_of(e.evidence):
+            w = st.workers.get(b)
             if w is not None and not w.blocked_by and b not in e.targets:
                 w.blocked_by = e.targets[0]
     st.alerts[key] = AlertState(
@@ -335,9 +335,8 @@ def _on_alert(st: RunRecord, e: ev.AlertEvent) -> None:
 def _unblock(st: RunRecord, a: AlertState) -> None:
     """Free the workers ``a`` held up; one that failed of it stays marked until it starts again (its
     next phase), as a sync's failure marks it."""
-    blocked = a.evidence.get("blocked")
-    for b in blocked if isinstance(blocked, list) and a.targets else ():
-        w = st.workers.get(b) if isinstance(b, str) else None
+    for b in blocked_of(a.evidence) if a.targets else ():
+        w = st.workers.get(b)
         if w is not None and w.blocked_by == a.targets[0] and w.phase != "failed":
             w.blocked_by = ""
 

@@ -49,7 +49,7 @@ class Recorder:
         self.run_id, self.state, self.log, self.heartbeats, self.publish = run_id, state, log, heartbeats, publish
         self.seq = seq
         self.rejects = wire.RejectCounter()
-        self._beats_kept: list = []  # beats of batches the log keeps, not yet written (`_take_batches`)
+        self._beats_kept: list[ev.Beat] = []  # beats of batches the log keeps, not yet written (`_take_batches`)
         self._clocks_kept: list[ev.RelayClock] = []  # and their relays' clocks
         self._beats_seq = 0
         # each alert as it is recorded (the notifier: supervisor/unattended), called on the loop; None: nobody
@@ -140,10 +140,10 @@ class Recorder:
                     taken, batches, beats = batches, [], 0
                     self._take_batches(taken)
                 logged = True
-                if type(typed) is ev.HeartbeatEvent:
-                    logged, before = self.heartbeats.admit(typed)
+                if type(typed) is ev.HeartbeatEvent:  # (the log's policy keeps beats: runlog.heartbeats)
+                    logged, before = self.heartbeats.admit(ev.beat_of_event(typed))
                     if before is not None:
-                        self.emit(wire.heartbeat_of(before) if isinstance(before, ev.Beat) else before)
+                        self.emit(ev.event_of_beat(before))
                 if obj is None:
                     assert isinstance(typed, ev.Event)  # (decode_stampable's)
                     self.commit_stamped(typed, logged)
@@ -183,8 +183,7 @@ class Recorder:
         self.state.apply(e)
 
     def _write_beats(self) -> None:
-        beats = [b if type(b) is ev.Beat else ev.beat_of_event(b) for b in self._beats_kept]
-        clocks, self._beats_kept, self._clocks_kept = self._clocks_kept, [], []
+        beats, clocks, self._beats_kept, self._clocks_kept = self._beats_kept, self._clocks_kept, [], []
         ts = max(max((b.ts for b in beats), default=0.0), max((c.ts for c in clocks), default=0.0))
         self.log.append(wire.encode(ev.HeartbeatsEvent(seq=self._beats_seq, run=self.run_id, src="supervisor",
                                                      ts=ts, beats=beats, clocks=clocks)), ts)
@@ -193,7 +192,7 @@ class Recorder:
         """Log the newest heartbeat of each worker that fell silent since, and the newest clock of each relay
         that did (see runlog.heartbeats); of every worker and relay with ``everyone`` (the run's end)."""
         for e in self.heartbeats.held() if everyone else self.heartbeats.silent():
-            self.emit(wire.heartbeat_of(e) if isinstance(e, ev.Beat) else e)  # (a batch's beat)
+            self.emit(ev.event_of_beat(e))
         clocks = self.heartbeats.clocks.silent(float("inf") if everyone else None)  # (relays fallen silent)
         if clocks:
             self.emit(ev.HeartbeatsEvent(ts=max(c.ts for c in clocks), clocks=clocks))

@@ -316,6 +316,7 @@ class AlertEvent(Event, tag="alert"):
     cleared: bool = False
 
 
+
 class LogEvent(Event, tag="log"):
     level: str = "info"
     message: str = ""

@@ -29,7 +29,6 @@ from gkd_core.telemetry.events import (
     HeartbeatsEvent,
     UnknownEvent,
     beat_of_event,
-    event_of_beat,
 )
 
 
@@ -164,11 +163,6 @@ def beat_of(data: bytes) -> Beat | None:
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     return beat_of_event(e) if e.v == PROTOCOL_VERSION else None
-
-
-def heartbeat_of(b: Beat) -> HeartbeatEvent:
-    """A Beat as a single ``heartbeat`` event (the supervisor restates a silent worker's this way)."""
-    return event_of_beat(b)
 
 
 def decode_stampable(data: bytes) -> Event | None:

@@ -9,10 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
-
 from gkd_core import rundir
-from gkd_core.state import RunState
+from gkd_core.state import RunState, decode_state
+from gkd_core.telemetry import ops
 from gkd_core.telemetry.control import ControlError, ControlUnreachable
 from gkd_tui.commands.reach import client
 from gkd_tui.commands.stacks import take_stacks
@@ -32,7 +31,7 @@ def cmd_bundle(a: argparse.Namespace) -> int:
         c, endpoints = client(run, 2.0)
         with c:
             if a.no_stacks:
-                state = msgspec.convert(c.request("snapshot")["state"], RunState)
+                state = decode_state(c.call(ops.SnapshotArgs()).state)
                 stacks = StacksTaken(note="not asked for (--no-stacks)")
             else:
                 print(f"gkd-tui: taking every worker's stacks for the bundle (up to {a.stacks_timeout:g} s)",
@@ -41,7 +40,7 @@ def cmd_bundle(a: argparse.Namespace) -> int:
                     state, stacks = take_stacks(c, endpoints, [], a.stacks_timeout, "bundle")
                 except ControlError as e:  # refused (a failed run has no driver to take them): its state is
                     # still the supervisor's, not a replay of the whole log (minutes, for a night's)
-                    state = msgspec.convert(c.request("snapshot")["state"], RunState)
+                    state = decode_state(c.call(ops.SnapshotArgs()).state)
                     stacks = StacksTaken(note=f"the run did not take them: {e}; the stacks it took before are "
                                               "in stacks/")
         live = True
@@ -75,7 +74,7 @@ def _state_now(run: Path) -> RunState | None:
     try:
         c, _ = client(run, 2.0)
         with c:
-            return msgspec.convert(c.request("snapshot")["state"], RunState)
+            return decode_state(c.call(ops.SnapshotArgs()).state)
     except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
         print(f"gkd-tui: the run's state not read again ({e}): the workers that joined meanwhile are read from "
               "Ray's view alone", file=sys.stderr)

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from gkd_core import rundir
-from gkd_core.state import RunState
+from gkd_core.state import decode_state
 from gkd_core.subscriber import RunSubscriber
 from gkd_core.telemetry import ops
 from gkd_core.telemetry.answers import Answer, Receipt
@@ -28,19 +28,18 @@ def cmd_status(a: argparse.Namespace) -> int:
         run = rundir.resolve_run(a.run)
         c, _ = client(run, a.timeout)
         with c:
-            snap = c.request("snapshot")
+            snap = c.call(ops.SnapshotArgs())
     except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
         return unreachable(run, e)
-    now = time.time()
+    now, state = time.time(), decode_state(snap.state)
     if a.json:
-        state = msgspec.convert(snap["state"], RunState)
         view = state.sync_view(now)
-        out = {"run_dir": str(run), "seq": snap["seq"], "now": now, "supervisor": snap.get("supervisor", {}),
-               "sync_view": msgspec.to_builtins(view) if view else None, "state": snap["state"]}
+        out = {"run_dir": str(run), "seq": snap.seq, "now": now, "supervisor": snap.supervisor,
+               "sync_view": msgspec.to_builtins(view) if view else None, "state": msgspec.json.decode(snap.state)}
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(status_text(msgspec.convert(snap["state"], RunState), now, run))
+        print(status_text(state, now, run))
     return 0
 
 

@@ -30,7 +30,7 @@ def test_a_batch_leaves_the_state_a_run_of_single_heartbeats_would():
             cpu = 2.0 if (i == 1 and t >= 3) else 80.0  # rollout/1 goes idle at 3
             beats.append(ev.Beat(f"rollout/{i}", 100.0 + t + i / 10, "generate", t, (1 << 30) + t, cpu, i))
     for b in beats:
-        singles.apply(wire.heartbeat_of(b))
+        singles.apply(ev.event_of_beat(b))
     for t in range(6):
         batched.apply(ev.HeartbeatsEvent(src="agent/n0", node="n0", ts=101.0 + t, beats=beats[3 * t:3 * t + 3]))
     for src, w in singles.workers.items():

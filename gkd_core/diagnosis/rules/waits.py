@@ -30,6 +30,7 @@ from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, Servers, external_re
 from gkd_core.diagnosis.stragglers import MIN_S
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
+from gkd_core.telemetry.evidence import blocked_of
 from gkd_core.units import spoken
 from gkd_core.vocab import DataWait, HttpWait
 
@@ -267,7 +268,7 @@ def explained(alerts: list[AlertEvent], found: Knots, state: RunState | None = N
                 # (the driver late on the rollout, the rollout on the server's request that began with it)
                 continue
         if i in behind:
-            blocked = sorted(set(a.evidence.get("blocked") or ()) | behind[i])
+            blocked = sorted(set(blocked_of(a.evidence)) | behind[i])
             a = msgspec.structs.replace(a, evidence={**a.evidence, "blocked": blocked[:BLOCKED_MAX]})
         out.append(a)
     return out
@@ -296,7 +297,7 @@ def _to_external_ends(alerts: list[AlertEvent], graph: dict[str, list[Edge]], st
         request = external_request(state, w)
         assert request is not None  # (found so above)
         since = max(w.phase_since, w.waits_since)
-        before = [b for a in waiters for b in a.evidence.get("blocked") or () if isinstance(b, str)]
+        before = [b for a in waiters for b in blocked_of(a.evidence)]
         blocked = sorted(({t for a in waiters for t in a.targets} | set(before)) - {src})
         said = w.detail.partition("waiting for ")[2] or request.spoken()
         led = (f", and the job's waits lead to it (from {', '.join(blocked[:3])}{' …' if len(blocked) > 3 else ''})"
