@@ -58,10 +58,11 @@ def test_d_and_r_in_a_replay_are_refused_in_a_warning_snapshot(snap_compare):
 def test_the_restart_dialog_snapshot(snap_compare, steady_cursor):
     """What r opens on a live run at this moment: the supervisor's dry run (its answer for this
     recording, as gkd_core's restart plan gives it), with focus on Cancel."""
+    from gkd_core.telemetry.answers import Restarted
     from gkd_tui.screens.confirm import restart_dialog
 
-    dry = {"restart": 1, "changes": [["rollout.n_workers", 2, 1,
-                                      "straggler rollout/1: run without it, one rollout worker fewer"]]}
+    dry = Restarted(restart=1, changes=[("rollout.n_workers", 2, 1,
+                                         "straggler rollout/1: run without it, one rollout worker fewer")])
 
     async def run_before(pilot):
         await seek_to(near_timeout_ts())(pilot)

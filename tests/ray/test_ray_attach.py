@@ -96,8 +96,8 @@ async def test_the_dashboard_shows_it_and_d_dumps_its_stack(stuck_job, start_sup
         await pilot.press("escape", "q")
     with sup.client() as c:  # a request in its jobs is refused, saying why
         with pytest.raises(ControlError, match="from outside"):
-            c.ask(ops.CancelArgs())
-        c.ask(ops.StopArgs())
+            c.hand(ops.CancelArgs())
+        c.call(ops.StopArgs())
     assert sup.wait_exit(15) == 143
 
 

@@ -66,11 +66,11 @@ def test_one_slow_part_of_a_sync_is_named_with_its_usual_time_and_plotted(start_
                            driver=TRAINER)
     sup.wait_driver(timeout_s=120)
     with sup.client(timeout_s=5) as c:
-        c.ask(ops.PauseArgs(for_s=60))
+        c.hand(ops.PauseArgs(for_s=60))
         paused = wait_until(lambda: [e for e in sup.events() if e["kind"] == "phase" and e["src"] == "driver"
                                      and e["phase"] == "paused"], 240, "the driver held at a step's end")
         time.sleep(2.0)
-        c.ask(ops.ResumeArgs())
+        c.hand(ops.ResumeArgs())
     wait_until(lambda: [e for e in run_states(sup) if e["state"] == "finished"], 300, "the run to finish")
     events = sup.events()
     held_at = paused[0]["step"]
