@@ -8,6 +8,8 @@ everything else.
 
 from __future__ import annotations
 
+import collections
+import time
 from collections.abc import Callable
 
 from gkd_core import diagnosis
@@ -48,3 +50,22 @@ def refusals(rejects: RejectCounter, auth_refused: int) -> list[AlertEvent]:
             hint="only clients holding RUN/keys/client.key_secret may connect",
         ))
     return out
+
+
+PASSES_KEPT = 4096  # a pass a second at the most: over an hour of them
+
+
+class PassTimes:
+    """How long each of the diagnosis's passes took (its own time, not the ingest's taken in between rules), the
+    newest ``PASSES_KEPT`` with when each ended: the supervisor's snapshot says them, and bench_dashboard reports
+    their p50, p99 and max beside the screen's latency (a pass that walks every worker is what makes its tail)."""
+
+    def __init__(self) -> None:
+        self._taken: collections.deque[tuple[float, float]] = collections.deque(maxlen=PASSES_KEPT)
+
+    def add(self, took_s: float) -> None:
+        self._taken.append((time.time(), took_s))
+
+    def said(self) -> list[tuple[float, float]]:
+        """(when it ended, wall clock; its milliseconds) of each pass kept, oldest first."""
+        return [(round(t, 3), round(took * 1000, 2)) for t, took in self._taken]

@@ -78,6 +78,7 @@ class Supervisor:
         self._auth_refused = self._auth_reported = self._rejects_reported = 0
         self._signalled = False
         self._next_alerts = 0.0
+        self.passes = alerts.PassTimes()
         self.auto_stacks = diagnosis.AutoStacks()
         self._started_mono = time.monotonic()
         seq, restarts = 0, 0
@@ -141,6 +142,7 @@ class Supervisor:
             "driver_pid": driver.pid if driver else None,
             "driver_connected": self.life.identity is not None,
             "control_repeats": self._recent_replies.repeats,  # retries answered from memory, not acted on
+            "alert_passes": self.passes.said(),  # (when each pass of the diagnosis ended, its ms)
         })
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
@@ -314,6 +316,7 @@ class Supervisor:
         self.ingest.pass_begins()
         self._evaluate_alerts(between_rules=self.ingest.between)
         took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
+        self.passes.add(took)
         self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
         if self.unattended is not None:
             self.unattended.counts.alert_pass_s = took
