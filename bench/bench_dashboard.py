@@ -391,6 +391,7 @@ def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfr
         go_wall: list[float] = []
         sup_cpu0: list[float] = []
         sent, load_cpu, probes = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in, plotted=plots)
+        load_ended = time.time()
         sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0[0]) / (time.monotonic() - sup_cpu0[1]) * 100
         dash.wait(seconds + 60)
         time.sleep(1.0)  # the supervisor takes in the last of it
@@ -398,7 +399,7 @@ def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfr
             snap = c.call(ops.SnapshotArgs())
         live = decode_state(snap.state)
         # the diagnosis's passes while the load ran (each its own time, the ingest taken in between rules apart)
-        passes = [ms for ended, ms in snap.supervisor.get("alert_passes", []) if ended >= go_wall[0]]
+        passes = [ms for ended, ms in snap.supervisor.get("alert_passes", []) if go_wall[0] <= ended <= load_ended]
         sup_rss = rss_bytes(sup.pid) / 2**20
         sup.terminate()
         sup.wait(60)

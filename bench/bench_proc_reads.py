@@ -7,13 +7,16 @@ Why it is measured: psutil comes with Ray, and would spare the hand-written read
 reads its children (an inference engine works in them) and their CPU. ``psutil.Process.children()`` walks
 every process of the machine (a Ray node has hundreds) where ``proctree.children`` reads
 ``/proc/PID/task/*/children``; so the bench times both on a process with 24 threads and 3 children, first on
-the machine as it is, then with ``--others`` idle processes more, the answers checked equal.
+the machine as it is, then with ``--others`` idle processes more (another process's children: the measured
+one keeps its 3), the answers checked equal.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,11 @@ import records  # noqa: E402  (bench/records.py, beside this file)
 from gkd_core import proctree  # noqa: E402
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+# starts the other processes and exits, saying their pids: orphans then, not the measured process's descendants
+# (the machine's processes grow, the measured process's children stay its 3)
+STARTER = ("import subprocess\n"
+           "print(' '.join(str(subprocess.Popen({sleeper!r}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
+           "stderr=subprocess.DEVNULL, start_new_session=True).pid) for _ in range({n})))\n")
 
 
 def timed(fn, calls: int, rounds: int) -> tuple[float, float, float]:
@@ -63,18 +71,23 @@ def main() -> None:
     for _ in range(24):
         threading.Thread(target=stop.wait, daemon=True).start()
     kids = [subprocess.Popen(SLEEPER, stdin=subprocess.DEVNULL) for _ in range(3)]
-    others: list[subprocess.Popen] = []
+    others: list[int] = []
     me = psutil.Process(os.getpid())
     try:
         time.sleep(0.3)
         halves = {}
         halves[len(psutil.pids())] = measure(me, a.rounds)
-        others = [subprocess.Popen(SLEEPER, stdin=subprocess.DEVNULL, start_new_session=True)
-                  for _ in range(a.others)]
+        started = subprocess.run([sys.executable, "-c", STARTER.format(sleeper=SLEEPER, n=a.others)],
+                                 capture_output=True, text=True, timeout=120, check=True)
+        others = [int(pid) for pid in started.stdout.split()]
         time.sleep(0.5)
+        assert len(me.children()) == len(kids), "the others are the measured process's children"
         halves[len(psutil.pids())] = measure(me, a.rounds)
     finally:
-        for child in kids + others:
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for child in kids:
             child.kill()
             child.wait()
         stop.set()

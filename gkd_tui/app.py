@@ -182,10 +182,10 @@ class GkdApp(App):
             self._client = self.source.control()
         return self._client
 
-    def call(self, args: ops.Answered[A], timeout_s: float = 3.0) -> A:
+    def call(self, args: ops.Answered[A], timeout_s: float = 3.0, request_id: int | None = None) -> A:
         """The supervisor's answer to the op ``args`` are for, from a worker thread; raises
         ControlError/ControlUnreachable."""
-        return self._control().call(args, timeout_s=timeout_s)
+        return self._control().call(args, timeout_s=timeout_s, request_id=request_id)
 
     def hand(self, args: ops.Handed, timeout_s: float = 3.0, request_id: int | None = None) -> Receipt:
         """The op ``args`` are for, handed on to the driver, from a worker thread: the supervisor's receipt (the
@@ -275,7 +275,8 @@ class GkdApp(App):
     def send(self, args: ops.Answered | ops.Handed) -> None:
         op = ops.OP_OF[type(args)]
         request = self.answers.ask(op)
-        answer = self.hand(args, request_id=request) if isinstance(args, ops.Handed) else self.call(args)
+        answer = (self.hand(args, request_id=request) if isinstance(args, ops.Handed)
+                  else self.call(args, request_id=request))
         said = self.answers.receipt(request, op, answer)
         if said is not None:
             self.call_from_thread(self.answers.show_receipt, request, said)

@@ -43,6 +43,9 @@ class Snapshot(Answer, tag="snapshot"):
     supervisor: dict[str, Any] = {}  # its pid, the run's folder, what it rejected, its driver
     state: msgspec.Raw = msgspec.Raw(b"null")  # the run's state (``state.encode_state``), read by who needs it
 
+    def said(self) -> str:
+        return f"the run's state as of event {self.seq}"
+
 
 class Stopping(Answer, tag="stop"):
     driver_pid: int | None = None
@@ -187,21 +190,21 @@ class Notified(Answer, tag="notify"):
         return told + (f": {self.error}" if self.error else "")
 
 
-# every answer declared above, a tagged union (``ActionEvent.result``; tests/unit/test_answers checks that none
-# is left out)
-AnyAnswer = (Pong | Snapshot | Stopping | Restarted | IngestOpened | Noted | Forwarded | Taking | Dumped | Cancelled
-             | Paused | Resumed | Recovered | RecoverySaid | Notified)
+# what an action can carry, a tagged union (``ActionEvent.result``): every answer declared above but the queries'
+# (``Pong``, ``Snapshot``: a query is never recorded; tests/unit/test_answers checks that no other is left out)
+AnyAnswer = (Stopping | Restarted | IngestOpened | Noted | Forwarded | Taking | Dumped | Cancelled | Paused | Resumed
+             | Recovered | RecoverySaid | Notified)
 
 
 def answer_from(op: str, result: Any) -> AnyAnswer | str | None:
     """An action's result as it was written before the answers were tagged (an older run's log): the answer of
     ``op`` (or the receipt it was), or its text when it is none of them, so that nothing of it is lost."""
     if not isinstance(result, dict):
-        return result if result is None or isinstance(result, str) else json.dumps(result)
+        return result if result is None or isinstance(result, str) else json.dumps(result, default=str)[:2000]
     tag = result.get("answer")
     if tag is None:
         tag = "forwarded" if result.get("forwarded") else "taking" if "taking" in result else op
     try:
         return msgspec.convert({**result, "answer": tag}, AnyAnswer)
-    except msgspec.ValidationError:
-        return json.dumps(result)[:2000]
+    except msgspec.ValidationError:  # a shape it does not know (a query's answer, a newer writer's): its text
+        return json.dumps(result, default=str)[:2000]

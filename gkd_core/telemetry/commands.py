@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,10 @@ class CommandInbox:
             self._sock.send(b"hello")
 
     def poll(self, timeout_s: float = 0.0) -> list[Command]:
-        """The commands that arrived, waiting at most ``timeout_s`` for the first."""
+        """The commands that arrived, waiting at most ``timeout_s`` for the first (the whole of it when there is no
+        supervisor to hear from: a loop that serves its commands must not spin)."""
         if self._sock is None:
+            time.sleep(timeout_s)
             return []
         out: list[Command] = []
         if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):

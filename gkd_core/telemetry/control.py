@@ -179,10 +179,11 @@ class ControlClient:
             self._sock.close(linger=0)
             self._sock = None
 
-    def call(self, args: ops.Answered[A], *, timeout_s: float | None = None) -> A:
+    def call(self, args: ops.Answered[A], *, timeout_s: float | None = None, request_id: int | None = None) -> A:
         """The op ``args`` are for (``ops.OP_OF``), carried out by the supervisor: its answer, typed as the op
         declares it (``call(RestartArgs(shrink=True, dry_run=True))`` is a ``Restarted``)."""
-        raw = self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s, raw=True)
+        raw = self.request(ops.OP_OF[type(args)], msgspec.to_builtins(args), timeout_s=timeout_s, raw=True,
+                           request_id=request_id)
         return cast(A, msgspec.json.decode(raw, type=ops.answer_of(type(args))))
 
     def hand(self, args: ops.Handed[A], *, timeout_s: float | None = None, request_id: int | None = None) -> Receipt:

@@ -117,7 +117,8 @@ class Where(msgspec.Struct, array_like=True):
 class RemoteStacksArgs(Handed[Dumped]):
     """The stacks of workers on other nodes, which a watched job's driver takes there for the supervisor (its
     ``dump_stacks`` of a job that is not ours: ``supervisor/local_stacks``): each worker's stack comes as a
-    ``stack`` event of the dump."""
+    ``stack`` event of the dump, and the dump's end (the ``Dumped``) is the supervisor's to say, not the
+    driver's. Only the supervisor asks it: a client's request of it is an unknown op."""
 
     dump_id: Annotated[str, Meta(pattern=DUMP_ID, description="a name of at most 64 letters, digits, '.', '_' "
                                                               "or '-'")]

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from gkd_core import rundir
 from gkd_core.state import RunState, decode_state
 from gkd_core.telemetry import ops
@@ -45,7 +47,7 @@ def cmd_bundle(a: argparse.Namespace) -> int:
                                               "in stacks/")
         live = True
         status = status_text(state, time.time(), run)
-    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+    except (rundir.RunNotFound, ControlUnreachable, ControlError, msgspec.ValidationError) as e:
         state, status = _state_from_log(run)
         status = f"(no live state: {e})\n" + status
         stacks = StacksTaken(note=f"the run did not answer ({e}); the stacks it took before are in stacks/")
@@ -75,7 +77,7 @@ def _state_now(run: Path) -> RunState | None:
         c, _ = client(run, 2.0)
         with c:
             return decode_state(c.call(ops.SnapshotArgs()).state)
-    except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
+    except (rundir.RunNotFound, ControlUnreachable, ControlError, msgspec.ValidationError) as e:
         print(f"gkd-tui: the run's state not read again ({e}): the workers that joined meanwhile are read from "
               "Ray's view alone", file=sys.stderr)
         return None

@@ -31,7 +31,12 @@ def cmd_status(a: argparse.Namespace) -> int:
             snap = c.call(ops.SnapshotArgs())
     except (rundir.RunNotFound, ControlUnreachable, ControlError) as e:
         return unreachable(run, e)
-    now, state = time.time(), decode_state(snap.state)
+    try:
+        now, state = time.time(), decode_state(snap.state)
+    except msgspec.ValidationError as e:  # a supervisor of another version (started before an upgrade)
+        print(f"gkd-tui: the supervisor of {run} says its state in a form this gkd-tui does not read ({e}); "
+              f"its own version's `gkd-tui status`, or `gkd-tui replay {run}`, reads it", file=sys.stderr)
+        return 1
     if a.json:
         view = state.sync_view(now)
         out = {"run_dir": str(run), "seq": snap.seq, "now": now, "supervisor": snap.supervisor,

@@ -65,8 +65,17 @@ def test_a_watched_jobs_outcome_per_worker_and_a_reply_that_is_the_outcome():
 
 
 def test_every_answer_declared_is_in_the_union_an_action_carries():
-    """An answer left out of ``AnyAnswer`` would be encoded on the record and refused when read back."""
-    assert set(typing.get_args(answers.AnyAnswer)) == set(answers.Answer.__subclasses__())
+    """An answer left out of ``AnyAnswer`` would be encoded on the record and refused when read back; a query's
+    answer is never recorded, and one a sender says anyway (a snapshot's, whose state is raw bytes) is its text."""
+    assert set(typing.get_args(answers.AnyAnswer)) == set(answers.Answer.__subclasses__()) - {
+        answers.Pong, answers.Snapshot}
+    _, forged = wire.decode_dict(b'{"kind": "action", "op": "snapshot", "result": {"answer": "snapshot"}}')
+    assert isinstance(forged, ev.ActionEvent) and forged.result == '{"answer": "snapshot"}', forged
+    assert forged.said() == 'snapshot: {"answer": "snapshot"}'
+    # nor does the fast path take it as an answer: it goes the slow way above
+    assert wire.decode_stampable(b'{"kind":"action","op":"snapshot","result":{"answer":"snapshot"},"ts":1.0}') is None
+    with pytest.raises(wire.Rejected):  # and a malformed one is refused, never the reader's end
+        wire.decode_dict(b'{"kind": "action", "ok": "x", "result": {"answer": "snapshot"}}')
 
 
 @pytest.mark.parametrize("answer", [
