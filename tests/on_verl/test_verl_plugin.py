@@ -97,11 +97,17 @@ def test_a_verl_job_under_launch_step_phases_ranks_sync_and_the_rank_stuck_in_sy
         assert sorted(ranks) == [0, 1]
         assert ranks[1]["phase"] == "sync_rollout_weights" and ranks[1]["phase_call"] == 3
         # verl's timers as the driver's phases, by step; its metrics per step
-        ev = events(run)
-        timers = {(e["phase"], e.get("step")) for e in ev if e.get("kind") == "phase" and e["src"] == "driver"}
         # (a sync of a few ms is never shown: calls under 20 ms send nothing; the `step` timer is shown only
         # in the moments between the timers inside it, which a tick may or may not meet: its count is the step)
-        assert {("gen", 1), ("update_actor", 1), ("gen", 2), ("update_weights", 3)} <= timers
+        wanted = {("gen", 1), ("update_actor", 1), ("gen", 2), ("update_weights", 3)}
+
+        def timers() -> set | None:  # the log is flushed every 100 ms: the live state can be ahead of the file
+            got = {(e["phase"], e.get("step")) for e in events(run)
+                   if e.get("kind") == "phase" and e["src"] == "driver"}
+            return got if wanted <= got else None
+
+        assert wait_until(timers, 5, f"verl's timers {sorted(wanted)} in the log", every_s=0.2)
+        ev = events(run)
         metrics = [e for e in ev if e.get("kind") == "metrics"]
         assert [m["step"] for m in metrics][:2] == [1, 2]
         assert metrics[1]["loss"] == pytest.approx(0.5) and "gen" in metrics[1]["timing"]
