@@ -121,12 +121,14 @@ class FaultConfig(_Section):
     kind: Literal[
         "hang_sync", "hang_generate", "delay_teacher", "kill_teacher", "kill_worker", "hold_gil", "hang_nvml",
         "nan_grad", "disk_full", "oom", "slow_worker", "stop_in_sync", "skip_weight_push", "slow_sync_part",
+        "error_teacher", "grow_memory",
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
     seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
     repeat: int = 1  # nan_grad (always the student's), disk_full: this many steps in a row, from `step`
     factor: float = 0.0  # slow_worker: each generation from `step` on takes this much longer (0.3: 30 %)
+    mb_per_s: float = 0.0  # grow_memory: the worker's memory grows this fast from `step` on (a leak), for `seconds`
     # slow_sync_part: the part of the sync after `step` that takes `seconds` longer on `target`
     # (vocab.TRAINER_SYNC_PARTS, as a test checks; `load` on a vLLM engine: inside the engine's own workers)
     part: Literal["", "gather", "broadcast", "load", "reset_cache", "verify"] = ""

@@ -251,7 +251,7 @@ KEEP_UP_BUDGET = 4096  # workers read per keep_up: about 20 ms, so that a step's
 KEEP_UP_LOOK_S = 0.5
 
 
-def _index_of(state: RunState) -> tuple[SpanIndex, threading.Lock]:
+def index_of(state: RunState) -> tuple[SpanIndex, threading.Lock]:
     with _INDEXES_LOCK:
         got = _INDEXES.get(id(state))
         if got is None or got[0]() is not state:
@@ -270,7 +270,7 @@ def keep_up(state: RunState) -> None:
     """Read some of what moved into ``state``'s index now, between the passes: after a burst of phase
     changes (65,536 workers at a step's end) the supervisor reads them a slice per 50 ms tick, its
     ingest never waits for all of them at once, and the pass finds little left to read."""
-    index, lock = _index_of(state)
+    index, lock = index_of(state)
     now = time.monotonic()
     with lock:
         look = now - index.looked_at >= KEEP_UP_LOOK_S
@@ -284,7 +284,7 @@ def late_workers(state: RunState, now: float, index: SpanIndex | None = None) ->
     ``index``: the one to keep (by default ``state``'s own, kept between calls; a fresh ``SpanIndex()``
     reads everything, as the tests' reference)."""
     if index is None:
-        index, lock = _index_of(state)
+        index, lock = index_of(state)
         with lock:
             return _late_workers(state, now, index)
     return _late_workers(state, now, index)

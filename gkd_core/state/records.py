@@ -123,6 +123,7 @@ class SyncState(msgspec.Struct, kw_only=True):
     last_ts: float = 0.0
     pending: list[str] = []
     done: list[str] = []
+    members: list[str] = []  # every member the driver named in it, pending or done (its start names them all)
     fingerprint_ok: bool | None = None
     differ: list[str] = []
     error: str = ""
@@ -167,6 +168,9 @@ class TeacherSide(msgspec.Struct, kw_only=True):
     served: int = 0
     queue_depth: int = 0
     workers: dict[str, int] = {}
+    errors: dict[str, int] = {}  # server: of each worker's answers, those that were an error
+    # server: a worker whose every answer since (when it began, how many) was an error
+    error_streaks: dict[str, tuple[float, int]] = {}
     latency_ms: dict[str, float] = {}
     ts: float = 0.0
     # when this side last moved: an answer completed (client) or served (server), or nothing was owed

@@ -1,6 +1,6 @@
 """The reducer's cases: how each kind of event changes a ``RunRecord`` (``RunState.apply`` looks
 the event's type up in ``HANDLERS``). Pure: the state and the event in, nothing else read. The weight sync's
-and the collectives' cases are in ``sync_cases``."""
+and the collectives' cases are in ``sync_cases``, the teacher's in ``teacher_cases``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gkd_core.state import heartbeat_cases, memory_cases, sync_cases
+from gkd_core.state import heartbeat_cases, memory_cases, sync_cases, teacher_cases
 from gkd_core.state.records import (
     FLOWS_KEEP,
     GPU_FULL,
@@ -17,7 +17,6 @@ from gkd_core.state.records import (
     METRICS_KEEP,
     OOM,
     STACK_TEXT_KEEP,
-    TEACHER_HISTORY_KEEP,
     UTIL_AVG_S,
     AlertState,
     GpuRow,
@@ -28,13 +27,11 @@ from gkd_core.state.records import (
     RayNode,
     RayPlacementGroup,
     StackRecord,
-    TeacherSide,
-    TeacherState,
     WorkerState,
     alert_key,
 )
 from gkd_core.state.run_record import RunRecord
-from gkd_core.state.series import TeacherPoint, mem_share
+from gkd_core.state.series import mem_share
 from gkd_core.state.views import vouch_s
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.answers import RecoverySaid
@@ -169,48 +166,6 @@ def mean_behind(before: list[int], now: list[int]) -> float | None:
     if not taken or min(taken) < 0 or not sum(taken):
         return None
     return sum(i * n for i, n in enumerate(taken)) / sum(taken)
-
-
-def _on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
-    t = st.teacher
-    key = f"{e.side}:{e.src}"
-    old = t.by_src.get(key)
-    if old is not None and (e.sent < old.sent or e.completed < old.completed or e.received < old.received
-                            or e.served < old.served):
-        old = None  # counts that went down are a new process's (a restarted driver, a teacher started again)
-    side = TeacherSide(
-        sent=e.sent, completed=e.completed, failed=e.failed, timed_out=e.timed_out or 0, in_flight=e.in_flight,
-        received=e.received, served=e.served, queue_depth=e.queue_depth, workers=dict(e.workers),
-        latency_ms=dict(e.latency_ms), ts=e.ts,
-    )
-    moved = old is None or e.completed > old.completed or e.served > old.served
-    owed = e.in_flight if e.side == "client" else e.queue_depth
-    side.progress_at = e.ts if old is None or moved or not owed else old.progress_at  # (None: moved)
-    side.received_at = e.ts if old is None or e.received > old.received else old.received_at
-    side.sent_at = e.ts if old is None or e.sent > old.sent else old.sent_at
-    t.by_src[key] = side
-    if e.side == "client":
-        total = sum(s.completed for k, s in t.by_src.items() if k.startswith("client:"))
-        t.history.append((e.ts, total))
-        if len(t.history) > TEACHER_HISTORY_KEEP:
-            del t.history[0]
-    if st.series.teacher_due(e.ts):
-        st.series.note_teacher(_teacher_point(t, e.ts))
-
-
-def _teacher_point(t: TeacherState, ts: float) -> TeacherPoint:
-    p50 = p99 = None
-    queue = in_flight = 0
-    for key, side in t.by_src.items():
-        if key.startswith("client:"):
-            in_flight += side.in_flight
-            if "p50" in side.latency_ms:
-                p50 = max(p50 or 0.0, side.latency_ms["p50"])
-            if "p99" in side.latency_ms:
-                p99 = max(p99 or 0.0, side.latency_ms["p99"])
-        else:
-            queue += side.queue_depth
-    return TeacherPoint(ts, p50, p99, queue, in_flight)
 
 
 def _on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
@@ -370,7 +325,7 @@ HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.HeartbeatsEvent: heartbeat_cases.on_heartbeats,
     ev.SyncEvent: sync_cases.on_sync,
     ev.SyncPartEvent: sync_cases.on_sync_part,
-    ev.TeacherEvent: _on_teacher,
+    ev.TeacherEvent: teacher_cases.on_teacher,
     ev.GpuEvent: _on_gpu,
     ev.MetricsEvent: _on_metrics,
     ev.StackEvent: _on_stack,

@@ -70,6 +70,9 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     oom: list[tuple[float, str, str]] = []
     # process group -> member -> where it stands in the group's collectives (its newest `collectives` event)
     collectives: dict[str, dict[str, ev.CollectiveProgress]] = {}
+    # process group -> the times its ranks spent inside its collectives lately (entered to left, where the source
+    # says it left): how long a wait in one usually is
+    collective_inside: dict[str, list[float]] = {}
     # the workers whose phase waits on others (``WorkerState.waits_on`` not empty): the wait-for graph's
     # waiters, found without a look at every worker each pass (65,536 of them at the largest)
     waiting: set[str] = set()

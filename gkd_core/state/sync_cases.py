@@ -13,6 +13,8 @@ from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import SYNC_OPEN
 
+INSIDE_KEEP = 32  # a group's times inside its collectives kept (collective_inside): its usual wait, their median
+
 
 def on_sync(st: RunRecord, e: ev.SyncEvent) -> None:
     s = st.sync
@@ -31,6 +33,8 @@ def on_sync(st: RunRecord, e: ev.SyncEvent) -> None:
     s.timeout_s = e.timeout_s or s.timeout_s
     s.elapsed_s = e.elapsed_s
     s.pending, s.done = list(e.pending), list(e.done)
+    if any(m not in s.members for m in (*e.pending, *e.done)):
+        s.members = list(dict.fromkeys([*s.members, *e.pending, *e.done]))
     if e.state == "failed" and e.pending:
         for b in e.blocked:
             if b in st.workers and b not in e.pending:
@@ -99,4 +103,22 @@ def on_collectives(st: RunRecord, e: ev.CollectivesEvent) -> None:
             del st.collectives[group]  # it left the group (destroyed, or a new one made)
     for g in e.groups[:MAX_GROUPS]:
         if g.group in st.collectives or len(st.collectives) < MAX_GROUPS * 16:
-            st.collectives.setdefault(g.group, {})[e.src] = g
+            members = st.collectives.setdefault(g.group, {})
+            old = members.get(e.src)
+            members[e.src] = g
+            if g.left and g.left == g.entered and (old is None or old.left != g.left):
+                _note_inside(st, g.group, g.left_at - g.entered_at)
+
+
+def _note_inside(st: RunRecord, group: str, took: float) -> None:
+    """A rank's time inside a collective of ``group``, kept among the group's last INSIDE_KEEP."""
+    if not (0.0 <= took < math.inf):
+        return  # a sender's clock gone backwards, or absurd numbers
+    inside = st.collective_inside.get(group)
+    if inside is None:
+        if len(st.collective_inside) >= MAX_GROUPS * 16:  # groups made anew under new names: the oldest forgotten
+            del st.collective_inside[next(iter(st.collective_inside))]
+        inside = st.collective_inside[group] = []
+    inside.append(took)
+    if len(inside) > INSIDE_KEEP:
+        del inside[0]

@@ -22,6 +22,7 @@ from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
 
 REPORT_EVERY_S = 1.0
+ERROR_MARK = b"error"  # a worker's frame after a reply that is an error: counted by worker at the proxy
 FORGET_AFTER_S = 300.0  # a request a dead worker took is forgotten (the client has retried it)
 
 
@@ -69,6 +70,7 @@ class TeacherProxy(_BackgroundLoop):
         self.served = 0
         self.lost = 0
         self.per_worker: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()  # of those served, answered with an error
         self.latency = LatencyWindow()
         self._arrived: dict[tuple[bytes, bytes], float] = {}
         self._init_loop("teacher-proxy")
@@ -76,6 +78,7 @@ class TeacherProxy(_BackgroundLoop):
     def report(self) -> None:
         self.rep.emit(ev.TeacherEvent(side="server", received=self.received, served=self.served,
                                       queue_depth=len(self._arrived), workers=dict(self.per_worker),
+                                      errors=dict(self.errors),
                                       latency_ms=self.latency.quantiles(), failed=self.lost))
 
     def _run(self) -> None:
@@ -97,10 +100,12 @@ class TeacherProxy(_BackgroundLoop):
                         self.backend.send_multipart(frames)
                 if self.backend in ready:
                     for frames in _drain(self.backend):
-                        # [client, b"", id, worker, reply]
-                        if len(frames) != 5:
+                        # [client, b"", id, worker, reply], and ERROR_MARK after an error's reply
+                        if len(frames) not in (5, 6):
                             continue
-                        client, _, req_id, worker, reply = frames
+                        client, _, req_id, worker, reply = frames[:5]
+                        if frames[5:] == [ERROR_MARK]:
+                            self.errors[worker.decode(errors="replace")] += 1
                         t = self._arrived.pop((client, req_id), None)
                         if t is not None:
                             self.latency.add((now - t) * 1e3)
@@ -127,13 +132,16 @@ class TeacherWorkerLoop(_BackgroundLoop):
     """Answers requests from the proxy's backend with the teacher's top-k log-probs."""
 
     def __init__(self, name: str, backend_address: str, score: Callable[[np.ndarray, int, np.ndarray], tuple],
-                 reporter: Reporter, ctx: zmq.Context | None = None):
+                 reporter: Reporter, ctx: zmq.Context | None = None, on_request: Callable[[], None] | None = None):
+        """``on_request``: called as each request arrives (where the worker's armed faults may strike)."""
         self.name = name
         self.address = backend_address
         self.score = score
         self.rep = reporter
         self.ctx = ctx or zmq.Context.instance()
         self.delay_s = 0.0  # fault injection: answer this much later
+        self.errors_until = 0.0  # fault injection: answer with an error until then (time.monotonic)
+        self.on_request = on_request
         self.served = 0
         self._init_loop(f"teacher-worker[{name}]")
 
@@ -147,17 +155,23 @@ class TeacherWorkerLoop(_BackgroundLoop):
                     continue
                 frames = sock.recv_multipart()
                 req_id, payload = (frames + [b""])[:2] if len(frames) >= 2 else (b"", b"")
+                if self.on_request is not None:
+                    self.on_request()
                 t0 = time.perf_counter()
+                mark = []
                 try:
                     ids, topk, pads = protocol.decode_request(payload)
                     with self.rep.phase("serve"):
                         if self.delay_s:
                             time.sleep(self.delay_s)
+                        if time.monotonic() < self.errors_until:
+                            raise RuntimeError("fault injected: this teacher worker answers with errors")
                         top_ids, top_logp = self.score(ids, topk, pads)
                     reply = protocol.encode_reply(top_ids, top_logp, (time.perf_counter() - t0) * 1e3)
                 except Exception as e:  # a bad request must not kill the server: answer with the error
                     reply = protocol.encode_error(f"{self.name}: {type(e).__name__}: {e}"[:500])
-                sock.send_multipart([req_id, self.name.encode(), reply])
+                    mark = [ERROR_MARK]  # the proxy counts the errors by worker without decoding a reply
+                sock.send_multipart([req_id, self.name.encode(), reply, *mark])
                 self.served += 1
         finally:
             sock.close(0)

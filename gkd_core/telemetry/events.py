@@ -189,14 +189,13 @@ class TeacherEvent(Event, tag="teacher"):
     sent: Int = 0
     completed: Int = 0
     failed: Int = 0
-    # left out of the JSON until the first timeout, so that a grep for "timed_out" finds only
-    # the events that report one
-    timed_out: Int | msgspec.UnsetType = msgspec.UNSET
+    timed_out: Int | msgspec.UnsetType = msgspec.UNSET  # omitted until the first: a grep finds those that say one
     in_flight: Int = 0
     received: Int = 0
     served: Int = 0
     queue_depth: Int = 0
     workers: dict[str, Int] = {}  # served per server worker
+    errors: dict[str, Int] = {}  # of those, answered with an error, per server worker
     latency_ms: dict[str, float] = {}  # p50, p95, p99
 
 

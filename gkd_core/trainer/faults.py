@@ -10,6 +10,12 @@ lasts tens of milliseconds, too short for anything outside the run to aim a faul
 (bench/chaos_trials.py) arm it so that a fault lands inside one. It writes ``armed.fired`` with when it fired.
 Only who can write the run's folder (0700: its owner, who can signal their own processes anyway) can arm one;
 the student looks for the file with one stat a sync.
+
+A fault of the config's kinds can be armed for one worker the same way (``arm_fault``: ``RUN/faults/armed/SRC.json``,
+a fault's fields without its step): the worker claims it at its next point where a fault can strike (a step's
+generate or train, a sync's start, a teacher's request), as a fault of that step, and writes ``SRC.fired`` when it
+strikes. The random trials arm them (a rank that never joins, a hang inside the sync, memory growing to the OOM
+killer, a teacher answering errors, a slow worker), each at a moment drawn at random.
 """
 
 from __future__ import annotations
@@ -23,10 +29,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from gkd_core.config import FaultConfig
 
-DRIVER_KINDS = ("kill_teacher", "delay_teacher", "disk_full", "hang_nvml")
+DRIVER_KINDS = ("kill_teacher", "delay_teacher", "error_teacher", "disk_full", "hang_nvml")
 ARMED = Path("faults") / "armed.json"  # in the run's folder: {"pid": N, "signal": "SIGSTOP" | "SIGKILL"}
+ARMED_FAULTS = Path("faults") / "armed"  # in the run's folder: SRC.json, a fault armed for that worker
+
+
+def armed_file(run_dir: Path, src: str) -> Path:
+    """Where a fault armed for ``src`` is written ("rollout/1" -> RUN/faults/armed/rollout-1.json)."""
+    return run_dir / ARMED_FAULTS / f"{src.replace('/', '-')}.json"
+
+
+def arm_fault(run_dir: Path, src: str, kind: str, **fields: float | str) -> Path:
+    """Arm a fault of ``kind`` (the config's fields but its step and target) for ``src``, struck at its next point
+    where that kind can strike; returns the file that says when it struck (JSON: src, kind, ts)."""
+    msgspec.convert({"kind": kind, "target": src, **fields}, FaultConfig)  # refused here, not in the worker
+    path = armed_file(run_dir, src)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fired = path.with_suffix(".fired")
+    fired.unlink(missing_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"kind": kind, **fields}))
+    tmp.rename(path)
+    return fired
 
 
 def arm(run_dir: Path, pid: int, sig: signal.Signals) -> Path:
@@ -47,8 +75,41 @@ class WorkerFaults:
     """One worker's faults (sent to its actor): each step-bound fault fires once."""
 
     faults: list[FaultConfig] = field(default_factory=list)
-    _nan_since: dict[int, float] = field(default_factory=dict)  # id of a nan_grad fault -> when it first fired
+    _first_struck: dict[int, float] = field(default_factory=dict)  # id of a lasting fault -> when it first struck
     armed: str = ""  # RUN/faults/armed.json, for the worker that fires an armed signal (the student); else ""
+    armed_fault: str = ""  # RUN/faults/armed/SRC.json: a fault armed for this worker while the run goes on
+    _struck: dict[int, str] = field(default_factory=dict)  # id of an armed fault -> its .fired file, until it strikes
+
+    def claim_armed(self, src: str, step: int, log: Callable[[str], None]) -> FaultConfig | None:
+        """A fault armed for this worker, if one is (a stat when none is), made a fault of ``step``: it strikes
+        where its kind does, from now. Claimed by a rename, so it is taken once; one that does not parse is set
+        aside and said."""
+        if not self.armed_fault or not os.path.exists(self.armed_fault):
+            return None
+        claimed = Path(f"{self.armed_fault}.{os.getpid()}")
+        try:
+            os.rename(self.armed_fault, claimed)
+            f = msgspec.json.decode(claimed.read_bytes(), type=FaultConfig)
+        except FileNotFoundError:
+            return None
+        except (OSError, msgspec.ValidationError, msgspec.DecodeError) as e:
+            log(f"fault not armed: {claimed} is no fault ({type(e).__name__}: {e}); want the config's fields, "
+                'e.g. {"kind": "hang_sync", "seconds": 20}')
+            return None
+        claimed.unlink(missing_ok=True)
+        f.step, f.target = step, src
+        self.faults.append(f)
+        self._struck[id(f)] = str(Path(self.armed_fault).with_suffix(".fired"))
+        log(f"fault armed: {f.kind} for {src} from step {step}")
+        return f
+
+    def struck(self, f: FaultConfig) -> None:
+        """An armed fault strikes now: its ``.fired`` file says when (written whole, once)."""
+        fired = self._struck.pop(id(f), None)
+        if fired is not None:
+            tmp = Path(fired).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"src": f.target, "kind": f.kind, "ts": time.time()}))
+            tmp.rename(fired)
 
     def fire_armed(self, src: str, log: Callable[[str], None], flush: Callable[[], object]) -> None:
         """Send the signal armed for this moment, if one is (a stat when none is). The file is claimed by a
@@ -84,6 +145,7 @@ class WorkerFaults:
         for f in self.faults:
             if f.kind == kind and f.step == step and f.part == part:
                 self.faults.remove(f)
+                self.struck(f)
                 return f
         return None
 
@@ -93,14 +155,29 @@ class WorkerFaults:
         for f in self.faults:
             if f.kind != "nan_grad" or step < f.step:
                 continue
-            first = self._nan_since.setdefault(id(f), now)  # not its index: `take` removes others
+            first = self._first_struck.setdefault(id(f), now)  # not its index: `take` removes others
             if step < f.step + max(1, f.repeat) or (f.seconds and now - first < f.seconds):
                 return True
         return False
 
     def slow_factor(self, step: int) -> float:
-        """`slow_worker`: how much longer each generation takes from its step on (0: not slowed)."""
-        return sum(f.factor for f in self.faults if f.kind == "slow_worker" and step >= f.step)
+        """`slow_worker`: how much longer each generation takes from its step on (0: not slowed), for `seconds`
+        after the first slowed one when those are given."""
+        return sum(f.factor for f in self.active("slow_worker", step))
+
+    def active(self, kind: str, step: int) -> list[FaultConfig]:
+        """The faults of a kind that last from their step on (for `seconds` after they first strike, when given)."""
+        now = time.monotonic()
+        out = []
+        for f in self.faults:
+            if f.kind != kind or step < f.step:
+                continue
+            first = self._first_struck.setdefault(id(f), now)
+            if f.seconds and now - first >= f.seconds:
+                continue
+            self.struck(f)
+            out.append(f)
+        return out
 
 
 @dataclass
@@ -116,7 +193,8 @@ class FaultPlan:
         # signal (it fires at the start of the student's sync, which every weight sync has)
         return WorkerFaults([f for f in self.faults if f.kind not in DRIVER_KINDS
                              and (f.target == src or (f.kind == "nan_grad" and src == "student/0"))],
-                            armed=str(run_dir / ARMED) if run_dir is not None and src == "student/0" else "")
+                            armed=str(run_dir / ARMED) if run_dir is not None and src == "student/0" else "",
+                            armed_fault=str(armed_file(run_dir, src)) if run_dir is not None else "")
 
     def at(self, kind: str, step: int) -> FaultConfig | None:
         return next((f for f in self.faults if f.kind == kind and f.step == step), None)

@@ -1,5 +1,5 @@
-"""The faults the driver fires on the teacher (``kill_teacher``, ``delay_teacher``; typed in ``faults``), at a
-step's start, and the killed teacher brought back after the fault's ``seconds``."""
+"""The faults the driver fires on the teacher (``kill_teacher``, ``delay_teacher``, ``error_teacher``; typed in
+``faults``), at a step's start, and the killed teacher brought back after the fault's ``seconds``."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ class TeacherFaults:
                          level="warn")
             for n in teachers:
                 c.actors[n].set_delay.remote(f.seconds)
+        f = self.plan.at("error_teacher", step)
+        if f:
+            for n in teachers:
+                c.actors[n].set_errors.remote(f.seconds)
         if self.plan.ends("delay_teacher", step):
             for n in c.teacher_workers():
                 c.actors[n].set_delay.remote(0.0)

@@ -38,6 +38,18 @@ log = logging.getLogger(__name__)  # what a broad except let go, said at debug l
 SYNC_GROUP = "weight_sync"  # the process group of the student and the rollouts, as the run names it
 
 
+def _leak(mb_per_s: float, seconds: float) -> None:
+    """The ``grow_memory`` fault: memory that is written (so it is resident, charged to the cgroup) and kept, a tenth
+    of a second's worth at a time, for ``seconds`` (0: until the process ends), then let go."""
+    kept: list[bytearray] = []
+    chunk = max(1, int(mb_per_s * (1 << 20) / 10))
+    end = time.monotonic() + seconds if seconds else float("inf")
+    while time.monotonic() < end:
+        kept.append(bytearray(b"\x01") * chunk)
+        time.sleep(0.1)
+    kept.clear()
+
+
 class Cancelled(GkdError, RuntimeError):
     """The method saw its cancel flag."""
 
@@ -143,7 +155,18 @@ class WorkerBase:
             self._check_cancel()
             time.sleep(0.05)
 
+    def _armed_point(self, step: int) -> None:
+        """A point where a fault armed while the run goes on may strike (the random trials'): claimed as this step's.
+        Memory growth starts here, whichever point claimed it."""
+        self.ctx.faults.claim_armed(self.src, step, lambda m: self.rep.log(m, level="warn"))
+        f = self.ctx.faults.take("grow_memory", step)
+        if f:
+            self.rep.log(f"fault injected: {self.src}'s memory grows {f.mb_per_s:g} MB/s"
+                         + (f" for {f.seconds:g} s" if f.seconds else "") + " (a leak)", level="warn")
+            threading.Thread(target=_leak, args=(f.mb_per_s, f.seconds), name="fault-leak", daemon=True).start()
+
     def _maybe_faults(self, step: int, where: str) -> None:
+        self._armed_point(step)
         f = self.ctx.faults.take("kill_worker", step)
         if f:
             self.rep.log(f"fault injected: {self.src} exits during {where} at step {step}", level="warn")

@@ -145,6 +145,10 @@ class StudentActor(WorkerBase):
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: broadcast"):
             self.ctx.faults.fire_armed(self.src, lambda m: self.rep.log(m, level="warn"), lambda: self.rep.flush(10.0))
+            self._armed_point(step)
+            f = self.ctx.faults.take("hang_sync", step)
+            if f:  # the broadcast's root never joins it: the rollouts wait inside it for the student
+                self._hang(f"{self.src} sync_weights at step {step}", f.seconds)
             with self._sync_part(sync_id, "gather", step):
                 vec = torch.nn.utils.parameters_to_vector([p.detach() for p in self.model.parameters()]).contiguous()
                 if not bool(torch.isfinite(vec).all()):  # the rollouts keep what they have
@@ -235,6 +239,7 @@ class RolloutWorker(WorkerBase):
     def sync_rollout_weights(self, sync_id: int, step: int, timeout_s: float) -> str:
         self._begin()
         with self.rep.phase("sync_weights", step=step, timeout_s=timeout_s, detail=f"sync {sync_id}: receive"):
+            self._armed_point(step)
             f = self.ctx.faults.take("hang_sync", step)
             if f:
                 self._hang(f"{self.src} sync_weights at step {step}", f.seconds)
@@ -299,11 +304,25 @@ class TeacherWorkerActor(WorkerBase):
         if not isinstance(backend, str):
             with self.rep.phase("init", timeout_s=init_timeout_s, detail="waiting for the teacher proxy's address"):
                 backend = str(ray.get(backend[0], timeout=init_timeout_s)["backend"])
-        self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep)
+        self.loop = TeacherWorkerLoop(self.src, backend, score, self.rep, on_request=self._at_request)
         self.loop.start()
         self.closers.insert(0, self.loop.stop)  # no request reaches an engine that is closing
         self.rep.set_phase("idle")
 
+    def _at_request(self) -> None:
+        """A request arrived: where a fault armed for a teacher worker strikes (it knows no step: 0)."""
+        self._armed_point(0)
+        f = self.ctx.faults.take("error_teacher", 0)
+        if f:
+            self.set_errors(f.seconds)
+
     def set_delay(self, seconds: float) -> bool:
         self.loop.delay_s = seconds
+        return True
+
+    def set_errors(self, seconds: float) -> bool:
+        """The ``error_teacher`` fault: every request answered with an error for ``seconds`` (0: until the end)."""
+        self.rep.log(f"fault injected: {self.src} answers every request with an error"
+                     + (f" for {seconds:g} s" if seconds else ""), level="warn")
+        self.loop.errors_until = time.monotonic() + seconds if seconds else float("inf")
         return True

@@ -2,7 +2,8 @@
 (bench/chaos_trials.py) both ask it, so one reading says "the right process".
 
 A fault is named by the first **critical** alert after it, or by the driver's own word that it started the
-process again (``restarted_by_driver``: a warning, since nothing is left for the user to do). It is named
+process again (``restarted_by_driver``: a warning, since nothing is left for the user to do), or by a finding that
+is a warning by its nature (``slower_than_peers``: the run goes on, at the slow worker's pace). It is named
 right when the process hit is in that alert's **targets**. A message that mentions the process is not a
 naming: "rollout/1 still in generate; waiting for student/0" names rollout/1.
 
@@ -21,6 +22,8 @@ from gkd_core.vocab import ALERTS
 # worker its error names; ``restarted_by_driver`` is raised by the driver itself
 REPORTED_BY_DRIVER = ("driver_failed", *(code for code, c in ALERTS.items() if c.by == "driver"))
 HEALED = "restarted_by_driver"  # a naming though a warning: the driver started the process hit again
+# findings that are warnings by their nature, yet name a fault: a naming, and a false alarm where no fault was made
+WARNING_NAMINGS = (HEALED, "slower_than_peers")
 
 
 class Naming(NamedTuple):
@@ -39,9 +42,9 @@ def hits(targets: list[str], src: str) -> bool:
 
 
 def is_naming(e: dict) -> bool:
-    """An alert raised (not cleared) that names a fault: critical, or the driver's word that it healed one."""
+    """An alert raised (not cleared) that names a fault: critical, or a warning that names one by its nature."""
     return (e.get("kind") == "alert" and not e.get("cleared") and bool(e.get("targets"))
-            and (e.get("severity") == "critical" or e.get("code") == HEALED))
+            and (e.get("severity") == "critical" or e.get("code") in WARNING_NAMINGS))
 
 
 def first_naming(events: list[dict], t0: float, src: str) -> Naming | None:
@@ -54,7 +57,8 @@ def first_naming(events: list[dict], t0: float, src: str) -> Naming | None:
     return None
 
 
-def criticals(events: list[dict], t0: float, t1: float) -> list[dict]:
-    """Every critical alert raised in ``[t0, t1)``: in a healthy stretch, each is a false alarm."""
+def alarms_in(events: list[dict], t0: float, t1: float) -> list[dict]:
+    """Every critical alert raised in ``[t0, t1)``, and every warning that is a naming by its nature (not the
+    driver's word that it healed a fault, which is no finding): in a healthy stretch, each is a false alarm."""
     return [e for e in events if t0 <= e["ts"] < t1 and e.get("kind") == "alert" and not e.get("cleared")
-            and e.get("severity") == "critical"]
+            and (e.get("severity") == "critical" or (e.get("code") in WARNING_NAMINGS and e.get("code") != HEALED))]

@@ -103,8 +103,11 @@ twice only where a resume trained it again. Then `gkd-tui stop`, and no process 
 left: the supervisor, and every process with the run's id in its environment (the driver, Ray's
 processes it started, every Ray worker).
 
-The random trials (`bench/chaos_trials.py`: is the right process named first, at random moments, and
-how often is a process named when no fault was made) are at the end of this file.
+The random trials (`bench/chaos_trials.py`) are at the end of this file: a fault matrix of signals, a
+rank that never joins the sync's broadcast, a hang inside the sync, memory growing to the OOM killer in a
+cgroup, a teacher that answers errors, a worker three times slower than its peer, and a deadlock between
+a Ray job's actors, each at random moments: is the right process named first, how soon, and how often
+is a process named when no fault was made.
 
 ## What a killed supervisor does to the training, and why
 

@@ -8,7 +8,8 @@ pair deadlocked the way RL jobs deadlock across their components.
 
 Healthy rounds make the same calls in an order that returns (each waited-on actor is free when asked).
 
-    python ray_deadlock.py HEALTHY_S   # healthy rounds for HEALTHY_S seconds, then both deadlocks
+    python ray_deadlock.py HEALTHY_S [calls|collective|both]   # healthy rounds for HEALTHY_S seconds, then the
+                                                                 # deadlock of the calls, the collective's, or both
 """
 
 import sys
@@ -111,8 +112,13 @@ if __name__ == "__main__":
         ray.get([trainer.step.remote(n, deadlock=False), learner.push.remote(n, deadlock=False),
                  rollout.pull.remote(n)], timeout=WAIT_S)
     print("HEALTHY ROUNDS", n, flush=True)
-    pull = rollout.pull.remote(n + 1)
-    time.sleep(1.0)  # the pull is inside its broadcast before the push asks the rollout anything
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
+    held = []
+    if which in ("collective", "both"):
+        pull = rollout.pull.remote(n + 1)
+        time.sleep(1.0)  # the pull is inside its broadcast before the push asks the rollout anything
+        held += [learner.push.remote(n + 1, deadlock=True), pull]
     print("DEADLOCK AT", time.time(), flush=True)
-    ray.get([trainer.step.remote(n + 1, deadlock=True), learner.push.remote(n + 1, deadlock=True), pull],
-            timeout=WAIT_S)
+    if which in ("calls", "both"):
+        held.append(trainer.step.remote(n + 1, deadlock=True))
+    ray.get(held, timeout=WAIT_S)

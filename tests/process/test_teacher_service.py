@@ -101,3 +101,27 @@ def test_a_bad_request_gets_an_error_answer_not_a_dead_worker(service):
     d.close()
     client = TeacherClient(proxy.frontend_address, timeout_s=2)
     assert client.score(np.ones((2, 2), dtype=np.int64), topk=1)[0].shape == (2, 2, 1)
+    assert (proxy.per_worker["teacher/0"], proxy.errors["teacher/0"]) == (2, 1)  # the error counted as its worker's
+
+
+def test_a_worker_that_answers_errors_is_counted_by_the_proxy_and_fails_the_client(service):
+    """The ``error_teacher`` fault: every answer an error. The client retries and gives up saying the worker's error;
+    the proxy counts each error as that worker's (its reply marked, not decoded), in the counts it reports."""
+    proxy, add_worker, sink = service
+    good, bad = add_worker("teacher/0"), add_worker("teacher/1")
+    bad.errors_until = float("inf")
+    client = TeacherClient(proxy.frontend_address, num_microbatches=8, max_in_flight=8, timeout_s=5, max_retries=1)
+    with pytest.raises(TeacherUnavailable, match="teacher/1: RuntimeError: fault injected"):
+        client.score(np.ones((8, 3), dtype=np.int64), topk=1)
+    assert proxy.errors["teacher/1"] >= 2 and "teacher/0" not in proxy.errors and client.failed >= 2
+    good.stop()
+    bad.errors_until = 0.0  # the fault is over: answers again
+    assert client.score(np.ones((2, 2), dtype=np.int64), topk=1)[0].shape == (2, 2, 1)
+    proxy.report()
+    deadline = time.monotonic() + 5
+    said = None
+    while said is None and time.monotonic() < deadline:
+        if sink.poll(100):
+            e = wire.decode(sink.recv())
+            said = e if isinstance(e, ev.TeacherEvent) and e.side == "server" and e.errors else None
+    assert said is not None and said.errors["teacher/1"] == proxy.errors["teacher/1"]

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import cgroups
 import pytest
 from conftest import logged_events, status_json, wait_until
 
-from gkd_core import memory, rundir
+from gkd_core import rundir
 from gkd_core.units import size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,46 +30,17 @@ REQUIRE = "GKD_REQUIRE_CGROUP"
 pytestmark = pytest.mark.slow
 
 
-def _cannot(why: str) -> None:
-    if os.environ.get(REQUIRE) == "1":
-        pytest.fail(f"{REQUIRE}=1 but no memory cgroup can be made here: {why}")
-    pytest.skip(f"no memory cgroup can be made here ({why}); CI makes one, as root")
-
-
 @contextlib.contextmanager
 def memory_cgroup(limit: int) -> Iterator[Path]:
-    """A memory cgroup of ``limit`` bytes under this process's own; whatever is in it is killed at the end,
-    and it is removed."""
-    cg = memory.find_cgroup(memory.read_file("/proc/self/cgroup") or "", memory.read_file("/proc/self/mountinfo") or "")
-    if cg is None:
-        _cannot("no memory cgroup hierarchy is mounted")
-    path = Path(cg.dir) / f"gkd-test-{os.getpid()}"
-    # on v2 a child has memory.max only where its parent hands the controller down; the kernel refuses that
-    # while the parent holds processes of its own (the root excepted): then writing the limit below fails, and says so
-    if cg.version == 2:
-        with contextlib.suppress(OSError):
-            (Path(cg.dir) / "cgroup.subtree_control").write_text("+memory")
-    try:
-        path.mkdir()
-        (path / ("memory.max" if cg.version == 2 else "memory.limit_in_bytes")).write_text(str(limit))
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            path.rmdir()
-        _cannot(f"{type(e).__name__}: {e}")
-    try:
+    """tests/cgroups.py's, skipped where none can be made, failed instead under GKD_REQUIRE_CGROUP=1 (CI: root)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            path = stack.enter_context(cgroups.memory_cgroup(limit))
+        except cgroups.NoCgroup as e:
+            if os.environ.get(REQUIRE) == "1":
+                pytest.fail(f"{REQUIRE}=1 but no memory cgroup can be made here: {e}")
+            pytest.skip(f"no memory cgroup can be made here ({e}); CI makes one, as root")
         yield path
-    finally:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-        with contextlib.suppress(OSError):
-            path.rmdir()
 
 
 def alerts(run: Path, code: str) -> list[dict]:

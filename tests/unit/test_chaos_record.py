@@ -1,6 +1,7 @@
-"""The random trials' fault matrix (bench/chaos_trials.py), rendered from records written here: precision counts
-every naming of a kind (a wrong one in another kind's trial, a false alarm in a healthy window), recall every
-trial of it; a trial started and never ended is in the table; older runners' rows are left out, said so."""
+"""The random trials' fault matrix (bench/chaos_table.py), rendered from records written here: a cell's precision
+counts every naming of the diagnosis in its trials, recall every trial of it the driver did not report first, the
+overall precision the healthy windows' false alarms too; a trial started and never ended is in the table; older
+runners' rows are left out, said so."""
 
 from __future__ import annotations
 
@@ -10,25 +11,26 @@ import sys
 from conftest import ROOT
 
 sys.path[:0] = [str(ROOT / "tests" / "chaos")]
-_spec = importlib.util.spec_from_file_location("chaos_trials", ROOT / "bench" / "chaos_trials.py")
-chaos_trials = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chaos_trials)
+_spec = importlib.util.spec_from_file_location("chaos_table", ROOT / "bench" / "chaos_table.py")
+chaos_table = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chaos_table)
 
 COMMAND = "python bench/chaos_trials.py --trials 2"
 
 
 def fault(seed, kind, target, named, after_s=2.0, by="diagnosis", code="heartbeat_stale", moment="after_step",
-          phase="idle", student_phase="train"):
-    right = bool(named) and target in named and after_s <= 10
-    return [{"runner": 3, "command": COMMAND, "seed": seed, "kind": kind, "status": "started"},
-            {"runner": 3, "command": COMMAND, "seed": seed, "kind": kind, "status": "done", "target": target,
-             "fault": "stop", "moment": moment, "phase": phase, "student_phase": student_phase, "named": named,
+          phase="idle", student_phase="train", what="stop", runner=3):
+    right = bool(named) and target in named and after_s <= chaos_table.within_s(what)
+    return [{"runner": runner, "command": COMMAND, "seed": seed, "kind": kind, "status": "started"},
+            {"runner": runner, "command": COMMAND, "seed": seed, "kind": kind, "status": "done", "target": target,
+             "fault": what, "moment": moment, "phase": phase, "student_phase": student_phase, "named": named,
              "code": code if named else "", "by": by if named else "", "message": "", "after_s": after_s if named
              else None, "right": right}]
 
 
-def row_of(table: str, kind: str) -> list[str]:
-    line = next(x for x in table.splitlines() if x.startswith(f"| {kind} |"))
+def row_of(table: str, kind: str, what: str = "signal") -> list[str]:
+    line = next(x for x in table.splitlines() if x.startswith(f"| {what} | {kind} |" if kind != "**all**" else
+                                                               "| **all** |"))
     return [c.strip() for c in line.strip("|").split("|")]
 
 
@@ -54,20 +56,20 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
         {"runner": 3, "command": COMMAND, "seed": "1/7", "kind": "proxy", "status": "crashed",
          "error": "TimeoutError: x"},
     ]
-    table = chaos_trials.render(record)
+    table = chaos_table.render(record)
     student = row_of(table, "student")
     # the driver's report (1/1) is its own column, out of the diagnosis's trials, recall and times
-    assert student[1:13] == ["2", "0 / 2", "1 / 1", "1 / 1, 1.0 s", "1", "1", "0", "0", "0.50", "1.00", "0.67",
+    assert student[2:14] == ["2", "0 / 2", "1 / 1", "1 / 1, 1.0 s", "1", "1", "0", "0", "1.00", "1.00", "1.00",
                              "4.0 s, 4.0 s"]
-    # two namings of a rollout: the right one but too late (precision's, not recall's), and a false alarm
+    # two namings in the rollouts' trials: the wrong process, and the right one too late (precision's, not recall's)
     rollout = row_of(table, "rollout")
-    assert rollout[1:12] == ["2", "0 / 2", "0 / 0", "0 / 0, -", "2", "0", "1", "1", "0.50", "0.00", "0.00"]
+    assert rollout[2:13] == ["2", "0 / 2", "0 / 0", "0 / 0, -", "2", "0", "1", "1", "0.50", "0.00", "0.00"]
     agent = row_of(table, "agent")
-    assert agent[7:11] == ["0", "1", "-", "0.00"]
+    assert agent[8:12] == ["0", "1", "-", "0.00"]
     everyone = row_of(table, "**all**")
     # the diagnosis's own: 2 of its 4 namings on target (a false alarm among them); 1 of its 4 trials right
-    assert everyone[4:6] == ["1 / 1, 1.0 s", "4"]
-    assert everyone[9:13] == ["**0.50**", "**0.25**", "**0.33**", "**4.0 s, 4.0 s**"]
+    assert everyone[5:7] == ["1 / 1, 1.0 s", "4"]
+    assert everyone[10:14] == ["**0.50**", "**0.25**", "**0.33**", "**4.0 s, 4.0 s**"]
     assert "8 trials started" in table and "2 did not end" in table
     assert "`1/6` driver: no end: the runner died in it" in table and "`1/7` proxy: crashed: TimeoutError: x" in table
     assert "Left out: the 1 trials of runner 1 (`--seed` 25)" in table
@@ -76,23 +78,51 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
             "slower_than_usual 2.") in table
     assert "`1/5` heartbeat_stale on rollout/0, 3.0 s into the window" in table
     assert "`1/2` stop of rollout/1 (after_step, in idle; student in train): heartbeat_stale named student/0" in table
-    assert "Here: not met." in table
+    assert "Here: not met (recall under 0.9: signal on rollout, signal on agent)." in table
+
+
+def test_each_fault_is_its_cell_and_a_cell_of_its_own_bound_is_out_of_the_p90_goal():
+    """The widened matrix: a row per fault and kind of process it strikes; memory growth is named right within its own
+    bound (15 s) and its times stay out of the p90 goal's; a cell whose recall is under 0.9 fails the goal, named."""
+    record = [
+        *fault("2/0", "rollout", "rollout/1", ["rollout/1"], 5.5, code="collective_not_joined", moment="armed",
+               what="never_joins", runner=4),
+        *fault("2/1", "rollout", "rollout/0", ["rollout/0"], 5.0, code="collective_not_joined", moment="armed",
+               what="never_joins", runner=4),
+        *fault("2/2", "teacher", "teacher/0", ["teacher/0"], 12.5, code="memory_growing", moment="armed", what="oom",
+               runner=4),
+        *fault("2/3", "teacher", "teacher/0", [], what="teacher_errors", moment="armed", runner=4),
+        *fault("2/4", "ray_actors", "Trainer/0", ["Inference/0", "Trainer/0"], 5.5, code="deadlock",
+               moment="after_healthy", what="deadlock", runner=4),
+    ]
+    record[-1]["how"] = "calls"
+    table = chaos_table.render(record)
+    assert row_of(table, "ray_actors", "deadlock")[2:8] == ["1", "1 / 0", "0 / 0", "0 / 0, -", "1", "1"]
+    assert row_of(table, "rollout", "never_joins")[2:14] == ["2", "-", "0 / 0", "0 / 0, -", "2", "2", "0", "0",
+                                                             "1.00", "1.00", "1.00", "5.0 s, 5.5 s"]
+    assert row_of(table, "teacher", "oom")[7:14] == ["1", "0", "0", "1.00", "1.00", "1.00",
+                                                     "12.5 s, 12.5 s (15 s bound)"]
+    assert row_of(table, "teacher", "teacher_errors")[7:12] == ["0", "0", "1", "-", "0.00"]
+    assert row_of(table, "**all**")[13] == "**5.5 s, 5.5 s**"  # the oom cell's 12.5 s is under its own bound
+    assert "Here: not met (recall under 0.9: teacher_errors on teacher)." in table
+    assert "`2/3` teacher_errors of teacher/0 (armed, in idle; student in train): nothing named in 15 s" in table
+    assert "Runner 3's rows" not in table  # said only where the matrix holds them
 
 
 def test_the_table_check_says_no_when_the_file_is_not_the_record(tmp_path):
     record = fault("1/0", "student", "student/0", ["student/0"])
     path = tmp_path / "CHAOS.md"
     path.write_text("# head\n")
-    chaos_trials.write_table(path, record)
-    assert chaos_trials.table_in(path.read_text()) == chaos_trials.block(record)
-    chaos_trials.write_table(path, record + fault("1/1", "rollout", "rollout/0", []))  # written again: replaced
-    assert path.read_text().count(chaos_trials.MARK[0]) == 1 and path.read_text().startswith("# head\n")
-    assert chaos_trials.table_in(path.read_text()) != chaos_trials.block(record)
+    chaos_table.write_table(path, record)
+    assert chaos_table.table_in(path.read_text()) == chaos_table.block(record)
+    chaos_table.write_table(path, record + fault("1/1", "rollout", "rollout/0", []))  # written again: replaced
+    assert path.read_text().count(chaos_table.MARK[0]) == 1 and path.read_text().startswith("# head\n")
+    assert chaos_table.table_in(path.read_text()) != chaos_table.block(record)
 
 
 def test_p90_is_a_time_that_was_measured():
-    assert chaos_trials.nearest_rank(list(range(1, 21)), 0.9) == 18
-    assert chaos_trials.nearest_rank([5.0], 0.9) == 5.0
+    assert chaos_table.nearest_rank(list(range(1, 21)), 0.9) == 18
+    assert chaos_table.nearest_rank([5.0], 0.9) == 5.0
 
 
 def documents() -> str:
@@ -103,14 +133,14 @@ def documents() -> str:
 
 def test_the_docs_figures_are_the_records():
     """The docs quote the matrix's totals: they must be what the committed record renders."""
-    table = chaos_trials.render(chaos_trials.read_record(ROOT / "bench" / "chaos_trials.jsonl"))
+    table = chaos_table.render(chaos_table.read_record(ROOT / "bench" / "chaos_trials.jsonl"))
     everyone = row_of(table, "**all**")
-    precision, recall, f1 = (x.strip("*") for x in everyone[9:12])
-    p50, p90 = everyone[12].strip("*").split(", ")
-    reported_right, reported = everyone[4].split(",")[0].split(" / ")
-    report_p50 = everyone[4].split(", ")[1]
+    precision, recall, f1 = (x.strip("*") for x in everyone[10:13])
+    p50, p90 = everyone[13].strip("*").split(", ")
+    reported_right, reported = everyone[5].split(",")[0].split(" / ")
+    report_p50 = everyone[5].split(", ")[1]
     readme = documents()
-    faults, diagnosed = everyone[1], everyone[5]
+    faults, diagnosed = everyone[2], everyone[6]
     alarms = table.split("false alarms (a critical alert with no fault): ")[1].split(";")[0]
     said = (f"Over {faults} faults",
             f"the diagnosis's own {diagnosed}: precision {precision}, recall {recall}, F1 {f1}",

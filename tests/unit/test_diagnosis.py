@@ -351,13 +351,18 @@ def test_stacks_of_a_named_worker_are_asked_for_twice_three_seconds_apart_once_p
 
 # --- collectives: who has not joined collective #N, or who is stuck inside it -------------------
 
-def group_of_four(entered: dict[str, int], left: dict[str, int | None], at: float = T0, source: str = "gkd"):
-    """The student and three rollouts in `weight_sync`; each member's last entered and left collective."""
+def group_of_four(entered: dict[str, int], left: dict[str, int | None], at: float = T0, source: str = "gkd",
+                  inside_before: float | None = None):
+    """The student and three rollouts in `weight_sync`; each member's last entered and left collective (after 8
+    healthy ones, each rank inside each for ``inside_before``, when given)."""
     st = RunState()
     st.apply(ev.RunEvent(state="running", ts=T0 - 60))
     members = ["student/0", "rollout/0", "rollout/1", "rollout/2"]
     for rank, src in enumerate(members):
         st.apply(ev.WorkerEvent(src=src, role=src.split("/")[0], rank=rank, ts=T0 - 50))
+    if inside_before is not None:
+        healthy_collectives(st, inside_before, until=at - 1)
+    for rank, src in enumerate(members):
         phase(st, src, "sync_weights", at - 1, step=57)
         st.apply(ev.CollectivesEvent(src=src, ts=at, groups=[ev.CollectiveProgress(
             group="weight_sync", rank=rank, world=4, entered=entered[src], op="broadcast", entered_at=at,
@@ -379,6 +384,32 @@ def test_the_rank_that_has_not_joined_is_named_with_the_collective_number_after_
                                 "for 12 s (rollout/1 is in sync_weights)"), a.message
     assert a.evidence["missing"] == ["rollout/1"] and a.evidence["seq"] == 57
     assert codes(st, T0 + 6) == [("collective_not_joined", ["rollout/1"], "warn")]
+
+
+def healthy_collectives(st, inside_s: float, n: int = 8, until: float = T0 - 1):
+    """``n`` collectives of weight_sync before ``until``, each rank inside each for ``inside_s``."""
+    for seq in range(56 - n, 56):
+        at = until - (56 - seq) * (inside_s + 1)
+        for rank, src in enumerate(["student/0", "rollout/0", "rollout/1", "rollout/2"]):
+            st.apply(ev.CollectivesEvent(src=src, ts=at + inside_s, groups=[ev.CollectiveProgress(
+                group="weight_sync", rank=rank, world=4, entered=seq, op="broadcast", entered_at=at, left=seq,
+                left_at=at + inside_s)]))
+
+
+def test_a_rank_missing_from_a_collective_whose_waits_are_milliseconds_is_critical_at_the_floor():
+    """Peers held inside a collective fifty times as long as its ranks usually wait in one are stalled, not slowed:
+    critical at the 5 s floor, not at twice it. A group whose waits are seconds keeps the ladder."""
+    entered = {"student/0": 57, "rollout/0": 57, "rollout/1": 56, "rollout/2": 57}
+    left = {"student/0": 56, "rollout/0": 56, "rollout/1": 56, "rollout/2": 56}
+    st = group_of_four(entered, left, inside_before=0.02)
+    assert round(sorted(st.collective_inside["weight_sync"])[16], 6) == 0.02  # its ranks' waits in the healthy ones
+    [a] = [a for a in diagnosis.diagnose(st, T0 + 5.2) if a.code == "collective_not_joined"]
+    assert (a.targets, a.severity) == (["rollout/1"], "critical")
+    assert "waiting for 5 s; usually 20 ms inside one (rollout/1 is in sync_weights)" in a.message, a.message
+
+    slow = group_of_four(entered, left, inside_before=3.0)
+    assert codes(slow, T0 + 5.2) == [("collective_not_joined", ["rollout/1"], "warn")]
+    assert codes(slow, T0 + 10.1) == [("collective_not_joined", ["rollout/1"], "critical")]
 
 
 def test_a_restart_takes_the_old_ranks_collectives_with_them():

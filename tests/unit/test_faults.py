@@ -8,8 +8,11 @@ import pickle
 import signal
 import time
 
+import msgspec
+import pytest
+
 from gkd_core.config import load_config
-from gkd_core.trainer.faults import FaultPlan, arm
+from gkd_core.trainer.faults import FaultPlan, arm, arm_fault
 
 
 def plan(*faults: str, restart: int = 0) -> FaultPlan:
@@ -64,3 +67,36 @@ def test_an_armed_signal_fires_once_from_the_student_and_says_when(tmp_path):
     (tmp_path / "faults" / "armed.json").write_text('{"pid": 1, "signal": "SIGNOPE"}')  # not a signal: said
     student.fire_armed("student/0", said.append, lambda: None)
     assert "fault not fired" in said[-1] and "SIGNOPE" in said[-1]
+
+
+def test_a_fault_armed_for_one_worker_is_claimed_by_it_at_its_next_point_and_says_when_it_strikes(tmp_path):
+    """The random trials arm a fault of the config's kinds for one worker while the run goes on: only that worker
+    claims it, as a fault of the step it is at, once; ``SRC.fired`` says when it struck, not when it was claimed."""
+    p = plan()
+    rollout, other = p.for_worker("rollout/1", tmp_path), p.for_worker("rollout/0", tmp_path)
+    said: list[str] = []
+    assert rollout.claim_armed("rollout/1", 5, said.append) is None and said == []  # nothing armed: a stat
+
+    fired = arm_fault(tmp_path, "rollout/1", "hang_sync", seconds=20)
+    assert other.claim_armed("rollout/0", 7, said.append) is None  # not its own
+    f = rollout.claim_armed("rollout/1", 7, said.append)
+    assert (f.kind, f.step, f.target, f.seconds) == ("hang_sync", 7, "rollout/1", 20)
+    assert rollout.claim_armed("rollout/1", 7, said.append) is None and not fired.exists()  # once; not struck yet
+    assert rollout.take("hang_sync", 6) is None and not fired.exists()
+    before = time.time()
+    assert rollout.take("hang_sync", 7) is f
+    struck = json.loads(fired.read_text())
+    assert (struck["src"], struck["kind"]) == ("rollout/1", "hang_sync") and struck["ts"] >= before
+
+    arm_fault(tmp_path, "rollout/1", "slow_worker", factor=2.0, seconds=0.2)  # a lasting one: for its seconds
+    rollout.claim_armed("rollout/1", 9, said.append)
+    assert [rollout.slow_factor(s) for s in (8, 9, 10)] == [0.0, 2.0, 2.0]
+    time.sleep(0.25)
+    assert rollout.slow_factor(11) == 0.0
+
+    armed = tmp_path / "faults" / "armed" / "rollout-1.json"
+    armed.write_text('{"kind": "no_such_fault"}')  # not a fault: said, set aside, nothing armed
+    assert rollout.claim_armed("rollout/1", 12, said.append) is None
+    assert "fault not armed" in said[-1] and not armed.exists()
+    with pytest.raises(msgspec.ValidationError):
+        arm_fault(tmp_path, "rollout/1", "hang_sync", sceonds=3)  # refused where it is armed, not in the worker

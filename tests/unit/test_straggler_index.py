@@ -107,7 +107,7 @@ def test_keep_up_looks_for_what_moved_at_most_every_half_second_and_the_pass_alw
     for i in range(4):
         state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=1, ts=1000.0))
     stragglers.keep_up(state)
-    index, _ = stragglers._index_of(state)
+    index, _ = stragglers.index_of(state)
     assert index._mark == state.moves  # looked: everything that moved is read
     state.apply(ev.PhaseEvent(src="rollout/0", phase="train", step=1, ts=1001.0))
     clock[0] += 0.05  # the next tick

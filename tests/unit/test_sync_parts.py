@@ -59,12 +59,27 @@ def test_the_slow_part_is_named_with_its_usual_time_and_nobody_else():
     sync(st, 6, t, slow=("rollout/1", "load", 60.0), until=t + 12)
     assert st.sync.parts_now == {"rollout/1": st.sync.parts_now["rollout/1"]}
     assert st.sync.parts_now["rollout/1"].part == "load"
-    found = [a for a in diagnosis.diagnose(st, t + 12) if a.severity != "info"]
+    found = [a for a in diagnosis.diagnose(st, t + 7) if a.severity != "info"]
     assert [(a.code, a.targets) for a in found] == [("sync_part_slow", ["rollout/1"])], found
-    assert found[0].message == "sync 6 (step 6): load into the engine 12 s on rollout/1, usually 0.20 s (the median " \
+    assert found[0].message == "sync 6 (step 6): load into the engine 7 s on rollout/1, usually 0.20 s (the median " \
                                "of the last 5 syncs)", found[0].message
     assert found[0].severity == "warn" and found[0].evidence["part"] == "load"
+    # fifty times its usual time is a part held, not a slow one: critical before four times its limit (20 s)
+    assert [a.severity for a in diagnosis.diagnose(st, t + 10.1) if a.code == "sync_part_slow"] == ["warn"]
+    assert [a.severity for a in diagnosis.diagnose(st, t + 10.3) if a.code == "sync_part_slow"] == ["critical"]
     assert [a.severity for a in diagnosis.diagnose(st, t + 30) if a.code == "sync_part_slow"] == ["critical"]
+
+
+def test_a_part_usually_seconds_long_keeps_the_ladder_to_critical():
+    """A part whose usual time is seconds (a vLLM engine's load) over its limit is slow, not held: warned, and
+    critical only past four times its limit."""
+    st = a_run()
+    t = T0
+    for n in range(1, 6):
+        t = sync(st, n, t, slow=("rollout/1", "load", 2.0)) + 1.0
+    sync(st, 6, t, slow=("rollout/1", "load", 600.0), until=t + 60)
+    assert [a.severity for a in diagnosis.diagnose(st, t + 15) if a.code == "sync_part_slow"] == ["warn"]
+    assert [a.severity for a in diagnosis.diagnose(st, t + 41) if a.code == "sync_part_slow"] == ["critical"]
 
 
 def test_under_the_floor_or_with_too_few_syncs_nothing_is_said():
@@ -92,6 +107,24 @@ def test_a_broadcast_held_by_a_member_not_yet_in_it_names_that_member_not_the_br
         st.apply(ev.SyncPartEvent(src=r, sync_id=6, part="broadcast", started=t, ts=t))
     found = [a for a in diagnosis.diagnose(st, t + 20) if a.code == "sync_part_slow"]
     assert [a.targets for a in found] == [["student/0"]] and "gather the weights 20 s" in found[0].message
+
+
+def test_a_root_that_never_began_its_sync_holds_the_broadcast_though_the_driver_no_longer_calls_it_pending():
+    """The student hung before its first part: the rollouts wait in the broadcast for it, and the driver's progress
+    names only them pending (it takes a pending root for blocked by the rest). The broadcast is not the slow part;
+    the collectives' rule names the root that has not joined."""
+    st = a_run()
+    t = T0
+    for n in range(1, 6):
+        t = sync(st, n, t) + 1.0
+    st.apply(ev.SyncEvent(src="driver", sync_id=6, state="started", pending=list(MEMBERS), timeout_s=600, ts=t))
+    for r in ("rollout/0", "rollout/1"):
+        st.apply(ev.SyncPartEvent(src=r, sync_id=6, part="broadcast", started=t, ts=t))
+    for k in range(1, 8):
+        st.apply(ev.SyncEvent(src="driver", sync_id=6, state="progress", pending=["rollout/0", "rollout/1"],
+                              timeout_s=600, elapsed_s=k, ts=t + k))
+    assert st.sync.members == list(MEMBERS)
+    assert [a for a in diagnosis.diagnose(st, t + 7.5) if a.code == "sync_part_slow"] == []
 
 
 def test_a_members_word_after_the_sync_ended_still_counts_and_the_plot_stacks_the_parts():

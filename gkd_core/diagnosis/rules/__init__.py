@@ -28,6 +28,7 @@ from gkd_core.diagnosis.rules.workers import (
     events_dropped,
     heartbeat_stale,
     no_progress,
+    slower_than_peers,
     stragglers,
 )
 from gkd_core.state import RunState
@@ -36,8 +37,8 @@ from gkd_core.telemetry.events import AlertEvent
 __all__ = ["CODES", "LIVE", "RULES", "Settings", "heartbeat_stale", "parts_explain"]
 
 RULES: list[Callable[[RunState, float, Settings], list[AlertEvent]]] = [
-    heartbeat_stale, stragglers, sync, sync_parts, collectives, teacher, no_progress, actor_dead, unschedulable,
-    placement_groups, gpu_probe_hung, gpu_danger,
+    heartbeat_stale, stragglers, slower_than_peers, sync, sync_parts, collectives, teacher, no_progress, actor_dead,
+    unschedulable, placement_groups, gpu_probe_hung, gpu_danger,
     bad_step, out_of_memory, memory_growing, node_memory_low, oom_killed, driver_failed, events_dropped,
     producer_died,
 ]

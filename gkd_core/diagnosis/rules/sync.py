@@ -4,6 +4,8 @@ are in."""
 
 from __future__ import annotations
 
+import statistics
+
 from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings
 from gkd_core.diagnosis.stragglers import MIN_S, OWN_FACTOR, OWN_MIN_SAMPLES
 from gkd_core.state import RunState
@@ -62,6 +64,17 @@ PART_HINTS = {
     "resume": "a rollout server does not resume generation: its stack (d); the driver's wait names it",
 }
 SLOW_PART_CRITICAL = 4  # over this many times its limit (its usual time times OWN_FACTOR, or MIN_S), critical
+# a wait inside a collective or a part of the sync this many times its usual is a stall, not a slow one: critical
+# once past its floor (MIN_S), not at twice it. A rank or part that usually takes 20 ms and has taken 5 s is held,
+# while one that usually takes 2 s and has taken 5 s may be slow: that one keeps the ladder
+FAR_PAST = 50
+INSIDE_MIN_SAMPLES = 4  # a group's waits inside its collectives seen before its usual one is said
+
+
+def _usual_inside(state: RunState, group: str) -> float | None:
+    """How long a rank of ``group`` usually waits inside one of its collectives (the median of the last ones)."""
+    inside = state.collective_inside.get(group)
+    return statistics.median(inside) if inside is not None and len(inside) >= INSIDE_MIN_SAMPLES else None
 
 
 def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
@@ -73,11 +86,12 @@ def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         return []
     out = []
     order = list(SYNC_PARTS)
-    # a broadcast waits for every member to join it: one still in a part before it, or pending in none (stuck
-    # before its first part), holds the others there
+    # a broadcast waits for every member to join it: one still in a part before it, or not done and in none (stuck
+    # before its first part: a member the driver no longer calls pending, such as the broadcast's root, which it
+    # takes for blocked by the rest), holds the others there
     before_broadcast = (any(order.index(at.part) < order.index("broadcast")
                             for at in s.parts_now.values() if at.part in SYNC_PARTS)
-                        or any(m not in s.parts_now for m in s.pending))
+                        or any(m not in s.parts_now and m not in s.done for m in s.members or s.pending))
     for member, at in sorted(s.parts_now.items()):
         if at.part == "broadcast" and before_broadcast:
             continue
@@ -92,7 +106,8 @@ def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         words = SYNC_PARTS.get(at.part, at.part)
         step = f" (step {s.step})" if s.step is not None else ""
         out.append(AlertEvent(
-            severity="critical" if elapsed > SLOW_PART_CRITICAL * limit else "warn", code="sync_part_slow",
+            severity="critical" if elapsed > SLOW_PART_CRITICAL * limit or elapsed >= FAR_PAST * usual else "warn",
+            code="sync_part_slow",
             message=f"sync {s.sync_id}{step}: {words} {spoken(elapsed)} on {member}, usually {precise(usual)} "
                     f"(the median of the last {n} syncs)",
             hint=PART_HINTS.get(at.part, "dump its stack (d); cancel the sync (c) or restart smaller (r)"),
@@ -158,7 +173,11 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         missing = sorted(src for src, p in members.items() if p.entered < n)
         unseen = world - len(members)  # ranks that never reported: not watched, or not started
         what = f"{op} #{n} of group {group}"
-        severity = "critical" if waited >= 2 * MIN_S else "warn"
+        usual = _usual_inside(state, group)
+        # past twice the floor; or at the floor already, when that is far past the group's usual wait inside
+        severity = ("critical" if waited >= 2 * MIN_S or (usual is not None and waited >= FAR_PAST * usual)
+                    else "warn")
+        said_usual = f"; usually {precise(usual)} inside one" if usual is not None else ""
         evidence = {"group": group, "seq": n, "op": op, "elapsed_s": round(waited, 1), "in": sorted(inside),
                     "world": world}
         if missing:
@@ -166,7 +185,8 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             out.append(AlertEvent(
                 severity=severity, code="collective_not_joined", targets=missing,
                 message=f"{', '.join(missing[:6])}{' …' if len(missing) > 6 else ''} has not joined {what}; "
-                        f"{len(inside)} peer(s) waiting for {spoken(waited)}" + (f" ({doing})" if doing else "")
+                        f"{len(inside)} peer(s) waiting for {spoken(waited)}{said_usual}"
+                        + (f" ({doing})" if doing else "")
                         + (f"; {unseen} rank(s) never reported" if unseen > 0 else ""),
                 hint="its stack (d) says what it does instead: a rank that skipped or reordered a collective, "
                      "an exception swallowed before it, or a hang earlier in its step; cancel (c) or restart (r)",
@@ -177,8 +197,9 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
             out.append(AlertEvent(
                 severity=severity, code="collective_stuck", targets=silent or waiting,
                 message=f"all {len(members)} ranks joined {what}; {', '.join(waiting[:6])} inside it for "
-                        f"{spoken(waited)}" + (f"; {', '.join(silent)} sends no heartbeat (frozen inside it)"
-                                               if silent else "; stuck in the transport"),
+                        f"{spoken(waited)}{said_usual}"
+                        + (f"; {', '.join(silent)} sends no heartbeat (frozen inside it)" if silent
+                           else "; stuck in the transport"),
                 hint=("the frozen rank's stack (d); it holds its peers in the collective" if silent else
                       f"every rank is in and none comes out: the transport (network, firewall, {NCCL_TRY})"),
                 evidence={**evidence, "inside": waiting, "frozen": silent}))

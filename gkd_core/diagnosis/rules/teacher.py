@@ -1,4 +1,4 @@
-"""The teacher rule: requests owed and not answered, and which side holds them."""
+"""The teacher rule: requests owed and not answered, and which side holds them; a worker that answers errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED
 
 TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
-
-
 TEACHER_STALL_FACTOR = 5.0  # ... or this many times the side's own p95 latency, when that is longer
+ERRORS_NAMED = 3  # answers in a row that were errors: a worker that fails every request, not one bad request
 
 
 def _stall_limit(side) -> float:
@@ -22,7 +21,8 @@ def _stall_limit(side) -> float:
 def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """Seed 000's question, "the teacher server received no requests": which side holds them. The
     client sent but the server received none (the path between them); the server received but its
-    workers serve none while its queue grows (the teacher workers)."""
+    workers serve none while its queue grows (the teacher workers); they serve, but every answer of one of
+    them is an error (that worker)."""
     if state.state not in ("running", ""):
         return []
     # what a side said before the driver was (re)started is of the driver that is gone and of its teacher:
@@ -38,9 +38,11 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         if not servers and src in state.workers and state.workers[src].role != "driver":
             out.append(_owed(src, c, waited))  # a framework's teacher client (verl's): its servers are not ours
             continue
-        # the newest sends never arrived: fewer received than sent, and nothing received since
+        # the newest sends never arrived: fewer received than sent, nothing received since, and no server says it
+        # holds requests it received (counts compared across a restarted proxy can differ while they did arrive)
         sent = sum(x.sent for k, x in sides.items() if k.startswith("client:"))
-        if not servers or (sum(s.received for s in servers) < sent
+        held = any(s.queue_depth and now - s.ts <= cfg.limits.fresh_s for s in servers)
+        if not servers or (sum(s.received for s in servers) < sent and not held
                            and all(s.received_at < c.sent_at for s in servers)):
             got = sum(s.received for s in servers)
             out.append(AlertEvent(
@@ -51,6 +53,9 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                      "`gkd-tui doctor` checks what it can",
                 evidence={"sent": c.sent, "in_flight": c.in_flight, "received": got, "elapsed_s": round(waited, 1)}))
     fresh = cfg.limits.fresh_s
+    for s in servers:
+        if now - s.ts <= fresh:
+            out += _erring(state, s, now)
     for s in servers:
         waited = now - s.progress_at
         # counts the proxy has not said again lately are not the queue now: the proxy (or the relay that
@@ -70,6 +75,25 @@ def teacher(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
                 evidence={"received": s.received, "served": s.served, "queue_depth": s.queue_depth,
                           "elapsed_s": round(waited, 1), "verdict": ",".join(v.word for v in vs.values()),
                           "where": ";".join(v.where for v in vs.values())}))
+    return out
+
+
+def _erring(state: RunState, s: TeacherSide, now: float) -> list[AlertEvent]:
+    """The teacher workers whose every answer lately was an error: named, with the error the client got (the
+    driver's phase says it while it retries the step's scoring)."""
+    out = []
+    for worker, (since, count) in sorted(s.error_streaks.items()):
+        if count < ERRORS_NAMED:
+            continue
+        driver = state.workers.get("driver")
+        said = driver.detail if driver is not None and "the teacher answered" in driver.detail else ""
+        out.append(AlertEvent(
+            severity="critical", code="teacher_errors", targets=[worker],
+            message=f"{worker} answers every request with an error: its last {count}, for {spoken(now - since)}"
+                    + (f"; the driver: {said[:240]}" if said else ""),
+            hint="the teacher worker fails every request: its error is in the log (l) and its stack (d); a bad "
+                 "model folder, a full GPU or a broken engine; restart (r) starts it again",
+            evidence={"errors": count, "errors_all": s.errors.get(worker, 0), "since": round(since, 3)}))
     return out
 
 

@@ -1,5 +1,5 @@
-"""Rules on the workers: a stale heartbeat, a straggler, a dead actor, no step for too long, the driver's
-failure, events dropped."""
+"""Rules on the workers: a stale heartbeat, a straggler, one slower than its peers step after step, a dead actor,
+no step for too long, the driver's failure, events dropped."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, last_words, phase_hint
 from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
+from gkd_core.diagnosis.slow_peers import slow_workers
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
@@ -110,6 +111,29 @@ def stragglers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state not in ("running", ""):
         return []
     return [_late_alert(state, late, now, cfg.limits) for late in late_workers(state, now)]
+
+
+def slower_than_peers(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
+    """A worker slower than its peers step after step (``slow_peers``): warned, since the run goes on at its pace."""
+    if state.state not in ("running", ""):
+        return []
+    out = []
+    for s in slow_workers(state):
+        w = state.workers.get(s.src)
+        if w is None or w.phase in WORKER_ENDED:
+            continue
+        where = f" [pid {w.pid} on {w.node}]" if w.pid and w.node else ""
+        out.append(AlertEvent(
+            severity="warn", code="slower_than_peers", targets=[s.src],
+            message=f"{s.src} is {s.took / s.peers:.1f}x slower than its peers in {s.phase}: {precise(s.took)} against "
+                    f"their {precise(s.peers)} (medians), in {s.slow_in} of its last {s.of} steps; every step waits "
+                    f"for it{where}",
+            hint="a slower device or node (a throttled or degraded GPU, a node shared with another job, a slower "
+                 "link): its node's GPUs and CPU, and its stack (d); if it stays, move it off that node or restart "
+                 "without it (r)",
+            evidence={"phase": s.phase, "ratio": round(s.took / s.peers, 2), "took_s": round(s.took, 4),
+                      "peers_s": round(s.peers, 4), "slow_in": s.slow_in, "of": s.of}))
+    return out
 
 
 def _late_alert(state: RunState, late: Late, now: float, limits: Limits) -> AlertEvent:
