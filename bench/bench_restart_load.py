@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "chaos")]
 
-from chaos_naming import alarms_in, first_naming  # noqa: E402
+from chaos_naming import criticals, first_naming  # noqa: E402
 from conftest import RunningSupervisor, wait_until  # noqa: E402
 from test_chaos import TRAINER, Chaos  # noqa: E402
 
@@ -107,7 +107,7 @@ def one_round(load: int, home: Path) -> dict:
                                         "checkpoint, and sync", every_s=0.3)
         t1 = time.time()
         window = [e for e in chaos.events() if t0 <= e["ts"] < t1]
-        alarms = alarms_in(window, t0, t1)
+        alarms = criticals(window, t0, t1)
         warned = Counter(e["code"] for e in window if e["kind"] == "alert" and not e.get("cleared")
                          and e.get("severity") == "warn")
         row = {"load": load, "cores": os.cpu_count(), "restarted_at": restarted_at, "resumed_from": resumed_from,

@@ -30,8 +30,10 @@ LEFT_OUT = {
        "limit) and before a starting worker was judged against its set-up deadline.",
 }
 KEPT = {  # an older runner whose rows are in the matrix still, and what differs
-    3: "Runner 3's rows are the signals' cells; they ran before a teacher frozen behind a proxy started again was "
-       "told from an unreached one (their one miss, `39/135`, below).",
+    3: "Runner 3's rows are the signals' cells, run on the diagnosis before runner 4's: before a teacher frozen "
+       "behind a proxy started again was told from an unreached one (their one miss, `39/135`, below), before "
+       "`teacher_errors`, `slower_than_peers` (a warning that counts as an alarm in healthy time) and a wait fifty "
+       "times past its usual being critical at 5 s: their healthy windows say nothing of those.",
 }
 KINDS = {"student": ["student/0"], "rollout": ["rollout/0", "rollout/1"], "teacher": ["teacher/0"],
          "proxy": ["teacher/proxy"], "driver": ["driver"], "agent": ["agent/"]}
@@ -62,7 +64,7 @@ PROCESSES = list(dict.fromkeys(k for _, k in CELLS))  # every kind of process a 
 WITHIN_S = {"oom": 15.0}
 OWN_BOUND = {"oom": "its own bound, 15 s: a leak is named once it has grown for 9 s, so that a start-up's climb "
                     "is not one"}
-GOAL = {"precision": 0.97, "recall": 0.95, "cell_recall": 0.9, "p90_s": 6.0}
+GOAL = {"precision": 0.97, "recall": 0.95, "cell_recall": 0.9, "cell_trials": 20, "p90_s": 6.0}
 MARK = ("<!-- random trials -->", "<!-- /random trials -->")
 
 
@@ -119,6 +121,11 @@ def spread(times: list[float], *quantiles: float) -> str:
     return ", ".join(f"{nearest_rank(times, q):.1f} s" for q in quantiles) if times else "-"
 
 
+def on_target(row: dict) -> bool:
+    """Its naming names the process hit (a deadlock: every member of the cycle)."""
+    return bool(row["named"]) and all(hits(row["named"], m) for m in row.get("members") or [row["target"]])
+
+
 def in_sync(row: dict) -> bool:
     """The fault landed while the weight sync was under way: its target, or the student, in ``sync_weights``."""
     return "sync_weights" in (row["phase"], row.get("student_phase"))
@@ -143,7 +150,7 @@ class Tally:
             self.trials += 1
             if r["named"]:
                 self.predicted += 1
-                self.on_target += hits(r["named"], r["target"])
+                self.on_target += on_target(r)
             if r["right"]:
                 self.right += 1
                 self.times.append(r["after_s"])
@@ -179,6 +186,8 @@ def render(record: list[dict]) -> str:
     for fault, kind in CELLS:
         rs = [r for r in faults if cell_of(r) == (fault, kind)]
         if not rs:
+            lines.append(f"| {fault} | {kind} | 0 | no trials yet |" + " |" * 10)
+            low_cells.append(f"{fault} on {kind} (no trials)")
             continue
         cell = Tally()
         cell.add(rs)
@@ -187,8 +196,10 @@ def render(record: list[dict]) -> str:
             bounded.add(rs)
         if cell.recall() is not None and cell.recall() < GOAL["cell_recall"]:
             low_cells.append(f"{fault} on {kind}")
+        elif len(rs) < GOAL["cell_trials"]:
+            low_cells.append(f"{fault} on {kind} ({len(rs)} trials)")
         mine = [r for r in rs if r["by"] != "driver"]
-        wrong = [r for r in mine if r["named"] and not hits(r["named"], r["target"])]
+        wrong = [r for r in mine if r["named"] and not on_target(r)]
         lines.append(
             f"| {fault} | {kind} | {len(rs)} | {hows(fault, rs)} | "
             f"{sum(r['moment'] == 'in_sync' for r in rs)} / {sum(in_sync(r) for r in rs)} | "
@@ -206,15 +217,18 @@ def render(record: list[dict]) -> str:
     met = (p is not None and r is not None and times and p >= GOAL["precision"] and r >= GOAL["recall"]
            and not low_cells and nearest_rank(times, 0.9) <= GOAL["p90_s"])
     lines += ["", f"Healthy running: {len(healthy)} windows, {minutes:.1f} min, {sum(h['steps'] for h in healthy)} "
-              f"steps; false alarms (a critical alert with no fault): {len(alarms)}; warnings: "
+              f"steps; false alarms (a critical alert, or a warning that names a fault by its nature, with no "
+              f"fault): {len(alarms)}; warnings: "
               + (", ".join(f"{code} {n}" for code, n in sorted(warned.items())) or "none") + ".",
               f"The goal, for the diagnosis's own namings (the driver's reports apart): precision ≥ "
-              f"{GOAL['precision']}, recall ≥ {GOAL['recall']} and ≥ {GOAL['cell_recall']} in every cell, p90 time "
+              f"{GOAL['precision']}, recall ≥ {GOAL['recall']} and ≥ {GOAL['cell_recall']} in every cell of "
+              f"{GOAL['cell_trials']} trials or more, p90 time "
               f"to name ≤ {GOAL['p90_s']:g} s (the time to name over the cells but "
               + "; ".join(f"{f}, {why}" for f, why in OWN_BOUND.items()) + "; Minder, diagnosis only: precision "
               "0.904, F1 0.893, a mean of 3.6 s; Mycroft: ≤ 15 s in 90 %). "
-              + (("Here: met." if met else "Here: not met" + (f" (recall under {GOAL['cell_recall']}: "
-                                                               f"{', '.join(low_cells)})" if low_cells else "") + ".")
+              + (("Here: met." if met else "Here: not met" + (f" (recall under {GOAL['cell_recall']}, or under "
+                                                               f"{GOAL['cell_trials']} trials: {', '.join(low_cells)})"
+                                                               if low_cells else "") + ".")
                  if faults else ""), ""]
     lines += misses_and_alarms(faults, alarms, unfinished)
     return "\n".join(lines)

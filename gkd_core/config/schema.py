@@ -125,7 +125,9 @@ class FaultConfig(_Section):
     ]
     target: str = ""  # a worker's src, e.g. "rollout/1"
     step: int = 1  # the training step; for hang_nvml, the GPU sample that never returns
-    seconds: float = 0.0  # how long a delay or GIL hold lasts; 0 for a hang means forever
+    # how long a delay, a GIL hold, a hang, a slowness, a leak or a run of errors lasts; 0: forever (a hang, errors)
+    # or from its step on (a slowness, a leak)
+    seconds: float = 0.0
     repeat: int = 1  # nan_grad (always the student's), disk_full: this many steps in a row, from `step`
     factor: float = 0.0  # slow_worker: each generation from `step` on takes this much longer (0.3: 30 %)
     mb_per_s: float = 0.0  # grow_memory: the worker's memory grows this fast from `step` on (a leak), for `seconds`

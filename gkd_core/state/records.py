@@ -169,8 +169,8 @@ class TeacherSide(msgspec.Struct, kw_only=True):
     queue_depth: int = 0
     workers: dict[str, int] = {}
     errors: dict[str, int] = {}  # server: of each worker's answers, those that were an error
-    # server: a worker whose every answer since (when it began, how many) was an error
-    error_streaks: dict[str, tuple[float, int]] = {}
+    # server: a worker whose every answer since was an error: (when that began, how many, when the last came)
+    error_streaks: dict[str, tuple[float, int, float]] = {}
     latency_ms: dict[str, float] = {}
     ts: float = 0.0
     # when this side last moved: an answer completed (client) or served (server), or nothing was owed

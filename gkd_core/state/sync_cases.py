@@ -33,7 +33,7 @@ def on_sync(st: RunRecord, e: ev.SyncEvent) -> None:
     s.timeout_s = e.timeout_s or s.timeout_s
     s.elapsed_s = e.elapsed_s
     s.pending, s.done = list(e.pending), list(e.done)
-    if any(m not in s.members for m in (*e.pending, *e.done)):
+    if not set(e.pending).issubset(s.members) or not set(e.done).issubset(s.members):
         s.members = list(dict.fromkeys([*s.members, *e.pending, *e.done]))
     if e.state == "failed" and e.pending:
         for b in e.blocked:

@@ -39,9 +39,10 @@ def on_teacher(st: RunRecord, e: ev.TeacherEvent) -> None:
         st.series.note_teacher(_teacher_point(t, e.ts))
 
 
-def _error_streaks(old: TeacherSide | None, new: TeacherSide) -> dict[str, tuple[float, int]]:
+def _error_streaks(old: TeacherSide | None, new: TeacherSide) -> dict[str, tuple[float, int, float]]:
     """Each server worker whose answers since the last report were all errors: its streak goes on (begun at this
-    report if it is new); one that answered well since ends it; one that answered nothing keeps it."""
+    report if it is new); one that answered well since ends it; one that answered nothing keeps it (the rule
+    lets it go once its last error is old: a worker that erred, then died or was left idle)."""
     streaks = dict(old.error_streaks) if old is not None else {}
     for worker, errors in new.errors.items():
         erred = errors - (old.errors.get(worker, 0) if old is not None else 0)
@@ -49,8 +50,8 @@ def _error_streaks(old: TeacherSide | None, new: TeacherSide) -> dict[str, tuple
         if answered > erred:
             streaks.pop(worker, None)
         elif erred > 0:
-            since, count = streaks.get(worker, (new.ts, 0))
-            streaks[worker] = (since, count + erred)
+            since, count, _ = streaks.get(worker, (new.ts, 0, new.ts))
+            streaks[worker] = (since, count + erred, new.ts)
     for worker in [w for w in streaks if w not in new.errors]:
         del streaks[worker]  # a new proxy's counts (the old one's workers gone)
     return streaks

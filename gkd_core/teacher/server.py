@@ -156,7 +156,11 @@ class TeacherWorkerLoop(_BackgroundLoop):
                 frames = sock.recv_multipart()
                 req_id, payload = (frames + [b""])[:2] if len(frames) >= 2 else (b"", b"")
                 if self.on_request is not None:
-                    self.on_request()
+                    try:
+                        self.on_request()
+                    except Exception as e:  # a fault's hook must never stop the serving
+                        self.rep.log(f"{self.name}: its request hook failed ({type(e).__name__}: {e}); serving on",
+                                     level="warn")
                 t0 = time.perf_counter()
                 mark = []
                 try:

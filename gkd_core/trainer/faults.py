@@ -20,10 +20,12 @@ killer, a teacher answering errors, a slow worker), each at a moment drawn at ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ def arm_fault(run_dir: Path, src: str, kind: str, **fields: float | str) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     fired = path.with_suffix(".fired")
     fired.unlink(missing_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.tmp")  # (not the .fired's own: a worker may write that one meanwhile)
     tmp.write_text(json.dumps({"kind": kind, **fields}))
     tmp.rename(path)
     return fired
@@ -86,7 +88,7 @@ class WorkerFaults:
         aside and said."""
         if not self.armed_fault or not os.path.exists(self.armed_fault):
             return None
-        claimed = Path(f"{self.armed_fault}.{os.getpid()}")
+        claimed = Path(f"{self.armed_fault}.{os.getpid()}.{threading.get_ident()}")  # (an actor's threads apart)
         try:
             os.rename(self.armed_fault, claimed)
             f = msgspec.json.decode(claimed.read_bytes(), type=FaultConfig)
@@ -96,7 +98,8 @@ class WorkerFaults:
             log(f"fault not armed: {claimed} is no fault ({type(e).__name__}: {e}); want the config's fields, "
                 'e.g. {"kind": "hang_sync", "seconds": 20}')
             return None
-        claimed.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            claimed.unlink()
         f.step, f.target = step, src
         self.faults.append(f)
         self._struck[id(f)] = str(Path(self.armed_fault).with_suffix(".fired"))
@@ -107,9 +110,12 @@ class WorkerFaults:
         """An armed fault strikes now: its ``.fired`` file says when (written whole, once)."""
         fired = self._struck.pop(id(f), None)
         if fired is not None:
-            tmp = Path(fired).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"src": f.target, "kind": f.kind, "ts": time.time()}))
-            tmp.rename(fired)
+            tmp = Path(f"{fired}.tmp")
+            try:
+                tmp.write_text(json.dumps({"src": f.target, "kind": f.kind, "ts": time.time()}))
+                tmp.rename(fired)
+            except OSError:  # (the run's folder gone or full: the fault strikes all the same, unsaid)
+                pass
 
     def fire_armed(self, src: str, log: Callable[[str], None], flush: Callable[[], object]) -> None:
         """Send the signal armed for this moment, if one is (a stat when none is). The file is claimed by a
@@ -163,10 +169,11 @@ class WorkerFaults:
     def slow_factor(self, step: int) -> float:
         """`slow_worker`: how much longer each generation takes from its step on (0: not slowed), for `seconds`
         after the first slowed one when those are given."""
-        return sum(f.factor for f in self.active("slow_worker", step))
+        return sum(f.factor for f in self.striking("slow_worker", step))
 
-    def active(self, kind: str, step: int) -> list[FaultConfig]:
-        """The faults of a kind that last from their step on (for `seconds` after they first strike, when given)."""
+    def striking(self, kind: str, step: int) -> list[FaultConfig]:
+        """The faults of a kind that last from their step on (for `seconds` after they first strike, when given),
+        striking now: the first strike of each is noted (its time, and an armed one's ``.fired``)."""
         now = time.monotonic()
         out = []
         for f in self.faults:

@@ -23,7 +23,8 @@ from gkd_core.vocab import ALERTS
 REPORTED_BY_DRIVER = ("driver_failed", *(code for code, c in ALERTS.items() if c.by == "driver"))
 HEALED = "restarted_by_driver"  # a naming though a warning: the driver started the process hit again
 # findings that are warnings by their nature, yet name a fault: a naming, and a false alarm where no fault was made
-WARNING_NAMINGS = (HEALED, "slower_than_peers")
+WARNING_FINDINGS = ("slower_than_peers",)
+WARNING_NAMINGS = (HEALED, *WARNING_FINDINGS)
 
 
 class Naming(NamedTuple):
@@ -61,4 +62,10 @@ def alarms_in(events: list[dict], t0: float, t1: float) -> list[dict]:
     """Every critical alert raised in ``[t0, t1)``, and every warning that is a naming by its nature (not the
     driver's word that it healed a fault, which is no finding): in a healthy stretch, each is a false alarm."""
     return [e for e in events if t0 <= e["ts"] < t1 and e.get("kind") == "alert" and not e.get("cleared")
-            and (e.get("severity") == "critical" or (e.get("code") in WARNING_NAMINGS and e.get("code") != HEALED))]
+            and (e.get("severity") == "critical" or e.get("code") in WARNING_FINDINGS)]
+
+
+def criticals(events: list[dict], t0: float, t1: float) -> list[dict]:
+    """Every critical alert raised in ``[t0, t1)``."""
+    return [e for e in events if t0 <= e["ts"] < t1 and e.get("kind") == "alert" and not e.get("cleared")
+            and e.get("severity") == "critical"]

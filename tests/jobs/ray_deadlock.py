@@ -95,6 +95,9 @@ class Rollout:
 
 if __name__ == "__main__":
     healthy_s = float(sys.argv[1])
+    which = sys.argv[2] if len(sys.argv) > 2 else "both"
+    if which not in ("calls", "collective", "both"):
+        sys.exit(f"ray_deadlock.py: no deadlock called {which!r}: calls, collective or both")
     ray.init(num_cpus=2)
     # the rollout's share of the node reserved, as RL jobs do (a bug report lists it with its demand)
     rollout_group = placement_group([{"CPU": 1}], name="rollout-group")
@@ -112,7 +115,6 @@ if __name__ == "__main__":
         ray.get([trainer.step.remote(n, deadlock=False), learner.push.remote(n, deadlock=False),
                  rollout.pull.remote(n)], timeout=WAIT_S)
     print("HEALTHY ROUNDS", n, flush=True)
-    which = sys.argv[2] if len(sys.argv) > 2 else "both"
     held = []
     if which in ("collective", "both"):
         pull = rollout.pull.remote(n + 1)

@@ -74,11 +74,13 @@ def test_the_matrix_counts_every_naming_against_the_kind_it_names():
     assert "`1/6` driver: no end: the runner died in it" in table and "`1/7` proxy: crashed: TimeoutError: x" in table
     assert "Left out: the 1 trials of runner 1 (`--seed` 25)" in table
     assert "Left out: the 1 trials of runner 2 (`--seed` 38). It ran against the diagnosis before" in table
-    assert ("false alarms (a critical alert with no fault): 1; warnings: heartbeat_stale 1, "
+    assert ("false alarms (a critical alert, or a warning that names a fault by its nature, with no fault): 1; "
+            "warnings: heartbeat_stale 1, "
             "slower_than_usual 2.") in table
     assert "`1/5` heartbeat_stale on rollout/0, 3.0 s into the window" in table
     assert "`1/2` stop of rollout/1 (after_step, in idle; student in train): heartbeat_stale named student/0" in table
-    assert "Here: not met (recall under 0.9: signal on rollout, signal on agent)." in table
+    assert "Here: not met (recall under 0.9, or under 20 trials: signal on student (2 trials), signal on rollout, " \
+           "signal on teacher (no trials)" in table
 
 
 def test_each_fault_is_its_cell_and_a_cell_of_its_own_bound_is_out_of_the_p90_goal():
@@ -96,15 +98,20 @@ def test_each_fault_is_its_cell_and_a_cell_of_its_own_bound_is_out_of_the_p90_go
                moment="after_healthy", what="deadlock", runner=4),
     ]
     record[-1]["how"] = "calls"
+    record += fault("2/5", "ray_actors", "Learner/0", ["Learner/0"], 5.5, code="deadlock", moment="after_healthy",
+                    what="deadlock", runner=4)  # one member of the cycle named: the wrong naming, not on target
+    record[-1].update(how="collective", members=["Learner/0", "Rollout/0"], right=False)
     table = chaos_table.render(record)
-    assert row_of(table, "ray_actors", "deadlock")[2:8] == ["1", "1 / 0", "0 / 0", "0 / 0, -", "1", "1"]
+    assert row_of(table, "ray_actors", "deadlock")[2:11] == ["2", "1 / 1", "0 / 0", "0 / 0, -", "2", "1", "1", "0",
+                                                             "0.50"]
     assert row_of(table, "rollout", "never_joins")[2:14] == ["2", "-", "0 / 0", "0 / 0, -", "2", "2", "0", "0",
                                                              "1.00", "1.00", "1.00", "5.0 s, 5.5 s"]
     assert row_of(table, "teacher", "oom")[7:14] == ["1", "0", "0", "1.00", "1.00", "1.00",
                                                      "12.5 s, 12.5 s (15 s bound)"]
     assert row_of(table, "teacher", "teacher_errors")[7:12] == ["0", "0", "1", "-", "0.00"]
     assert row_of(table, "**all**")[13] == "**5.5 s, 5.5 s**"  # the oom cell's 12.5 s is under its own bound
-    assert "Here: not met (recall under 0.9: teacher_errors on teacher)." in table
+    assert "| signal | student | 0 | no trials yet |" in table  # a cell with none is there, and not met
+    assert ", teacher_errors on teacher, " in table.split("Here: not met")[1]
     assert "`2/3` teacher_errors of teacher/0 (armed, in idle; student in train): nothing named in 15 s" in table
     assert "Runner 3's rows" not in table  # said only where the matrix holds them
 
@@ -141,7 +148,7 @@ def test_the_docs_figures_are_the_records():
     report_p50 = everyone[5].split(", ")[1]
     readme = documents()
     faults, diagnosed = everyone[2], everyone[6]
-    alarms = table.split("false alarms (a critical alert with no fault): ")[1].split(";")[0]
+    alarms = table.split("by its nature, with no fault): ")[1].split(";")[0]
     said = (f"Over {faults} faults",
             f"the diagnosis's own {diagnosed}: precision {precision}, recall {recall}, F1 {f1}",
             f"time to name p50 {p50} and p90 {p90}", f"{alarms} false alarms",

@@ -407,6 +407,10 @@ def test_a_rank_missing_from_a_collective_whose_waits_are_milliseconds_is_critic
     assert (a.targets, a.severity) == (["rollout/1"], "critical")
     assert "waiting for 5 s; usually 20 ms inside one (rollout/1 is in sync_weights)" in a.message, a.message
 
+    # the rank it waits for is in a phase slow by design (a checkpoint while the others wait at a barrier): the ladder
+    phase(st, "rollout/1", "checkpoint", T0 - 0.5, step=57)
+    assert codes(st, T0 + 5.2) == [("collective_not_joined", ["rollout/1"], "warn")]
+
     slow = group_of_four(entered, left, inside_before=3.0)
     assert codes(slow, T0 + 5.2) == [("collective_not_joined", ["rollout/1"], "warn")]
     assert codes(slow, T0 + 10.1) == [("collective_not_joined", ["rollout/1"], "critical")]

@@ -33,6 +33,19 @@ def test_a_teacher_worker_whose_every_answer_is_an_error_is_named_and_the_driver
     assert named(st, T0 + 5.1, "teacher_errors") == []
 
 
+def test_errors_that_stopped_coming_are_let_go():
+    """A worker that erred, then died or got no request since: its proxy says the same counts every second, and
+    the streak, over for 10 s, is no finding (its death is another rule's)."""
+    st = _teacher_run()
+    server(st, 2, served=20, errors=0)
+    server(st, 3, served=26, errors=6)
+    assert named(st, T0 + 3.1, "teacher_errors") != []
+    for t in range(4, 16):
+        server(st, t, served=26, errors=6)
+    assert named(st, T0 + 12.9, "teacher_errors") != []
+    assert named(st, T0 + 15.1, "teacher_errors") == []
+
+
 def test_errors_among_good_answers_are_no_broken_worker():
     st = _teacher_run()
     for t in range(2, 12):

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from gkd_core.config import TrainerConfig
 from gkd_core.state import RunState
 from gkd_core.state.liveness import Limits
+from gkd_core.vocab import PAUSED
 
 
 class Settings(NamedTuple):
@@ -26,6 +27,10 @@ class Settings(NamedTuple):
 
 
 BAD_STEP_SHOWN = 50  # steps a skipped step stays on the dashboard after it
+
+# phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
+# preparation, a pause a person asked for): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
+SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data", PAUSED)
 
 
 NCCL_TRY = ("NCCL_DEBUG=INFO to see where it stops; NCCL_IB_DISABLE=1 and NCCL_P2P_DISABLE=1 when the fabric is "

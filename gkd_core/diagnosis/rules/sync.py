@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from gkd_core.diagnosis.rules.common import NCCL_TRY, Settings
+from gkd_core.diagnosis.rules.common import NCCL_TRY, SLOW_ON_PURPOSE, Settings
 from gkd_core.diagnosis.stragglers import MIN_S, OWN_FACTOR, OWN_MIN_SAMPLES
 from gkd_core.state import RunState
 from gkd_core.state.views import heartbeat_at, usual_part_time
@@ -91,7 +91,7 @@ def sync_parts(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     # takes for blocked by the rest), holds the others there
     before_broadcast = (any(order.index(at.part) < order.index("broadcast")
                             for at in s.parts_now.values() if at.part in SYNC_PARTS)
-                        or any(m not in s.parts_now and m not in s.done for m in s.members or s.pending))
+                        or bool(set(s.members or s.pending) - s.parts_now.keys() - set(s.done)))
     for member, at in sorted(s.parts_now.items()):
         if at.part == "broadcast" and before_broadcast:
             continue
@@ -174,9 +174,11 @@ def collectives(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         unseen = world - len(members)  # ranks that never reported: not watched, or not started
         what = f"{op} #{n} of group {group}"
         usual = _usual_inside(state, group)
-        # past twice the floor; or at the floor already, when that is far past the group's usual wait inside
-        severity = ("critical" if waited >= 2 * MIN_S or (usual is not None and waited >= FAR_PAST * usual)
-                    else "warn")
+        # past twice the floor; or at the floor already, when that is far past the group's usual wait inside, and no
+        # rank it waits for is in a phase slow by design (rank 0's checkpoint while the others wait at a barrier)
+        on_purpose = any(state.workers[m].phase in SLOW_ON_PURPOSE for m in missing if m in state.workers)
+        severity = ("critical" if waited >= 2 * MIN_S
+                    or (usual is not None and waited >= FAR_PAST * usual and not on_purpose) else "warn")
         said_usual = f"; usually {precise(usual)} inside one" if usual is not None else ""
         evidence = {"group": group, "seq": n, "op": op, "elapsed_s": round(waited, 1), "in": sorted(inside),
                     "world": world}

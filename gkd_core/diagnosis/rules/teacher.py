@@ -12,6 +12,7 @@ from gkd_core.vocab import WORKER_ENDED
 TEACHER_STALL_S = 5.0  # requests owed with no answer for this long: say which side holds them
 TEACHER_STALL_FACTOR = 5.0  # ... or this many times the side's own p95 latency, when that is longer
 ERRORS_NAMED = 3  # answers in a row that were errors: a worker that fails every request, not one bad request
+ERRORS_FRESH_S = 10.0  # ... the last of them this recent: a streak that stopped (no request since, or its death)
 
 
 def _stall_limit(side) -> float:
@@ -82,9 +83,9 @@ def _erring(state: RunState, s: TeacherSide, now: float) -> list[AlertEvent]:
     """The teacher workers whose every answer lately was an error: named, with the error the client got (the
     driver's phase says it while it retries the step's scoring)."""
     out = []
-    for worker, (since, count) in sorted(s.error_streaks.items()):
-        if count < ERRORS_NAMED:
-            continue
+    for worker, (since, count, last) in sorted(s.error_streaks.items()):
+        if count < ERRORS_NAMED or now - last > ERRORS_FRESH_S:
+            continue  # one bad request; or errors that stopped coming (its death, or no request since, is another's)
         driver = state.workers.get("driver")
         said = driver.detail if driver is not None and "the teacher answered" in driver.detail else ""
         out.append(AlertEvent(

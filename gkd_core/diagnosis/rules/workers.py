@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
-from gkd_core.diagnosis.rules.common import FAILED_WORKER, Settings, last_words, phase_hint
+from gkd_core.diagnosis.rules.common import FAILED_WORKER, SLOW_ON_PURPOSE, Settings, last_words, phase_hint
 from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
 from gkd_core.diagnosis.slow_peers import slow_workers
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
@@ -15,11 +15,7 @@ from gkd_core.state import RunState, WorkerState
 from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard, silent_among
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
-from gkd_core.vocab import PAUSED, WORKER_ENDED
-
-# phases that may take long by design (a checkpoint's write, a group's rendezvous, a resume, a dataset's
-# preparation, a pause a person asked for): no step arrives meanwhile, and a checkpoint's pickling can hold the GIL
-SLOW_ON_PURPOSE = ("checkpoint", "join_group", "resume", "load_data", PAUSED)
+from gkd_core.vocab import WORKER_ENDED
 
 
 def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
