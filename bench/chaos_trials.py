@@ -59,7 +59,6 @@ import itertools
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -77,6 +76,7 @@ from cgroups import NoCgroup, memory_cgroup  # noqa: E402
 from chaos_naming import WARNING_FINDINGS, alarms_in, first_naming, hits  # noqa: E402
 from chaos_table import ARMED, CELLS, JOBS, KINDS, OOM_HEADROOM, PROCESSES, RUNNER, SIGNAL, within_s  # noqa: E402
 from conftest import RunningSupervisor, gkd_tui, logged_events, status_json, wait_until  # noqa: E402
+from pipeline_stalls import said  # noqa: E402
 from test_chaos import SETTINGS, TRAINER, Chaos  # noqa: E402
 
 from gkd_core.trainer.faults import ARMED as ARMED_SIGNAL  # noqa: E402
@@ -274,12 +274,8 @@ def job_trial(seed: str, fault: str, kind: str) -> list[dict]:
     run = next((home / "runs").iterdir())
     window_s = within_s(fault) + 5
     try:
-        def began() -> float | None:
-            log = run / "logs" / "driver.log"
-            found = re.search(r"DEADLOCK AT ([\d.]+)", log.read_text() if log.exists() else "")
-            return float(found[1]) if found else None
-
-        t0 = wait_until(began, healthy_s + 180, "the job's healthy rounds to end", every_s=0.5)
+        t0 = float(wait_until(lambda: said(run, "DEADLOCK AT"), healthy_s + 180, "the job's healthy rounds to end",
+                              every_s=0.5))
         naming, deadline = None, time.monotonic() + window_s
         while naming is None and time.monotonic() < deadline:
             time.sleep(0.2)
