@@ -64,6 +64,7 @@ class GrowthIndex:
         self._members: dict[str, list[str]] = {}  # a scope -> the workers whose beats say they are in it
         self._unread: list[str] = []  # workers that had no memory reading when they were listed
         self._listed = (-1, 0.0)  # (how many workers, the state's time) when they were listed
+        self._sought: set[str] = set()  # scopes that rose with no worker listed in them, listed again for once
 
     def observe(self, state: RunState) -> None:
         members = None
@@ -80,6 +81,10 @@ class GrowthIndex:
             # once all have one, again only when they are listed again
             members = self._members_of(state) if members is None else members
             listed = members.get(key)
+            if listed is None and key not in self._sought:  # a scope new since the listing: a worker moved into it
+                self._sought.add(key)
+                members = self._members_of(state, again=True)
+                listed = members.get(key)
             if listed is None or (got.measured is not None and got.measured[0] is listed
                                   and got.measured[1] == len(listed)):
                 continue
@@ -91,12 +96,15 @@ class GrowthIndex:
             got.measured = (listed, len(listed))
         for key in [k for k in self.scopes if k not in state.mem_scopes]:
             del self.scopes[key]
+            self._sought.discard(key)
 
-    def _members_of(self, state: RunState) -> dict[str, list[str]]:
+    def _members_of(self, state: RunState, again: bool = False) -> dict[str, list[str]]:
         """Each scope's workers: one walk over them all (8,192 nodes' scopes can rise at once), again only when
-        workers came or went, or every MEMBERS_AGAIN_S (a worker moved to another cgroup)."""
+        workers came or went, every MEMBERS_AGAIN_S, or (``again``) when a scope rises that none is listed in: a
+        worker moved into another cgroup (a job put in its own, a container's), whose growth is then seen at once,
+        not up to MEMBERS_AGAIN_S later."""
         count, at = self._listed
-        if count != len(state.workers) or not 0 <= state.last_ts - at < MEMBERS_AGAIN_S:
+        if again or count != len(state.workers) or not 0 <= state.last_ts - at < MEMBERS_AGAIN_S:
             self._members, self._unread = {}, []
             for w in state.workers.values():
                 if w.mem is not None:

@@ -90,6 +90,7 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
         # of the one before is not of this one
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause, w.ray_required = "", "", None, "", {}
         w.waits_on, w.sends, w.flows = [], [], []  # the waits, calls and counts were the old process's
+        w.oom_killed = None  # (so was its death)
         st.waiting.discard(w.src)
     w.node, w.pid, w.gpus, w.actor_id, w.via = e.node, e.pid, list(e.gpus), e.actor_id, e.via
     w.replaceable = e.replaceable

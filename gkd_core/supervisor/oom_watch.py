@@ -41,20 +41,26 @@ class OomWatch:
             m = w.mem
             if m is None or m.oom_kills is None or w.oom_killed is not None:
                 continue
+            if w.role == "driver" and (w.phase == "failed" or state.exit_code not in (None, -9, 137)):
+                continue  # it said its own failure, or exited with a code: the OOM killer's SIGKILL leaves neither
             silent = now - heartbeat_at(state, w)
             if (w.phase in DIED or w.ray_state == "DEAD" or (w.phase not in WORKER_ENDED
                                                               and silent > SILENT_BEATS * self.heartbeat_s)) \
                     and silent <= WATCH_GONE_S:
                 gone.setdefault(m.scope, []).append(w)
-        for scope, ws in gone.items():
+        in_cgroups = 0  # kills said of workers in a cgroup this check: the node's count holds them too
+        for scope, ws in sorted(gone.items(), key=lambda item: item[0] == "node"):  # the cgroups first
             after = memory.oom_kills(scope, self.read)
             if after is None:
                 continue
             base = min(w.mem.oom_kills for w in ws)
             unexplained = after - max(base, self._explained.get(scope, base))
+            if scope == "node":
+                unexplained -= in_cgroups
             if unexplained <= 0:
                 continue
             self._explained[scope] = after
             for w in sorted((w for w in ws if w.mem.oom_kills < after), key=lambda w: -w.rss)[:unexplained]:
                 self.emit(ev.OomKilledEvent(worker=w.src, scope=scope, kills_before=w.mem.oom_kills,
                                             kills_after=after))
+                in_cgroups += scope != "node"

@@ -55,6 +55,27 @@ def test_a_grower_is_named_with_the_time_to_its_cgroups_limit_and_a_big_flat_nei
     assert a.severity == "critical", a  # 2.6 of 3.0 GB
 
 
+def test_a_worker_moved_into_a_cgroup_of_its_own_is_named_when_it_grows_there_not_half_a_minute_later():
+    """The random trials' OOM cell missed its first student: moved into a cgroup of its own (as a job put into its
+    container's), it grew 30 MB/s to the kill, and nothing was said, because who is in which scope was listed again
+    only every 30 s. A scope that rises with nobody listed in it is listed again at once."""
+    st = job("student/0", "rollout/0")
+    own = "/sys/fs/cgroup/job_42/student"
+    for s in range(0, 20):  # all in the job's cgroup, which rose a while (its members were listed then)
+        used = 2 * GB + 20 * MB * min(max(s - 5, 0), 10)
+        beat(st, "student/0", T0 + s, 500 * MB, used)
+        beat(st, "rollout/0", T0 + s, 300 * MB + 20 * MB * min(max(s - 5, 0), 10), used)
+        alerts(st, T0 + s, "memory_growing")
+    for s in range(20, 36):  # moved into its own cgroup of 600 MB, and growing 30 MB/s there
+        st.apply(ev.HeartbeatEvent(src="student/0", ts=T0 + s, phase="train", rss=500 * MB + 30 * MB * (s - 20),
+                                   cpu=50.0, mem=ev.MemoryBeat(own, 30 * MB * (s - 20), 600 * MB, 8 * GB, 0)))
+        beat(st, "rollout/0", T0 + s, 500 * MB, 2 * GB + 200 * MB)
+        said = alerts(st, T0 + s, "memory_growing")
+        if said:
+            break
+    assert [a.targets for a in said] == [["student/0"]] and s <= 32, s  # 9 s of growth, and a window to see it
+
+
 def test_a_start_ups_climb_and_a_scope_far_from_its_limit_are_not_warned():
     st = job("Worker/0")
     for s in range(0, 30):  # 300 MB a second for 5 s, then flat: a start-up
@@ -104,6 +125,39 @@ def test_a_death_by_the_oom_killer_goes_to_the_largest_of_the_dead_and_is_named_
     assert a.targets == ["Grower/0"]
     assert a.message == ("Grower/0 was killed by the OOM killer (cgroup job_42: its kills 0 -> 1) "
                          "at 2.2 GB of 3.0 GB, in grow")
+
+
+def test_a_kill_in_a_workers_cgroup_is_not_given_again_to_a_process_of_the_node_that_died_beside_it():
+    """The random trials' OOM cell: the student, in a cgroup of its own, killed by the OOM killer; the driver (the
+    node its scope) failed on it a moment later. The node's count holds the cgroup's kill: it is the student's, not
+    a second one for the driver; and a driver that said its own failure, or exited with a code, was not killed.
+    Its new self (the run started again) is no OOM-killed one."""
+    st = job("student/0", "rollout/0")
+    for s in range(0, 5):
+        beat(st, "student/0", T0 + s, 600 * MB, 580 * MB)
+        st.apply(ev.HeartbeatEvent(src="rollout/0", ts=T0 + s, phase="idle", rss=300 * MB,
+                                   mem=ev.MemoryBeat("node", 4 * GB, 24 * GB, 20 * GB, 9)))
+        st.apply(ev.HeartbeatEvent(src="driver", ts=T0 + s, phase="train", rss=500 * MB,
+                                   mem=ev.MemoryBeat("node", 4 * GB, 24 * GB, 20 * GB, 9)))
+    st.apply(ev.PhaseEvent(src="rollout/0", phase="exited", ts=T0 + 6))  # (ended with the run: gone, not killed)
+    files = {f"{CG}/memory.oom_control": "oom_kill 1\n", "/proc/vmstat": "pgfault 7\noom_kill 10\nother 1\n"}
+    said: list[ev.Event] = []
+    watch = OomWatch(said.append, heartbeat_s=1.0, read=files.get)
+    watch.node = "n0"
+    watch.check(st, T0 + 10)
+    assert [(e.worker, e.scope) for e in said] == [("student/0", CG)]
+
+    st.apply(ev.PhaseEvent(src="driver", phase="failed", detail="student/0 died during train", ts=T0 + 11))
+    said.clear()
+    watch = OomWatch(said.append, heartbeat_s=1.0, read={**files, f"{CG}/memory.oom_control": None}.get)
+    watch.node = "n0"  # (the cgroup gone before this look: the node's kill is unexplained, yet not the driver's)
+    watch.check(st, T0 + 12)
+    assert [e.worker for e in said] == ["rollout/0"]  # the largest of the others gone, as before
+
+    st.apply(ev.OomKilledEvent(worker="student/0", scope=CG, kills_before=0, kills_after=1, ts=T0 + 12))
+    assert st.workers["student/0"].oom_killed is not None
+    st.apply(ev.WorkerEvent(src="student/0", role="student", rank=0, node="n0", pid=101, ts=T0 + 40))
+    assert st.workers["student/0"].oom_killed is None
 
 
 def test_no_kill_in_the_scope_no_oom_killed():
