@@ -11,7 +11,7 @@ And as long again of healthy running, to count the alarms no fault explains.
 
 One real run of the embedded demo (the real trainer, a local Ray cluster, the chaos suite's settings:
 tests/chaos/test_chaos.py ``SETTINGS``, the shipped checkpoint interval) takes every trial in turn. The matrix's
-cells (bench/chaos_table.py ``CELLS``) are a fault on a kind of process, where it applies:
+cells (tests/chaos/chaos_table.py ``CELLS``) are a fault on a kind of process, where it applies:
 
 - **signal**, on each process (a student, a rollout, the teacher's worker or proxy, the driver, the node agent):
   SIGKILL, or SIGSTOP held until it is named or the window ends, drawn per trial; its round gives the moment
@@ -347,7 +347,8 @@ def run_trials(a: argparse.Namespace, record: Path, command: str) -> None:
                   file=sys.stderr)
             cells = [c for c in cells if c[0] != "oom"]
     if not cells:
-        raise SystemExit(f"no cell of the matrix is a fault of {a.faults} on {a.kinds}: see bench/chaos_table.py CELLS")
+        raise SystemExit(f"no cell of the matrix is a fault of {a.faults} on {a.kinds}: see "
+                         "tests/chaos/chaos_table.py CELLS")
     seeds = (f"{a.seed}/{i}" for i in itertools.count())
     in_the_run = [c for c in cells if c[0] not in JOBS]
     if in_the_run:

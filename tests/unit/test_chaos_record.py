@@ -1,4 +1,4 @@
-"""The random trials' fault matrix (bench/chaos_table.py), rendered from records written here: a cell's precision
+"""The random trials' fault matrix (tests/chaos/chaos_table.py), rendered from records written here: a cell's precision
 counts every naming of the diagnosis in its trials, recall every trial of it the driver did not report first, the
 overall precision the healthy windows' false alarms too; a trial started and never ended is in the table; older
 runners' rows are left out, said so."""
@@ -11,7 +11,7 @@ import sys
 from conftest import ROOT
 
 sys.path[:0] = [str(ROOT / "tests" / "chaos")]
-_spec = importlib.util.spec_from_file_location("chaos_table", ROOT / "bench" / "chaos_table.py")
+_spec = importlib.util.spec_from_file_location("chaos_table", ROOT / "tests" / "chaos" / "chaos_table.py")
 chaos_table = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(chaos_table)
 
