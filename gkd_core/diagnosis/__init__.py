@@ -1,16 +1,18 @@
 """Diagnosis: rules that turn a RunState into findings, in seconds rather than at a deadline.
 
-``diagnose(state, now)`` runs every rule in ``rules.RULES``; each is a function of the RunState
-and ``now`` alone (the straggler rule keeps an index of the state between calls, which saves work and
-changes no finding) returning alerts with their evidence and hint. ``changes`` turns the findings
-into the alert events that move the state to them, and ``AutoStacks`` says whose stacks to take.
-The supervisor runs them for gkd runs, the Ray-state source for jobs it only observes (DESIGN §4).
+``diagnose(state, now)`` runs every rule in ``rules.RULES`` (``Pass`` takes them in turns, as the supervisor
+does); each is a function of the RunState and ``now`` returning alerts with their evidence and hint. A rule
+costs what changed since the last pass, not the size of the run: the indexes it keeps of the state between
+passes (stragglers, silences, marks, memory growth) read what the state fed them (``state.feed``) and what
+came due, and change no finding. ``changes`` turns the findings into the alert events that move the state to
+them, and ``AutoStacks`` says whose stacks to take. The supervisor runs them for gkd runs, the Ray-state source
+for jobs it only observes (DESIGN §4).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
 
 from gkd_core import vocab
 from gkd_core.diagnosis import cascade
@@ -19,7 +21,7 @@ from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.telemetry.evidence import elapsed_of
 
-__all__ = ["CODES", "LIVE", "AutoStacks", "Settings", "changes", "diagnose"]
+__all__ = ["CODES", "LIVE", "AutoStacks", "Pass", "Settings", "changes", "diagnose"]
 
 # a worker named by one of these gets its stack taken at once and again AUTO_STACK_AGAIN_S later,
 # with no key press, so that the alert can say "the same stack twice"
@@ -28,17 +30,42 @@ AUTO_STACK_AGAIN_S = 3.0
 DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call is safe)
 
 
-def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS,
-             between: Callable[[], object] | None = None) -> list[AlertEvent]:
-    """``between``: called after each rule (the supervisor takes in what came meanwhile: at 65,536 workers
-    a whole pass is some 100 ms, which its ingest would otherwise wait for at once). A rule reads the state
-    as it is when the rule runs, with the pass's ``now``: a worker heard from since the pass began reads as
-    fresh, as it will in the next pass."""
-    out: list[AlertEvent] = []
-    for rule in RULES:
-        out.extend(rule(state, now, settings))
-        if between is not None:
-            between()
+def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:
+    """What holds in ``state`` at ``now``: every rule, in one go (``Pass`` takes them in turns)."""
+    return Pass(state, now, settings).turn() or []  # (a turn of no budget runs every rule)
+
+
+class Pass:
+    """One pass of the rules over a state at ``now``, taken in turns: a turn runs rules until its budget is spent
+    (one rule at the least), and the supervisor reads its ingest between two turns, so that no event waits for a
+    whole pass (a rule that costs what changed is short; a burst of changes is not). A rule reads the state as it
+    is when the rule runs, with the pass's ``now``: a worker heard from since the pass began reads as fresh, as it
+    will in the next pass."""
+
+    def __init__(self, state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS):
+        self.state, self.now, self.settings = state, now, settings
+        self._left = list(reversed(RULES))
+        self._found: list[AlertEvent] = []
+        self.took_s = 0.0  # its own time, over its turns
+        self.turns = 0
+
+    def turn(self, budget_s: float = math.inf) -> list[AlertEvent] | None:
+        """Rules until ``budget_s`` (seconds) is spent; the pass's findings once every rule ran, else None."""
+        start = time.perf_counter()
+        self.turns += 1
+        while self._left:
+            rule = self._left.pop()
+            self._found.extend(rule(self.state, self.now, self.settings))
+            if self._left and time.perf_counter() - start >= budget_s:
+                self.took_s += time.perf_counter() - start
+                return None
+        out = _pruned(self.state, self.now, self._found)
+        self.took_s += time.perf_counter() - start
+        return out
+
+
+def _pruned(state: RunState, now: float, out: list[AlertEvent]) -> list[AlertEvent]:
+    """The rules' findings, less what another explains, with whom each holds up."""
     out = parts_explain(out)  # a member slow in one part of a sync is that finding, not late in the sync too
     # the wait-for graph's cycles, found once a pass: a still one is a deadlock, and while one holds, its
     # members' and its waiters' lateness is its symptom, not a finding of their own; nor is the lateness of a

@@ -12,7 +12,6 @@ pass when workers came or went, or once in MEMBERS_AGAIN_S, while a scope rises.
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass, field
 
 from gkd_core.state import RunState
@@ -134,23 +133,6 @@ class GrowthIndex:
         return sorted(out, reverse=True)
 
 
-# by the state's id, with a weak reference to tell a new state from one gone (a RunState is no dict key), as
-# the straggler index is kept
-_INDEXES: dict[int, tuple[weakref.ref, GrowthIndex]] = {}
-_INDEXES_LOCK = threading.Lock()
-
-
 def index_of(state: RunState) -> GrowthIndex:
-    """The state's growth index (``observe`` brings it up to date with the state)."""
-    with _INDEXES_LOCK:
-        got = _INDEXES.get(id(state))
-        if got is None or got[0]() is not state:
-            got = _INDEXES[id(state)] = (weakref.ref(state), GrowthIndex())
-            weakref.finalize(state, _forget, id(state), got[0])
-        return got[1]
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    with _INDEXES_LOCK:
-        if key in _INDEXES and _INDEXES[key][0] is ref:
-            del _INDEXES[key]
+    """The state's growth index, for as long as the state lives (``observe`` brings it up to date with it)."""
+    return state.kept("growth", GrowthIndex)

@@ -15,8 +15,6 @@ it, and a pass counts the slow members of each role's last instances.
 from __future__ import annotations
 
 import statistics
-import threading
-import weakref
 from typing import NamedTuple
 
 from gkd_core.diagnosis import stragglers
@@ -121,25 +119,11 @@ def _median_without(ordered: list[float], value: float) -> float:
     return statistics.median(rest)
 
 
-# each RunState's own, kept beside its straggler index (whose lock it shares) for as long as the state lives
-_INDEXES: dict[int, tuple[weakref.ref, SlowIndex]] = {}
-_INDEXES_LOCK = threading.Lock()
-
-
 def slow_workers(state: RunState) -> list[Slow]:
-    """The workers of ``state`` slower than their peers step after step."""
+    """The workers of ``state`` slower than their peers step after step (its index kept beside its straggler
+    index, whose lock it shares, for as long as the state lives)."""
     index, lock = stragglers.index_of(state)
-    with _INDEXES_LOCK:
-        got = _INDEXES.get(id(state))
-        if got is None or got[0]() is not state:
-            got = _INDEXES[id(state)] = (weakref.ref(state), SlowIndex())
-            weakref.finalize(state, _forget, id(state), got[0])
+    slow = state.kept("slow_peers", SlowIndex)
     with lock:
         index.update(state)
-        return got[1].slow_workers(index, state.running_since)
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    with _INDEXES_LOCK:
-        if key in _INDEXES and _INDEXES[key][0] is ref:
-            del _INDEXES[key]
+        return slow.slow_workers(index, state.running_since)

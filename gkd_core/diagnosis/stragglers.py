@@ -11,9 +11,10 @@ driver waiting in ``ray.get``) is never named: it has no peers in its role, and 
 finding gives way while a peer-named straggler is late.
 
 A pass costs what moved since the last one, not the size of the run: ``SpanIndex`` keeps the
-finished spans, who is in which instance and each one's own threshold between passes, and skips an
-instance in which nobody can be late yet. At 65,536 workers with 16 spans each, a pass that read
-everything took 0.76 s; a pass now takes a few milliseconds.
+finished spans, who is in which instance and each one's own threshold between passes, reads only the
+workers the state fed it (``state.feed``), and skips an instance in which nobody can be late yet. At
+65,536 workers with 16 spans each, a pass that read everything took 0.76 s; a pass now takes a few
+milliseconds.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from __future__ import annotations
 import math
 import statistics
 import threading
-import time
 import weakref
 from typing import NamedTuple
 
 from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import PhaseSpan, RunState, WorkerState
+from gkd_core.state.feed import Feed
 from gkd_core.vocab import WORKER_ENDED
 
 MIN_S = 5.0
@@ -79,17 +80,16 @@ class SpanIndex:
     own-history threshold, and the medians of the peers.
 
     Built afresh each pass it read every span of every worker: at 65,536 workers with SPANS_KEEP spans
-    each, a million spans, 0.76 s of the supervisor's every pass. Kept, a pass finds the workers that
-    moved since the last (``WorkerState.moved``, one number each, set by the reducer) and reads only
-    theirs. The reducer only appends spans and drops the oldest, so a worker's new spans are those
-    after the newest one seen; anything else (a new state, a worker's spans replaced) is read afresh.
+    each, a million spans, 0.76 s of the supervisor's every pass. Kept, a pass is fed the workers that
+    moved since the last (``state.feed``) and reads only theirs. The reducer only appends spans and drops
+    the oldest, so a worker's new spans are those after the newest one seen; anything else (a new state, a
+    worker's spans replaced) is read afresh.
     """
 
     def __init__(self) -> None:
         self._state: weakref.ref | None = None
-        self._mark = -1  # RunState.moves when the workers that moved were last listed
-        self._pending: list[WorkerState] = []  # listed, not read yet (keep_up reads a slice at a time)
-        self.looked_at = -math.inf  # (monotonic) when keep_up last looked for what moved
+        self._feed: Feed | None = None  # the state's word of the workers that changed (state.feed)
+        self._pending: list[WorkerState] = []  # fed, not read yet (keep_up reads a slice at a time)
         self._pos: dict[str, int] = {}  # worker -> its place in the state (the findings' order)
         # role -> instance -> {worker: (started, duration)} of the finished spans (a worker's newest wins)
         self.finished: dict[str, dict[tuple, dict[str, tuple[float, float]]]] = {}
@@ -110,16 +110,18 @@ class SpanIndex:
         self._tick = 0
         self._medians: dict[tuple, tuple[tuple, int, float]] = {}  # (role, instances) -> (versions, n, median)
 
-    def update(self, state: RunState, budget: int | None = None, look: bool = True) -> None:
-        """Read the workers that moved; at most ``budget`` of them now (the rest at the next call). Without
-        ``look``, only those found moved before."""
+    def update(self, state: RunState, budget: int | None = None) -> None:
+        """Read the workers that changed; at most ``budget`` of them now (the rest at the next call)."""
         if self._state is None or self._state() is not state:
             type(self).__init__(self)  # every field as new, for another state
             self._state = weakref.ref(state)
-        if look and state.moves != self._mark:
-            mark = self._mark
-            self._pending += [w for w in state.workers.values() if w.moved > mark]  # (one moved twice: read twice)
-            self._mark = state.moves
+            self._feed = state.feed()
+            self._pending = list(state.workers.values())
+        changed = self._feed.take() if self._feed is not None else None
+        if changed is None:  # (the feed overflowed: everything again)
+            self._pending = list(state.workers.values())
+        elif changed:
+            self._pending += changed.values()  # (one fed again before it was read: read twice)
         if self._pending:
             n = len(self._pending) if budget is None else budget
             for w in self._pending[:n]:
@@ -240,30 +242,13 @@ class SpanIndex:
         return sorted(found, key=key)
 
 
-# each RunState's own index, for as long as the state lives (a supervisor's one state, a dashboard's
-# Ray-state source's); the lock keeps two threads diagnosing one state from reading a half-made index
-# (a RunState is no dict key: by id, with a weak reference to tell a new state from one gone)
-_INDEXES: dict[int, tuple[weakref.ref, SpanIndex, threading.Lock]] = {}
-_INDEXES_LOCK = threading.Lock()
 KEEP_UP_BUDGET = 4096  # workers read per keep_up: about 20 ms, so that a step's burst is read in slices
-# keep_up looks for what moved at most this often: the look walks every worker (a few ms at 65,536), and in a
-# burst something moves every tick (the pass itself always looks)
-KEEP_UP_LOOK_S = 0.5
 
 
 def index_of(state: RunState) -> tuple[SpanIndex, threading.Lock]:
-    with _INDEXES_LOCK:
-        got = _INDEXES.get(id(state))
-        if got is None or got[0]() is not state:
-            got = _INDEXES[id(state)] = (weakref.ref(state), SpanIndex(), threading.Lock())
-            weakref.finalize(state, _forget_index, id(state), got[0])
-        return got[1], got[2]
-
-
-def _forget_index(key: int, ref: weakref.ref) -> None:
-    with _INDEXES_LOCK:
-        if key in _INDEXES and _INDEXES[key][0] is ref:
-            del _INDEXES[key]
+    """``state``'s own index, for as long as the state lives (a supervisor's one state, a dashboard's Ray-state
+    source's); the lock keeps two threads diagnosing one state from reading a half-made index."""
+    return state.kept("spans", lambda: (SpanIndex(), threading.Lock()))
 
 
 def keep_up(state: RunState) -> None:
@@ -271,12 +256,8 @@ def keep_up(state: RunState) -> None:
     changes (65,536 workers at a step's end) the supervisor reads them a slice per 50 ms tick, its
     ingest never waits for all of them at once, and the pass finds little left to read."""
     index, lock = index_of(state)
-    now = time.monotonic()
     with lock:
-        look = now - index.looked_at >= KEEP_UP_LOOK_S
-        index.update(state, KEEP_UP_BUDGET, look=look)
-        if look:
-            index.looked_at = now
+        index.update(state, KEEP_UP_BUDGET)
 
 
 def late_workers(state: RunState, now: float, index: SpanIndex | None = None) -> list[Late]:

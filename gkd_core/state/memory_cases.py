@@ -41,3 +41,4 @@ def on_oom_killed(st: RunRecord, e: ev.OomKilledEvent) -> None:
     w = st.workers.get(e.worker)
     if w is not None:
         w.oom_killed = e
+        st.touch(w)

@@ -77,9 +77,6 @@ class WorkerState(msgspec.Struct, kw_only=True):
     # starts something new
     blocked_by: str = ""
     ended_in: str = ""  # the phase it was in when the run ended (its phase is then "exited")
-    # RunState.moves when its role, phase or spans last changed: what changed since a pass of the diagnosis
-    # is found by comparing one number per worker (the straggler index at 65,536 workers)
-    moved: int = 0
     engine: ev.EngineEvent | None = None  # its inference engine's own counts (vLLM), the newest
     flows: list[ev.FlowEvent] = []  # what went through it (its calls, its queues), the newest FLOWS_KEEP
     # the seconds it spent idle or waiting on others (a phase of ``idle``, or ``waits_on`` not empty) up to

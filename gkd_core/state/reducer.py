@@ -97,6 +97,8 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
     if not w.phase or w.phase in WORKER_ENDED:
         w.phase, w.phase_since, w.detail = "init", e.ts, ""
         st.mark_moved(w)
+    else:
+        st.touch(w)  # (its node, pid or relay, Ray's word of it: what the indexes keep by)
 
 
 def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:
@@ -236,6 +238,8 @@ def _on_ray(st: RunRecord, e: ev.RayEvent) -> None:
     w = st.workers.get(e.target)  # never creates one: Ray's view is of workers the run knows
     # (nor of an incarnation before the one registered: Ray's news of it may come late)
     if w is not None and not (e.actor_id and w.actor_id and e.actor_id != w.actor_id):
+        if (e.state, e.death_cause, e.required) != (w.ray_state, w.ray_death_cause, w.ray_required):
+            st.touch(w)
         w.ray_state, w.ray_task, w.ray_task_since, w.ray_death_cause = (
             e.state, e.task, e.task_started, e.death_cause)
         w.ray_required = dict(e.required)

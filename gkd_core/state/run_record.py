@@ -5,8 +5,13 @@ and ``apply``."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
 import msgspec
 
+from gkd_core.state.feed import Feed
 from gkd_core.state.records import (
     SPANS_KEEP,
     AlertState,
@@ -26,8 +31,12 @@ from gkd_core.state.series import Series
 from gkd_core.telemetry import events as ev
 from gkd_core.vocab import WorkerId
 
+Kept = TypeVar("Kept")
 
-class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
+
+# (dict: what the diagnosis keeps of a state between passes lives in its __dict__, which is never encoded: a
+# snapshot, a keyframe or a replay is a new state whose indexes are made anew)
+class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
     run: str = ""
     state: str = ""
     config_digest: str = ""
@@ -42,7 +51,6 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
     step: int | None = None
     last_seq: int = 0
     applied: int = 0
-    moves: int = 0  # changes to a worker's role, phase or spans, counted (WorkerState.moved)
     spans_keep: int = SPANS_KEEP  # finished phases kept per worker (the diagnosis reads them; a dashboard keeps none)
     unknown: dict[str, int] = {}  # kinds this reader does not know, counted
     workers: dict[str, WorkerState] = {}
@@ -112,7 +120,32 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True):
                 self.mark_moved(w)
 
     def mark_moved(self, w: WorkerState) -> None:
-        """``w``'s role, phase or spans changed: what changed since a pass of the diagnosis is found by comparing
-        one number per worker."""
-        self.moves += 1
-        w.moved = self.moves
+        """``w``'s role, phase or spans changed: fed to the indexes that want those (``touch``)."""
+        self.touch(w, moved=True)
+
+    def touch(self, w: WorkerState, moved: bool = False) -> None:
+        """``w`` changed in something the diagnosis's indexes keep: each index's feed of this state has it (a
+        change of phase, spans or role (``moved``) only the feeds that want those)."""
+        feeds = self.__dict__.get("_feeds")
+        if feeds:
+            for ref in feeds:
+                feed = ref()
+                if feed is not None and (feed.moves or not moved):
+                    feed.add(w)
+
+    def feed(self, moves: bool = True) -> Feed:
+        """A new feed of the workers this state's reducer changes from now on (``touch``), their phases' changes
+        too unless not ``moves``; it lives as long as whoever takes from it holds it."""
+        feeds = self.__dict__.setdefault("_feeds", [])
+        feeds[:] = [ref for ref in feeds if ref() is not None]
+        feed = Feed(moves)
+        feeds.append(weakref.ref(feed))
+        return feed
+
+    def kept(self, name: str, make: Callable[[], Kept]) -> Kept:
+        """What the diagnosis keeps of this state between its passes under ``name`` (an index), made at first
+        ask; it lives as long as the state (never encoded: a decoded state makes its own)."""
+        got: Kept | None = self.__dict__.get(name)
+        if got is None:
+            got = self.__dict__.setdefault(name, make())
+        return got

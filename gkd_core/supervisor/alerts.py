@@ -19,10 +19,15 @@ from gkd_core.telemetry.wire import RejectCounter
 
 
 def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
-             setup_s: float = diagnosis.Settings().setup_s,
-             between: Callable[[], object] | None = None) -> list[AlertEvent]:
-    return diagnosis.diagnose(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s, setup_s=setup_s),
-                              between)
+             setup_s: float = diagnosis.Settings().setup_s) -> list[AlertEvent]:
+    """A whole pass at once (the supervisor's at a run's end; the tests')."""
+    return begin(state, now, stall_s, heartbeat_s, setup_s).turn() or []
+
+
+def begin(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
+          setup_s: float = diagnosis.Settings().setup_s) -> diagnosis.Pass:
+    """A pass of the diagnosis over ``state`` at ``now``, with the run's periods, to take in turns."""
+    return diagnosis.Pass(state, now, diagnosis.Settings(stall_s=stall_s, heartbeat_s=heartbeat_s, setup_s=setup_s))
 
 
 def diff(state: RunState, wanted: list[AlertEvent]) -> list[AlertEvent]:
@@ -50,6 +55,38 @@ def refusals(rejects: RejectCounter, auth_refused: int) -> list[AlertEvent]:
             hint="only clients holding RUN/keys/client.key_secret may connect",
         ))
     return out
+
+
+ALERT_EVERY_S = 0.5
+ALERT_SHARE_INV = 20  # the alerts' pass takes at most a twentieth of the supervisor's time
+PASS_TURN_S = 0.01  # a turn of the alerts' pass: the rules it runs before the ingest is read again
+
+
+class Passes:
+    """The supervisor's passes of the diagnosis: one every ALERT_EVERY_S, or less often when a pass costs more than
+    a twentieth of that, taken in turns of PASS_TURN_S, one a tick of its loop, with the ingest read in between:
+    the diagnosis never crowds out the events it reads, and no event waits for a whole pass."""
+
+    def __init__(self) -> None:
+        self.times = PassTimes()
+        self.last_s = 0.0  # the newest pass's own time
+        self._under_way: diagnosis.Pass | None = None
+        self._began = 0.0  # (monotonic) when it began
+        self._next = 0.0  # (monotonic) when the next is due
+
+    def turn(self, now: float, begin: Callable[[], diagnosis.Pass]) -> list[AlertEvent] | None:
+        """A turn of the pass under way, or of a new one (``begin``) when one is due; its findings once it ends."""
+        if self._under_way is None:
+            if now < self._next:
+                return None
+            self._under_way, self._began = begin(), now
+        wanted = self._under_way.turn(PASS_TURN_S)
+        if wanted is None:
+            return None  # (the rest at the next tick)
+        self.last_s, self._under_way = self._under_way.took_s, None
+        self.times.add(self.last_s)
+        self._next = self._began + max(ALERT_EVERY_S, ALERT_SHARE_INV * self.last_s)
+        return wanted
 
 
 PASSES_KEPT = 4096  # a pass a second at the most: over an hour of them

@@ -43,8 +43,6 @@ from gkd_core.telemetry.answers import IngestOpened, Pong, Receipt, Restarted, S
 
 TICK_S = 0.1
 FLUSH_EVERY_S = 0.05  # chores (flush, driver watch) at most this often; the crash-loss bound
-ALERT_EVERY_S = 0.5
-ALERT_SHARE_INV = 20  # the alerts' pass takes at most a twentieth of the supervisor's time
 DEFAULT_DRIVER = "gkd_core.trainer.driver"
 
 
@@ -77,8 +75,7 @@ class Supervisor:
         self.state = RunState()
         self._auth_refused = self._auth_reported = self._rejects_reported = 0
         self._signalled = False
-        self._next_alerts = 0.0
-        self.passes = alerts.PassTimes()
+        self.passes = alerts.Passes()
         self.auto_stacks = diagnosis.AutoStacks()
         self._started_mono = time.monotonic()
         seq, restarts = 0, 0
@@ -142,7 +139,7 @@ class Supervisor:
             "driver_pid": driver.pid if driver else None,
             "driver_connected": self.life.identity is not None,
             "control_repeats": self._recent_replies.repeats,  # retries answered from memory, not acted on
-            "alert_passes": self.passes.said(),  # (when each pass of the diagnosis ended, its ms)
+            "alert_passes": self.passes.times.said(),  # (when each pass of the diagnosis ended, its ms)
         })
         return msgspec.Raw(b'{"seq":%d,"supervisor":%s,"state":%s}' % (self.seq, meta, encode_state(self.state)))
 
@@ -192,10 +189,17 @@ class Supervisor:
 
     # --- the loop ------------------------------------------------------------------------
 
-    def _evaluate_alerts(self, between_rules: Callable[[], object] | None = None) -> None:
+    def _begin_pass(self) -> diagnosis.Pass:
+        self.rec.restate_silent()  # at the alerts' pace
         self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
-        wanted = alerts.evaluate(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
-                                 setup_s=self.cfg.trainer.init_timeout_s, between=between_rules)
+        return alerts.begin(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
+                            setup_s=self.cfg.trainer.init_timeout_s)
+
+    def _evaluate_alerts(self) -> None:
+        """A whole pass now (the run ends, or its driver: the supervisor may be about to exit)."""
+        self._emit_alerts(self._begin_pass().turn() or [])
+
+    def _emit_alerts(self, wanted: list[ev.AlertEvent]) -> None:
         wanted += alerts.refusals(self.rec.rejects, self._auth_refused)
         for a in alerts.diff(self.state, wanted):
             if a.code == "ingest_rejected" and self.rec.rejects.total == self._rejects_reported:
@@ -308,18 +312,11 @@ class Supervisor:
             self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
 
     def _alerts_when_due(self, now: float) -> None:
-        """The diagnosis's pass every ALERT_EVERY_S, or less often when a pass costs more than a twentieth of that
-        (65,536 workers: about every second): the diagnosis never crowds out the events it reads."""
-        if now < self._next_alerts:
-            return
-        self.rec.restate_silent()  # at the alerts' pace: a walk over every worker
-        self.ingest.pass_begins()
-        self._evaluate_alerts(between_rules=self.ingest.between)
-        took = time.monotonic() - now - self.ingest.between_s  # (the pass's own)
-        self.passes.add(took)
-        self._next_alerts = now + max(ALERT_EVERY_S, ALERT_SHARE_INV * took)
-        if self.unattended is not None:
-            self.unattended.counts.alert_pass_s = took
+        wanted = self.passes.turn(now, self._begin_pass)
+        if wanted is not None:
+            self._emit_alerts(wanted)
+            if self.unattended is not None:
+                self.unattended.counts.alert_pass_s = self.passes.last_s
 
     def _tell_unattended(self, now: float) -> None:
         if self.unattended is not None:

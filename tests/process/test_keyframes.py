@@ -30,9 +30,9 @@ HB = 0.2
 
 
 def comparable(w):
-    """A worker as a replay rebuilds it: ``moved`` counts the reducer's own changes, ``last_seen`` is
-    moved by the copies of left-out heartbeats a replay puts back."""
-    return msgspec.structs.replace(w, moved=0, last_seen=0.0)
+    """A worker as a replay rebuilds it: ``last_seen`` is moved by the copies of left-out heartbeats a replay
+    puts back."""
+    return msgspec.structs.replace(w, last_seen=0.0)
 
 
 def assert_same(a: RunState, b: RunState, heartbeat_within: float) -> None:

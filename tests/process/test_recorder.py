@@ -14,7 +14,7 @@ from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
 from gkd_core.state import RunState
 from gkd_core.supervisor.ingest import COALESCE_S, Ingest
-from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE, INGEST_BATCH, Recorder
+from gkd_core.supervisor.recorder import BEATS_PER_MESSAGE, Recorder
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
 from gkd_core.telemetry.events import MAX_EVENT_BYTES
@@ -121,25 +121,3 @@ def test_the_ingest_waits_for_more_after_it_is_emptied_and_what_gathered_is_one_
         started = time.monotonic()
         ingest.gather()
         assert time.monotonic() - started < COALESCE_S
-
-
-def test_the_alerts_pass_takes_in_at_most_a_loop_turns_worth_between_its_rules(tmp_path):
-    """Between two rules the pass takes in what came meanwhile, but at most INGEST_BATCH messages a pass: a
-    backlog is the loop's own to take in, with the log's flush and the control requests between its turns."""
-    with wired(tmp_path) as (pull, push, rec, state, published):
-        ingest = Ingest(rec, SimpleNamespace(ingest=pull, ingest_tcp=None))  # (the sockets it reads of Sockets)
-        t = time.time()
-        for i in range(INGEST_BATCH + 100):
-            push.send(wire.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", ts=t)))
-        deadline = time.monotonic() + 5
-        while pull.poll(0) == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # (all of them queued)
-        ingest.pass_begins()
-        for _ in range(3):  # three rules' worth
-            ingest.between()
-        assert rec.seq == INGEST_BATCH and ingest.between_s > 0
-        assert pull.poll(0)  # the rest wait for the loop
-        ingest.pass_begins()  # the next pass takes in again
-        ingest.between()
-        assert rec.seq == INGEST_BATCH + 100

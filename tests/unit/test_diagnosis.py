@@ -745,24 +745,25 @@ def test_a_teacher_proxy_started_again_counts_from_its_own_first_word():
 
 
 
-def test_what_comes_in_between_two_rules_is_read_by_the_rules_after_it():
-    """The supervisor takes in its ingest between two rules of a pass (``between``): a pass at 65,536
-    workers is some 100 ms, which no event should wait for whole. A rule reads the state as it is when
-    the rule runs, and the findings are the same as one pass later."""
+def test_a_pass_in_turns_reads_the_state_as_each_rule_finds_it_and_finds_what_one_pass_finds():
+    """The supervisor takes a pass in turns (``Pass.turn``), its ingest read in between: a pass at 131,072 workers
+    after a step's burst of changes is tens of milliseconds, which no event should wait for whole. A turn runs one
+    rule at the least and stops once its budget is spent; a rule reads the state as it is when the rule runs, and
+    the findings are the same as one pass later."""
     from gkd_core.diagnosis.rules import RULES
 
     st = running_sync(until=T0 + 30)
     for t in range(31, 40):
         for src in ("driver", "student/0", "rollout/0"):
             beat(st, src, T0 + t, 30.0)
-    calls = []
-
-    def between():
-        calls.append(len(calls))
-        if len(calls) == 1:  # after the first rule (heartbeat_stale): rollout/1's beat comes back
-            beat(st, "rollout/1", T0 + 36.4, 30.0)
-
-    found = diagnosis.diagnose(st, T0 + 36.5, between=between)
-    assert len(calls) == len(RULES)
+    whole = diagnosis.diagnose(st, T0 + 36.5)
+    taken = diagnosis.Pass(st, T0 + 36.5)
+    assert taken.turn(0.0) is None and taken.turns == 1  # one rule: heartbeat_stale, which names rollout/1
+    beat(st, "rollout/1", T0 + 36.4, 30.0)  # its beat comes back before the next turn
+    found = None
+    while found is None:
+        found = taken.turn(0.0)
+    assert taken.turns == len(RULES) and taken.took_s > 0
     assert [a.targets for a in found if a.code == "heartbeat_stale"] == [["rollout/1"]]  # found before it came
+    assert [(a.code, a.targets) for a in found] == [(a.code, a.targets) for a in whole]
     assert named(st, T0 + 36.5, "heartbeat_stale") == []  # the next pass reads it

@@ -10,7 +10,6 @@ late workers, the same way.
 from __future__ import annotations
 
 import random
-import types
 
 import pytest
 
@@ -69,7 +68,7 @@ def test_a_worker_whose_spans_are_replaced_is_read_afresh():
     before = late_workers(state, 140.0, kept)
     w = state.workers["rollout/0"]
     w.spans = []  # not by the reducer: other objects, so the index reads them again
-    w.moved = state.moves = state.moves + 1
+    state.mark_moved(w)
     assert sorted(late_workers(state, 140.0, kept)) == sorted(late_workers(state, 140.0, SpanIndex()))
     assert [late.src for late in before] == ["rollout/3"]  # 40 s where its peers took 1 s
 
@@ -98,25 +97,24 @@ def _fresh(state: RunState) -> SpanIndex:
     return index
 
 
-def test_keep_up_looks_for_what_moved_at_most_every_half_second_and_the_pass_always_looks(monkeypatch):
-    """Between passes the supervisor reads moved workers a slice a tick (keep_up); looking for them walks
-    every worker, so it looks at most every KEEP_UP_LOOK_S (in a burst something moves every tick)."""
-    clock = [100.0]
-    monkeypatch.setattr(stragglers, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))  # (its own clock)
+def test_keep_up_reads_what_the_state_fed_a_slice_at_a_time_and_a_pass_over_nothing_changed_reads_none(monkeypatch):
+    """Between passes the supervisor reads moved workers a slice a tick (keep_up), as the state feeds them: no walk
+    over every worker to find them, and nothing read when nothing moved."""
+    monkeypatch.setattr(stragglers, "KEEP_UP_BUDGET", 3)
+    read: list[str] = []
+    move = SpanIndex._move
+    monkeypatch.setattr(SpanIndex, "_move", lambda self, w: (read.append(w.src), move(self, w)))
     state = RunState(state="running")
     for i in range(4):
         state.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=1, ts=1000.0))
+        state.apply(ev.HeartbeatEvent(src=f"rollout/{i}", ts=1000.1))
     stragglers.keep_up(state)
-    index, _ = stragglers.index_of(state)
-    assert index._mark == state.moves  # looked: everything that moved is read
+    assert len(read) == 3  # a slice
+    stragglers.keep_up(state)
+    assert sorted(read) == [f"rollout/{i}" for i in range(4)]
+    read.clear()
+    stragglers.keep_up(state)
+    assert stragglers.late_workers(state, 1001.0) == [] and read == []  # nothing moved: nobody read
     state.apply(ev.PhaseEvent(src="rollout/0", phase="train", step=1, ts=1001.0))
-    clock[0] += 0.05  # the next tick
-    stragglers.keep_up(state)
-    assert index._mark < state.moves  # not looked again yet
-    clock[0] += stragglers.KEEP_UP_LOOK_S
-    stragglers.keep_up(state)
-    assert index._mark == state.moves
-    state.apply(ev.PhaseEvent(src="rollout/1", phase="train", step=1, ts=1002.0))
-    clock[0] += 0.05
-    stragglers.late_workers(state, 1002.0)  # the pass
-    assert index._mark == state.moves
+    state.apply(ev.HeartbeatEvent(src="rollout/2", ts=1001.5))  # (a beat feeds nobody but a worker's first)
+    assert stragglers.late_workers(state, 1002.0) == [] and read == ["rollout/0"]

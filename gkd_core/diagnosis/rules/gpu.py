@@ -4,8 +4,9 @@ others, a step skipped for a non-finite value, out of memory."""
 from __future__ import annotations
 
 from gkd_core.diagnosis import plan
+from gkd_core.diagnosis.marks import marked
 from gkd_core.diagnosis.rules.common import BAD_STEP_SHOWN, FAILED_WORKER, Settings
-from gkd_core.state import OOM, RunState
+from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import spoken
 from gkd_core.vocab import WORKER_ENDED, src_of
@@ -92,9 +93,8 @@ def bad_step(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
 def out_of_memory(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """An out-of-memory error in a worker's log or in Ray's death cause of its actor (this driver's
     workers only: a restart starts afresh)."""
-    hits = list(state.oom) + [(w.last_seen, w.src, w.ray_death_cause) for w in state.workers.values()
-                              if w.ray_death_cause and OOM.search(w.ray_death_cause)
-                              and w.phase not in WORKER_ENDED]
+    hits = list(state.oom) + [(w.last_seen, w.src, w.ray_death_cause) for w in marked(state, "oom_death")
+                              if w.phase not in WORKER_ENDED]
     if not hits:
         return []
     ts, src, line = max(hits)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from gkd_core.diagnosis import memory_growth
+from gkd_core.diagnosis.marks import marked
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
 from gkd_core.state.records import ScopeMemory
@@ -89,7 +90,7 @@ def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A worker the OOM killer ended (its scope's count of kills went up after its last heartbeat), with
     its memory then and the phase it was in: the cause of what failed after it, not a plain death."""
     out = []
-    for w in state.workers.values():
+    for w in marked(state, "oom_killed"):
         k = w.oom_killed
         if k is None:
             continue

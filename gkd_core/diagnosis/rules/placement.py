@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gkd_core.diagnosis.marks import marked
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
 from gkd_core.telemetry.events import AlertEvent
@@ -19,8 +20,8 @@ def unschedulable(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
     """Actors Ray cannot create (workers stuck at init): a demand no node can meet, said with the
     numbers, or a demand that waits for resources others hold."""
     groups: dict[tuple, list] = {}
-    for w in state.workers.values():
-        if w.ray_state == "PENDING_CREATION" and w.phase not in WORKER_ENDED:
+    for w in marked(state, "pending_creation"):
+        if w.phase not in WORKER_ENDED:
             groups.setdefault((w.role, tuple(sorted(w.ray_required.items()))), []).append(w)
     alive = [n.resources for n in state.ray_nodes.values() if n.state == "ALIVE"]
     out = []

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
+from gkd_core.diagnosis.marks import marked
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, SLOW_ON_PURPOSE, Settings, last_words, phase_hint
 from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
+from gkd_core.diagnosis.silences import silent_workers
 from gkd_core.diagnosis.slow_peers import slow_workers
 from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import RunState, WorkerState
-from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard, silent_among
+from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 from gkd_core.vocab import WORKER_ENDED
@@ -26,7 +28,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     (``_silent_in_set_up``). Silence counts from when the process was last heard from (``heard_from``)."""
     limits = cfg.limits
     others = others_heard(state, now, limits)
-    judged = silent_among(state, state.workers.values(), now, limits)  # late or frozen
+    judged = silent_workers(state, now, limits)  # late or frozen
     silent = {w.src: j.silent_s or 0.0 for w, j in judged if j.word == FROZEN}
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
@@ -177,9 +179,9 @@ def actor_dead(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     if state.state != "running":
         return []
     out = []
-    for w in state.workers.values():
+    for w in marked(state, "dead_actor"):
         # killed on purpose (the driver starting a teacher again, a forced cancel: on the record as actions)
-        if w.ray_state != "DEAD" or w.phase in WORKER_ENDED or "killed by `ray.kill`" in w.ray_death_cause:
+        if w.phase in WORKER_ENDED or "killed by `ray.kill`" in w.ray_death_cause:
             continue
         words = last_words(state, w.src)
         out.append(AlertEvent(
@@ -205,6 +207,9 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
         return []
     gaps = sorted(b.ts - a.ts for a, b in zip(ms, ms[1:], strict=False))
     median = gaps[len(gaps) // 2]
+    limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
+    if now - max(ms[-1].ts, state.running_since) < limit:
+        return []  # (the driver's set-up below only shortens it)
     driver = state.workers.get("driver")
     if driver is not None and (set_up(driver.phase) or driver.phase in SLOW_ON_PURPOSE):
         return []
@@ -213,7 +218,6 @@ def no_progress(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     set_up_ended = max((s.ended for s in driver.spans if set_up(s.phase) or s.phase in SLOW_ON_PURPOSE),
                        default=0.0) if driver is not None else 0.0
     since = now - max(ms[-1].ts, state.running_since, set_up_ended)
-    limit = max(NO_STEP_MIN_S, NO_STEP_FACTOR * median)
     if since < limit:
         return []
     alive = [w for w in state.workers.values() if judge(state, w, now, cfg.limits).word in (ALIVE, LATE)]
@@ -248,7 +252,7 @@ def driver_failed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent
 
 
 def events_dropped(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
-    dropped = {w.src: w.dropped for w in state.workers.values() if w.dropped}
+    dropped = {w.src: w.dropped for w in marked(state, "dropping")}
     if not dropped:
         return []
     return [AlertEvent(

@@ -1,0 +1,47 @@
+"""The reducer's word of which workers changed, for the diagnosis's indexes: a pass reads what changed since the
+last, not every worker (131,072 of them at the largest).
+
+A worker is fed when something an index keeps of it changes: its phase, spans or role (``RunRecord.mark_moved``),
+Ray's word of it, its node, pid or relay, its count of dropped events, an OOM kill. Not a heartbeat's numbers: they
+change for every worker every second, and the indexes that read them (the silences') do when a deadline says to.
+"""
+
+from __future__ import annotations
+
+from gkd_core.state.records import WorkerState
+
+# entries one feed holds before it gives up on them and tells its index to read everything again: an index that
+# stopped taking (a state no longer diagnosed) costs this much at the most, and an index behind by more than a
+# step of 131,072 workers' phases would read about as much either way
+FEED_MAX = 1 << 20
+
+
+class Feed:
+    """The workers fed since the last ``take``, oldest first (a worker changed twice is there twice)."""
+
+    __slots__ = ("changed", "moves", "overflowed", "__weakref__")
+
+    def __init__(self, moves: bool = True) -> None:
+        self.changed: list[WorkerState] = []
+        self.moves = moves  # fed a worker's change of phase, spans or role too
+        self.overflowed = False
+
+    def add(self, w: WorkerState) -> None:
+        if len(self.changed) < FEED_MAX:
+            self.changed.append(w)
+        else:
+            self.changed, self.overflowed = [], True
+
+    def take(self) -> dict[str, WorkerState] | None:
+        """The workers fed since the last take, each once, in the order each was first fed (a new worker's first
+        word is its making: new workers come in the state's order); None when the feed overflowed: every worker
+        may have changed."""
+        if self.overflowed:
+            self.changed, self.overflowed = [], False
+            return None
+        changed, self.changed = self.changed, []
+        out: dict[str, WorkerState] = {}
+        for w in changed:
+            if w.src not in out:
+                out[w.src] = w
+        return out

@@ -1,0 +1,125 @@
+"""A pass of the diagnosis costs what changed, not what exists: over a state where nothing changed, no rule reads a
+worker (each read counted); a worker whose deadline comes due is found without a change."""
+
+from __future__ import annotations
+
+import pytest
+
+from gkd_core import diagnosis
+from gkd_core.diagnosis.rules import RULES, Settings
+from gkd_core.state import RunState
+from gkd_core.telemetry import events as ev
+
+T0 = 1_000_000.0
+NODES, PER_NODE = 32, 8
+
+
+class CountedWorkers(dict):
+    """``state.workers``, counting every worker read through it (a walk reads them all)."""
+
+    reads = 0
+
+    def values(self):
+        CountedWorkers.reads += len(self)
+        return super().values()
+
+    def items(self):
+        CountedWorkers.reads += len(self)
+        return super().items()
+
+    def __iter__(self):
+        CountedWorkers.reads += len(self)
+        return super().__iter__()
+
+    def get(self, key, default=None):
+        CountedWorkers.reads += 1
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        CountedWorkers.reads += 1
+        return super().__getitem__(key)
+
+
+def beats(st: RunState, ts: float, quiet_node: int | None = None) -> None:
+    """Each node's relay says its workers alive at ``ts`` (a full beat from one of them: its node's memory)."""
+    for n in range(NODES):
+        if n == quiet_node:
+            continue
+        first = f"rollout/{n * PER_NODE}"
+        mem = ev.MemoryBeat("node", 100 << 30, 1 << 40, 900 << 30, 0)
+        st.apply(ev.HeartbeatsEvent(src=f"agent/n{n}", ts=ts, beats=[ev.Beat(first, ts, "generate", 1.0, 1 << 30,
+                                                                             50.0, 0, mem)],
+                                    clocks=[ev.RelayClock(f"agent/n{n}", T0, ts)]))
+
+
+def busy_run() -> RunState:
+    """A healthy run of NODES x PER_NODE rollouts behind their nodes' relays, ten steps in: every worker has spans,
+    the steps' metrics, its node's memory."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0, heartbeat_s=1.0, heartbeat_log_s=10.0))
+    for i in range(NODES * PER_NODE):
+        n = i // PER_NODE
+        st.apply(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node=f"n{n}", pid=100 + i,
+                                via=f"agent/n{n}", ts=T0))
+    for n in range(NODES):
+        members = tuple(f"rollout/{i}" for i in range(n * PER_NODE, (n + 1) * PER_NODE))
+        st.apply(ev.HeartbeatsEvent(src=f"agent/n{n}", ts=T0 + 0.5, beats=[ev.Beat(m, T0 + 0.5) for m in members],
+                                    clocks=[ev.RelayClock(f"agent/n{n}", T0, T0 + 0.5, members)]))
+    for step in range(1, 11):
+        t = T0 + step
+        for i in range(NODES * PER_NODE):
+            st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=step, ts=t))
+            st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", step=step, ts=t + 0.4 + 0.001 * (i % 7)))
+        st.apply(ev.MetricsEvent(step=step, ts=t + 0.5, loss=1.0))
+        beats(st, t + 0.6)
+    return st
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
+def test_a_pass_over_a_state_where_nothing_changed_reads_no_worker(rule):
+    st = busy_run()
+    now, cfg = T0 + 10.7, Settings()
+    assert diagnosis.diagnose(st, now, cfg) == []  # healthy: the pass that makes the indexes
+    st.workers = CountedWorkers(st.workers)
+    CountedWorkers.reads = 0
+    assert rule(st, now + 0.1, cfg) == []
+    assert CountedWorkers.reads == 0, f"{rule.__name__} read {CountedWorkers.reads} workers"
+
+
+def test_a_whole_pass_over_a_state_where_nothing_changed_reads_no_worker():
+    st = busy_run()
+    now, cfg = T0 + 10.7, Settings()
+    assert diagnosis.diagnose(st, now, cfg) == []
+    st.workers = CountedWorkers(st.workers)
+    CountedWorkers.reads = 0
+    assert diagnosis.diagnose(st, now + 0.1, cfg) == [] and CountedWorkers.reads == 0
+
+
+def test_a_worker_whose_deadline_comes_due_is_found_without_a_change():
+    """Silence: a node's relay stops, and nothing is said of it; a straggler: a worker stays in its step while its
+    peers finish, and nothing more is said of it. Each is found as time passes, reading the few it names."""
+    st = busy_run()
+    cfg = Settings()
+    assert diagnosis.diagnose(st, T0 + 10.7, cfg) == []
+    for t in (11.6, 12.6, 13.6, 14.6, 15.6):
+        beats(st, T0 + t, quiet_node=3)
+    st.workers = CountedWorkers(st.workers)
+    CountedWorkers.reads = 0
+    named = [a for a in diagnosis.diagnose(st, T0 + 16.0, cfg) if a.severity == "critical"]
+    assert sorted(t for a in named for t in a.targets) == sorted(f"rollout/{i}" for i in range(24, 32))
+    assert {a.code for a in named} == {"heartbeat_stale"}
+    assert CountedWorkers.reads <= 8 * 10  # the eight it names, each read a few times to say it; not the 256
+    # a straggler: one worker stays in step 11's generation while its peers finish, and nothing more is said of it
+    st.workers = dict(st.workers)
+    for i in range(NODES * PER_NODE):
+        st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=11, ts=T0 + 16.1))
+        if i != 77:
+            st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", step=11, ts=T0 + 16.5))
+    for t in (16.6, 17.6, 18.6, 19.6, 20.6, 21.6, 22.6):
+        beats(st, T0 + t)
+    assert diagnosis.diagnose(st, T0 + 22.7, cfg) != []  # (the silent node's workers are heard again)
+    st.workers = CountedWorkers(st.workers)
+    CountedWorkers.reads = 0
+    late = [a for a in diagnosis.diagnose(st, T0 + 22.8, cfg) if a.code == "straggler"]
+    assert [a.targets for a in late] == [["rollout/77"]]
+    assert CountedWorkers.reads <= 10
