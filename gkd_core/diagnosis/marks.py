@@ -1,5 +1,6 @@
 """The few workers some rules name, by what marks them, kept from the state's feed: an actor Ray says is dead or
-cannot place, a death Ray says was out of memory, a kill by the OOM killer, events dropped. A pass reads the marked
+cannot place, a death Ray says was out of memory, a kill by the OOM killer, events dropped; and the workers of
+each node. A pass reads the marked
 workers, not 131,072 to find them; a worker's mark changes only with what the reducer feeds (``state.feed``: Ray's
 word, an OOM kill, a count of dropped events), not with its phase, which the rules read when they name it.
 """
@@ -26,15 +27,26 @@ class Marks:
         self._feed = state.feed(moves=False)
         self._marked: dict[str, dict[str, int]] = {name: {} for name in MARKS}  # mark -> worker -> its place
         self._place: dict[str, int] = {}
+        self._on_node: dict[str, dict[str, int]] = {}  # node -> its workers -> their places
+        self._node_of: dict[str, str] = {}
         self._read_all = True
         self.read = 0  # workers read since made (a test counts what a pass costs)
 
     def of(self, state: RunState, mark: str) -> list[WorkerState]:
         """The workers that bear ``mark`` now, in the state's order."""
+        self._update(state)
+        return self._in_order(state, self._marked[mark])
+
+    def on_node(self, state: RunState, node: str) -> list[WorkerState]:
+        """The workers on ``node``, in the state's order."""
+        self._update(state)
+        return self._in_order(state, self._on_node.get(node, {}))
+
+    def _update(self, state: RunState) -> None:
         changed = self._feed.take()
         if changed is None or self._read_all:
             self._read_all = False
-            self._marked = {name: {} for name in MARKS}
+            self._marked, self._on_node, self._node_of = {name: {} for name in MARKS}, {}, {}
             self._place = {src: i for i, src in enumerate(state.workers)}
             changed = state.workers
         for src, w in changed.items():
@@ -45,10 +57,27 @@ class Marks:
                     self._marked[name][src] = place
                 else:
                     self._marked[name].pop(src, None)
-        got = self._marked[mark]
+            was = self._node_of.get(src)
+            if was != w.node:
+                if was is not None:
+                    del self._on_node[was][src]
+                self._node_of[src] = w.node
+                self._on_node.setdefault(w.node, {})[src] = place
+
+    @staticmethod
+    def _in_order(state: RunState, got: dict[str, int]) -> list[WorkerState]:
         return [state.workers[src] for src in sorted(got, key=got.__getitem__)]
 
 
 def marked(state: RunState, mark: str) -> list[WorkerState]:
     """The workers of ``state`` that bear ``mark`` (one of ``MARKS``), in its order."""
-    return state.kept("marks", lambda: Marks(state)).of(state, mark)
+    return marks_of(state).of(state, mark)
+
+
+def on_node(state: RunState, node: str) -> list[WorkerState]:
+    """The workers of ``state`` on ``node``, in its order."""
+    return marks_of(state).on_node(state, node)
+
+
+def marks_of(state: RunState) -> Marks:
+    return state.kept("marks", lambda: Marks(state))

@@ -5,9 +5,9 @@ learned from their sequence would differ between the two; a pass a second reads 
 as the heartbeats said it. A scope's growth is measured window by window (GROWTH_WINDOW_S) and smoothed,
 and ``rising_since`` says since when every window grew, so a start-up's climb of a few seconds is not a
 leak and a big flat scope never grows. While a scope rises, each worker in it is measured from its RSS when
-the rise began (or it was first seen in it): who grew is who to name. O(scopes) a pass, and O(workers) a
-pass when workers came or went, or once in MEMBERS_AGAIN_S, while a scope rises.
-"""
+the rise began (or it was first seen in it): who grew is who to name. A pass reads the scopes with a new
+reading (``state.scope_feed``) and the workers that came into a scope or left one (``state.feed``), and then
+the rising scopes only: nothing, when nothing changed."""
 
 from __future__ import annotations
 
@@ -48,79 +48,77 @@ class ScopeGrowth:
     growth: Growth
     # while it rises: each worker's (ts, rss) at the rise's start, to measure who grew
     baseline: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # the scope's members, as listed when each had a baseline, and how many they were (a worker read later
-    # is added to the same list)
-    measured: tuple[list[str], int] | None = None
-
-
-MEMBERS_AGAIN_S = 30.0  # who is in which scope is listed again this often (and whenever workers come or go)
+    # whether its members had their baseline (one that comes into it later gets its own then)
+    measured: bool = False
 
 
 class GrowthIndex:
-    def __init__(self):
+    """Each scope's growth and who is in it, kept between passes (``state.kept``)."""
+
+    def __init__(self, state: RunState):
         self.scopes: dict[str, ScopeGrowth] = {}
+        self.rising: dict[str, int] = {}  # the scopes rising now -> their place in the state (the findings' order)
         self.lock = threading.Lock()
-        self._members: dict[str, list[str]] = {}  # a scope -> the workers whose beats say they are in it
-        self._unread: list[str] = []  # workers that had no memory reading when they were listed
-        self._listed = (-1, 0.0)  # (how many workers, the state's time) when they were listed
-        self._sought: set[str] = set()  # scopes that rose with no worker listed in them, listed again for once
+        self._scope_feed = state.scope_feed()
+        self._worker_feed = state.feed(moves=False)
+        self._place: dict[str, int] = {}  # scope -> its place in the state
+        self._members: dict[str, set[str]] = {}  # a scope -> the workers whose beats say they are in it
+        self._scope_of: dict[str, str] = {}  # a worker -> its scope
+        self._joined: set[str] = set()  # the scopes a worker came into since the last pass
+        self._read_all = True
 
     def observe(self, state: RunState) -> None:
-        members = None
-        for key, s in state.mem_scopes.items():
+        scopes, workers = self._scope_feed.take(), self._worker_feed.take()
+        if self._read_all or workers is None:
+            if self._read_all:
+                scopes, self._read_all = set(state.mem_scopes), False
+                self._place = {key: i for i, key in enumerate(state.mem_scopes)}
+            self._members, self._scope_of = {}, {}
+            workers = state.workers
+        for src, w in workers.items():
+            self._file(src, scope_key(w.node, w.mem.scope) if w.mem is not None else None)
+        for key in scopes:
+            s = state.mem_scopes.get(key)
+            if s is None:  # (let go: the oldest of too many)
+                self.scopes.pop(key, None)
+                self.rising.pop(key, None)
+                continue
+            place = self._place.setdefault(key, len(self._place))
             got = self.scopes.get(key)
             if got is None:
                 self.scopes[key] = ScopeGrowth(Growth(s.ts, s.used))
                 continue
             got.growth.add(s.ts, s.used)
             if got.growth.rising_since is None:
-                got.baseline, got.measured = {}, None
-                continue
-            # each worker of the scope from when it is first seen in the rise (one may start after it began);
-            # once all have one, again only when they are listed again
-            members = self._members_of(state) if members is None else members
-            listed = members.get(key)
-            if listed is None and key not in self._sought:  # a scope new since the listing: a worker moved into it
-                self._sought.add(key)
-                members = self._members_of(state, again=True)
-                listed = members.get(key)
-            if listed is None or (got.measured is not None and got.measured[0] is listed
-                                  and got.measured[1] == len(listed)):
+                got.baseline, got.measured = {}, False
+                self.rising.pop(key, None)
+            else:
+                self.rising[key] = place
+        for key in self.rising:
+            # each worker of the scope from when it is first seen in the rise (one may come into it after it began)
+            got = self.scopes[key]
+            if got.measured and key not in self._joined:
                 continue
             base = got.baseline
-            for src in listed:
-                w = state.workers.get(src)
-                if src not in base and w is not None:
-                    base[src] = (w.last_heartbeat, w.rss)
-            got.measured = (listed, len(listed))
-        for key in [k for k in self.scopes if k not in state.mem_scopes]:
-            del self.scopes[key]
-            self._sought.discard(key)
+            for src in self._members.get(key, ()):
+                member = state.workers.get(src)
+                if src not in base and member is not None:
+                    base[src] = (member.last_heartbeat, member.rss)
+            got.measured = True
+        self._joined.clear()
 
-    def _members_of(self, state: RunState, again: bool = False) -> dict[str, list[str]]:
-        """Each scope's workers: one walk over them all (8,192 nodes' scopes can rise at once), again only when
-        workers came or went, every MEMBERS_AGAIN_S, or (``again``) when a scope rises that none is listed in: a
-        worker moved into another cgroup (a job put in its own, a container's), whose growth is then seen at once,
-        not up to MEMBERS_AGAIN_S later."""
-        count, at = self._listed
-        if again or count != len(state.workers) or not 0 <= state.last_ts - at < MEMBERS_AGAIN_S:
-            self._members, self._unread = {}, []
-            for w in state.workers.values():
-                if w.mem is not None:
-                    self._members.setdefault(scope_key(w.node, w.mem.scope), []).append(w.src)
-                else:
-                    self._unread.append(w.src)
-            self._listed = (len(state.workers), state.last_ts)
-        elif self._unread:  # (registered before their first beat: read since?)
-            unread = []
-            for src in self._unread:
-                now_read = state.workers.get(src)
-                if now_read is not None and now_read.mem is not None:
-                    self._members.setdefault(scope_key(now_read.node, now_read.mem.scope), []).append(src)
-                elif now_read is not None:
-                    unread.append(src)
-            self._unread = unread
-        return self._members
+    def _file(self, src: str, key: str | None) -> None:
+        was = self._scope_of.get(src)
+        if was == key:
+            return
+        if was is not None:
+            self._members[was].discard(src)
+        if key is None:
+            self._scope_of.pop(src, None)
+        else:
+            self._scope_of[src] = key
+            self._members.setdefault(key, set()).add(src)
+            self._joined.add(key)
 
     def growers(self, state: RunState, key: str) -> list[tuple[float, str]]:
         """(bytes a second since the rise began, worker) of the scope's workers, the fastest first."""
@@ -135,4 +133,4 @@ class GrowthIndex:
 
 def index_of(state: RunState) -> GrowthIndex:
     """The state's growth index, for as long as the state lives (``observe`` brings it up to date with it)."""
-    return state.kept("growth", GrowthIndex)
+    return state.kept("growth", lambda: GrowthIndex(state))

@@ -1,5 +1,5 @@
-"""The reducer's word of which workers changed, for the diagnosis's indexes: a pass reads what changed since the
-last, not every worker (131,072 of them at the largest).
+"""The reducer's word of which workers (and memory scopes) changed, for the diagnosis's indexes: a pass reads what
+changed since the last, not every worker (131,072 of them at the largest).
 
 A worker is fed when something an index keeps of it changes: its phase, spans or role (``RunRecord.mark_moved``),
 Ray's word of it, its node, pid or relay, its count of dropped events, an OOM kill. Not a heartbeat's numbers: they
@@ -45,3 +45,13 @@ class Feed:
             if w.src not in out:
                 out[w.src] = w
         return out
+
+
+class ScopeFeed(set[str]):
+    """The memory scopes (``RunRecord.mem_scopes``' keys) with a new reading since the last ``take``: each once (a
+    node's is said with every heartbeat batch of its relay; there are at most ``SCOPES_KEEP`` of them)."""
+
+    def take(self) -> set[str]:
+        taken = set(self)
+        self.clear()
+        return taken

@@ -24,6 +24,8 @@ def scope_key(node: str, scope: str) -> str:
 def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: float) -> None:
     if mem is None:
         return
+    if w.mem is None or w.mem.scope != mem.scope:
+        st.touch(w)  # (in another scope: who is in which is the memory rules' to know)
     w.mem = mem
     key = scope_key(w.node, mem.scope)
     s = st.mem_scopes.get(key)
@@ -32,9 +34,11 @@ def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: floa
             by_age = sorted(st.mem_scopes, key=lambda k: st.mem_scopes[k].ts)
             for old in by_age[:SCOPES_KEEP // 4]:
                 del st.mem_scopes[old]
+                st.touch_scope(old)
         s = st.mem_scopes[key] = ScopeMemory(node=w.node, scope=mem.scope)
     if ts >= s.ts:  # (else an older word of the scope than one already taken: another worker's, later)
         s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts
+        st.touch_scope(key)
 
 
 def on_oom_killed(st: RunRecord, e: ev.OomKilledEvent) -> None:

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import msgspec
 
-from gkd_core.state.feed import Feed
+from gkd_core.state.feed import Feed, ScopeFeed
 from gkd_core.state.records import (
     SPANS_KEEP,
     AlertState,
@@ -139,6 +139,23 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
         feeds = self.__dict__.setdefault("_feeds", [])
         feeds[:] = [ref for ref in feeds if ref() is not None]
         feed = Feed(moves)
+        feeds.append(weakref.ref(feed))
+        return feed
+
+    def touch_scope(self, key: str) -> None:
+        """The memory scope ``key`` (``mem_scopes``) has a new reading, or is gone: each scope feed has it."""
+        feeds = self.__dict__.get("_scope_feeds")
+        if feeds:
+            for ref in feeds:
+                feed = ref()
+                if feed is not None:
+                    feed.add(key)
+
+    def scope_feed(self) -> ScopeFeed:
+        """A new feed of the memory scopes whose reading changes from now on (``touch_scope``)."""
+        feeds = self.__dict__.setdefault("_scope_feeds", [])
+        feeds[:] = [ref for ref in feeds if ref() is not None]
+        feed = ScopeFeed()
         feeds.append(weakref.ref(feed))
         return feed
 

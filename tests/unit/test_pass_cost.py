@@ -1,5 +1,5 @@
 """A pass of the diagnosis costs what changed, not what exists: over a state where nothing changed, no rule reads a
-worker (each read counted); a worker whose deadline comes due is found without a change."""
+worker or a memory scope (each read counted); a worker whose deadline comes due is found without a change."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ NODES, PER_NODE = 32, 8
 
 
 class CountedWorkers(dict):
-    """``state.workers``, counting every worker read through it (a walk reads them all)."""
+    """``state.workers`` (or ``state.mem_scopes``), counting every entry read through it (a walk reads them all)."""
 
     reads = 0
 
@@ -80,17 +80,17 @@ def test_a_pass_over_a_state_where_nothing_changed_reads_no_worker(rule):
     st = busy_run()
     now, cfg = T0 + 10.7, Settings()
     assert diagnosis.diagnose(st, now, cfg) == []  # healthy: the pass that makes the indexes
-    st.workers = CountedWorkers(st.workers)
+    st.workers, st.mem_scopes = CountedWorkers(st.workers), CountedWorkers(st.mem_scopes)
     CountedWorkers.reads = 0
     assert rule(st, now + 0.1, cfg) == []
-    assert CountedWorkers.reads == 0, f"{rule.__name__} read {CountedWorkers.reads} workers"
+    assert CountedWorkers.reads == 0, f"{rule.__name__} read {CountedWorkers.reads} workers or scopes"
 
 
 def test_a_whole_pass_over_a_state_where_nothing_changed_reads_no_worker():
     st = busy_run()
     now, cfg = T0 + 10.7, Settings()
     assert diagnosis.diagnose(st, now, cfg) == []
-    st.workers = CountedWorkers(st.workers)
+    st.workers, st.mem_scopes = CountedWorkers(st.workers), CountedWorkers(st.mem_scopes)
     CountedWorkers.reads = 0
     assert diagnosis.diagnose(st, now + 0.1, cfg) == [] and CountedWorkers.reads == 0
 

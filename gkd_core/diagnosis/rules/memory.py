@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from gkd_core.diagnosis import memory_growth
-from gkd_core.diagnosis.marks import marked
+from gkd_core.diagnosis.marks import marked, on_node
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
 from gkd_core.state.records import ScopeMemory
@@ -57,10 +57,9 @@ def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEven
     with index.lock:
         index.observe(state)
         out = []
-        for key, s in state.mem_scopes.items():
-            got = index.scopes.get(key)
-            g = got.growth if got is not None else None
-            if (g is None or g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
+        for key in sorted(index.rising, key=index.rising.__getitem__):
+            s, g = state.mem_scopes[key], index.scopes[key].growth
+            if (g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
                     or s.limit <= 0 or now - s.ts > FRESH_S):
                 continue
             within = max(s.limit - s.used, 0) / g.rate
@@ -110,14 +109,10 @@ def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
 def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A node whose available memory is under NODE_WARN of its total, named by its largest workers: whoever
     is killed there next (by Ray's memory monitor or the kernel) may not be the one that took the memory."""
-    low: dict[str, ScopeMemory] = {}  # node -> its newest reading with its total (its "node" scope), when low
-    for s in state.mem_scopes.values():  # (8,192 nodes' at the largest: only the low ones are sorted)
-        if s.scope == "node" and s.limit > 0 and now - s.ts <= FRESH_S and s.available < NODE_WARN * s.limit:
-            low[s.node] = s
     out = []
-    for node, s in sorted(low.items()):
+    for node, s in state.kept("low_nodes", lambda: LowNodes(state)).low_now(state, now):
         share = s.available / s.limit
-        on_it = sorted((w for w in state.workers.values() if w.node == node and w.phase not in WORKER_ENDED
+        on_it = sorted((w for w in on_node(state, node) if w.phase not in WORKER_ENDED
                         and w.rss and now - heartbeat_at(state, w) <= FRESH_S), key=lambda w: -w.rss)[:NAMED_MAX]
         if not on_it:
             continue
@@ -131,3 +126,33 @@ def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEve
             evidence={"node": node, "available": s.available, "total": s.limit,
                       "largest": {w.src: w.rss for w in on_it}}))
     return out
+
+
+class LowNodes:
+    """The nodes whose newest reading of their memory is low (NODE_WARN), kept from the scopes' feed: a pass reads
+    the scopes with a new reading, not every node's (16,384 of them at the largest)."""
+
+    def __init__(self, state: RunState):
+        self._feed = state.scope_feed()
+        self._low: dict[str, str] = {}  # node -> its scope's key
+        self._read_all = True
+
+    def low_now(self, state: RunState, now: float) -> list[tuple[str, ScopeMemory]]:
+        """(node, its reading) of each node low now, by name (a reading older than FRESH_S says nothing of now)."""
+        keys = self._feed.take()
+        if self._read_all:
+            keys, self._read_all = set(state.mem_scopes), False
+        for key in keys:
+            s = state.mem_scopes.get(key)
+            if s is not None and s.scope == "node" and s.limit > 0 and s.available < NODE_WARN * s.limit:
+                self._low[s.node] = key
+            elif s is None or s.scope == "node":
+                node = s.node if s is not None else key.partition("|")[0]
+                if self._low.get(node) == key:
+                    del self._low[node]
+        out = []
+        for node, key in sorted(self._low.items()):
+            s = state.mem_scopes.get(key)
+            if s is not None and now - s.ts <= FRESH_S:
+                out.append((node, s))
+        return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gkd_core.diagnosis.cascade import BLOCKED_MAX
 from gkd_core.diagnosis.headline import headline
-from gkd_core.diagnosis.marks import marked
+from gkd_core.diagnosis.marks import marked, on_node
 from gkd_core.diagnosis.rules.common import FAILED_WORKER, SLOW_ON_PURPOSE, Settings, last_words, phase_hint
 from gkd_core.diagnosis.rules.servers import EXTERNAL_HINT, external_request
 from gkd_core.diagnosis.silences import silent_workers
@@ -100,7 +100,7 @@ def _silent_in_set_up(w: WorkerState, age: float, now: float, where: str, busy: 
 def node_busy(state: RunState, w: WorkerState) -> str:
     """What the agent of ``w``'s node says of its CPU when it is held by processes outside the run, else ""."""
     agent = state.workers.get(w.via) if w.via else next(
-        (a for a in state.workers.values() if a.role == "agent" and a.node == w.node and w.node), None)
+        (a for a in on_node(state, w.node) if a.role == "agent"), None) if w.node else None
     return agent.detail if agent is not None and agent.phase == NODE_BUSY and agent is not w else ""
 
 
