@@ -15,19 +15,39 @@ import math
 import time
 
 from gkd_core import vocab
-from gkd_core.diagnosis import cascade
+from gkd_core.diagnosis import cascade, stragglers
+from gkd_core.diagnosis.marks import Marks
+from gkd_core.diagnosis.memory_growth import GrowthIndex
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
+from gkd_core.diagnosis.silences import SilenceWatch
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.telemetry.evidence import elapsed_of
 
-__all__ = ["CODES", "LIVE", "AutoStacks", "Pass", "Settings", "changes", "diagnose"]
+__all__ = ["CODES", "LIVE", "AutoStacks", "Pass", "Settings", "changes", "diagnose", "keep_up"]
 
 # a worker named by one of these gets its stack taken at once and again AUTO_STACK_AGAIN_S later,
 # with no key press, so that the alert can say "the same stack twice"
 AUTO_STACK_CODES = vocab.codes(stacks=True)
 AUTO_STACK_AGAIN_S = 3.0
 DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call is safe)
+
+
+KEEP_UP_MOST = 1024  # workers each index takes in per keep_up (a tick of the supervisor's loop): a few ms
+
+
+def keep_up(state: RunState) -> None:
+    """Between passes (each tick of the supervisor's loop) every index takes in a slice of what the state fed it:
+    after a burst (a step's phases at 131,072 workers, their first beats) the pass finds little left to read, and
+    no tick reads it all."""
+    stragglers.keep_up(state)
+    if isinstance(watch := state.kept_if("silences"), SilenceWatch):
+        watch.keep_up(state, time.time(), KEEP_UP_MOST)
+    if isinstance(marks := state.kept_if("marks"), Marks):
+        marks.keep_up(state, KEEP_UP_MOST)
+    if isinstance(growth := state.kept_if("growth"), GrowthIndex):
+        with growth.lock:
+            growth.keep_up(state, KEEP_UP_MOST)
 
 
 def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:

@@ -42,9 +42,15 @@ class Marks:
         self._update(state)
         return self._in_order(state, self._on_node.get(node, {}))
 
-    def _update(self, state: RunState) -> None:
-        changed = self._feed.take()
-        if changed is None or self._read_all:
+    def keep_up(self, state: RunState, most: int) -> None:
+        """Take in ``most`` of the workers fed since the last pass now, between passes (``diagnosis.keep_up``)."""
+        if not self._read_all:  # (else at the next pass)
+            self._update(state, most)
+
+    def _update(self, state: RunState, most: int | None = None) -> None:
+        changed = None if self._read_all else self._feed.take(most)
+        if changed is None:  # everything: at the first pass, or after the feed overflowed
+            self._feed.take()
             self._read_all = False
             self._marked, self._on_node, self._node_of = {name: {} for name in MARKS}, {}, {}
             self._place = {src: i for i, src in enumerate(state.workers)}

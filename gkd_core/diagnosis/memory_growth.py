@@ -67,6 +67,17 @@ class GrowthIndex:
         self._joined: set[str] = set()  # the scopes a worker came into since the last pass
         self._read_all = True
 
+    def keep_up(self, state: RunState, most: int) -> None:
+        """Take in ``most`` of the workers fed since the last pass now, between passes (``diagnosis.keep_up``)."""
+        if self._read_all:
+            return  # (read at the first pass)
+        workers = self._worker_feed.take(most)
+        if workers is None:
+            self._read_all = True  # (the feed overflowed: everything again, at the next pass)
+            return
+        for src, w in workers.items():
+            self._file(src, scope_key(w.node, w.mem.scope) if w.mem is not None else None)
+
     def observe(self, state: RunState) -> None:
         scopes, workers = self._scope_feed.take(), self._worker_feed.take()
         if self._read_all or workers is None:

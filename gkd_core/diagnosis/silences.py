@@ -52,14 +52,7 @@ class SilenceWatch:
         if changed is None or self._made_with != (after, state.vouch_s):
             self._anew((after, state.vouch_s))
             changed = state.workers
-        place, relay_of, due, vouch = self._place, self._relay_of, self._due, state.vouch_s
-        for src, w in changed.items():
-            if src not in place:
-                place[src] = len(place)
-            elif (w.clock_via and relay_of.get(src) == w.clock_via and w.phase not in WORKER_ENDED
-                  and due.get(src, math.inf) <= max(w.last_heartbeat + vouch, w.phase_since) + after):
-                continue  # a new phase of a worker its relay vouches for (a step's 131,072): it waits as it did
-            self._file(state, w, now, after)
+        self._take_in(state, changed, now, after)
         self._come_due(state, now, after)
         others = others_heard(state, now, limits)
         found = []
@@ -76,6 +69,27 @@ class SilenceWatch:
                 del self.silent[src]
                 self._file(state, was, now, after)
         return found
+
+    def keep_up(self, state: RunState, now: float, most: int) -> None:
+        """Take in ``most`` of the workers fed since the last pass now, between passes (``diagnosis.keep_up``): after
+        a burst (131,072 workers' first beats) the pass finds little left to read."""
+        if self._made_with is None or self._made_with[1] != state.vouch_s:
+            return  # (made anew at the next pass)
+        changed = self._feed.take(most)
+        if changed is None:
+            self._made_with = None  # (the feed overflowed: everything again, at the next pass)
+            return
+        self._take_in(state, changed, now, self._made_with[0])
+
+    def _take_in(self, state: RunState, changed: dict[str, WorkerState], now: float, after: float) -> None:
+        place, relay_of, due, vouch = self._place, self._relay_of, self._due, state.vouch_s
+        for src, w in changed.items():
+            if src not in place:
+                place[src] = len(place)
+            elif (w.clock_via and relay_of.get(src) == w.clock_via and w.phase not in WORKER_ENDED
+                  and due.get(src, math.inf) <= max(w.last_heartbeat + vouch, w.phase_since) + after):
+                continue  # a new phase of a worker its relay vouches for (a step's 131,072): it waits as it did
+            self._file(state, w, now, after)
 
     def _anew(self, made_with: tuple[float, float]) -> None:
         place = self._place  # (everything as new but the feed and the places)

@@ -32,14 +32,17 @@ class Feed:
         else:
             self.changed, self.overflowed = [], True
 
-    def take(self) -> dict[str, WorkerState] | None:
-        """The workers fed since the last take, each once, in the order each was first fed (a new worker's first
-        word is its making: new workers come in the state's order); None when the feed overflowed: every worker
-        may have changed."""
+    def take(self, most: int | None = None) -> dict[str, WorkerState] | None:
+        """The workers fed since the last take (the first ``most`` of them: the rest at the next), each once, in the
+        order each was first fed (a new worker's first word is its making: new workers come in the state's order);
+        None when the feed overflowed: every worker may have changed."""
         if self.overflowed:
             self.changed, self.overflowed = [], False
             return None
-        changed, self.changed = self.changed, []
+        if most is None or most >= len(self.changed):
+            changed, self.changed = self.changed, []
+        else:
+            changed, self.changed = self.changed[:most], self.changed[most:]
         out: dict[str, WorkerState] = {}
         for w in changed:
             if w.src not in out:

@@ -159,6 +159,10 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
         feeds.append(weakref.ref(feed))
         return feed
 
+    def kept_if(self, name: str) -> object | None:
+        """What the diagnosis keeps under ``name``, if it made it (``kept``)."""
+        return self.__dict__.get(name)
+
     def kept(self, name: str, make: Callable[[], Kept]) -> Kept:
         """What the diagnosis keeps of this state between its passes under ``name`` (an index), made at first
         ask; it lives as long as the state (never encoded: a decoded state makes its own)."""

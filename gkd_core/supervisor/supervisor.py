@@ -21,7 +21,7 @@ import zmq
 
 from gkd_core import config as config_mod
 from gkd_core import diagnosis, rundir
-from gkd_core.diagnosis import plan, stragglers
+from gkd_core.diagnosis import plan
 from gkd_core.runlog import reader
 from gkd_core.runlog.eventlog import EventLog
 from gkd_core.runlog.heartbeats import HeartbeatLog
@@ -297,7 +297,7 @@ class Supervisor:
 
     def _chores(self) -> tuple[Callable[[float], object], ...]:
         """What the loop does between its reads, in this order, each given the (monotonic) time."""
-        return (self._on_stop_asked, self._watch_driver, lambda now: stragglers.keep_up(self.state),
+        return (self._on_stop_asked, self._watch_driver, lambda now: diagnosis.keep_up(self.state),
                 self._alerts_when_due, lambda now: self.driver.tick(self.state, self.emit), self._tell_unattended,
                 lambda now: self.rec.flush(), self.heap.tick,
                 lambda now: self._keyframe(self.keyframes.tick(self.state, self.log, self.seq)))  # forks when due

@@ -123,3 +123,24 @@ def test_a_worker_whose_deadline_comes_due_is_found_without_a_change():
     late = [a for a in diagnosis.diagnose(st, T0 + 22.8, cfg) if a.code == "straggler"]
     assert [a.targets for a in late] == [["rollout/77"]]
     assert CountedWorkers.reads <= 10
+
+
+def test_between_passes_each_index_takes_in_a_slice_of_a_burst_and_the_pass_finds_little_left(monkeypatch):
+    """131,072 first beats, or a step's phases, come between two passes: the supervisor's ticks take them in a slice
+    at a time (``diagnosis.keep_up``), and the pass after them reads none of them again."""
+    monkeypatch.setattr(diagnosis, "KEEP_UP_MOST", 64)
+    st = busy_run()
+    now, cfg = T0 + 10.7, Settings()
+    assert diagnosis.diagnose(st, now, cfg) == []
+    for i in range(NODES * PER_NODE):  # a step's phases, and a change of Ray's word for each
+        st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="generate", step=11, ts=now))
+        st.apply(ev.RayEvent(target=f"rollout/{i}", state="ALIVE", ts=now))
+    marks, watch = st.kept("marks", lambda: None), st.kept("silences", lambda: None)
+    read = marks.read, watch.read
+    diagnosis.keep_up(st)
+    assert marks.read - read[0] == 64 and watch.read - read[1] <= 64  # a slice each (a relay's worker: none)
+    for _ in range(NODES * PER_NODE // 64):
+        diagnosis.keep_up(st)
+    read = marks.read, watch.read
+    assert diagnosis.diagnose(st, now + 0.1, cfg) == []
+    assert (marks.read, watch.read) == read  # all of it taken in before the pass

@@ -80,10 +80,14 @@ class RandomRun:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_watch_says_what_the_walk_says(seed):
+    """Passes now and then, with what came between them taken in a few at a time (``keep_up``) or not."""
     run = RandomRun(seed)
     limits = Limits(heartbeat_s=1.0, stall_s=10.0)
+    keep_up = seed % 2 == 1
     for _ in range(300):
         run.step()
+        if keep_up and run.st.kept_if("silences") is not None:
+            run.st.kept("silences", lambda: None).keep_up(run.st, run.now, run.rnd.choice((1, 3, 100)))
         for now in (run.now, run.now + run.rnd.random() * 4):  # a pass later than the newest event too
             assert watched(run.st, now, limits) == walked(run.st, now, limits)
 
