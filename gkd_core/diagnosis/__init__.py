@@ -3,7 +3,7 @@
 ``diagnose(state, now)`` runs every rule in ``rules.RULES`` (``Pass`` takes them in turns, as the supervisor
 does); each is a function of the RunState and ``now`` returning alerts with their evidence and hint. A rule
 costs what changed since the last pass, not the size of the run: the indexes it keeps of the state between
-passes (stragglers, silences, marks, memory growth) read what the state fed them (``state.feed``) and what
+passes (stragglers, marks, memory growth) read what the state fed them (``state.feed``) and what
 came due, and change no finding. ``changes`` turns the findings into the alert events that move the state to
 them, and ``AutoStacks`` says whose stacks to take. The supervisor runs them for gkd runs, the Ray-state source
 for jobs it only observes (DESIGN §4).
@@ -19,7 +19,6 @@ from gkd_core.diagnosis import cascade, stragglers
 from gkd_core.diagnosis.marks import Marks
 from gkd_core.diagnosis.memory_growth import GrowthIndex
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
-from gkd_core.diagnosis.silences import SilenceWatch
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.telemetry.evidence import elapsed_of
@@ -41,8 +40,6 @@ def keep_up(state: RunState) -> None:
     after a burst (a step's phases at 131,072 workers, their first beats) the pass finds little left to read, and
     no tick reads it all."""
     stragglers.keep_up(state)
-    if isinstance(watch := state.kept_if("silences"), SilenceWatch):
-        watch.keep_up(state, time.time(), KEEP_UP_MOST)
     if isinstance(marks := state.kept_if("marks"), Marks):
         marks.keep_up(state, KEEP_UP_MOST)
     if isinstance(growth := state.kept_if("growth"), GrowthIndex):

@@ -62,9 +62,9 @@ def on_beat(st: RunRecord, w: WorkerState, b: ev.Beat) -> bool:
         w.cpu_low_since = None
     elif w.cpu_low_since is None:  # the beat's share is of the interval since the one before (a relay sends the
         w.cpu_low_since = w.last_heartbeat or ts  # beat before a crossing with it)
-    if b.dropped != w.dropped or not w.last_heartbeat:  # (first heard from: from now on it can fall silent)
-        st.touch(w)
     w.last_heartbeat = ts
+    if b.dropped != w.dropped:
+        st.touch(w)
     w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped
     if b.mem is not None:
         memory_cases.on_memory(st, w, b.mem, ts)
@@ -106,8 +106,6 @@ def on_roster(st: RunRecord, c: ev.RelayClock) -> None:
             w.clock_via = ""
             st.touch(w)
         if ts > w.last_heartbeat:
-            if not w.last_heartbeat:
-                st.touch(w)
             w.last_heartbeat = ts
         if ts > w.last_seen:
             w.last_seen = ts

@@ -59,15 +59,12 @@ def refusals(rejects: RejectCounter, auth_refused: int) -> list[AlertEvent]:
 
 ALERT_EVERY_S = 0.5
 ALERT_SHARE_INV = 20  # the alerts' pass takes at most a twentieth of the supervisor's time
-# ... but never waits longer than this for the next: a pass costs what changed, so a costly one is a burst's (a
-# step's phases at 131,072 workers, their first beats), not the next one's, which a fault must not wait 20 s for
-ALERT_EVERY_MAX_S = 2.0
 PASS_TURN_S = 0.01  # a turn of the alerts' pass: the rules it runs before the ingest is read again
 
 
 class Passes:
     """The supervisor's passes of the diagnosis: one every ALERT_EVERY_S, or less often when a pass costs more than
-    a twentieth of that (up to ALERT_EVERY_MAX_S), taken in turns of PASS_TURN_S, one a tick of its loop, with the ingest read in between:
+    a twentieth of that, taken in turns of PASS_TURN_S, one a tick of its loop, with the ingest read in between:
     the diagnosis never crowds out the events it reads, and no event waits for a whole pass."""
 
     def __init__(self) -> None:
@@ -88,7 +85,7 @@ class Passes:
             return None  # (the rest at the next tick)
         self.last_s, self._under_way = self._under_way.took_s, None
         self.times.add(self.last_s)
-        self._next = self._began + min(max(ALERT_EVERY_S, ALERT_SHARE_INV * self.last_s), ALERT_EVERY_MAX_S)
+        self._next = self._began + max(ALERT_EVERY_S, ALERT_SHARE_INV * self.last_s)
         return wanted
 
 
