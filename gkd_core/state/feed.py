@@ -3,7 +3,7 @@ changed since the last, not every worker (131,072 of them at the largest).
 
 A worker is fed when something an index keeps of it changes: its phase, spans or role (``RunRecord.mark_moved``),
 Ray's word of it, its node, pid or relay, its count of dropped events, an OOM kill. Not a heartbeat's numbers: they
-change for every worker every second, and the indexes that read them (the silences') do when a deadline says to.
+change for every worker every second (a rule that reads them reads them when it judges the worker).
 """
 
 from __future__ import annotations
