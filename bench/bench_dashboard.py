@@ -398,7 +398,7 @@ def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfr
         with ControlClient.for_run(run, json.loads((run / "endpoints.json").read_text()), timeout_s=30.0) as c:
             snap = c.call(ops.SnapshotArgs())
         live = decode_state(snap.state)
-        # the diagnosis's passes while the load ran (each its own time, the ingest taken in between rules apart)
+        # the diagnosis's passes while the load ran (each its own time: its turns', the ingest read between them apart)
         passes = [ms for ended, ms in snap.supervisor.get("alert_passes", []) if go_wall[0] <= ended <= load_ended]
         sup_rss = rss_bytes(sup.pid) / 2**20
         sup.terminate()
@@ -502,8 +502,8 @@ def main() -> None:
                  if a.plots else "every probe sent counts in the latency (one overtaken before it was drawn: until a "
                                  f"newer one was; one never on screen by the end, {missing} in all (unseen): from its "
                                  "sending to the end); ")
-              + "the diagnosis's passes while the load ran (passes), each its own time (the ingest it takes in between "
-              "rules apart): p50, p99, max; "
+              + "the diagnosis's passes while the load ran (passes), each its own time (its turns', the ingest read "
+              "between them apart): p50, p99, max; "
               + "targets: p99 <= 250 ms, CPU <= 50 % of a core, RSS flat, lag not growing, no resnapshots; replay: "
               "opening at the end from the keyframes (frames: how many the supervisor kept), beside reading the whole "
               "log, and the same state as live")
