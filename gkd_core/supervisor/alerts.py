@@ -24,6 +24,14 @@ def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1
     return begin(state, now, stall_s, heartbeat_s, setup_s).turn() or []
 
 
+def judged_at(wall: float, newest: float, behind: bool) -> float:
+    """The time a pass judges the state at: now, unless the supervisor is behind its ingest (its last read was cut off:
+    more waits), when the state is as of its newest event (``newest``), not now. A silence it has not read its end
+    of yet is not a silence: at 131,072 workers a supervisor seconds behind would otherwise find every worker silent,
+    and the alert for each would put it further behind."""
+    return min(wall, newest) if behind and newest > 0 else wall
+
+
 def begin(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
           setup_s: float = diagnosis.Settings().setup_s) -> diagnosis.Pass:
     """A pass of the diagnosis over ``state`` at ``now``, with the run's periods, to take in turns."""

@@ -20,6 +20,7 @@ class Ingest:
     def __init__(self, rec: Recorder, sockets: Sockets):
         self.rec, self.sockets = rec, sockets
         self.emptied = False  # by the last read (not cut off at INGEST_BATCH: then it is read on at once)
+        self.behind = False  # the last read was cut off: more waits than one read takes in
 
     def read(self, ready: dict) -> None:
         """The sockets ``ready`` (a poll's) that are the ingest's."""
@@ -29,6 +30,7 @@ class Ingest:
         if s.ingest_tcp is not None and s.ingest_tcp in ready:
             read = max(read, self.rec.drain(s.ingest_tcp))
         self.emptied = 0 < read < INGEST_BATCH
+        self.behind = read >= INGEST_BATCH
 
     def gather(self) -> None:
         """Before the loop polls again: after a read that emptied the ingest, the time for more to gather."""

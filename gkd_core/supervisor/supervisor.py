@@ -192,7 +192,8 @@ class Supervisor:
     def _begin_pass(self) -> diagnosis.Pass:
         self.rec.restate_silent()  # at the alerts' pace
         self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
-        return alerts.begin(self.state, time.time(), self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
+        now = alerts.judged_at(time.time(), self.state.last_ts, self.ingest.behind)
+        return alerts.begin(self.state, now, self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
                             setup_s=self.cfg.trainer.init_timeout_s)
 
     def _evaluate_alerts(self) -> None:
