@@ -1,8 +1,8 @@
 """The few workers some rules name, by what marks them, kept from the state's feed: an actor Ray says is dead or
 cannot place, a death Ray says was out of memory, a kill by the OOM killer, events dropped; and the workers of
-each node. A pass reads the marked
-workers, not 131,072 to find them; a worker's mark changes only with what the reducer feeds (``state.feed``: Ray's
-word, an OOM kill, a count of dropped events), not with its phase, which the rules read when they name it.
+each node. A pass reads the marked workers, not 131,072 to find them. A worker's marks change only with what the
+reducer feeds (``state.feed``: Ray's word, an OOM kill, a count of dropped events, its registration), not with
+its phase, which the rules read when they name it.
 """
 
 from __future__ import annotations

@@ -81,8 +81,8 @@ class GrowthIndex:
     def observe(self, state: RunState) -> None:
         scopes, workers = self._scope_feed.take(), self._worker_feed.take()
         if self._read_all or workers is None:
-            if self._read_all:
-                scopes, self._read_all = set(state.mem_scopes), False
+            if self._read_all:  # (and the scopes it knows: one gone since is let go below)
+                scopes, self._read_all = scopes | set(state.mem_scopes) | set(self.scopes), False
                 self._place = {key: i for i, key in enumerate(state.mem_scopes)}
             self._members, self._scope_of = {}, {}
             workers = state.workers
@@ -93,6 +93,7 @@ class GrowthIndex:
             if s is None:  # (let go: the oldest of too many)
                 self.scopes.pop(key, None)
                 self.rising.pop(key, None)
+                self._place.pop(key, None)
                 continue
             place = self._place.setdefault(key, len(self._place))
             got = self.scopes.get(key)

@@ -117,16 +117,20 @@ class SpanIndex:
             self._state = weakref.ref(state)
             self._feed = state.feed()
             self._pending = list(state.workers.values())
-        changed = self._feed.take() if self._feed is not None else None
-        if changed is None:  # (the feed overflowed: everything again)
-            self._pending = list(state.workers.values())
-        elif changed:
-            self._pending += changed.values()  # (one fed again before it was read: read twice)
-        if self._pending:
-            n = len(self._pending) if budget is None else budget
-            for w in self._pending[:n]:
+        left = math.inf if budget is None else budget
+        if self._pending:  # (everything: a new state's workers, or after the feed overflowed)
+            taken = self._pending[:len(self._pending) if budget is None else budget]
+            for w in taken:
                 self._move(w)
-            del self._pending[:n]
+            del self._pending[:len(taken)]
+            left -= len(taken)
+        if left > 0 and self._feed is not None:
+            changed = self._feed.take(None if budget is None else int(left))
+            if changed is None:  # (the feed overflowed: everything again)
+                self._pending = list(state.workers.values())
+            else:
+                for w in changed.values():
+                    self._move(w)
         if len(self._where) > len(state.workers):  # a worker gone from the state
             for src in [src for src in self._where if src not in state.workers]:
                 self._forget(src)

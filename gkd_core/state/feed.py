@@ -1,9 +1,10 @@
 """The reducer's word of which workers (and memory scopes) changed, for the diagnosis's indexes: a pass reads what
 changed since the last, not every worker (131,072 of them at the largest).
 
-A worker is fed when something an index keeps of it changes: its phase, spans or role (``RunRecord.mark_moved``),
-Ray's word of it, its node, pid or relay, its count of dropped events, an OOM kill. Not a heartbeat's numbers: they
-change for every worker every second (a rule that reads them reads them when it judges the worker).
+A worker is fed when it is new, or when something an index keeps of it changes: its phase, spans or role
+(``RunRecord.mark_moved``), Ray's word of it, its registration (node, pid), its memory scope, its count of dropped
+events, an OOM kill. Not a heartbeat's numbers: they change for every worker every second (a rule that reads them
+reads them when it judges the worker). A memory scope is fed with each new reading (``ScopeFeed``).
 """
 
 from __future__ import annotations

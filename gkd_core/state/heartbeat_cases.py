@@ -44,7 +44,6 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
             w.last_seen = ts
         if on_beat(st, w, b) and not w.clock_via and w.via in relays:
             w.clock_via = w.via
-            st.touch(w)
     st.newest_beat = newest
     for c in e.clocks:
         if on_clock(st, c) and (c.joined or c.quiet):
@@ -81,7 +80,6 @@ def on_clock(st: RunRecord, c: ev.RelayClock) -> bool:
         for each in st.workers.values():  # started again: it vouches for nobody until they join it (a
             if each.clock_via == c.relay:  # relay's restart: rare, and the only walk over every worker here)
                 each.clock_via = ""
-                st.touch(each)
         was = None
     if was is None or c.ts > was[1]:
         st.relay_clocks[c.relay] = (c.epoch, c.ts)
@@ -95,16 +93,14 @@ def on_roster(st: RunRecord, c: ev.RelayClock) -> None:
     worker's first; and, in the log, a quiet one's last numbers before its quiet time)."""
     for src in c.joined:
         w = st.workers.get(src)
-        if w is not None and w.clock_via != c.relay:
+        if w is not None:
             w.clock_via = c.relay
-            st.touch(w)
     for src, ts in c.quiet:  # no beat from it for a while: its newest one's time, from here on its own
         w = st.workers.get(src)
         if w is None:
             continue
         if w.clock_via == c.relay:
             w.clock_via = ""
-            st.touch(w)
         if ts > w.last_heartbeat:
             w.last_heartbeat = ts
         if ts > w.last_seen:

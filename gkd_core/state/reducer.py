@@ -97,7 +97,7 @@ def _on_worker(st: RunRecord, e: ev.WorkerEvent) -> None:
     if not w.phase or w.phase in WORKER_ENDED:
         w.phase, w.phase_since, w.detail = "init", e.ts, ""
         st.mark_moved(w)
-    st.touch(w)  # (its node, pid or relay, Ray's word of it: what the indexes keep by)
+    st.touch(w)  # (its node and pid, Ray's word of it reset: what the indexes keep by)
 
 
 def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:

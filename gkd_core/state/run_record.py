@@ -106,7 +106,7 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
             role, rank = WorkerId.parse(src)
             w = WorkerState(src=src, role=role, rank=rank, phase_since=ts)
             self.workers[src] = w
-            self.mark_moved(w)
+            self.touch(w)  # (to every feed: new workers come to each in the state's order)
         if ts > w.last_seen:
             w.last_seen = ts
         return w

@@ -20,15 +20,16 @@ from gkd_core.telemetry.wire import RejectCounter
 
 def evaluate(state: RunState, now: float, stall_s: float, heartbeat_s: float = 1.0,
              setup_s: float = diagnosis.Settings().setup_s) -> list[AlertEvent]:
-    """A whole pass at once (the supervisor's at a run's end; the tests')."""
+    """A whole pass at once."""
     return begin(state, now, stall_s, heartbeat_s, setup_s).turn() or []
 
 
 def judged_at(wall: float, newest: float, behind: bool) -> float:
     """The time a pass judges the state at: now, unless the supervisor is behind its ingest (its last read was cut off:
-    more waits), when the state is as of its newest event (``newest``), not now. A silence it has not read its end
-    of yet is not a silence: at 131,072 workers a supervisor seconds behind would otherwise find every worker silent,
-    and the alert for each would put it further behind."""
+    more waits), when the state is as of the newest heartbeat it took in (``RunState.newest_beat``: the supervisor's
+    own events carry its clock), not now. A silence whose end it has not read yet is not a silence: at 131,072
+    workers a supervisor seconds behind would otherwise find every worker silent, and the alert for each would put
+    it further behind."""
     return min(wall, newest) if behind and newest > 0 else wall
 
 
@@ -83,11 +84,14 @@ class Passes:
         self._next = 0.0  # (monotonic) when the next is due
 
     def turn(self, now: float, begin: Callable[[], diagnosis.Pass]) -> list[AlertEvent] | None:
-        """A turn of the pass under way, or of a new one (``begin``) when one is due; its findings once it ends."""
+        """A turn of the pass under way, or of a new one (``begin``) when one is due; its findings once it ends. A
+        pass's time is its turns' and its beginning's (``begin`` walks the heartbeats the log holds back)."""
         if self._under_way is None:
             if now < self._next:
                 return None
+            start = time.perf_counter()
             self._under_way, self._began = begin(), now
+            self._under_way.took_s += time.perf_counter() - start
         wanted = self._under_way.turn(PASS_TURN_S)
         if wanted is None:
             return None  # (the rest at the next tick)
@@ -96,12 +100,17 @@ class Passes:
         self._next = self._began + max(ALERT_EVERY_S, ALERT_SHARE_INV * self.last_s)
         return wanted
 
+    def drop(self) -> None:
+        """Forget the pass under way (a whole one is taken in its place)."""
+        self._under_way = None
+
 
 PASSES_KEPT = 4096  # a pass a second at the most: over an hour of them
 
 
 class PassTimes:
-    """How long each of the diagnosis's passes took (its own time, not the ingest's taken in between rules), the
+    """How long each of the diagnosis's passes took (its own time: its beginning's and its turns', not the ingest's
+    read between them), the
     newest ``PASSES_KEPT`` with when each ended: the supervisor's snapshot says them, and bench_dashboard reports
     their p50, p99 and max beside the screen's latency (a pass that walks every worker is what makes its tail)."""
 

@@ -192,12 +192,14 @@ class Supervisor:
     def _begin_pass(self) -> diagnosis.Pass:
         self.rec.restate_silent()  # at the alerts' pace
         self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
-        now = alerts.judged_at(time.time(), self.state.last_ts, self.ingest.behind)
+        now = alerts.judged_at(time.time(), self.state.newest_beat, self.ingest.behind)
         return alerts.begin(self.state, now, self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
                             setup_s=self.cfg.trainer.init_timeout_s)
 
     def _evaluate_alerts(self) -> None:
-        """A whole pass now (the run ends, or its driver: the supervisor may be about to exit)."""
+        """A whole pass now (the run ends, or its driver: the supervisor may be about to exit), in place of the one
+        under way, whose first rules read the run before."""
+        self.passes.drop()
         self._emit_alerts(self._begin_pass().turn() or [])
 
     def _emit_alerts(self, wanted: list[ev.AlertEvent]) -> None:

@@ -116,5 +116,5 @@ def test_keep_up_reads_what_the_state_fed_a_slice_at_a_time_and_a_pass_over_noth
     stragglers.keep_up(state)
     assert stragglers.late_workers(state, 1001.0) == [] and read == []  # nothing moved: nobody read
     state.apply(ev.PhaseEvent(src="rollout/0", phase="train", step=1, ts=1001.0))
-    state.apply(ev.HeartbeatEvent(src="rollout/2", ts=1001.5))  # (a beat feeds nobody but a worker's first)
+    state.apply(ev.HeartbeatEvent(src="rollout/2", ts=1001.5))  # (a beat feeds nobody)
     assert stragglers.late_workers(state, 1002.0) == [] and read == ["rollout/0"]

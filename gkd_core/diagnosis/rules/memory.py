@@ -58,8 +58,8 @@ def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEven
         index.observe(state)
         out = []
         for key in sorted(index.rising, key=index.rising.__getitem__):
-            s, g = state.mem_scopes[key], index.scopes[key].growth
-            if (g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
+            s, g = state.mem_scopes.get(key), index.scopes[key].growth
+            if (s is None or g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
                     or s.limit <= 0 or now - s.ts > FRESH_S):
                 continue
             within = max(s.limit - s.used, 0) / g.rate

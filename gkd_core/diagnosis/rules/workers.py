@@ -98,8 +98,10 @@ def _silent_in_set_up(w: WorkerState, age: float, now: float, where: str, busy: 
 
 def node_busy(state: RunState, w: WorkerState) -> str:
     """What the agent of ``w``'s node says of its CPU when it is held by processes outside the run, else ""."""
-    agent = state.workers.get(w.via) if w.via else next(
-        (a for a in on_node(state, w.node) if a.role == "agent"), None) if w.node else None
+    if w.via:
+        agent = state.workers.get(w.via)
+    else:  # (a worker that reports straight to the supervisor: its node's agent, if the node has one)
+        agent = next((a for a in on_node(state, w.node) if a.role == "agent"), None) if w.node else None
     return agent.detail if agent is not None and agent.phase == NODE_BUSY and agent is not w else ""
 
 
