@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from gkd_core import memory
+from gkd_core.diagnosis.marks import on_node
 from gkd_core.state import RunState
 from gkd_core.state.views import heartbeat_at
 from gkd_core.telemetry import events as ev
@@ -34,10 +35,7 @@ class OomWatch:
     def check(self, state: RunState, now: float) -> None:
         """``now``: wall-clock seconds, as the events' ``ts``."""
         gone: dict[str, list] = {}
-        node = self.node
-        for w in state.workers.values():  # (65,536 at the largest, most of them on other nodes: asked first)
-            if w.node != node:
-                continue
+        for w in on_node(state, self.node):  # (of 131,072 at the largest, the few here)
             m = w.mem
             if m is None or m.oom_kills is None or w.oom_killed is not None:
                 continue
