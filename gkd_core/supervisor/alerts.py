@@ -110,9 +110,9 @@ PASSES_KEPT = 4096  # a pass a second at the most: over an hour of them
 
 class PassTimes:
     """How long each of the diagnosis's passes took (its own time: its beginning's and its turns', not the ingest's
-    read between them), the
-    newest ``PASSES_KEPT`` with when each ended: the supervisor's snapshot says them, and bench_dashboard reports
-    their p50, p99 and max beside the screen's latency (a pass that walks every worker is what makes its tail)."""
+    read between them), the newest ``PASSES_KEPT`` with when each ended: the supervisor's snapshot says them, and
+    bench_dashboard reports their p50, p99 and max beside the screen's latency (a pass that walks every worker is
+    what makes its tail)."""
 
     def __init__(self) -> None:
         self._taken: collections.deque[tuple[float, float]] = collections.deque(maxlen=PASSES_KEPT)
