@@ -20,6 +20,7 @@ from gkd_core.diagnosis.marks import Marks
 from gkd_core.diagnosis.memory_growth import GrowthIndex
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
 from gkd_core.state import AlertState, RunState, alert_key
+from gkd_core.state.beat_table import BEAT_TABLE, BeatTable
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.telemetry.evidence import elapsed_of
 
@@ -40,6 +41,8 @@ def keep_up(state: RunState) -> None:
     after a burst (a step's phases at 131,072 workers, their first beats) the pass finds little left to read, and
     no tick reads it all."""
     stragglers.keep_up(state)
+    if isinstance(table := state.kept_if(BEAT_TABLE), BeatTable):
+        table.keep_up(state, KEEP_UP_MOST)
     if isinstance(marks := state.kept_if("marks"), Marks):
         marks.keep_up(state, KEEP_UP_MOST)
     if isinstance(growth := state.kept_if("growth"), GrowthIndex):

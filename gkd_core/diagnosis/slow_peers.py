@@ -64,12 +64,12 @@ class SlowIndex:
                 step = key[1]
                 if not isinstance(step, int) or key in at_work or len(members) < 2:
                     continue  # no step's instance, one a member is still in, or one with no peers
-                if any(started < running_since for started, _ in members.values()):
-                    continue  # spans of the run before a restart (a worker keeps its spans across one)
                 judged = self.history.setdefault((role, key[0]), {})
                 warming = self.warming.setdefault((role, key[0]), set())
                 if step in judged or step in warming or (len(judged) >= OF_LAST and step < min(judged)):
-                    continue
+                    continue  # (judged once: the walk of its members below is not taken again, pass after pass)
+                if any(started < running_since for started, _ in members.values()):
+                    continue  # spans of the run before a restart (a worker keeps its spans across one)
                 if len(warming) < WARM_UP:
                     warming.add(step)
                     continue

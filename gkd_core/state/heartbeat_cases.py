@@ -6,6 +6,7 @@ worker that said nothing new. O(1) a beat: 65,536 of them a second at the larges
 from __future__ import annotations
 
 from gkd_core.state import memory_cases
+from gkd_core.state.beat_table import BEAT_TABLE, BeatTable
 from gkd_core.state.records import CPU_IDLE_PCT, WorkerState
 from gkd_core.state.run_record import RunRecord
 from gkd_core.telemetry import events as ev
@@ -16,7 +17,9 @@ def on_heartbeat(st: RunRecord, e: ev.HeartbeatEvent) -> None:
     w = st.worker_seen(e.src, e.ts)
     if e.ts > st.newest_beat:
         st.newest_beat = e.ts
-    on_beat(st, w, ev.beat_of_event(e))
+    if on_beat(st, w, ev.beat_of_event(e)) and (table := st.kept_if(BEAT_TABLE)) is not None:
+        assert type(table) is BeatTable
+        table.heard(e.src, e.ts)
 
 
 def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
@@ -33,6 +36,8 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
         other_epoch = {c.relay for c in e.clocks if (was := known.get(c.relay)) is not None and was[0] != c.epoch}
         relays = {c.relay for c in e.clocks} - other_epoch
     newest = st.newest_beat
+    table = st.kept_if(BEAT_TABLE)  # (its writes inline: one store a beat)
+    rows, beat_of = (table.row, table.beat) if isinstance(table, BeatTable) else ({}, None)
     for b in e.beats:  # (at the largest, thousands of full beats a second: the walk stays here, one call a beat)
         ts = b.ts
         if ts > newest:
@@ -42,8 +47,12 @@ def on_heartbeats(st: RunRecord, e: ev.HeartbeatsEvent) -> None:
             w = st.worker_seen(b.src, ts)
         elif ts > w.last_seen:
             w.last_seen = ts
-        if on_beat(st, w, b) and not w.clock_via and w.via in relays:
-            w.clock_via = w.via
+        if on_beat(st, w, b):
+            if beat_of is not None and (row := rows.get(b.src)) is not None:
+                beat_of[row] = ts
+            if not w.clock_via and w.via in relays:
+                w.clock_via = w.via
+                st.touch(w)  # (who vouches for it: the beat table's)
     st.newest_beat = newest
     for c in e.clocks:
         if on_clock(st, c) and (c.joined or c.quiet):
@@ -80,9 +89,13 @@ def on_clock(st: RunRecord, c: ev.RelayClock) -> bool:
         for each in st.workers.values():  # started again: it vouches for nobody until they join it (a
             if each.clock_via == c.relay:  # relay's restart: rare, and the only walk over every worker here)
                 each.clock_via = ""
+                st.touch(each)
         was = None
     if was is None or c.ts > was[1]:
         st.relay_clocks[c.relay] = (c.epoch, c.ts)
+        if (table := st.kept_if(BEAT_TABLE)) is not None:
+            assert type(table) is BeatTable
+            table.clocked(c.relay, c.ts)
         if c.ts > st.newest_beat:
             st.newest_beat = c.ts
     return True
@@ -95,6 +108,7 @@ def on_roster(st: RunRecord, c: ev.RelayClock) -> None:
         w = st.workers.get(src)
         if w is not None:
             w.clock_via = c.relay
+            st.touch(w)  # (who vouches for it: the beat table's)
     for src, ts in c.quiet:  # no beat from it for a while: its newest one's time, from here on its own
         w = st.workers.get(src)
         if w is None:
@@ -103,5 +117,6 @@ def on_roster(st: RunRecord, c: ev.RelayClock) -> None:
             w.clock_via = ""
         if ts > w.last_heartbeat:
             w.last_heartbeat = ts
+        st.touch(w)
         if ts > w.last_seen:
             w.last_seen = ts

@@ -109,6 +109,8 @@ def _on_phase(st: RunRecord, e: ev.PhaseEvent) -> None:
             w.spans.append(PhaseSpan(w.phase, w.phase_step, w.phase_since, e.ts, w.phase_call, e.peak_rss))
             if len(w.spans) > st.spans_keep:
                 del w.spans[0]
+        if w.phase in WORKER_ENDED and e.phase not in WORKER_ENDED:
+            st.touch(w)  # (back from the ended phases: the beat table set it aside)
         w.phase = e.phase
         if e.phase not in ("idle", "failed"):  # its failure's own phase change may come after the sync's word
             w.blocked_by = ""

@@ -13,7 +13,8 @@ from gkd_core.diagnosis.stragglers import NOT_WORK, Late, late_workers, set_up
 from gkd_core.diagnosis.verdict import verdict
 from gkd_core.node.cpu_load import NODE_BUSY
 from gkd_core.state import RunState, WorkerState
-from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard, silent_among
+from gkd_core.state.beat_table import silent_workers
+from gkd_core.state.liveness import ALIVE, FROZEN, LATE, Limits, judge, others_heard
 from gkd_core.telemetry.events import AlertEvent
 from gkd_core.units import precise, spoken
 from gkd_core.vocab import WORKER_ENDED
@@ -27,7 +28,7 @@ def heartbeat_stale(state: RunState, now: float, cfg: Settings) -> list[AlertEve
     (``_silent_in_set_up``). Silence counts from when the process was last heard from (``heard_from``)."""
     limits = cfg.limits
     others = others_heard(state, now, limits)
-    judged = silent_among(state, state.workers.values(), now, limits)  # late or frozen
+    judged = silent_workers(state, now, limits)  # late or frozen (from the beat table: no walk)
     silent = {w.src: j.silent_s or 0.0 for w, j in judged if j.word == FROZEN}
     # A relay (a node agent) that falls silent takes its workers' events with it: they are said with
     # it, once, not as as many frozen workers. Its workers' beats reach it up to two periods before
