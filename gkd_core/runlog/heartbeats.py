@@ -27,6 +27,7 @@ ages as it did.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import time
@@ -67,6 +68,7 @@ class ClockLog:
         self.every_s, self.heartbeat_s = every_s, heartbeat_s
         self._logged: dict[str, RelayClock] = {}
         self._held: dict[str, tuple[RelayClock, float]] = {}  # with the monotonic time it came
+        self._holds: collections.deque[tuple[float, str]] = collections.deque()  # (``HeartbeatLog._holds``)
 
     def admit(self, clocks: Sequence[RelayClock], into: list[RelayClock], mono: float | None = None) -> None:
         due_s = self.every_s - self.heartbeat_s / 2
@@ -78,18 +80,21 @@ class ClockLog:
                 self._logged[c.relay] = c
                 self._held.pop(c.relay, None)
             elif c.ts > last.ts:
-                self._held[c.relay] = (c, time.monotonic() if mono is None else mono)
+                came = time.monotonic() if mono is None else mono
+                self._held[c.relay] = (c, came)
+                self._holds.append((came, c.relay))
 
     def silent(self, mono: float | None = None) -> list[RelayClock]:
         """The held clocks of relays heard from no more since: to restate now (each once)."""
         now = time.monotonic() if mono is None else mono
-        limit = SILENT_BEATS * self.heartbeat_s
-        gone = [relay for relay, (_, came) in self._held.items() if now - came > limit]
-        out = []
-        for relay in gone:
-            c, _ = self._held.pop(relay)
-            self._logged[relay] = c
-            out.append(c)
+        limit, holds, out = SILENT_BEATS * self.heartbeat_s, self._holds, []
+        while holds and now - holds[0][0] > limit:
+            came, relay = holds.popleft()
+            held = self._held.get(relay)
+            if held is not None and held[1] == came:  # (else held again since, or logged: not silent)
+                del self._held[relay]
+                self._logged[relay] = held[0]
+                out.append(held[0])
         return out
 
 
@@ -101,6 +106,11 @@ class HeartbeatLog:
 
     def __post_init__(self) -> None:
         self.clocks = ClockLog(self.every_s, self.heartbeat_s)  # the relays' clocks, kept alike
+        # each beat held, as (when, its worker's), in the order held, apart for workers a relay's clock vouches for
+        # (their own limit): the oldest are the first to fall silent, so that ``silent`` reads those due, not every
+        # worker. A worker held again since is there again; its older place is passed over when it comes due.
+        self._holds: tuple[collections.deque[tuple[float, _Src]], collections.deque[tuple[float, _Src]]] = (
+            collections.deque(), collections.deque())
 
     def admit(self, e: Beat, mono: float | None = None) -> tuple[bool, Beat | None]:
         """(log this heartbeat now?, the same worker's held one to restate first). A change is logged
@@ -119,6 +129,7 @@ class HeartbeatLog:
             s.logged = e
             return True, before
         s.held, s.held_at = e, time.monotonic() if mono is None else mono
+        self._holds[s.clocked].append((s.held_at, s))
         return False, None
 
     def admit_all(self, beats: list[Beat], into: list[Beat], mono: float | None = None,
@@ -134,7 +145,7 @@ class HeartbeatLog:
                 self._srcs[e.src].clocked = clocked
             return
         mono = time.monotonic() if mono is None else mono
-        srcs, due_s = self._srcs, self.every_s - self.heartbeat_s / 2
+        srcs, due_s, holds = self._srcs, self.every_s - self.heartbeat_s / 2, self._holds[clocked]
         for e in beats:
             s = srcs.get(e.src)
             if s is None:
@@ -156,6 +167,7 @@ class HeartbeatLog:
                 into.append(e)
             else:
                 s.held, s.held_at = e, mono
+                holds.append((mono, s))
 
     @staticmethod
     def _changed(last: Beat, e: Beat) -> bool:
@@ -172,9 +184,11 @@ class HeartbeatLog:
         limit = SILENT_BEATS * self.heartbeat_s
         clocked_limit = limit + FULL_BEAT_S + 2 * self.heartbeat_s  # (2 periods: a batch's own wait, and one)
         out = []
-        for s in self._srcs.values():
-            if s.held is not None and now - s.held_at > (clocked_limit if s.clocked else limit):
-                out.append(self._restate(s))
+        for holds, clocked, due in ((self._holds[False], False, limit), (self._holds[True], True, clocked_limit)):
+            while holds and now - holds[0][0] > due:
+                at, s = holds.popleft()
+                if s.held is not None and s.held_at == at and s.clocked == clocked:  # (else held again, or logged)
+                    out.append(self._restate(s))
         return out
 
     def quiet(self, src: str) -> Beat | None:

@@ -149,3 +149,34 @@ def test_a_replay_fills_a_gap_of_a_vouched_for_worker_from_its_newest_full_beat(
         assert r.state.workers["rollout/0"].cpu == 2.0, t
     r.seek(3.5 + 1000.0)
     assert r.state.workers["rollout/0"].cpu == 50.0
+
+
+def test_the_silent_are_those_a_walk_over_every_worker_finds_reading_only_those_due():
+    """``silent`` reads the beats held longest (its queues), not every worker; what it restates is what a walk finds:
+    workers held past their limit (a vouched-for worker's own, longer), each once, on random runs."""
+    import random
+
+    from gkd_core.runlog.heartbeats import SILENT_BEATS
+    from gkd_core.telemetry.events import FULL_BEAT_S, Beat
+
+    for seed in range(8):
+        rnd = random.Random(seed)
+        log = HeartbeatLog(every_s=10.0, heartbeat_s=1.0)
+        mono = 0.0
+        for _ in range(400):
+            mono += rnd.choice((0.0, 0.1, 0.5, 1.0, 3.0))
+            clocked = rnd.random() < 0.5
+            batch = [Beat(f"rollout/{rnd.randrange(30)}", 1000.0 + mono + rnd.random(), "generate",
+                          rnd.choice((90.0, 90.0, 1.0)), 1 << 30) for _ in range(rnd.randrange(4))]
+            if rnd.random() < 0.5:
+                log.admit_all(batch, [], mono=mono, clocked=clocked)
+            else:
+                for b in batch:
+                    log.admit(b, mono=mono)
+            if rnd.random() < 0.05:
+                log.quiet(f"rollout/{rnd.randrange(30)}")
+            if rnd.random() < 0.3:
+                limit = SILENT_BEATS * 1.0
+                walked = {src for src, s in log._srcs.items() if s.held is not None
+                          and mono - s.held_at > (limit + FULL_BEAT_S + 2.0 if s.clocked else limit)}
+                assert {b.src for b in log.silent(mono=mono)} == walked
