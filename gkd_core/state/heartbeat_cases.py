@@ -71,6 +71,9 @@ def on_beat(st: RunRecord, w: WorkerState, b: ev.Beat) -> bool:
     elif w.cpu_low_since is None:  # the beat's share is of the interval since the one before (a relay sends the
         w.cpu_low_since = w.last_heartbeat or ts  # beat before a crossing with it)
     w.last_heartbeat = ts
+    if w.oom_killed is not None and ts > w.oom_killed.ts:
+        w.oom_killed = None  # it beats after its death was said: the kill was another's (the supervisor's guess)
+        st.touch(w)
     if b.dropped != w.dropped:
         st.touch(w)
     w.rss, w.cpu, w.dropped = b.rss, cpu, b.dropped

@@ -160,6 +160,22 @@ def test_a_kill_in_a_workers_cgroup_is_not_given_again_to_a_process_of_the_node_
     assert st.workers["student/0"].oom_killed is None
 
 
+def test_a_worker_said_killed_that_beats_after_it_was_not_killed():
+    """The random trials' teacher OOM cell (seed 46/15): the kernel killed the teacher in its cgroup while the proxy
+    beside it, starved by the reclaim, had been silent for seconds, and the node's count went up before the teacher
+    was missed: the kill was given to the proxy. A process that beats after its death was said was not killed: the
+    finding goes with its next beat, and the run settles (it stayed critical for good before)."""
+    st = job("Proxy/0")
+    beat(st, "Proxy/0", T0, 200 * MB, 2 * GB)
+    st.apply(ev.OomKilledEvent(worker="Proxy/0", scope="node", kills_before=9, kills_after=10, ts=T0 + 5))
+    assert [a.targets for a in alerts(st, T0 + 5.5, "oom_killed")] == [["Proxy/0"]]
+    beat(st, "Proxy/0", T0 + 4.5, 200 * MB, 2 * GB)  # (sent before the word of its death: no proof)
+    assert st.workers["Proxy/0"].oom_killed is not None
+    beat(st, "Proxy/0", T0 + 6, 200 * MB, 2 * GB)
+    assert st.workers["Proxy/0"].oom_killed is None
+    assert alerts(st, T0 + 6.5, "oom_killed") == []
+
+
 def test_no_kill_in_the_scope_no_oom_killed():
     st = job("Gone/0")
     beat(st, "Gone/0", T0, GB, 2 * GB)
