@@ -19,6 +19,7 @@ from gkd_core.diagnosis import cascade, stragglers
 from gkd_core.diagnosis.marks import Marks
 from gkd_core.diagnosis.memory_growth import GrowthIndex
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
+from gkd_core.diagnosis.rules.memory import LowNodes
 from gkd_core.state import AlertState, RunState, alert_key
 from gkd_core.state.beat_table import BEAT_TABLE, BeatTable
 from gkd_core.telemetry.events import AlertEvent
@@ -33,13 +34,25 @@ AUTO_STACK_AGAIN_S = 3.0
 DEFAULT_SETTINGS = Settings()  # (a NamedTuple: one default shared by every call is safe)
 
 
-KEEP_UP_MOST = 1024  # workers each index takes in per keep_up (a tick of the supervisor's loop): a few ms
+KEEP_UP_MOST = 1024  # workers each index takes in at a time between passes
+KEEP_UP_S = 0.01  # and for this long a tick of the supervisor's loop, at the most, while they have some left
 
 
-def keep_up(state: RunState) -> None:
-    """Between passes (each tick of the supervisor's loop) every index takes in a slice of what the state fed it:
-    after a burst (a step's phases at 131,072 workers, their first beats) the pass finds little left to read, and
-    no tick reads it all."""
+def keep_up(state: RunState, budget_s: float = KEEP_UP_S) -> None:
+    """Between passes (each tick of the supervisor's loop) every index takes in slices of what the state fed it, for
+    ``budget_s`` at the most: after a burst (131,072 workers' first beats and registrations, a step's phases) the
+    pass finds little left to read, and no tick holds up the ingest for long. (Over a slice's time: the rest at the
+    next tick; a round that takes in nothing ends it.)"""
+    start = time.perf_counter()
+    left = state.backlog()
+    while True:
+        _keep_up_once(state)
+        was, left = left, state.backlog()
+        if not left or left >= was or time.perf_counter() - start >= budget_s:
+            return
+
+
+def _keep_up_once(state: RunState) -> None:
     stragglers.keep_up(state)
     if isinstance(table := state.kept_if(BEAT_TABLE), BeatTable):
         table.keep_up(state, KEEP_UP_MOST)
@@ -48,6 +61,8 @@ def keep_up(state: RunState) -> None:
     if isinstance(growth := state.kept_if("growth"), GrowthIndex):
         with growth.lock:
             growth.keep_up(state, KEEP_UP_MOST)
+    if isinstance(low := state.kept_if("low_nodes"), LowNodes):
+        low.keep_up(state, KEEP_UP_MOST)
 
 
 def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:

@@ -1,21 +1,23 @@
-"""How fast each memory scope grows, and who in it: learned by the diagnosis from the state at each pass.
+"""How fast each memory scope grows, and who in it: learned by the diagnosis from the state, reading by reading.
 
 Learned here, not in the state: the live state has every heartbeat and a replay only the log's, so a rate
-learned from their sequence would differ between the two; a pass a second reads each scope's newest use,
-as the heartbeats said it. A scope's growth is measured window by window (GROWTH_WINDOW_S) and smoothed,
-and ``rising_since`` says since when every window grew, so a start-up's climb of a few seconds is not a
-leak and a big flat scope never grows. While a scope rises, each worker in it is measured from its RSS when
-the rise began (or it was first seen in it): who grew is who to name. A pass reads the scopes with a new
-reading (``state.scope_feed``) and the workers that came into a scope or left one (``state.feed``), and then
-the rising scopes only: nothing, when nothing changed."""
+learned from their sequence would differ between the two; the diagnosis reads each scope's newest use, as the
+heartbeats said it, at its passes and in slices between them (``keep_up``). A scope's growth is measured window
+by window (GROWTH_WINDOW_S) and smoothed, and ``rising_since`` says since when every window grew, so a start-up's
+climb of a few seconds is not a leak and a big flat scope never grows. While a scope rises, each worker in it is
+measured from its RSS when the rise was found (or it came into the scope): who grew is who to name. The index
+reads the scopes with a new reading (``state.scope_feed``) and the workers that came into a scope or left one
+(``state.feed``), and the rule reads the rising scopes near their limit only: nothing, when nothing changed."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gkd_core.state import RunState
+from gkd_core.state import RunState, WorkerState
 from gkd_core.state.memory_cases import scope_key
+from gkd_core.state.records import ScopeMemory
 
 GROWTH_WINDOW_S = 3.0
 RISING = 1 << 20  # bytes a second over a window: growing (less is noise: a cache, an allocator's breath)
@@ -46,25 +48,27 @@ class Growth:
 @dataclass
 class ScopeGrowth:
     growth: Growth
-    # while it rises: each worker's (ts, rss) at the rise's start, to measure who grew
+    # while it rises: each worker's (ts, rss) at the rise's start (or when it came into the scope), to measure who
+    # grew: taken as the rise is found, and as a worker comes in
     baseline: dict[str, tuple[float, int]] = field(default_factory=dict)
-    # whether its members had their baseline (one that comes into it later gets its own then)
-    measured: bool = False
 
 
 class GrowthIndex:
     """Each scope's growth and who is in it, kept between passes (``state.kept``)."""
 
-    def __init__(self, state: RunState):
+    def __init__(self, state: RunState, near: Callable[[ScopeMemory, Growth], bool] = lambda s, g: True):
         self.scopes: dict[str, ScopeGrowth] = {}
         self.rising: dict[str, int] = {}  # the scopes rising now -> their place in the state (the findings' order)
+        # ... those of them near their limit at their rate, as the rule says it (``near``), judged at each reading:
+        # what the rule reads, of thousands of nodes whose memory rises and falls by a few MB a second
+        self.near: dict[str, int] = {}
+        self._near = near
         self.lock = threading.Lock()
         self._scope_feed = state.scope_feed()
         self._worker_feed = state.feed(moves=False)
         self._place: dict[str, int] = {}  # scope -> its place in the state
         self._members: dict[str, set[str]] = {}  # a scope -> the workers whose beats say they are in it
         self._scope_of: dict[str, str] = {}  # a worker -> its scope
-        self._joined: set[str] = set()  # the scopes a worker came into since the last pass
         self._read_all = True
 
     def keep_up(self, state: RunState, most: int) -> None:
@@ -75,8 +79,9 @@ class GrowthIndex:
         if workers is None:
             self._read_all = True  # (the feed overflowed: everything again, at the next pass)
             return
-        for src, w in workers.items():
-            self._file(src, scope_key(w.node, w.mem.scope) if w.mem is not None else None)
+        for w in workers.values():
+            self._file(w)
+        self._readings(state, self._scope_feed.take(most))  # (a reading within a window of its anchor: a look)
 
     def observe(self, state: RunState) -> None:
         scopes, workers = self._scope_feed.take(), self._worker_feed.take()
@@ -86,13 +91,19 @@ class GrowthIndex:
                 self._place = {key: i for i, key in enumerate(state.mem_scopes)}
             self._members, self._scope_of = {}, {}
             workers = state.workers
-        for src, w in workers.items():
-            self._file(src, scope_key(w.node, w.mem.scope) if w.mem is not None else None)
+        for w in workers.values():
+            self._file(w)
+        self._readings(state, scopes)
+
+    def _readings(self, state: RunState, scopes: set[str]) -> None:
+        """The newest reading of each of ``scopes`` into its growth (a window ends at the first reading
+        ``GROWTH_WINDOW_S`` past its anchor, however often they are taken)."""
         for key in scopes:
             s = state.mem_scopes.get(key)
             if s is None:  # (let go: the oldest of too many)
                 self.scopes.pop(key, None)
                 self.rising.pop(key, None)
+                self.near.pop(key, None)
                 self._place.pop(key, None)
                 continue
             place = self._place.setdefault(key, len(self._place))
@@ -102,24 +113,23 @@ class GrowthIndex:
                 continue
             got.growth.add(s.ts, s.used)
             if got.growth.rising_since is None:
-                got.baseline, got.measured = {}, False
+                got.baseline = {}
                 self.rising.pop(key, None)
+                self.near.pop(key, None)
             else:
+                if key not in self.rising:  # a rise found: each worker in the scope is measured from here
+                    for src in self._members.get(key, ()):
+                        if (member := state.workers.get(src)) is not None:
+                            got.baseline.setdefault(src, (member.last_heartbeat, member.rss))
                 self.rising[key] = place
-        for key in self.rising:
-            # each worker of the scope from when it is first seen in the rise (one may come into it after it began)
-            got = self.scopes[key]
-            if got.measured and key not in self._joined:
-                continue
-            base = got.baseline
-            for src in self._members.get(key, ()):
-                member = state.workers.get(src)
-                if src not in base and member is not None:
-                    base[src] = (member.last_heartbeat, member.rss)
-            got.measured = True
-        self._joined.clear()
+                if self._near(s, got.growth):
+                    self.near[key] = place
+                else:
+                    self.near.pop(key, None)
 
-    def _file(self, src: str, key: str | None) -> None:
+    def _file(self, w: WorkerState) -> None:
+        """Which scope ``w`` is in (one that comes into a rising scope is measured from then)."""
+        src, key = w.src, scope_key(w.node, w.mem.scope) if w.mem is not None else None
         was = self._scope_of.get(src)
         if was == key:
             return
@@ -130,7 +140,8 @@ class GrowthIndex:
         else:
             self._scope_of[src] = key
             self._members.setdefault(key, set()).add(src)
-            self._joined.add(key)
+            if key in self.rising:
+                self.scopes[key].baseline.setdefault(src, (w.last_heartbeat, w.rss))
 
     def growers(self, state: RunState, key: str) -> list[tuple[float, str]]:
         """(bytes a second since the rise began, worker) of the scope's workers, the fastest first."""
@@ -143,6 +154,6 @@ class GrowthIndex:
         return sorted(out, reverse=True)
 
 
-def index_of(state: RunState) -> GrowthIndex:
+def index_of(state: RunState, near: Callable[[ScopeMemory, Growth], bool]) -> GrowthIndex:
     """The state's growth index, for as long as the state lives (``observe`` brings it up to date with it)."""
-    return state.kept("growth", lambda: GrowthIndex(state))
+    return state.kept("growth", lambda: GrowthIndex(state, near))

@@ -9,6 +9,10 @@ reads them when it judges the worker). A memory scope is fed with each new readi
 
 from __future__ import annotations
 
+import collections
+import collections.abc
+import itertools
+
 from gkd_core.state.records import WorkerState
 
 # entries one feed holds before it gives up on them and tells its index to read everything again: an index that
@@ -18,44 +22,56 @@ FEED_MAX = 1 << 20
 
 
 class Feed:
-    """The workers fed since the last ``take``, oldest first (a worker changed twice is there twice)."""
+    """The workers fed since the last ``take``, in the order each was first fed, each once: one already waiting is
+    not fed again (an index reads a worker as it is when it takes it in, so a worker changed four times as it joins,
+    131,072 of them at once, is read once)."""
 
-    __slots__ = ("changed", "moves", "overflowed", "__weakref__")
+    __slots__ = ("changed", "moves", "overflowed", "_waiting", "__weakref__")
 
     def __init__(self, moves: bool = True) -> None:
-        self.changed: list[WorkerState] = []
+        self.changed: collections.deque[WorkerState] = collections.deque()
         self.moves = moves  # fed a worker's change of phase, spans or role too
         self.overflowed = False
+        self._waiting: set[str] = set()  # the sources in ``changed``
+
+    def __len__(self) -> int:
+        return len(self.changed)
 
     def add(self, w: WorkerState) -> None:
+        if w.src in self._waiting:
+            return
         if len(self.changed) < FEED_MAX:
             self.changed.append(w)
+            self._waiting.add(w.src)
         else:
-            self.changed, self.overflowed = [], True
+            self.changed, self._waiting, self.overflowed = collections.deque(), set(), True
 
     def take(self, most: int | None = None) -> dict[str, WorkerState] | None:
         """The workers fed since the last take (the first ``most`` of them: the rest at the next), each once, in the
         order each was first fed (a new worker's first word is its making: new workers come in the state's order);
         None when the feed overflowed: every worker may have changed."""
         if self.overflowed:
-            self.changed, self.overflowed = [], False
+            self.changed, self._waiting, self.overflowed = collections.deque(), set(), False
             return None
         if most is None or most >= len(self.changed):
-            changed, self.changed = self.changed, []
+            changed: collections.abc.Iterable[WorkerState] = self.changed
+            self.changed, self._waiting = collections.deque(), set()
         else:
-            changed, self.changed = self.changed[:most], self.changed[most:]
-        out: dict[str, WorkerState] = {}
-        for w in changed:
-            if w.src not in out:
-                out[w.src] = w
-        return out
+            changed = [self.changed.popleft() for _ in range(most)]
+            self._waiting.difference_update(w.src for w in changed)
+        return {w.src: w for w in changed}
 
 
 class ScopeFeed(set[str]):
     """The memory scopes (``RunRecord.mem_scopes``' keys) with a new reading since the last ``take``: each once (a
     node's is said with every heartbeat batch of its relay; there are at most ``SCOPES_KEEP`` of them)."""
 
-    def take(self) -> set[str]:
-        taken = set(self)
-        self.clear()
+    def take(self, most: int | None = None) -> set[str]:
+        """The scopes fed since the last take (any ``most`` of them: the rest at the next)."""
+        if most is None or most >= len(self):
+            taken = set(self)
+            self.clear()
+        else:
+            taken = set(itertools.islice(self, most))
+            self -= taken
         return taken

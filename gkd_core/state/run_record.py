@@ -159,6 +159,15 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
         feeds.append(weakref.ref(feed))
         return feed
 
+    def backlog(self) -> int:
+        """What this state's feeds hold that their indexes have not taken in yet (``diagnosis.keep_up``)."""
+        n = 0
+        for ref in (*self.__dict__.get("_feeds", ()), *self.__dict__.get("_scope_feeds", ())):
+            feed = ref()
+            if feed is not None:
+                n += len(feed)
+        return n
+
     def kept_if(self, name: str) -> object | None:
         """What the diagnosis keeps under ``name``, if it made it (``kept``)."""
         return self.__dict__.get(name)

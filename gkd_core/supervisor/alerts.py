@@ -69,6 +69,10 @@ def refusals(rejects: RejectCounter, auth_refused: int) -> list[AlertEvent]:
 ALERT_EVERY_S = 0.5
 ALERT_SHARE_INV = 20  # the alerts' pass takes at most a twentieth of the supervisor's time
 PASS_TURN_S = 0.01  # a turn of the alerts' pass: the rules it runs before the ingest is read again
+# a pass due while the indexes have more than this left to take in (a burst: 131,072 workers' first beats, a step's
+# phases) waits for them (``diagnosis.keep_up``, a slice a tick) up to PASS_WAIT_S: it would read the burst itself
+PASS_BACKLOG = 4096
+PASS_WAIT_S = 5.0
 
 
 class Passes:
@@ -82,13 +86,20 @@ class Passes:
         self._under_way: diagnosis.Pass | None = None
         self._began = 0.0  # (monotonic) when it began
         self._next = 0.0  # (monotonic) when the next is due
+        self._waits_since = 0.0  # (monotonic) since when the one due waits for a burst to be taken in; 0: it does not
 
-    def turn(self, now: float, begin: Callable[[], diagnosis.Pass]) -> list[AlertEvent] | None:
-        """A turn of the pass under way, or of a new one (``begin``) when one is due; its findings once it ends. A
-        pass's time is its turns' and its beginning's (``begin`` walks the heartbeats the log holds back)."""
+    def turn(self, now: float, begin: Callable[[], diagnosis.Pass], backlog: int = 0) -> list[AlertEvent] | None:
+        """A turn of the pass under way, or of a new one (``begin``) when one is due and the indexes have no more
+        than PASS_BACKLOG left to take in (``backlog``), or it has waited PASS_WAIT_S for them; its findings once it
+        ends. A pass's time is its turns' and its beginning's (``begin`` reads the OOM watch's scopes)."""
         if self._under_way is None:
             if now < self._next:
                 return None
+            if backlog > PASS_BACKLOG:
+                self._waits_since = self._waits_since or now
+                if now - self._waits_since < PASS_WAIT_S:
+                    return None
+            self._waits_since = 0.0
             start = time.perf_counter()
             self._under_way, self._began = begin(), now
             self._under_way.took_s += time.perf_counter() - start

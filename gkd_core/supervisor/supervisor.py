@@ -190,7 +190,7 @@ class Supervisor:
     # --- the loop ------------------------------------------------------------------------
 
     def _begin_pass(self) -> diagnosis.Pass:
-        self.rec.restate_silent()  # at the alerts' pace
+        self.rec.restate_silent()  # (those fallen silent since the last tick: the pass judges what the log says)
         self.oom_watch.check(self.state, time.time())  # a death by the OOM killer is a finding of this pass
         now = alerts.judged_at(time.time(), self.state.newest_beat, self.ingest.behind)
         return alerts.begin(self.state, now, self.cfg.telemetry.stall_s, self.cfg.telemetry.heartbeat_s,
@@ -300,7 +300,10 @@ class Supervisor:
 
     def _chores(self) -> tuple[Callable[[float], object], ...]:
         """What the loop does between its reads, in this order, each given the (monotonic) time."""
-        return (self._on_stop_asked, self._watch_driver, lambda now: diagnosis.keep_up(self.state),
+        # between passes, what would fall to the next: the beats of those fallen silent since restated (a few a
+        # tick, where a pass seconds apart would find a burst of them), and a slice of each index's feed taken in
+        return (self._on_stop_asked, self._watch_driver, lambda now: self.rec.restate_silent(),
+                lambda now: diagnosis.keep_up(self.state),
                 self._alerts_when_due, lambda now: self.driver.tick(self.state, self.emit), self._tell_unattended,
                 lambda now: self.rec.flush(), self.heap.tick,
                 lambda now: self._keyframe(self.keyframes.tick(self.state, self.log, self.seq)))  # forks when due
@@ -315,7 +318,7 @@ class Supervisor:
             self._evaluate_alerts()  # now, not at the next tick: the supervisor may be about to exit
 
     def _alerts_when_due(self, now: float) -> None:
-        wanted = self.passes.turn(now, self._begin_pass)
+        wanted = self.passes.turn(now, self._begin_pass, self.state.backlog())
         if wanted is not None:
             self._emit_alerts(wanted)
             if self.unattended is not None:

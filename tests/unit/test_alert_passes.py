@@ -69,3 +69,26 @@ def test_a_supervisor_behind_its_ingest_judges_the_state_as_of_its_newest_heartb
     cfg = Settings()
     assert diagnosis.diagnose(st, alerts.judged_at(late, newest, behind=True), cfg) == []
     assert "heartbeat_stale" in {a.code for a in diagnosis.diagnose(st, late, cfg)}
+
+
+def test_a_pass_due_in_a_burst_waits_for_the_indexes_to_take_it_in_up_to_its_bound():
+    """131,072 workers' first beats (or a step's phases) wait in the indexes' feeds: the pass due waits while the
+    supervisor's ticks take them in a slice at a time (``diagnosis.keep_up``), so that it does not read the burst
+    itself; and it waits PASS_WAIT_S at the most, so a run under a load that never lets up is still diagnosed."""
+    st = busy_run()
+    begun = []
+
+    def begin() -> diagnosis.Pass:
+        begun.append(1)
+        return diagnosis.Pass(st, T0 + 10.7, Settings())
+
+    passes = alerts.Passes()
+    burst = alerts.PASS_BACKLOG + 1
+    assert passes.turn(100.0, begin, backlog=burst) is None and begun == []  # due, waits for the burst
+    assert passes.turn(100.0 + alerts.PASS_WAIT_S - 0.1, begin, backlog=burst) is None and begun == []
+    passes.turn(100.1, begin, backlog=alerts.PASS_BACKLOG)
+    assert begun == [1]  # taken in: it runs
+    later = alerts.Passes()
+    assert later.turn(100.0, begin, backlog=burst) is None and begun == [1]
+    later.turn(100.0 + alerts.PASS_WAIT_S, begin, backlog=burst)
+    assert begun == [1, 1]  # waited its bound: it runs

@@ -13,6 +13,7 @@ import os
 
 from gkd_core.diagnosis import memory_growth
 from gkd_core.diagnosis.marks import marked, on_node
+from gkd_core.diagnosis.memory_growth import Growth
 from gkd_core.diagnosis.rules.common import Settings
 from gkd_core.state import RunState
 from gkd_core.state.records import ScopeMemory
@@ -53,11 +54,11 @@ def short(scope: str) -> str:
 def memory_growing(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A scope whose use has grown for SUSTAINED_S toward its limit, named by the worker in it that grew
     fastest since the rise began: warned with the projected time, critical when close."""
-    index = memory_growth.index_of(state)
+    index = memory_growth.index_of(state, _near_limit)
     with index.lock:
         index.observe(state)
         out = []
-        for key in sorted(index.rising, key=index.rising.__getitem__):
+        for key in sorted(index.near, key=index.near.__getitem__):
             s, g = state.mem_scopes.get(key), index.scopes[key].growth
             if (s is None or g.rising_since is None or now - g.rising_since < SUSTAINED_S or g.rate < GROWING_MIN
                     or s.limit <= 0 or now - s.ts > FRESH_S):
@@ -106,6 +107,13 @@ def oom_killed(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     return out
 
 
+def _near_limit(s: ScopeMemory, g: Growth) -> bool:
+    """A rising scope that may be named, by its reading and its growth (how long it rose and how fresh the reading
+    is are the rule's to judge at ``now``)."""
+    return (g.rate >= GROWING_MIN and s.limit > 0
+            and (max(s.limit - s.used, 0) / g.rate <= WARN_WITHIN_S or s.used / s.limit >= CRITICAL_FULL))
+
+
 def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """A node whose available memory is under NODE_WARN of its total, named by its largest workers: whoever
     is killed there next (by Ray's memory monitor or the kernel) may not be the one that took the memory."""
@@ -137,11 +145,25 @@ class LowNodes:
         self._low: dict[str, str] = {}  # node -> its scope's key
         self._read_all = True
 
+    def keep_up(self, state: RunState, most: int) -> None:
+        """Between passes: ``most`` of the scopes with a new reading (``diagnosis.keep_up``)."""
+        if not self._read_all:
+            self._readings(state, self._feed.take(most))
+
     def low_now(self, state: RunState, now: float) -> list[tuple[str, ScopeMemory]]:
         """(node, its reading) of each node low now, by name (a reading older than FRESH_S says nothing of now)."""
         keys = self._feed.take()
         if self._read_all:
             keys, self._read_all = set(state.mem_scopes), False
+        self._readings(state, keys)
+        out = []
+        for node, key in sorted(self._low.items()):
+            s = state.mem_scopes.get(key)
+            if s is not None and now - s.ts <= FRESH_S:
+                out.append((node, s))
+        return out
+
+    def _readings(self, state: RunState, keys: set[str]) -> None:
         for key in keys:
             s = state.mem_scopes.get(key)
             if s is not None and s.scope == "node" and s.limit > 0 and s.available < NODE_WARN * s.limit:
@@ -150,9 +172,3 @@ class LowNodes:
                 node = s.node if s is not None else key.partition("|")[0]
                 if self._low.get(node) == key:
                     del self._low[node]
-        out = []
-        for node, key in sorted(self._low.items()):
-            s = state.mem_scopes.get(key)
-            if s is not None and now - s.ts <= FRESH_S:
-                out.append((node, s))
-        return out
