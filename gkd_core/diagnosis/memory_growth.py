@@ -96,18 +96,22 @@ class GrowthIndex:
         self._readings(state, scopes)
 
     def _readings(self, state: RunState, scopes: set[str]) -> None:
-        """The newest reading of each of ``scopes`` into its growth (a window ends at the first reading
-        ``GROWTH_WINDOW_S`` past its anchor, however often they are taken)."""
+        """The newest reading of each of ``scopes`` into its growth: a window ends at the first reading
+        ``GROWTH_WINDOW_S`` past its anchor, and one within it is a look and no more (whether a rising scope is near
+        its limit is judged again at the window's end, from its use then: the rule reads its use now)."""
+        scopes_now = state.mem_scopes
         for key in scopes:
-            s = state.mem_scopes.get(key)
+            s = scopes_now.get(key)
+            got = self.scopes.get(key)
             if s is None:  # (let go: the oldest of too many)
                 self.scopes.pop(key, None)
                 self.rising.pop(key, None)
                 self.near.pop(key, None)
                 self._place.pop(key, None)
                 continue
+            if got is not None and 0.0 <= s.ts - got.growth.anchor_ts < GROWTH_WINDOW_S:
+                continue  # (16,384 nodes' memory each second at the largest: most readings end here)
             place = self._place.setdefault(key, len(self._place))
-            got = self.scopes.get(key)
             if got is None:
                 self.scopes[key] = ScopeGrowth(Growth(s.ts, s.used))
                 continue
