@@ -3,10 +3,11 @@ whose clock vouches for it, in flat arrays (``BeatTable``) that the reducer writ
 numpy reads at once.
 
 The stale heartbeat's rule asks, every pass, which workers have not been heard from for a while (``silent_workers``).
-A walk over every worker (``liveness.silent_among``) costs about 25 ms at 131,072 workers on two cores, each pass;
-the table's one vectorised comparison costs about 1 ms, and names a few candidates, each judged as the walk judges
-it. Its answer is the walk's, worker for worker and word for word (``tests/unit/test_beat_table.py`` holds them
-side by side on random runs): the table may think a worker older than it is, never younger.
+A walk over every worker (``liveness.silent_among``) cost 20-28 ms at 131,072 workers on the development machine's
+kind, each pass (2026-11-30); the table's one vectorised comparison, under a millisecond, names a few candidates,
+each judged as the walk judges it. Its answer is the walk's, worker for worker and word for word
+(``tests/unit/test_beat_table.py`` holds them side by side on random runs): the table may think a worker older
+than it is, never younger.
 
 Kept exact by three writers: the reducer writes each beat's time and each relay clock's as they come (one store
 each: thousands of full beats a second at the largest); what changes rarely (a worker's relay, a quiet time, a
