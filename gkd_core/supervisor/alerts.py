@@ -91,7 +91,8 @@ class Passes:
     def turn(self, now: float, begin: Callable[[], diagnosis.Pass], backlog: int = 0) -> list[AlertEvent] | None:
         """A turn of the pass under way, or of a new one (``begin``) when one is due and the indexes have no more
         than PASS_BACKLOG left to take in (``backlog``), or it has waited PASS_WAIT_S for them; its findings once it
-        ends. A pass's time is its turns' and its beginning's (``begin`` reads the OOM watch's scopes)."""
+        ends. A pass's time is its turns' and its beginning's (``begin``: the log's beats of those fallen silent since
+        the last tick restated, the OOM watch's scopes read)."""
         if self._under_way is None:
             if now < self._next:
                 return None
