@@ -98,7 +98,8 @@ class TelemetryConfig(_Section):
     # a rule reads (idle CPU, dropped events, RSS); 0 keeps every heartbeat
     heartbeat_log_s: float = 10.0
     # the supervisor writes a keyframe of its state (RUN/keyframes/) each time events.jsonl has grown by this
-    # much, so that a replay of a long recording starts near where it is asked to be; 0: none
+    # much (or by the last keyframe's own size, when larger), so that a replay of a long recording starts near
+    # where it is asked to be; 0: none
     keyframe_mb: float = 32.0
     stall_s: float = 10.0  # a heartbeat older than this raises a `heartbeat_stale` alert
     bind_host: str = "127.0.0.1"  # where the teacher server (and, across nodes, the tcp ingest) listen; a loopback

@@ -6,10 +6,13 @@ that can start from the newest keyframe before the moment it is asked for reads 
 after it (``gkd_tui.sources.replay``), as a video player starts from a keyframe.
 
 - **When**: each time the log has grown by ``telemetry.keyframe_mb`` (32 MB; 0: never) since the
-  last one, one at a time, not in a burst of events (up to ``DEFER_MAX_S`` later); the newest ``KEEP``
-  are kept. A run of 8 workers logs 20 to 200 MB a day: a keyframe of a few KB every few hours. And
-  at the run's end, when the log grew by an ``END_SHARE``th of that since the last: a finished run
-  opens at its end at once.
+  last one, or by the last one's own size if that is larger, one at a time, not in a burst of events (up
+  to ``DEFER_MAX_S`` later); the newest ``KEEP`` are kept. A run of 8 workers logs 20 to 200 MB a day: a
+  keyframe of a few KB every few hours. A keyframe's cost is its size, so keyframes cost no more than the
+  log they save a replay from reading (as Redis rewrites its append-only file when it has grown by its own
+  size): at 131,072 workers the state is 190 MB of JSON, and one every 32 MB of log (10 s) wrote six times
+  the log's bytes. And at the run's end, when the log grew by an ``END_SHARE``th of ``keyframe_mb`` since
+  the last: a finished run opens at its end at once.
 - **How**: from a forked child, the way Redis writes its snapshots (BGSAVE). The supervisor forks
   between two events with the log's buffer flushed, so the child's copy of the state is the state
   at that line, and the child encodes and writes it (0.4 s and 84 MB of JSON at 65,536 workers)
@@ -153,6 +156,7 @@ class KeyframeWriter:
             except KeyframeError:
                 pass
         self.written_offset = self.last_offset  # the newest one written (a started one may yet fail)
+        self.last_size = _size(done[-1]) if done else 0  # the newest one's bytes: the next is due no sooner
         self.written = 0
         self._rate_from: tuple[int, float] | None = None  # (seq, when): the events counted since
         self._burst_until = 0.0  # (monotonic) a due keyframe waits until then
@@ -165,7 +169,7 @@ class KeyframeWriter:
         in_burst = self._in_burst(seq, now)
         if self.pid:
             return self._reap()
-        if self.every and log.offset - self.last_offset >= self.every and log.offset:
+        if self.every and log.offset - self.last_offset >= max(self.every, self.last_size) and log.offset:
             if self._due_since is None:
                 self._due_since = now
             if in_burst and now - self._due_since < DEFER_MAX_S:
@@ -227,6 +231,7 @@ class KeyframeWriter:
         if code == 0:
             self.written += 1
             self.written_offset = h.offset
+            self.last_size = _size(self.folder / _name(h.seq))
             return ""
         _remove_temporary(self.folder, h.seq)
         if self._killed:
@@ -271,6 +276,13 @@ class KeyframeWriter:
 
 def _name(seq: int) -> str:
     return f"seq-{seq:012d}.jsonl"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # (let go since: the next is due at keyframe_mb)
+        return 0
 
 
 def _remove_temporary(folder: Path, seq: int) -> None:

@@ -213,12 +213,19 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
         wait_until(lambda seq=seq: w.tick(st, log, seq) == "" and not w.pid, 10, "the writer done")
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
-        log.append(wire.encode(ev.LogEvent(src="driver", message="more", ts=110.0 + seq, seq=seq)), 110.0 + seq)
+        # the next is due when the log grew by as much as this one's size (keyframe_mb is a byte here)
+        assert w.last_size == kf.frames(tmp_path / "keyframes")[-1].stat().st_size > 1000
+        log.append(wire.encode(ev.LogEvent(src="driver", message="more" * (w.last_size // 8), ts=110.0 + seq,
+                                           seq=seq)), 110.0 + seq)
+        log.flush()
+        assert (w.tick(st, log, seq), w.pid) == ("", 0)  # half its size: not yet
+        log.append(wire.encode(ev.LogEvent(src="driver", message="more" * (w.last_size // 8), ts=110.0 + seq,
+                                           seq=seq)), 110.0 + seq)
         log.flush()
     assert w.written == 3
     assert [p.name for p in kf.frames(tmp_path / "keyframes")] == ["seq-000000000004.jsonl", "seq-000000000005.jsonl"]
     h = kf.read_header(kf.frames(tmp_path / "keyframes")[-1])
-    assert (h.seq, h.lines, h.max_ts) == (5, 5, 114.0)
+    assert (h.seq, h.lines, h.max_ts) == (5, 7, 114.0)
     assert kf.load(kf.frames(tmp_path / "keyframes")[-1]) == st
 
     def fails(state):
@@ -229,7 +236,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     assert "seq 6 not written (exit 1): ValueError: the disk said no" in said and not w.pid
 
     monkeypatch.setattr(kf, "encode_state", lambda state: time.sleep(60))
-    log.append(b'{"v":1}', 120.0)
+    log.append(b'{"v":"%s"}' % (b"x" * w.last_size), 120.0)
     w.deadline_s = 0.3
     assert w.tick(st, log, 7) == ""
     said = wait_until(lambda: w.tick(st, log, 7), 10, "the overrun named")
@@ -238,7 +245,7 @@ def test_the_writer_forks_reaps_and_reports_a_child_that_fails_or_overruns(tmp_p
     assert not list((tmp_path / "keyframes").glob(".*.tmp"))
     assert len(kf.frames(tmp_path / "keyframes")) == 2  # the good ones stay
 
-    log.append(b'{"v":1}', 130.0)
+    log.append(b'{"v":"%s"}' % (b"x" * w.last_size), 130.0)
     assert w.tick(st, log, 8) == "" and w.pid
     assert "abandoned" in w.close(wait_s=0.2) and not w.pid
     log.close()
@@ -320,7 +327,8 @@ def test_a_log_taken_over_knows_where_it_stands_and_so_does_its_writer(tmp_path)
     again = EventLog(path, max_ts=st.last_ts)
     data = path.read_bytes()
     assert (again.offset, again.line_no, again.last_line) == (len(data), 5, data.splitlines()[-1])
-    assert kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6).last_offset == len(data)
+    taken = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6)
+    assert (taken.last_offset, taken.last_size) == (len(data), kf.frames(tmp_path / "keyframes")[-1].stat().st_size)
     again.append(b'{"v":1}', 200.0)
     again.close()
     assert (again.offset, again.line_no, again.max_ts) == (len(data) + 8, 6, 200.0) == \
@@ -400,8 +408,9 @@ def test_a_keyframe_due_in_a_burst_of_events_waits_for_its_end_or_at_most_defer_
     w = kf.KeyframeWriter(tmp_path / "keyframes", every_mb=1e-6)
     assert w.tick(st, log, 0, now=0.0) == "" and not w.pid  # nothing logged yet: the count starts
 
-    def grow(seq: int) -> None:
-        log.append(wire.encode(ev.LogEvent(src="driver", message="more", ts=100.0 + seq, seq=seq)), 100.0 + seq)
+    def grow(seq: int) -> None:  # (past the last keyframe's size: due)
+        log.append(wire.encode(ev.LogEvent(src="driver", message="more" * (w.last_size // 4 + 1), ts=100.0 + seq,
+                                           seq=seq)), 100.0 + seq)
         log.flush()
 
     grow(1)
