@@ -4,7 +4,8 @@ changed since the last, not every worker (131,072 of them at the largest).
 A worker is fed when it is new, or when something an index keeps of it changes: its phase, spans or role
 (``RunRecord.mark_moved``), Ray's word of it, its registration (node, pid), its memory scope, its count of dropped
 events, an OOM kill. Not a heartbeat's numbers: they change for every worker every second (a rule that reads them
-reads them when it judges the worker). A memory scope is fed with each new reading (``ScopeFeed``).
+reads them when it judges the worker). A memory scope is fed when it is made or let go, and with each new reading
+its index wants (``ScopeFeed``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import collections
 import collections.abc
 import itertools
+from collections.abc import Callable
 
-from gkd_core.state.records import WorkerState
+from gkd_core.state.records import ScopeMemory, WorkerState
 
 # entries one feed holds before it gives up on them and tells its index to read everything again: an index that
 # stopped taking (a state no longer diagnosed) costs this much at the most, and an index behind by more than a
@@ -63,8 +65,15 @@ class Feed:
 
 
 class ScopeFeed(set[str]):
-    """The memory scopes (``RunRecord.mem_scopes``' keys) with a new reading since the last ``take``: each once (a
-    node's is said with every heartbeat batch of its relay; there are at most ``SCOPES_KEEP`` of them)."""
+    """The memory scopes (``RunRecord.mem_scopes``' keys) made, let go, or with a new reading that ``wants`` (None:
+    every one) since the last ``take``: each once. ``made_only``: no reading, only the making and the letting go (an
+    index that looks at its scopes' readings when it is due to, ``diagnosis.memory_growth``). A node's reading comes
+    with every heartbeat batch of its relay, 16,384 a second at the largest: an index that wants few of them is fed
+    those, and asked per reading (``RunRecord.touch_scope``)."""
+
+    def __init__(self, wants: Callable[[ScopeMemory], bool] | None = None, made_only: bool = False):
+        super().__init__()
+        self.wants, self.made_only = wants, made_only
 
     def take(self, most: int | None = None) -> set[str]:
         """The scopes fed since the last take (any ``most`` of them: the rest at the next)."""

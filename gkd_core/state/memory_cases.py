@@ -27,18 +27,19 @@ def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: floa
     if w.mem is None or w.mem.scope != mem.scope:
         st.touch(w)  # (in another scope: who is in which is the memory rules' to know)
     w.mem = mem
-    key = scope_key(w.node, mem.scope)
+    key = f"{w.node}|{mem.scope}"  # (``scope_key``, inline: 16,384 readings a second at the largest)
     s = st.mem_scopes.get(key)
+    made = s is None
     if s is None:
         if len(st.mem_scopes) >= SCOPES_KEEP:
             by_age = sorted(st.mem_scopes, key=lambda k: st.mem_scopes[k].ts)
             for old in by_age[:SCOPES_KEEP // 4]:
                 del st.mem_scopes[old]
-                st.touch_scope(old)
+                st.touch_scope(old, None)
         s = st.mem_scopes[key] = ScopeMemory(node=w.node, scope=mem.scope)
     if ts >= s.ts:  # (else an older word of the scope than one already taken: another worker's, later)
         s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts
-        st.touch_scope(key)
+        st.touch_scope(key, s, made)
 
 
 def on_oom_killed(st: RunRecord, e: ev.OomKilledEvent) -> None:

@@ -142,20 +142,23 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
         feeds.append(weakref.ref(feed))
         return feed
 
-    def touch_scope(self, key: str) -> None:
-        """The memory scope ``key`` (``mem_scopes``) has a new reading, or is gone: each scope feed has it."""
+    def touch_scope(self, key: str, reading: ScopeMemory | None, made: bool = False) -> None:
+        """The memory scope ``key`` (``mem_scopes``) has a new ``reading`` (``made``: its first), or is gone (None):
+        each scope feed has it, if it wants it (``ScopeFeed``)."""
         feeds = self.__dict__.get("_scope_feeds")
         if feeds:
             for ref in feeds:
                 feed = ref()
-                if feed is not None:
+                if feed is not None and (reading is None or made or not feed.made_only
+                                         and (feed.wants is None or feed.wants(reading))):
                     feed.add(key)
 
-    def scope_feed(self) -> ScopeFeed:
-        """A new feed of the memory scopes whose reading changes from now on (``touch_scope``)."""
+    def scope_feed(self, wants: Callable[[ScopeMemory], bool] | None = None, made_only: bool = False) -> ScopeFeed:
+        """A new feed of the memory scopes made, let go or read from now on (``touch_scope``): the readings that
+        ``wants`` (None: every one), or none (``made_only``)."""
         feeds = self.__dict__.setdefault("_scope_feeds", [])
         feeds[:] = [ref for ref in feeds if ref() is not None]
-        feed = ScopeFeed()
+        feed = ScopeFeed(wants, made_only)
         feeds.append(weakref.ref(feed))
         return feed
 

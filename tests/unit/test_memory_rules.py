@@ -308,3 +308,12 @@ def test_a_grower_whose_first_reading_comes_after_the_scope_began_to_rise_is_sti
             beat(st, "Late/0", t, 200 * MB + 40 * MB * s, GB + 40 * MB * s)
         said = alerts(st, t, "memory_growing")
     assert [a.targets for a in said] == [["Late/0"]], said
+
+
+def test_a_clock_at_the_end_of_the_floats_is_looked_at_once_a_pass_not_forever():
+    """A scope is looked at again a while after its look, by the heartbeats' clock: at a clock where a while more is
+    the same float (a fuzzed 1e308), the look falls due at once, and must not be taken again in the same pass."""
+    st = job("Worker/0")
+    for t in (T0, 1e308, float("inf")):
+        beat(st, "Worker/0", t, 100 * MB, GB)
+        assert alerts(st, t, "memory_growing") == []

@@ -7,6 +7,7 @@ import pytest
 
 from gkd_core import diagnosis
 from gkd_core.diagnosis.marks import Marks
+from gkd_core.diagnosis.memory_growth import GROWTH_WINDOW_S, GrowthIndex
 from gkd_core.diagnosis.rules import RULES, Settings
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
@@ -155,3 +156,22 @@ def test_a_worker_whose_heartbeats_stop_is_found_without_a_change():
     assert sorted(t for a in stale for t in a.targets) == sorted(f"rollout/{i}" for i in range(5 * PER_NODE,
                                                                                               6 * PER_NODE))
     assert CountedWorkers.reads <= 8 * PER_NODE  # (those named, each read by the few rules that say it)
+
+
+def test_the_nodes_memory_is_looked_at_once_a_window_not_at_every_reading():
+    """Every node's relay says its node's memory each second (16,384 readings a second at the largest): none of them
+    waits for an index between passes (a healthy node's is no low one's), and the growth index looks at each node's
+    once its window can end, not at each reading."""
+    st = busy_run()
+    now, cfg = T0 + 10.7, Settings()
+    assert diagnosis.diagnose(st, now, cfg) == []
+    growth = st.kept_if("growth")
+    assert isinstance(growth, GrowthIndex)
+    looked, seconds = growth.looked, 12
+    for s in range(1, seconds + 1):
+        beats(st, now + s)
+        assert st.backlog() == 0  # nothing fed: no scope made, none low
+        diagnosis.keep_up(st)
+        assert diagnosis.diagnose(st, now + s + 0.1, cfg) == []
+    windows = growth.looked - looked
+    assert seconds // (GROWTH_WINDOW_S + 1) * NODES <= windows <= (seconds // GROWTH_WINDOW_S + 1) * NODES, windows

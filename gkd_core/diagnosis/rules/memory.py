@@ -138,12 +138,16 @@ def node_memory_low(state: RunState, now: float, cfg: Settings) -> list[AlertEve
 
 class LowNodes:
     """The nodes whose newest reading of their memory is low (NODE_WARN), kept from the scopes' feed: a pass reads
-    the scopes with a new reading, not every node's (16,384 of them at the largest)."""
+    the readings that are low or say a low node is no more, not every node's (16,384 of them at the largest)."""
 
     def __init__(self, state: RunState):
-        self._feed = state.scope_feed()
         self._low: dict[str, str] = {}  # node -> its scope's key
+        self._feed = state.scope_feed(wants=self._wants)
         self._read_all = True
+
+    def _wants(self, s: ScopeMemory) -> bool:
+        """A reading that may change what this index holds (the reducer asks, at each)."""
+        return s.scope == "node" and (s.available < NODE_WARN * s.limit or s.node in self._low)
 
     def keep_up(self, state: RunState, most: int) -> None:
         """Between passes: ``most`` of the scopes with a new reading (``diagnosis.keep_up``)."""
