@@ -71,18 +71,18 @@ class ClockLog:
         self._holds: collections.deque[tuple[float, str]] = collections.deque()  # (``HeartbeatLog._holds``)
 
     def admit(self, clocks: Sequence[RelayClock], into: list[RelayClock], mono: float | None = None) -> None:
-        due_s = self.every_s - self.heartbeat_s / 2
-        for c in clocks:
-            last = self._logged.get(c.relay)
+        due_s, came = self.every_s - self.heartbeat_s / 2, time.monotonic() if mono is None else mono
+        logged, held, holds = self._logged, self._held, self._holds
+        for c in clocks:  # (a merged batch's: a clock of each of hundreds of relays)
+            last = logged.get(c.relay)
             if (last is None or self.every_s <= 0 or c.joined or c.quiet or c.epoch != last.epoch
                     or c.ts - last.ts >= due_s):
                 into.append(c)
-                self._logged[c.relay] = c
-                self._held.pop(c.relay, None)
+                logged[c.relay] = c
+                held.pop(c.relay, None)
             elif c.ts > last.ts:
-                came = time.monotonic() if mono is None else mono
-                self._held[c.relay] = (c, came)
-                self._holds.append((came, c.relay))
+                held[c.relay] = (c, came)
+                holds.append((came, c.relay))
 
     def silent(self, mono: float | None = None) -> list[RelayClock]:
         """The held clocks of relays heard from no more since: to restate now (each once)."""
@@ -106,10 +106,13 @@ class HeartbeatLog:
 
     def __post_init__(self) -> None:
         self.clocks = ClockLog(self.every_s, self.heartbeat_s)  # the relays' clocks, kept alike
-        # each beat held, as (when, its worker's), in the order held, apart for workers a relay's clock vouches for
+        # each beat held, as (when, its worker), in the order held, apart for workers a relay's clock vouches for
         # (their own limit): the oldest are the first to fall silent, so that ``silent`` reads those due, not every
-        # worker. A worker held again since is there again; its older place is passed over when it comes due.
-        self._holds: tuple[collections.deque[tuple[float, _Src]], collections.deque[tuple[float, _Src]]] = (
+        # worker. A worker held again since is there again; its older place is passed over when it comes due. (Its
+        # name, not its record: a pair of a float and a str is no container the cycle collector follows, where one
+        # that holds the record is, and tens of thousands a second of those, each held for seconds, made it walk
+        # them again and again: a twentieth of the supervisor's time at 131,072 workers.)
+        self._holds: tuple[collections.deque[tuple[float, str]], collections.deque[tuple[float, str]]] = (
             collections.deque(), collections.deque())
 
     def admit(self, e: Beat, mono: float | None = None) -> tuple[bool, Beat | None]:
@@ -129,7 +132,7 @@ class HeartbeatLog:
             s.logged = e
             return True, before
         s.held, s.held_at = e, time.monotonic() if mono is None else mono
-        self._holds[s.clocked].append((s.held_at, s))
+        self._holds[s.clocked].append((s.held_at, e.src))
         return False, None
 
     def admit_all(self, beats: list[Beat], into: list[Beat], mono: float | None = None,
@@ -167,7 +170,7 @@ class HeartbeatLog:
                 into.append(e)
             else:
                 s.held, s.held_at = e, mono
-                holds.append((mono, s))
+                holds.append((mono, e.src))
 
     @staticmethod
     def _changed(last: Beat, e: Beat) -> bool:
@@ -183,10 +186,11 @@ class HeartbeatLog:
         now = time.monotonic() if mono is None else mono
         limit = SILENT_BEATS * self.heartbeat_s
         clocked_limit = limit + FULL_BEAT_S + 2 * self.heartbeat_s  # (2 periods: a batch's own wait, and one)
-        out = []
+        out, srcs = [], self._srcs
         for holds, clocked, due in ((self._holds[False], False, limit), (self._holds[True], True, clocked_limit)):
             while holds and now - holds[0][0] > due:
-                at, s = holds.popleft()
+                at, src = holds.popleft()
+                s = srcs[src]
                 if s.held is not None and s.held_at == at and s.clocked == clocked:  # (else held again, or logged)
                     out.append(self._restate(s))
         return out
