@@ -255,6 +255,9 @@ def typed_figures(text: str) -> list[tuple[str, str]]:
         for pattern in [BLOCK, *OTHER_BLOCKS]:
             prose = pattern.sub("", prose)
         prose = re.sub(r"`[^`\n]*`", "", prose)  # commands, options and code are names, not figures
+        # days and times are no figures, in the prose or in a block: a "12x" typed in the prose is not one a block
+        # shows because its run was on a 12th
+        prose, shown = CLOCK.sub("", DATED.sub("", prose)), CLOCK.sub("", DATED.sub("", shown))
         shown_numbers = {n.replace(",", "") for n in NUMBER.findall(shown)}
         for figure in NUMBER.findall(prose.partition("\n")[2]):
             if figure.replace(",", "") not in shown_numbers:
@@ -276,6 +279,7 @@ BOUND = re.compile(r"(?:\bevery|\bwithin|\bat most|\bat least|\bup to|\bunder|\b
                    r"|\blasted|\blasts|\b(?:limit|timeout|deadline|period|goal) of|[<>≤≥])\s*\(?\s*$", re.I)
 BOUND_AFTER = re.compile(r"^\s*(?:timeout|deadline|limit|period|threshold|floor|cgroup|at most|at least)\b", re.I)
 DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+CLOCK = re.compile(r"\b\d\d:\d\d\b")
 # what prose is not: code, the product's own words quoted, pictures' captions, comments
 # (a span may wrap onto the next line, not past a paragraph's end)
 _WRAPS = r"(?:\n(?![ \t]*\n))"
