@@ -30,6 +30,10 @@ RISING = 1 << 20  # bytes a second over a window: growing (less is noise: a cach
 # that the reading that ends it has come wherever in the period its node reports (a window is 3 to 4 s); one not
 # come by then (a node gone quiet) is looked at again as long after
 LOOK_LATE_S = 1.0
+LOOK_QUIET_MAX_S = 30.0  # a quiet scope's next look waits as long as it has been quiet, up to this
+# scopes a pass looks at, at the most: after a stall (a mass silence judged) thousands fall due at once, and the pass
+# would read them all; the rest are looked at in the ticks after it (``keep_up``), a window being seconds long
+PASS_LOOKS = 2048
 
 
 @dataclass
@@ -110,7 +114,7 @@ class GrowthIndex:
         for w in workers.values():
             self._file(w)
         self._made_or_gone(state, scopes)
-        self._look(state)
+        self._look(state, PASS_LOOKS)
 
     def _made_or_gone(self, state: RunState, scopes: set[str]) -> None:
         """Scopes the state made (their first reading: a window's anchor) or let go (the oldest of too many)."""
@@ -135,7 +139,8 @@ class GrowthIndex:
     def _look(self, state: RunState, most: int | None = None) -> None:
         """The scopes due by the newest heartbeat (``most`` of them: the rest at the next), each at its newest
         reading: a window ends at a reading ``GROWTH_WINDOW_S`` or more past its anchor (one that has not come is
-        looked for again ``LOOK_LATE_S`` later). Whether a rising scope is near its limit is judged again at each
+        looked for again ``LOOK_LATE_S`` later, or as long as the scope has been quiet: 16,384 nodes gone quiet
+        together are not looked at every second). Whether a rising scope is near its limit is judged again at each
         window's end, from its use then (the rule reads its use now)."""
         due, clock, scopes_now, looked = self._due, state.newest_beat, state.mem_scopes, 0
         again: list[tuple[ScopeGrowth, str, float]] = []  # (each looked at once a call, whatever the clocks say)
@@ -148,7 +153,8 @@ class GrowthIndex:
             looked += 1
             self.looked += 1
             if 0.0 <= s.ts - got.growth.anchor_ts < GROWTH_WINDOW_S:
-                again.append((got, key, clock + LOOK_LATE_S))  # (its reading that ends the window has not come)
+                quiet = min(clock - s.ts, LOOK_QUIET_MAX_S)  # (its reading that ends the window has not come)
+                again.append((got, key, clock + max(LOOK_LATE_S, quiet)))
                 continue
             self._window_ended(state, key, s, got)
             again.append((got, key, got.growth.anchor_ts + GROWTH_WINDOW_S + LOOK_LATE_S))

@@ -175,3 +175,22 @@ def test_the_nodes_memory_is_looked_at_once_a_window_not_at_every_reading():
         assert diagnosis.diagnose(st, now + s + 0.1, cfg) == []
     windows = growth.looked - looked
     assert seconds // (GROWTH_WINDOW_S + 1) * NODES <= windows <= (seconds // GROWTH_WINDOW_S + 1) * NODES, windows
+
+
+def test_a_node_gone_quiet_is_looked_at_less_and_less_often():
+    """A scope whose reading does not come is looked at again as long after as it has been quiet: 16,384 nodes gone
+    quiet together (a run's end, a partition) are not looked at every second."""
+    st = busy_run()
+    now, cfg = T0 + 10.7, Settings()
+    assert diagnosis.diagnose(st, now, cfg) == []
+    growth = st.kept_if("growth")
+    assert isinstance(growth, GrowthIndex)
+    looks: dict[str, set[float]] = {"n5|node": set(), "n4|node": set()}  # (each look sets the next one's time)
+    for s in range(1, 31):
+        beats(st, now + s, quiet_node=5)
+        diagnosis.keep_up(st)
+        diagnosis.diagnose(st, now + s + 0.1, cfg)
+        for key, times in looks.items():
+            times.add(growth.scopes[key].look_at)
+    assert len(looks["n4|node"]) >= 30 // (GROWTH_WINDOW_S + 1)  # heard from: a look a window
+    assert len(looks["n5|node"]) <= 5  # quiet since the first second: at 4, 8, 16 and 32 s, not each second
