@@ -33,7 +33,7 @@ LOOK_LATE_S = 1.0
 LOOK_QUIET_MAX_S = 30.0  # a quiet scope's next look waits as long as it has been quiet, up to this
 # scopes a pass looks at, at the most: after a stall (a mass silence judged) thousands fall due at once, and the pass
 # would read them all; the rest are looked at in the ticks after it (``keep_up``), a window being seconds long
-PASS_LOOKS = 2048
+PASS_LOOKS = 512
 
 
 @dataclass
