@@ -37,9 +37,11 @@ def on_memory(st: RunRecord, w: WorkerState, mem: ev.MemoryBeat | None, ts: floa
                 del st.mem_scopes[old]
                 st.touch_scope(old, None)
         s = st.mem_scopes[key] = ScopeMemory(node=w.node, scope=mem.scope)
-    if ts >= s.ts:  # (else an older word of the scope than one already taken: another worker's, later)
+    if ts >= s.ts:
         s.used, s.limit, s.available, s.oom_kills, s.ts = mem.used, mem.limit, mem.available, mem.oom_kills, ts
-        st.touch_scope(key, s, made)
+    elif not made:
+        return  # (an older word of the scope than one already taken: another worker's, later)
+    st.touch_scope(key, s, made)  # (a new scope is said made whatever its word: an index learns of it once)
 
 
 def on_oom_killed(st: RunRecord, e: ev.OomKilledEvent) -> None:
