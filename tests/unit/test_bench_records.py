@@ -185,3 +185,17 @@ def test_results_md_is_its_records():
             f"figures in {doc.name}'s prose from no record and not dated: quote a record, or say the day it was seen")
     summary = (ROOT / "docs" / "benchmarks.md").read_text()
     assert records.with_summary(summary, text) == summary, "docs/benchmarks.md's summary: run `python bench/records.py`"
+
+
+def test_a_records_day_and_time_are_no_figures_the_prose_may_lean_on(bench_dir, monkeypatch, capsys):
+    """A run on December 12th at 12:12: its block holds "2026-12-12 12:12", and a "12x" typed into the prose is still
+    a figure no table shows (the check once took the date's digits for one, and passed it)."""
+    monkeypatch.setattr(records.time, "strftime", lambda fmt, t=None: "2026-12-12 12:12")
+    kept_run(0.76, 6.7)
+    results = bench_dir / "RESULTS.md"
+    assert "2026-12-12" in results.read_text()
+    monkeypatch.setattr(sys, "argv", ["records.py", "--check"])
+    assert records.main() == 0
+    results.write_text(results.read_text().replace("at once.", "at once, and 12x on a bigger node."))
+    assert records.main() == 1
+    assert "12 is in the prose but in none of the section's tables" in capsys.readouterr().err
