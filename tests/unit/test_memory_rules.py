@@ -4,10 +4,16 @@ and a death by the OOM killer found from the scope's count and given to the larg
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from gkd_core import diagnosis
 from gkd_core.state import RunState
 from gkd_core.supervisor.oom_watch import OomWatch
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry import wire
+from gkd_core.telemetry.relay import HeartbeatBatcher
 
 T0 = 1000.0
 GB, MB = 1 << 30, 1 << 20
@@ -223,7 +229,6 @@ def test_a_node_short_of_memory_names_its_largest_workers_and_a_roomy_one_is_not
 
 
 def test_each_phase_carries_its_peak_into_the_history_and_the_details_compare_them():
-    from gkd_core.telemetry import wire
     from gkd_core.telemetry.reporter import Reporter
     from gkd_tui.screens.worker_details import WorkerDetails
 
@@ -317,3 +322,47 @@ def test_a_clock_at_the_end_of_the_floats_is_looked_at_once_a_pass_not_forever()
     for t in (T0, 1e308, float("inf")):
         beat(st, "Worker/0", t, 100 * MB, GB)
         assert alerts(st, t, "memory_growing") == []
+
+
+def _leak_named_at(relayed: bool, rate: int) -> tuple[int, int]:
+    """A node of 8 workers, its memory breathing by a few MB for a minute, then rollout/3 leaking ``rate`` bytes a
+    second toward the node's 64 GB: (the second the leak is named at, the full beats sent before it began)."""
+    st = RunState()
+    st.apply(ev.RunEvent(state="running", ts=T0 - 60))
+    for i in range(8):
+        st.apply(ev.WorkerEvent(src=f"rollout/{i}", role="rollout", rank=i, node="n0", pid=100 + i,
+                                via="agent/n0", ts=T0 - 50))
+    relay, rnd, full_before = HeartbeatBatcher("agent/n0", "n0"), random.Random(7), 0
+    for s in range(0, 180):
+        leak = max(0, s - 60) * rate
+        used = 8 * GB + rnd.randrange(32 * MB) + leak
+        mem = ev.MemoryBeat("node", used, 64 * GB, 64 * GB - used, 0)
+        beats = [ev.Beat(f"rollout/{i}", T0 + s + i / 100, "generate", 1.0, GB + (leak if i == 3 else 0)
+                         + rnd.randrange(2 * MB), 50.0, 0, mem) for i in range(8)]
+        if relayed:
+            for b in beats:
+                relay.add(b)
+            frames = relay.take(now=T0 + s + 0.5)
+            e = None if frames is None else wire.decode(frames[1])
+        else:
+            e = ev.HeartbeatsEvent(src="agent/n0", ts=T0 + s + 0.5, beats=beats)
+        if e is not None:
+            full_before += len(e.beats) if s < 60 else 0
+            st.apply(e)
+        said = alerts(st, T0 + s + 0.5, "memory_growing")
+        if said:
+            assert [a.targets for a in said] == [["rollout/3"]], said
+            return s, full_before
+    raise AssertionError("the leak was never named")
+
+
+@pytest.mark.parametrize("rate", [400 * MB, 1500 * MB])  # named once within 90 s of the limit; once sustained 9 s
+def test_a_leak_is_named_as_soon_when_the_relay_sends_memory_only_past_its_deadband(rate: int):
+    """The relay sends a scope's reading when it moved by a share of what is left of it (``relay.same_memory``):
+    a node whose memory breathes sends its full beats once every 10 s, not one a second, and a leak toward its
+    limit is named when it would be from every reading (its readings come every beat long before it is warned
+    of: the deadband shrinks with what is left)."""
+    every_s, every_full = _leak_named_at(False, rate)
+    relayed_s, relayed_full = _leak_named_at(True, rate)
+    assert relayed_s <= every_s + 1, (relayed_s, every_s)
+    assert every_full == 480 and relayed_full <= 8 * 7, relayed_full  # 8 a second; the forced full beats only

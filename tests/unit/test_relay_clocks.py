@@ -5,14 +5,26 @@ rule reads as its last full beat said them; a worker that stops is said quiet wi
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from gkd_core.diagnosis.rules import memory as memory_rules
 from gkd_core.runlog.heartbeats import SILENT_BEATS, HeartbeatLog
 from gkd_core.state import RunState
 from gkd_core.state.views import heartbeat_at, vouch_s
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry import wire
-from gkd_core.telemetry.relay import CPU_STEP, FULL_BEAT_S, QUIET_BEATS, RSS_STEP, HeartbeatBatcher, same_beat
+from gkd_core.telemetry.relay import (
+    CPU_STEP,
+    FULL_BEAT_S,
+    MEM_STEP,
+    MEM_TIGHT,
+    QUIET_BEATS,
+    RSS_STEP,
+    HeartbeatBatcher,
+    same_beat,
+    same_memory,
+)
 
 MEM = ev.MemoryBeat("node", 10 << 30, 100 << 30, 90 << 30, 0)
 T0 = 1000.0
@@ -56,12 +68,55 @@ def test_a_node_sends_its_clock_and_only_the_beats_that_say_something():
         e = taken(b, t + 0.5)
         assert e is not None
         sent.append(e)
-    # all at first, then one for the scope, and all again at FULL_BEAT_S
-    assert [len(e.beats) for e in sent] == [4] + [1] * (full_every - 1) + [4, 1]
+    # all at first, then none (the scope's reading as it was said), and all again at FULL_BEAT_S
+    assert [len(e.beats) for e in sent] == [4] + [0] * (full_every - 1) + [4, 0]
     [clock] = sent[1].clocks
     assert (clock.relay, clock.epoch, clock.ts) == ("agent/n0", b.epoch, T0 + 1.0)  # the oldest of their newest
     assert sent[0].clocks[0].joined == tuple(f"rollout/{i}" for i in range(4)) and not clock.joined and not clock.quiet
     assert taken(b, full_every + 1.6) is None  # nothing new: not a beat, not a change of the clock
+
+
+def test_a_scope_s_reading_is_sent_when_it_moves_by_a_share_of_what_is_left_of_it():
+    left = MEM.limit - MEM.used  # (90 GB: the node's available memory is as much)
+    step = left // MEM_STEP
+    within = step - (1 << 20)
+    assert same_memory(MEM, ev.MemoryBeat("node", MEM.used + within, MEM.limit, MEM.available - within, 0))
+    for moved in (ev.MemoryBeat("node", MEM.used + step, MEM.limit, MEM.available, 0),  # its use
+                  ev.MemoryBeat("node", MEM.used, MEM.limit, MEM.available - step, 0),  # the node's available memory
+                  ev.MemoryBeat("node", MEM.used, MEM.limit, MEM.available, 1),  # a kill
+                  ev.MemoryBeat("node", MEM.used, MEM.limit + 1, MEM.available, 0),
+                  ev.MemoryBeat("/kubepods/pod1", MEM.used, MEM.limit, MEM.available, 0)):
+        assert not same_memory(MEM, moved), moved
+    # near its limit, every reading is new: a node low on memory, a scope nearly full, one with no limit known
+    tight = ev.MemoryBeat("node", int(MEM.limit * (1 - MEM_TIGHT)) + 1, MEM.limit, MEM.available, 0)
+    assert not same_memory(tight, tight)
+    low = ev.MemoryBeat("/slurm/job_7", MEM.used, MEM.limit, int(MEM_TIGHT * MEM.limit) - 1, 0)
+    assert not same_memory(low, low)
+    assert not same_memory(ev.MemoryBeat("node", 1, 0), ev.MemoryBeat("node", 1, 0))
+
+
+def test_the_deadband_leaves_the_memory_rules_every_reading_where_they_judge():
+    """Where node_memory_low and memory_growing's critical share judge, every reading is sent; a scope warned of
+    (its limit within WARN_WITHIN_S at its growth) moves past the deadband more often than its reading goes stale."""
+    assert memory_rules.NODE_WARN < MEM_TIGHT and 1 - memory_rules.CRITICAL_FULL < MEM_TIGHT
+    assert memory_rules.WARN_WITHIN_S / MEM_STEP < memory_rules.FRESH_S
+
+
+def test_a_node_sends_its_memory_when_it_moves_past_the_deadband_and_every_beat_near_its_limit():
+    b = HeartbeatBatcher("agent/n0", "n0")
+    step = (MEM.limit - MEM.used) // MEM_STEP
+    used = [MEM.used, MEM.used + step // 2, MEM.used + step // 2 + step // 4,  # noise, within the deadband
+            MEM.used + step + 1,  # past it, from the last said
+            int(MEM.limit * (1 - MEM_TIGHT)) + 1, int(MEM.limit * (1 - MEM_TIGHT)) + 2]  # near the limit: each one
+    said = []
+    for t, u in enumerate(used):
+        mem = ev.MemoryBeat("node", u, MEM.limit, MEM.limit - u, 0)
+        for i in range(4):
+            b.add(beat(t + i / 10, src=f"rollout/{i}", mem=mem))
+        e = taken(b, t + 0.5)
+        assert e is not None
+        said.append([x.mem.used for x in e.beats])
+    assert said == [[used[0]] * 4, [], [], [used[3]], [used[4]], [used[5]]]  # one beat says the scope's reading
 
 
 def test_a_worker_that_stops_is_said_quiet_with_its_newest_beat_and_joins_again_in_full():
@@ -106,15 +161,17 @@ def test_the_state_of_a_clock_is_the_state_of_every_beat(idle_from: int):
         assert heartbeat_at(thin, t) == heartbeat_at(full, w) == T0 + 11
         assert t.cpu_low_since == w.cpu_low_since and (t.cpu, t.rss, t.dropped, t.mem) == (w.cpu, w.rss, w.dropped,
                                                                                         w.mem)
-    assert thin.mem_scopes == full.mem_scopes
+    for key, s in full.mem_scopes.items():  # its numbers as every beat said them; its time, its last reading said's
+        got = thin.mem_scopes[key]
+        assert msgspec.structs.replace(got, ts=s.ts) == s and s.ts - FULL_BEAT_S < got.ts <= s.ts
     assert thin.workers["rollout/1"].cpu_low_since == T0 + idle_from - 1  # from the beat before its first idle one
     # the relay's roster: rollout/2 goes quiet (its newest, its own), the others' clock goes on
     for t in (12, 13, 14):
         for i in range(2):
             b.add(beat(t, src=f"rollout/{i}", cpu=5.0 if i == 1 else 60.0, mem=MEM))
         e = taken(b, t + 0.5)
-        assert e is not None
-        thin.apply(e)
+        if e is not None:  # (none while rollout/2's newest holds the clock back and nothing else is new)
+            thin.apply(e)
     assert heartbeat_at(thin, thin.workers["rollout/2"]) == T0 + 11  # silent since: the rule sees it so
     assert heartbeat_at(thin, thin.workers["rollout/0"]) == T0 + 14
 
