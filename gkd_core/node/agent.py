@@ -39,18 +39,28 @@ class NodeAgent:
         self.label = label
         self.run_dir = Path(run_dir)
         address, curve = route.direct(ray.get_runtime_context().get_node_id())
-        self.rep = Reporter(src_of("agent", label), ingest=address, run=run_id, heartbeat_s=heartbeat_s, curve=curve)
-        self.rep.register("agent", node=label)
-        self.rep.set_phase(NODE_WATCHING)
-        # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched
+        # the node's workers push to the relay; it pushes to the supervisor, their heartbeats batched. The agent's
+        # own events go through it too: its heartbeat rides in the batch (16,384 messages a second fewer at 16,384
+        # nodes), and a relay that stops takes the agent's word with its workers', so that the silence is named
+        # once, as the agent's
         self.relay: Relay | None = Relay(src_of("agent", label), label, address, path=relay_path(run_id, label),
                                          run=run_id, curve=curve, interval_s=heartbeat_s)
+        no_relay = ""
         try:
             self.relay.start()
         except Exception as e:  # the workers of this node then push straight to the supervisor
-            self.rep.log(f"agent/{label}: no relay ({type(e).__name__}: {e}); this node's workers push their "
-                         "events straight to the supervisor", level="warn")
+            no_relay = f"{type(e).__name__}: {e}"
             self.relay = None
+        if self.relay is not None:
+            self.rep = Reporter(src_of("agent", label), ingest=self.relay.address, run=run_id, heartbeat_s=heartbeat_s)
+        else:
+            self.rep = Reporter(src_of("agent", label), ingest=address, run=run_id, heartbeat_s=heartbeat_s,
+                                curve=curve)
+        self.rep.register("agent", node=label)
+        self.rep.set_phase(NODE_WATCHING)
+        if no_relay:
+            self.rep.log(f"agent/{label}: no relay ({no_relay}); this node's workers push their events straight to "
+                         "the supervisor", level="warn")
         self.sampler = GpuSampler(label, self.rep.emit, backend=gpu_backend, interval_s=gpu_interval_s,
                                   deadline_s=nvml_deadline_s).start()
         # the agent is a Ray worker: its parent is the node's raylet, under which the run's workers are
@@ -72,9 +82,9 @@ class NodeAgent:
     def stop(self) -> None:
         self.sampler.stop()
         self.load.stop()
+        self.rep.close()  # (before its relay: its last events go through it)
         if self.relay is not None:
             self.relay.stop()
-        self.rep.close()
 
 
 def node_labels(nodes: list[dict]) -> dict[str, str]:

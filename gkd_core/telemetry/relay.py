@@ -248,31 +248,19 @@ class Relay:
             self._bound.set()
             return
         self._bound.set()
-        batcher, recv, send = self.batcher, pull.recv_multipart, push.send_multipart
+        batcher, send = self.batcher, push.send_multipart
         next_flush = time.monotonic() + self.interval_s
         try:
             while not self._stop.is_set():
                 if pull.poll(max(0, int((next_flush - time.monotonic()) * 1000)) + 1):
-                    for _ in range(10_000):
-                        try:
-                            frames = recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        if len(frames) == 1 and frames[0].startswith(HEARTBEAT_PREFIX):
-                            beat = wire.beat_of(frames[0])
-                            if beat is not None:
-                                batcher.add(beat)
-                                if len(batcher.beats) >= MAX_BEATS:
-                                    self._send(send, batcher.take())
-                                continue
-                        self._send(send, frames)  # anything else as it came: the supervisor checks it
-                        self.forwarded += 1
+                    self._pass_on(pull.recv_multipart, send)
                 now = time.monotonic()
                 if now >= next_flush:
                     self._send(send, batcher.take())
                     next_flush += self.interval_s
                     if next_flush <= now:  # late (a frozen relay): no burst of flushes to catch up
                         next_flush = now + self.interval_s
+            self._pass_on(pull.recv_multipart, send)  # what came before the stop (its own agent's last words)
             self._send(send, batcher.take())
         finally:
             push.close(linger=1000)
@@ -281,6 +269,25 @@ class Relay:
                 self.path.unlink()
             except FileNotFoundError:
                 pass
+
+    def _pass_on(self, recv, send) -> None:
+        """What waits on the relay's socket (10,000 messages at the most): heartbeats into the batch, the rest
+        forwarded as it came."""
+        batcher = self.batcher
+        for _ in range(10_000):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) == 1 and frames[0].startswith(HEARTBEAT_PREFIX):
+                beat = wire.beat_of(frames[0])
+                if beat is not None:
+                    batcher.add(beat)
+                    if len(batcher.beats) >= MAX_BEATS:
+                        self._send(send, batcher.take())
+                    continue
+            self._send(send, frames)  # anything else as it came: the supervisor checks it
+            self.forwarded += 1
 
     def _send(self, send, frames: list[bytes] | None) -> None:
         if not frames:

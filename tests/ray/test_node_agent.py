@@ -79,18 +79,24 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         assert "hold_the_gil" in caps["rollout/1"].text, caps["rollout/1"].error
         assert "is stopped" in caps["rollout/2"].error and "kill -CONT" in caps["rollout/2"].error
 
-        # both agents report: registration and GPU readings, each under its own node
+        # both agents report: registration and GPU readings, each under its own node, through its own relay (its
+        # heartbeat in the relay's batch, not a message of its own)
         seen: dict[str, set] = {}
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (len(seen.get("gpu", ())) == 2 and len(seen.get("worker", ())) == 2):
+        while time.monotonic() < deadline and not all(len(seen.get(k, ())) == 2 for k in ("gpu", "worker", "beat")):
             if pull.poll(200):
-                e = wire.decode(pull.recv())
+                e = wire.decode(pull.recv_multipart()[-1])
                 if isinstance(e, ev.GpuEvent):
                     seen.setdefault("gpu", set()).add(e.node)
                 elif isinstance(e, ev.WorkerEvent):
                     seen.setdefault("worker", set()).add(e.src)
+                elif isinstance(e, ev.HeartbeatsEvent):
+                    seen.setdefault("beat", set()).update(b.src for b in e.beats if b.src == e.src)
+                elif isinstance(e, ev.HeartbeatEvent):
+                    seen.setdefault("alone", set()).add(e.src)
         assert seen.get("gpu") == set(labels.values())
-        assert seen.get("worker") == {f"agent/{label}" for label in labels.values()}
+        assert seen.get("worker") == seen.get("beat") == {f"agent/{label}" for label in labels.values()}
+        assert not seen.get("alone"), seen
     finally:
         if "where" in locals():
             try:
