@@ -51,11 +51,8 @@ class NodeAgent:
         except Exception as e:  # the workers of this node then push straight to the supervisor
             no_relay = f"{type(e).__name__}: {e}"
             self.relay = None
-        if self.relay is not None:
-            self.rep = Reporter(src_of("agent", label), ingest=self.relay.address, run=run_id, heartbeat_s=heartbeat_s)
-        else:
-            self.rep = Reporter(src_of("agent", label), ingest=address, run=run_id, heartbeat_s=heartbeat_s,
-                                curve=curve)
+        ingest, rep_curve = (self.relay.address, None) if self.relay is not None else (address, curve)  # (ipc: 0600)
+        self.rep = Reporter(src_of("agent", label), ingest=ingest, run=run_id, heartbeat_s=heartbeat_s, curve=rep_curve)
         self.rep.register("agent", node=label)
         self.rep.set_phase(NODE_WATCHING)
         if no_relay:

@@ -42,13 +42,14 @@ CPU_STEP = 15.0  # points of CPU, or a crossing of the idle line ("stuck: no CPU
 RSS_STEP = 8 << 20  # bytes of RSS (a leak's worker is named by its growth: 8 MB is far below one)
 
 
-# A memory scope's reading is new when it moved by 1/MEM_STEP of what is left of the scope (its limit less its
-# use, or the node's available memory if that is less), the way industrial telemetry reports a value past a
+# A memory scope's reading is new when its use moved by 1/MEM_STEP of what was left of the scope (its limit less its
+# use), or the node's available memory by 1/MEM_STEP of itself, the way industrial telemetry reports a value past a
 # deadband: a leak that would fill the scope within memory_growing's warning (90 s) moves that much in under
 # 1.4 s, so its readings come every beat, while a node's page cache breathing by tens of MB on a terabyte says
-# nothing. Where what is left is under MEM_TIGHT of the limit (node_memory_low's 10 % and memory_growing's
-# critical 80 % used lie there) every reading is new. Without it every node's batch held a full beat each second
-# for its memory's sake: half the full beats at 131,072 workers.
+# nothing (nor, to a cgroup of a few GB, the node's memory moving with other jobs). Where what is left of the scope,
+# or of the node, is under MEM_TIGHT of the scope's limit (node_memory_low's 10 % and memory_growing's critical
+# 80 % used lie there) every reading is new. Without it every node's batch held a full beat each second for its
+# memory's sake: half the full beats at 131,072 workers.
 MEM_STEP = 64
 MEM_TIGHT = 0.25
 
@@ -58,13 +59,12 @@ def same_memory(was: ev.MemoryBeat, m: ev.MemoryBeat) -> bool:
     deadband? A limit or a kill count of its own is new, and any reading of a scope with no limit known."""
     if m.scope != was.scope or m.limit != was.limit or m.oom_kills != was.oom_kills or m.limit <= 0:
         return False
-    left = was.limit - was.used  # (what was left when it was said: the step does not shrink as the use nears it)
-    if was.available and was.available < left:
-        left = was.available
-    if left < MEM_TIGHT * m.limit or m.limit - m.used < MEM_TIGHT * m.limit or 0 < m.available < MEM_TIGHT * m.limit:
+    tight = MEM_TIGHT * m.limit
+    if min(was.limit - was.used, m.limit - m.used) < tight or 0 < min(was.available, m.available) < tight:
         return False
-    step = left / MEM_STEP
-    return abs(m.used - was.used) < step and abs(m.available - was.available) < step
+    # (each step from what was left when the last was said: it does not shrink as the use nears it)
+    return (abs(m.used - was.used) < (was.limit - was.used) / MEM_STEP
+            and abs(m.available - was.available) < was.available / MEM_STEP)
 
 
 def same_beat(last: ev.Beat, b: ev.Beat, scope_known: bool) -> bool:

@@ -92,6 +92,12 @@ def test_a_scope_s_reading_is_sent_when_it_moves_by_a_share_of_what_is_left_of_i
     assert not same_memory(tight, tight)
     low = ev.MemoryBeat("/slurm/job_7", MEM.used, MEM.limit, int(MEM_TIGHT * MEM.limit) - 1, 0)
     assert not same_memory(low, low)
+    # a cgroup of 8 GB on a node of 1 TB: the node's memory moving with other jobs, by a gigabyte, is nothing to it;
+    # by a 64th of what the node has left, it is new
+    job, node_left = ev.MemoryBeat("/slurm/job_7", 2 << 30, 8 << 30, 800 << 30, 0), 800 << 30
+    assert same_memory(job, ev.MemoryBeat(job.scope, job.used, job.limit, node_left - (1 << 30), 0))
+    assert not same_memory(job, ev.MemoryBeat(job.scope, job.used, job.limit, node_left - node_left // MEM_STEP, 0))
+    assert not same_memory(job, ev.MemoryBeat(job.scope, job.used + (6 << 30) // MEM_STEP, job.limit, node_left, 0))
     assert not same_memory(ev.MemoryBeat("node", 1, 0), ev.MemoryBeat("node", 1, 0))
 
 
