@@ -17,22 +17,36 @@ one's ticks cost it a few tenths of a percent of a core (bench/bench_ray_watch.p
 Calls run at once in separate lanes (an async actor's coroutines, a threaded actor's threads); a lane's
 calls nest (a method, the ``ray.get`` inside it). With several lanes in flight, the phase shown is the
 oldest call's, since its start, with how many are in flight ("8 generate in flight", the oldest #17): a
-server whose one request never returns is measured by that request's age, not by the newest one's.
+server whose one request never returns is measured by that request's age, not by the newest one's. Save
+one: where the oldest waits on a queue and another call is parked at a gate (an Event, a Condition), the
+gate's call is shown. What feeds that queue passes that gate, so the gate is what holds it. slime's rollout
+manager, whose producer task parks at its gate by one call while the trainer polls its queue by another, is
+then named at its gate whichever of the two began first.
 Those asyncio calls' stacks (their ``await`` lines) are written when a capture asks (task_stacks).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from gkd_core.integrations.calls import Brief, Call, DetailedCall, Lanes, get_ident, running_async
+from gkd_core.integrations.calls import (
+    NOTHING,
+    Brief,
+    Call,
+    DetailedCall,
+    Lanes,
+    View,
+    get_ident,
+    in_flight_said,
+    running_async,
+    view_of,
+)
 from gkd_core.integrations.task_stacks import TaskStackAnswer
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.reporter import Reporter
@@ -56,16 +70,6 @@ IDENTIFY_EVERY_S = 0.2  # asking who this process is reads Ray's key-value store
 ASKED_EVERY_S = 0.1  # how often a process with asyncio calls looks for a request for their stacks
 
 
-class View(NamedTuple):
-    """What the watcher shows: the phase, the call whose detail it shows (a wait inside it), and the calls
-    in flight at once (their lanes' outermost calls, oldest first; one when nothing runs beside the phase)."""
-
-    phase: Call | None
-    about: Call | None
-    in_flight: list[Call]
-
-
-NOTHING = View(None, None, [])
 
 
 class Activity:
@@ -195,28 +199,9 @@ class Activity:
     # --- the watcher's thread -------------------------------------------------------------
 
     def _view(self, now: float) -> View:
-        """The oldest lane's newest call that has lasted SHOW_AFTER_S is the phase (a wait inside a phase
-        shows as that phase, with the wait's detail); every lane in flight is counted."""
         if not self._active and not self._lanes.running:
             return NOTHING
-        calls = sorted(list(self._active.values()) + self._lanes.running, key=lambda c: c.started)
-        lanes: dict[Any, list[Call]] = {}
-        for c in calls:
-            if now - c.started >= SHOW_AFTER_S:
-                lanes.setdefault(c.lane, []).append(c)
-        if not lanes:
-            return NOTHING
-        outermost: dict[Any, Call] = {}  # each lane's outermost call, the oldest first: the calls in flight
-        for c in calls:
-            outermost.setdefault(c.lane, c)
-        in_flight = list(outermost.values())
-        oldest = next(iter(lanes.values()))
-        newest = oldest[-1]
-        if newest.wait:
-            outer = [c for c in oldest[:-1] if not c.wait]
-            if outer:
-                return View(outer[-1], newest, in_flight)
-        return View(newest, newest, in_flight)
+        return view_of(list(self._active.values()) + self._lanes.running, now, SHOW_AFTER_S)
 
     def _watch(self) -> None:
         shown = NOTHING
@@ -358,9 +343,7 @@ class Activity:
         phase.shown = about.shown = True
         detail = f"{about.name}: {detail}" if about is not phase else detail
         if len(view.in_flight) > 1:
-            mix = collections.Counter(c.name for c in view.in_flight)
-            detail = (f"{len(view.in_flight)} in flight ({', '.join(f'{n} ×{k}' for n, k in mix.most_common(4))}); "
-                      f"the oldest #{phase.number}" + (f": {detail}" if detail else ""))
+            detail = in_flight_said(view) + (f": {detail}" if detail else "")
         in_flight = len(view.in_flight)
         self.reporter.emit(ev.PhaseEvent(phase=phase.name, started=since or phase.started,
                                          deadline=about.deadline or phase.deadline, step=phase.step,

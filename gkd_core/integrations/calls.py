@@ -1,6 +1,7 @@
 """The calls a watched process is in, as its Activity keeps them (activity): a ``Call`` each, the tracked
 methods' calls by thread (``Lanes``: a tuple a call, made Calls by the watcher), and the ones that ended
-too briefly to be shown (``Brief``: the newest few, within a budget of events a second)."""
+too briefly to be shown (``Brief``: the newest few, within a budget of events a second); and which of those in
+flight the watcher shows as the process's phase (``view_of``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gkd_core.telemetry import events as ev
 
@@ -20,6 +21,22 @@ get_ident = threading.get_ident  # (read at each call: one lookup fewer)
 # queue it waits on) is in its lane. A task started from inside it copies the value, and is told apart by it.
 _async_call: contextvars.ContextVar[tuple[Any, Any, str] | None] = contextvars.ContextVar("gkd_async_call",
                                                                                           default=None)
+
+
+QUEUE_KINDS = ("queue.Queue", "asyncio.Queue")  # the waits on data that are a consumer's, on its queue
+
+
+def data_wait(kind: str) -> str:
+    """The name of a wait on data of ``kind`` as a call (``queue.Queue wait``, ``asyncio.Condition wait``)."""
+    return f"{kind} wait"
+
+
+def waits_at(call: Call) -> str:
+    """Where a call waits on data: ``queue`` (a consumer's get), ``gate`` (an Event, a Condition), or ""
+    when it is no wait on data."""
+    if not call.wait or not call.name.endswith(" wait"):
+        return ""
+    return "queue" if call.name.removesuffix(" wait") in QUEUE_KINDS else "gate"
 
 
 def entered_async(lane: Any, name: str) -> None:
@@ -234,3 +251,52 @@ class Brief:
             emit(ev.PhaseEvent(phase="idle", started=end, ts=end))
             since = end
         return since
+
+
+class View(NamedTuple):
+    """What the watcher shows: the phase, the call whose detail it shows (a wait inside it), and the calls
+    in flight at once (their lanes' outermost calls, oldest first; one when nothing runs beside the phase)."""
+
+    phase: Call | None
+    about: Call | None
+    in_flight: list[Call]
+
+
+NOTHING = View(None, None, [])
+
+
+def view_of(running: list[Call], now: float, show_after_s: float) -> View:
+    """The oldest lane's newest call that has lasted ``show_after_s`` is the phase (a wait inside a phase shows as
+    that phase, with the wait's detail), save a lane's on a queue beside one's at a gate; every lane in flight
+    is counted."""
+    calls = sorted(running, key=lambda c: c.started)
+    lanes: dict[Any, list[Call]] = {}
+    for c in calls:
+        if now - c.started >= show_after_s:
+            lanes.setdefault(c.lane, []).append(c)
+    if not lanes:
+        return NOTHING
+    outermost: dict[Any, Call] = {}  # each lane's outermost call, the oldest first: the calls in flight
+    for c in calls:
+        outermost.setdefault(c.lane, c)
+    in_flight = list(outermost.values())
+    shown = next(iter(lanes.values()))
+    if waits_at(shown[-1]) == "queue":  # a consumer on its queue, beside a call parked at a gate: the gate
+        shown = next((lane for lane in lanes.values() if waits_at(lane[-1]) == "gate"), shown)
+    newest = shown[-1]
+    if newest.wait:
+        outer = [c for c in shown[:-1] if not c.wait]
+        if outer:
+            return View(outer[-1], newest, in_flight)
+    return View(newest, newest, in_flight)
+
+
+def in_flight_said(view: View) -> str:
+    """``8 in flight (generate ×8); the oldest #17``: the calls in flight, and which of them is shown."""
+    phase, oldest = view.phase, view.in_flight[0]
+    assert phase is not None  # (said of a view with a phase)
+    mix = collections.Counter(c.name for c in view.in_flight)
+    which = (f"the oldest #{phase.number}" if oldest.lane == phase.lane
+             else f"{phase.name} #{phase.number} at its gate, beside the oldest ({oldest.name} #{oldest.number}, on "
+                  f"its queue)")
+    return f"{len(view.in_flight)} in flight ({', '.join(f'{n} ×{k}' for n, k in mix.most_common(4))}); {which}"

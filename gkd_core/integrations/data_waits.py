@@ -46,7 +46,7 @@ from typing import Any
 
 from gkd_core.integrations import job_frames
 from gkd_core.integrations.activity import Activity
-from gkd_core.integrations.calls import running_async
+from gkd_core.integrations.calls import data_wait, running_async
 from gkd_core.integrations.job_queues import Queues
 from gkd_core.units import spoken
 from gkd_core.vocab import DataWait
@@ -230,7 +230,7 @@ class DataNotes:
             since = (last[1] if last is not None and last[0] is obj and last[3] is mark
                      and time.time() - last[2] < POLL_GAP_S else None)
             waiting = Waiting(obj, kind, frame, self.activity, since)
-            token = self.activity.enter(f"{kind} wait", detail=f"waiting on {_article(kind)} {kind}",
+            token = self.activity.enter(data_wait(kind), detail=f"waiting on {_article(kind)} {kind}",
                                         progress=waiting.progress, wait=True, waits_on=waiting.waits_on,
                                         lane=lane, started=waiting.started)
             self._entered[token] = (lane, waiting.started, mark)

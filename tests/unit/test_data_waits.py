@@ -12,11 +12,12 @@ import gc
 import queue
 import threading
 import time
+import types
 
 import pytest
 
 from gkd_core.integrations import calls, data_waits
-from gkd_core.integrations.activity import Activity
+from gkd_core.integrations.activity import TICK_S, Activity
 from gkd_core.integrations.job_queues import Queues
 from gkd_core.telemetry.events import QueueDepth
 from gkd_core.vocab import DataWait
@@ -338,6 +339,64 @@ def test_a_call_polling_a_queue_its_own_thread_feeds_waits_on_what_that_thread_w
     polling.join(5)
     producer.join(5)
     assert data_waits.THREAD_WAITS == {}  # its waits were let go of as they ended
+
+
+@pytest.mark.parametrize("first", ["queue", "gate"])
+def test_a_call_parked_at_a_gate_is_shown_beside_an_older_one_on_a_queue(activity, first):
+    """slime's shape with its producer a Ray task: the manager (a threaded actor) holds the trainer's
+    get_sample polling its queue and the producer's pass_gate parked at its gate, two calls in two threads.
+    Whichever began first, the phase shown is pass_gate at its gate (what feeds the queue passes it), with
+    its own start and its wait's edge; the detail says the older call on the queue beside it."""
+    samples: queue.Queue = queue.Queue()
+    gate, state = threading.Condition(), {"version": 0, "stop": False}
+
+    def update_param_version():
+        with gate:
+            gate.notify_all()
+
+    def pass_gate():
+        with gate:
+            while not state["stop"]:
+                gate.wait(0.1)
+
+    def get_sample():
+        while not state["stop"]:
+            try:
+                return samples.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    activity.tracked("update_param_version", update_param_version)()  # the gate's setter, known from then
+    calls = {"queue": activity.tracked("get_sample", get_sample), "gate": activity.tracked("pass_gate", pass_gate)}
+    threads = [threading.Thread(target=calls[kind], daemon=True) for kind in sorted(calls, key=lambda k: k != first)]
+    try:
+        threads[0].start()
+        time.sleep(0.1)
+        threads[1].start()
+        deadline = time.monotonic() + 5
+        while len(waits(activity)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(3 * TICK_S)  # (the watcher has taken both threads' calls)
+        view = activity._view(time.time() + 1)  # (both lasted: the watcher's look a second on)
+        assert (view.phase.name, view.about.name) == ("pass_gate", "threading.Condition wait"), view
+        assert view.about.waits_on() == [DataWait(("update_param_version",)).said()]
+        assert [c.name for c in view.in_flight] == (["get_sample", "pass_gate"] if first == "queue"
+                                                    else ["pass_gate", "get_sample"])
+        shown: list = []
+        activity.reporter = types.SimpleNamespace(emit=shown.append)
+        activity._show(view, view.about.detail, time.time())
+        (phase,) = shown
+        assert phase.phase == "pass_gate" and phase.started == view.phase.started and phase.in_flight == 2
+        assert phase.detail == ("2 in flight (get_sample ×1, pass_gate ×1); pass_gate #1 at its gate, beside the "
+                                "oldest (get_sample #1, on its queue): threading.Condition wait: waiting on a "
+                                "threading.Condition"
+                                if first == "queue" else
+                                "2 in flight (pass_gate ×1, get_sample ×1); the oldest #1: threading.Condition wait: "
+                                "waiting on a threading.Condition"), phase.detail
+    finally:
+        state["stop"] = True
+        for t in threads:
+            t.join(5)
 
 
 def test_a_poll_is_one_wait_since_its_first_and_the_next_call_begins_its_own(activity):
