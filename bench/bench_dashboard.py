@@ -4,7 +4,9 @@ through a real supervisor, into a headless dashboard process. Prints a table.
     python bench/bench_dashboard.py [--workers 4096 16384 65536] [--per-node 8] [--seconds 30] [--rounds 3]
     python bench/bench_dashboard.py --workers 65536 --plots   # the plots view open (p) instead of the table
     python bench/bench_dashboard.py --workers 65536 --busy 2   # two busy loops hold the cores (a busy head node)
-    python bench/bench_dashboard.py --smoke   # for CI: 64 workers for 8 s, one 2 k/s burst, keyframes every 0.2 MB
+    python bench/bench_dashboard.py --workers 131072 --gpus-per-node 8   # and every node's GPUs
+    python bench/bench_dashboard.py --smoke   # for CI: 64 workers (8 GPUs a node) for 8 s, one 2 k/s burst, keyframes
+                                              # every 0.2 MB
 
 The workers report the way a run's do: each node's heartbeats reach the supervisor as one
 ``heartbeats`` message a second, made by the relay's own batcher (``gkd_core.telemetry.relay``), each
@@ -62,6 +64,8 @@ from gkd_core.telemetry import ops, wire  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
+
+GPU_SAMPLE_S = 2.0  # how often a node's agent reads its GPUs (node.agent's default)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,7 +167,8 @@ CYCLE = ("generate", "teacher_wait", "train", "sync_weights")
 
 
 def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: int,
-         taken_in=lambda n: None, plotted: bool = False) -> tuple[int, float, list[int]]:
+         taken_in=lambda n: None, plotted: bool = False, gpus_per_node: int = 0,
+         gpu_events: str = "batched") -> tuple[int, float, list[int]]:
     """Heartbeats of ``workers`` workers at 1 Hz, ``per_node`` to a node (one batch per node a second),
     a probe phase change every 0.3-0.7 s (after 2 s), and a 1 s burst of ``burst_rate`` events every
     10 s, the way a run's steps make them: whole lanes of workers (``burst_rate`` at most, so one lane of
@@ -174,7 +179,11 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     small machine it competes with what is measured), and each probe's emit time (ns). ``plotted``: a step's
     metrics, a sync, the teacher's counts and 64 GPUs' readings each second as well. ``taken_in(n)`` waits
     until the supervisor has taken in the first ``n`` messages (the registrations: what a run's start costs
-    is not measured)."""
+    is not measured). ``gpus_per_node``: each node's GPUs read every GPU_SAMPLE_S as well, busy at 95-99 % with
+    their memory held, the nodes spread over the period: ``batched``, as a node's agent sends them, one ``gpus``
+    batch a node when its deadband lets them through, which for GPUs that hold this steady is all of them every
+    FULL_BEAT_S (tests/unit/test_gpu_deadband.py); ``each``, as it sent them before, a ``gpu`` event a GPU every
+    sample."""
     cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.sndhwm = 1_000_000
@@ -198,7 +207,8 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     next_probe = start + 2.0
     probes: list[int] = []
     next_plotted, tick = start, 0
-    node = 0
+    node = gpu_node = 0
+    full_every = round(ev.FULL_BEAT_S / GPU_SAMPLE_S)  # (a node's samples between its batches, steady)
     burst_at, burst_sent, lane_sent = -1, 0, 0
     while (elapsed := time.monotonic() - start) < seconds:
         # each node's heartbeats once a second, the nodes spread over the second in 10 ms slices
@@ -221,6 +231,24 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                     sent += 1
                 b.beats = []
             node += 1
+        # each node's GPUs every GPU_SAMPLE_S, the nodes spread over the period
+        due = int(elapsed / GPU_SAMPLE_S * nodes) if gpus_per_node else 0
+        while gpu_node < due:
+            n, sample = gpu_node % nodes, gpu_node // nodes
+            readings = [ev.GpuEvent(index=g, uuid=f"GPU-{n}-{g}", util=rnd.uniform(95.0, 99.0),
+                                    mem_used=(60 << 30) + rnd.randrange(64 << 20), mem_total=80 << 30, temp=70.0,
+                                    power=600.0, pids=[10_000 + n * per_node + g % per_node])
+                        for g in range(gpus_per_node)] if gpu_events == "each" or sample % full_every == 0 else []
+            if gpu_events == "each":
+                for r in readings:
+                    r.node, r.src, r.ts = f"node-{n}", f"agent/node-{n}", time.time()
+                    sock.send(wire.encode(r))
+                    sent += 1
+            elif readings:
+                sock.send(wire.encode(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=time.time(),
+                                                   readings=readings)))
+                sent += 1
+            gpu_node += 1
         if int(elapsed) % 10 == 5:  # a burst second: the lane moves, spread over it, then progress
             if burst_at != int(elapsed):
                 burst_at, burst_sent, lane_sent = int(elapsed), 0, 0
@@ -341,10 +369,10 @@ def busy_loops(n: int, seconds: float) -> list[subprocess.Popen]:
 
 
 def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None,
-            plots: bool = False, busy: int = 0) -> dict:
+            plots: bool = False, busy: int = 0, gpus: tuple[int, str] = (0, "batched")) -> dict:
     spinning = busy_loops(busy, seconds + 600)  # (registrations and the replay included: stopped at the end)
     try:
-        return _measure(workers, per_node, seconds, burst_rate, keyframe_mb, plots) | {"busy": busy}
+        return _measure(workers, per_node, seconds, burst_rate, keyframe_mb, plots, gpus) | {"busy": busy}
     finally:
         for p in spinning:
             p.kill()
@@ -352,7 +380,7 @@ def measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfra
 
 
 def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyframe_mb: float | None,
-             plots: bool) -> dict:
+             plots: bool, gpus: tuple[int, str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="gkdd") as tmp:
         home = Path(tmp)
         env = dict(os.environ, GKD_HOME=str(home), GKD_DEMO_STEP_S="60")
@@ -390,7 +418,8 @@ def _measure(workers: int, per_node: int, seconds: float, burst_rate: int, keyfr
 
         go_wall: list[float] = []
         sup_cpu0: list[float] = []
-        sent, load_cpu, probes = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in, plotted=plots)
+        sent, load_cpu, probes = load(ingest, workers, per_node, seconds - 1, burst_rate, taken_in, plotted=plots,
+                                      gpus_per_node=gpus[0], gpu_events=gpus[1])
         load_ended = time.time()
         sup_cpu = (cpu_seconds(sup.pid) - sup_cpu0[0]) / (time.monotonic() - sup_cpu0[1]) * 100
         dash.wait(seconds + 60)
@@ -455,17 +484,24 @@ def main() -> None:
                                                        "node busy with the job's own work)")
     p.add_argument("--rounds", type=int, default=1, help="measure each size this many times: every row, then the "
                                                          "median (min-max) of the rounds")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="each node's GPUs read every 2 s as well (recorded "
+                                                                  "apart: dashboard_gpus)")
+    p.add_argument("--gpu-events", choices=("batched", "each"), default="batched",
+                   help="a node's GPU readings as its agent sends them (one gpus batch, past a deadband), or a gpu "
+                        "event a GPU every sample, as before")
     p.add_argument("--smoke", action="store_true", help="64 workers for 8 s (a burst of 2 k events/s at 5 s), "
-                                                        "keyframes every 0.2 MB, one round: for CI")
+                                                        "8 GPUs a node, keyframes every 0.2 MB, one round: for CI")
     a = p.parse_args()
     if a.dashboard:
         dashboard_main(a.dashboard[0], a.dashboard[1], float(a.dashboard[2]), plots=a.plots)
         return
     if a.smoke:  # 8 s: probes from 2 s in, the burst second at 5 s, the load stopping at 7 s
         a.workers, a.seconds, a.burst, a.keyframe_mb, a.rounds = [64], 8.0, 2_000, 0.2, 1
-    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots, a.busy)
+        a.gpus_per_node = a.gpus_per_node or 8  # (the GPUs' path too: their batches, their rule)
+    rows = [measure(n, a.per_node, a.seconds, a.burst, a.keyframe_mb, a.plots, a.busy, (a.gpus_per_node, a.gpu_events))
             for n in a.workers for _ in range(a.rounds)]
-    with records.kept("dashboard_plots" if a.plots else "dashboard", smoke=a.smoke) as kept_run:
+    name = "dashboard_plots" if a.plots else "dashboard_gpus" if a.gpus_per_node else "dashboard"
+    with records.kept(name, smoke=a.smoke) as kept_run:
         print(f"{'workers':>8} {'msgs sent':>10} {'probes':>7} {'drawn':>6} {'unseen':>6} {'latency p50':>12} "
               f"{'p99':>7} {'max':>7} {'CPU':>5} {'sup CPU':>8} {'load':>5} {'RSS 10s':>8} {'mid':>6} {'end':>6} "
               f"{'lag max':>8} {'last 10s':>9} {'resnaps':>8} {'log':>7} {'sup RSS':>8} {'frames':>6} {'replay':>7} "
@@ -495,7 +531,10 @@ def main() -> None:
                 print(f"{n:8d}: " + ", ".join(cells))
         missing = sum(r["missing"] for r in rows)
         print(f"\n{a.seconds:g} s per size, {a.per_node} workers per node, a {a.burst} events/s burst 1 s in every 10; "
-              f"{os.cpu_count()} cores"
+              + (f"{a.gpus_per_node} GPUs a node read every {GPU_SAMPLE_S:g} s, sent "
+                 + ("as a gpus batch a node past its deadband; " if a.gpu_events == "batched" else
+                    "as a gpu event each; ") if a.gpus_per_node else "")
+              + f"{os.cpu_count()} cores"
               + (f", {a.busy} busy loop(s) holding them beside it (a head node busy with the job); " if a.busy
                  else "; ")
               + ("the plots view open (p), with a step's metrics, a sync, the teacher and 64 GPUs each second; "

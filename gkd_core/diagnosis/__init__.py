@@ -3,7 +3,7 @@
 ``diagnose(state, now)`` runs every rule in ``rules.RULES`` (``Pass`` takes them in turns, as the supervisor
 does); each is a function of the RunState and ``now`` returning alerts with their evidence and hint. A rule
 costs what changed since the last pass, not the size of the run: the indexes it keeps of the state between
-passes (stragglers, marks, memory growth) read what the state fed them (``state.feed``) and what
+passes (stragglers, marks, memory growth, the GPUs) read what the state fed them (``state.feed``) and what
 came due, and change no finding. ``changes`` turns the findings into the alert events that move the state to
 them, and ``AutoStacks`` says whose stacks to take. The supervisor runs them for gkd runs, the Ray-state source
 for jobs it only observes (DESIGN §4).
@@ -16,6 +16,7 @@ import time
 
 from gkd_core import vocab
 from gkd_core.diagnosis import cascade, stragglers
+from gkd_core.diagnosis.gpu_index import GpuIndex
 from gkd_core.diagnosis.marks import Marks
 from gkd_core.diagnosis.memory_growth import GrowthIndex
 from gkd_core.diagnosis.rules import CODES, LIVE, RULES, Settings, parts_explain, still_cycles, waits
@@ -63,6 +64,8 @@ def _keep_up_once(state: RunState) -> None:
             growth.keep_up(state, KEEP_UP_MOST)
     if isinstance(low := state.kept_if("low_nodes"), LowNodes):
         low.keep_up(state, KEEP_UP_MOST)
+    if isinstance(gpus := state.kept_if("gpu_index"), GpuIndex):
+        gpus.keep_up(state, KEEP_UP_MOST)
 
 
 def diagnose(state: RunState, now: float, settings: Settings = DEFAULT_SETTINGS) -> list[AlertEvent]:

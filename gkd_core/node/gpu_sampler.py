@@ -5,7 +5,8 @@ sleep: it cannot be killed, and a fresh probe would only join it. So the sampler
 and one request in flight. A request unanswered past its deadline is reported on ``gpu`` events
 as ``nvml_hung_s``, growing, until it is answered; the child is never respawned while it lives,
 and one that died is respawned with a growing back-off. ``nvidia-smi`` is probed the same way (the
-seeds' users saw it freeze too): one at a time, under a hard timeout, never waited for.
+seeds' users saw it freeze too): one at a time, under a hard timeout, never waited for. A sample's readings go
+as one ``gpus`` event of the node, those that say something new (``gpu_deadband``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from gkd_core.node.gpu_deadband import GpuDeadband
 from gkd_core.telemetry import events as ev
 
 TICK_S = 0.25
@@ -32,7 +34,7 @@ SMI_QUERY = ["--query-gpu=index,utilization.gpu,memory.used", "--format=csv,nohe
 class GpuSampler:
     def __init__(self, node: str, emit: Callable[[ev.Event], None], backend: str = "nvml",
                  interval_s: float = 2.0, deadline_s: float = 3.0, smi_every_s: float = 30.0,
-                 smi_timeout_s: float = 5.0, smi: str | None = "nvidia-smi"):
+                 smi_timeout_s: float = 5.0, smi: str | None = "nvidia-smi", full_every_s: float = ev.FULL_BEAT_S):
         self.node, self.emit, self.backend = node, emit, backend
         self.interval_s, self.deadline_s = interval_s, deadline_s
         self.smi_every_s, self.smi_timeout_s = smi_every_s, smi_timeout_s
@@ -40,6 +42,7 @@ class GpuSampler:
         self.child: subprocess.Popen | None = None
         self.no_driver = ""
         self.samples = 0
+        self.deadband = GpuDeadband(full_every_s)  # (0: every reading is sent)
         self._buf = b""
         self._requested_at: float | None = None
         self._next_sample = 0.0
@@ -145,12 +148,13 @@ class GpuSampler:
         if kind == "sample":
             self._answered()
             self.samples += 1
-            for g in msg.get("gpus") or []:
-                reading = msgspec.convert(g, ev.GpuEvent)
-                reading.node = self.node
-                self.emit(reading)
+            readings = [msgspec.convert(g, ev.GpuEvent) for g in msg.get("gpus") or []]
+            new = self.deadband.new(readings, time.monotonic())
+            if new:  # (the node's, one message: the readings that say something new, or are due in full)
+                self.emit(ev.GpusEvent(node=self.node, readings=new))
         elif kind == "error":
             self._answered()
+            self.deadband.forget()
             self.emit(ev.GpuEvent(node=self.node, index=-1, error=f"NVML error: {msg.get('error')}"))
         elif kind == "no_driver":
             self.no_driver = str(msg.get("error") or "no NVIDIA driver on this node")
@@ -158,6 +162,7 @@ class GpuSampler:
 
     def _answered(self) -> None:
         if self._requested_at is not None and self.hung_s is not None:
+            self.deadband.forget()
             # the reducer clears the banner on the readings that follow; say how long it was
             self.emit(ev.LogEvent(level="warn", message=f"NVML on {self.node} answered again after "
                                                         f"{time.monotonic() - self._requested_at:.1f} s"))
@@ -179,6 +184,7 @@ class GpuSampler:
                               error=f"the GPU sampler exited with code {code}; next try in {self._backoff:.0f} s"))
         self._respawn_at = time.monotonic() + self._backoff
         self._backoff = min(BACKOFF_S[1], self._backoff * 2)
+        self.deadband.forget()
 
     def _report_hang(self, now: float) -> None:
         hung = self.hung_s

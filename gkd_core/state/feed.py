@@ -69,7 +69,8 @@ class ScopeFeed(set[str]):
     every one) since the last ``take``: each once. ``made_only``: no reading, only the making and the letting go (an
     index that looks at its scopes' readings when it is due to, ``diagnosis.memory_growth``). A node's reading comes
     with every heartbeat batch of its relay, 16,384 a second at the largest: an index that wants few of them is fed
-    those, and asked per reading (``RunRecord.touch_scope``)."""
+    those, and asked per reading (``RunRecord.touch_scope``). A feed of the GPUs read (``RunRecord.gpu_feed``) is one
+    too, of ``gpus``' keys."""
 
     def __init__(self, wants: Callable[[ScopeMemory], bool] | None = None, made_only: bool = False):
         super().__init__()

@@ -8,22 +8,18 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gkd_core.state import heartbeat_cases, memory_cases, sync_cases, teacher_cases
+from gkd_core.state import gpu_cases, heartbeat_cases, memory_cases, sync_cases, teacher_cases
 from gkd_core.state.records import (
     FLOWS_KEEP,
-    GPU_FULL,
     IDLE_MARK_S,
     IDLE_MARKS_KEEP,
     METRICS_KEEP,
     OOM,
     STACK_TEXT_KEEP,
-    UTIL_AVG_S,
     AlertState,
-    GpuRow,
     LogLine,
     MetricsPoint,
     PhaseSpan,
-    ProbeHang,
     RayNode,
     RayPlacementGroup,
     StackRecord,
@@ -31,7 +27,6 @@ from gkd_core.state.records import (
     alert_key,
 )
 from gkd_core.state.run_record import RunRecord
-from gkd_core.state.series import mem_share
 from gkd_core.state.views import vouch_s
 from gkd_core.telemetry import events as ev
 from gkd_core.telemetry.answers import RecoverySaid
@@ -172,42 +167,6 @@ def mean_behind(before: list[int], now: list[int]) -> float | None:
     return sum(i * n for i, n in enumerate(taken)) / sum(taken)
 
 
-def _on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
-    node = e.node or e.src
-    key = f"{node}/{e.probe or 'nvml'}"
-    if e.nvml_hung_s is not None:
-        st.probe_hangs[key] = ProbeHang(node=node, probe=e.probe or "nvml", seconds=e.nvml_hung_s, at=e.ts,
-                                          detail=e.error)
-        return
-    st.probe_hangs.pop(key, None)
-    if e.index < 0:  # a note about the node (no driver, an NVML error), or one taken back
-        if e.error:
-            st.gpu_notes[node] = e.error
-        else:
-            st.gpu_notes.pop(node, None)
-        return
-    st.gpu_notes.pop(node, None)
-    key = f"{node}/{e.index}"
-    old = st.gpus.get(key)
-    row = st.gpus[key] = GpuRow(
-        node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
-        temp=e.temp, power=e.power, pids=list(e.pids), proc_mem=dict(e.proc_mem), ts=e.ts, error=e.error,
-    )
-    full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
-    if full and e.util is not None and e.util <= 0.0:
-        row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else e.ts
-    if e.util is not None:  # an average over time, whatever the sampling interval
-        if old is None or old.util_avg is None:
-            row.util_avg = e.util
-        else:
-            weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
-            avg = old.util_avg + weight * (e.util - old.util_avg)
-            # a sender's absurd readings (+-1e308 in turn) overflow to inf, which a keyframe cannot hold
-            row.util_avg = avg if math.isfinite(avg) else e.util
-    was = None if old is None else (old.util, mem_share(old.mem_used, old.mem_total))
-    st.series.note_gpu(key, e.ts, was, e.util, mem_share(e.mem_used, e.mem_total))
-
-
 def _on_metrics(st: RunRecord, e: ev.MetricsEvent) -> None:
     st.metrics.append(MetricsPoint(
         step=e.step, ts=e.ts, loss=e.loss, kl=e.kl, agreement=e.agreement,
@@ -332,7 +291,8 @@ HANDLERS: dict[type, Callable[[RunRecord, Any], None]] = {
     ev.SyncEvent: sync_cases.on_sync,
     ev.SyncPartEvent: sync_cases.on_sync_part,
     ev.TeacherEvent: teacher_cases.on_teacher,
-    ev.GpuEvent: _on_gpu,
+    ev.GpuEvent: gpu_cases.on_gpu,
+    ev.GpusEvent: gpu_cases.on_gpus,
     ev.MetricsEvent: _on_metrics,
     ev.StackEvent: _on_stack,
     ev.AlertEvent: _on_alert,

@@ -162,10 +162,26 @@ class RunRecord(msgspec.Struct, kw_only=True, weakref=True, dict=True):
         feeds.append(weakref.ref(feed))
         return feed
 
+    def touch_gpu(self, key: str) -> None:
+        """The GPU ``key`` (``gpus``) has a new reading: each GPU feed has it (``gpu_feed``)."""
+        for ref in self.__dict__.get("_gpu_feeds", ()):
+            feed = ref()
+            if feed is not None:
+                feed.add(key)
+
+    def gpu_feed(self) -> ScopeFeed:
+        """A new feed of the GPUs read from now on (``touch_gpu``), by their keys in ``gpus``."""
+        feeds = self.__dict__.setdefault("_gpu_feeds", [])
+        feeds[:] = [ref for ref in feeds if ref() is not None]
+        feed = ScopeFeed()
+        feeds.append(weakref.ref(feed))
+        return feed
+
     def backlog(self) -> int:
         """What this state's feeds hold that their indexes have not taken in yet (``diagnosis.keep_up``)."""
         n = 0
-        for ref in (*self.__dict__.get("_feeds", ()), *self.__dict__.get("_scope_feeds", ())):
+        for ref in (*self.__dict__.get("_feeds", ()), *self.__dict__.get("_scope_feeds", ()),
+                    *self.__dict__.get("_gpu_feeds", ())):
             feed = ref()
             if feed is not None:
                 n += len(feed)

@@ -209,14 +209,18 @@ class GpuEvent(Event, tag="gpu"):
     temp: float | None = None
     power: float | None = None
     pids: list[Int] = []
-    # the GPU memory each of those processes holds, in bytes, by pid; the pid as text, as JSON's keys
-    # are (int keys would not survive msgspec.convert of a decoded dict); one NVML has no figure for is left out
-    proc_mem: dict[str, Int] = {}
-    # a probe whose call has not returned: seconds since it began (growing), and which probe
-    nvml_hung_s: float | None = None
-    probe: str = "nvml"  # nvml or nvidia-smi
-    # index -1 with an error: a note about the node, not a GPU ("no NVIDIA driver on this node")
-    error: str = ""
+    proc_mem: dict[str, Int] = {}  # pid (as text, as JSON's keys are) -> the GPU memory it holds, where NVML says
+    nvml_hung_s: float | None = None  # a probe whose call has not returned: seconds since it began, growing
+    probe: str = "nvml"  # which probe: nvml or nvidia-smi
+    error: str = ""  # with index -1, a note about the node, not a GPU ("no NVIDIA driver on this node")
+
+
+class GpusEvent(Event, tag="gpus"):
+    """A node's GPU readings of one sample, each a ``gpu`` event's at the batch's node and time, those new since
+    the last sent (``node.gpu_deadband``): a message a node, where 131,072 GPUs sent 65,536 ``gpu`` a second."""
+
+    node: str = ""
+    readings: list[GpuEvent] = []
 
 
 class MetricsEvent(Event, tag="metrics"):
@@ -287,9 +291,7 @@ class FlowEvent(Event, tag="flow"):
 
     calls: dict[str, Int] = {}
     queues: list[QueueDepth] = []  # at most FLOW_QUEUES_MAX
-    # the addresses (host:port) its served requests came to, at most FLOW_SERVES_MAX: a request sent to one of
-    # them from another node is a request to this worker
-    serves: list[str] = []
+    serves: list[str] = []  # the host:port its served requests came to (FLOW_SERVES_MAX): a request to one is to it
 
 
 FLOW_CALLS_MAX = 32
@@ -381,8 +383,7 @@ class ActionEvent(Event, tag="action"):
         return f"{self.op}{'' if self.ok else ' failed'}: {self.result_said}"
 
 
-# every kind defined above (a kind left out of a hand-kept list decoded as unknown: the reducer
-# never saw it)
+# every kind defined above (one left out of a hand-kept list would decode as unknown: the reducer never saw it)
 KNOWN = tuple(Event.__subclasses__())
 # the union of a tuple made at run time, for msgspec's decoders: `X | Y` cannot spell it
 AnyEvent = Union[KNOWN]  # type: ignore[valid-type]  # noqa: UP007

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgspec
 from conftest import nvml_library_loads
 
 from gkd_core.node.gpu_sampler import GpuSampler
@@ -23,8 +24,12 @@ class Recorder:
             self.events.append((time.monotonic(), e))
 
     def gpu(self):
+        """Every GPU's reading and every note, as ``gpu`` events: a node's batch's readings at its node and time."""
         with self.lock:
-            return [(t, e) for t, e in self.events if isinstance(e, ev.GpuEvent)]
+            events = list(self.events)
+        return [(t, g) for t, e in events for g in ([e] if isinstance(e, ev.GpuEvent) else
+                                                    [msgspec.structs.replace(r, node=e.node, ts=e.ts) for r in
+                                                     e.readings] if isinstance(e, ev.GpusEvent) else [])]
 
     def wait_for(self, pred, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -40,7 +45,7 @@ def test_a_hang_on_the_third_sample_is_flagged_within_the_deadline_and_the_paren
     rec = Recorder()
     deadline_s, interval_s = 3.0, 0.5
     s = GpuSampler("n0", rec, backend="fake:gpus=2,hang_at=3", interval_s=interval_s, deadline_s=deadline_s,
-                   smi=None).start()
+                   smi=None, full_every_s=0).start()  # (every reading sent: their times are measured)
     try:
         rec.wait_for(lambda e: e.index == 1 and e.util is not None, 10)
         deadline = time.monotonic() + 5

@@ -86,7 +86,7 @@ def test_one_agent_per_node_and_dump_stacks_gathers_both(cluster, tmp_path):
         while time.monotonic() < deadline and not all(len(seen.get(k, ())) == 2 for k in ("gpu", "worker", "beat")):
             if pull.poll(200):
                 e = wire.decode(pull.recv_multipart()[-1])
-                if isinstance(e, ev.GpuEvent):
+                if isinstance(e, ev.GpusEvent) and e.readings:  # (a sample's readings: one message a node)
                     seen.setdefault("gpu", set()).add(e.node)
                 elif isinstance(e, ev.WorkerEvent):
                     seen.setdefault("worker", set()).add(e.src)

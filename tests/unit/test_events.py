@@ -42,13 +42,15 @@ SAMPLES = [
     ev.RayEvent(target="rollout/1", actor_id="a1", state="PENDING_CREATION", task="generate", task_started=1.5,
                 required={"GPU": 1.0}),
     ev.RayNodeEvent(node="10.0.0.2", node_id="n" * 56, state="ALIVE", resources={"CPU": 8.0, "GPU": 2.0}),
+    ev.GpusEvent(node="n0", readings=[ev.GpuEvent(index=0, util=97.0, mem_used=70 << 30, mem_total=80 << 30),
+                                      ev.GpuEvent(index=3, util=0.0, pids=[4121], proc_mem={"4121": 1 << 30})]),
 ]
 
 
 def test_every_kind_of_the_table_is_known():
-    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "metrics",
-                             "stack", "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives", "engine",
-                             "sync_part", "oom_killed", "sends", "flow"}
+    assert set(ev.KINDS) == {"run", "worker", "phase", "heartbeat", "heartbeats", "sync", "teacher", "gpu", "gpus",
+                             "metrics", "stack", "alert", "log", "action", "ray", "ray_node", "ray_pg", "collectives",
+                             "engine", "sync_part", "oom_killed", "sends", "flow"}
     # and each round-trips below as its own type, not as an unknown kind
     assert {type(e) for e in SAMPLES} == set(ev.KNOWN)
 

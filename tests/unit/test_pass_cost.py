@@ -1,14 +1,17 @@
 """A pass of the diagnosis costs what changed, not what exists: over a state where nothing changed, no rule reads a
-worker or a memory scope (each read counted); a worker whose deadline comes due is found without a change."""
+worker, a memory scope or a GPU (each read counted); a worker whose deadline comes due is found without a change, and
+so is a GPU."""
 
 from __future__ import annotations
 
 import pytest
 
 from gkd_core import diagnosis
+from gkd_core.diagnosis.gpu_index import GpuIndex
 from gkd_core.diagnosis.marks import Marks
 from gkd_core.diagnosis.memory_growth import GROWTH_WINDOW_S, GrowthIndex
 from gkd_core.diagnosis.rules import RULES, Settings
+from gkd_core.diagnosis.rules.gpu import GPU_IDLE_FULL_S
 from gkd_core.state import RunState
 from gkd_core.telemetry import events as ev
 
@@ -17,7 +20,8 @@ NODES, PER_NODE = 32, 8
 
 
 class CountedWorkers(dict):
-    """``state.workers`` (or ``state.mem_scopes``), counting every entry read through it (a walk reads them all)."""
+    """``state.workers`` (or ``state.mem_scopes``, ``state.gpus``), counting every entry read through it (a walk reads
+    them all)."""
 
     reads = 0
 
@@ -74,7 +78,23 @@ def busy_run() -> RunState:
             st.apply(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", step=step, ts=t + 0.4 + 0.001 * (i % 7)))
         st.apply(ev.MetricsEvent(step=step, ts=t + 0.5, loss=1.0))
         beats(st, t + 0.6)
+        gpus(st, t + 0.6)
     return st
+
+
+def on_gpus(alerts: list[ev.AlertEvent], code: str = "gpu_") -> list[ev.AlertEvent]:
+    """The alerts of the GPU rules (of ``code``)."""
+    return [a for a in alerts if a.code.startswith(code)]
+
+
+def gpus(st: RunState, ts: float, idle: tuple[int, ...] = (), nodes: range = range(NODES)) -> None:
+    """Each node's GPUs read at ``ts``, one ``gpus`` batch a node: busy, but those of ``idle`` (indexes in the run)
+    full of memory at 0 %."""
+    for n in nodes:
+        st.apply(ev.GpusEvent(src=f"agent/n{n}", node=f"n{n}", ts=ts, readings=[
+            ev.GpuEvent(index=i, util=0.0 if n * PER_NODE + i in idle else 95.0 + i % 3,
+                        mem_used=(78 if n * PER_NODE + i in idle else 60) << 30, mem_total=80 << 30)
+            for i in range(PER_NODE)]))
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
@@ -82,17 +102,19 @@ def test_a_pass_over_a_state_where_nothing_changed_reads_no_worker(rule):
     st = busy_run()
     now, cfg = T0 + 10.7, Settings()
     assert diagnosis.diagnose(st, now, cfg) == []  # healthy: the pass that makes the indexes
-    st.workers, st.mem_scopes = CountedWorkers(st.workers), CountedWorkers(st.mem_scopes)
+    st.workers, st.mem_scopes, st.gpus = (CountedWorkers(st.workers), CountedWorkers(st.mem_scopes),
+                                          CountedWorkers(st.gpus))
     CountedWorkers.reads = 0
     assert rule(st, now + 0.1, cfg) == []
-    assert CountedWorkers.reads == 0, f"{rule.__name__} read {CountedWorkers.reads} workers or scopes"
+    assert CountedWorkers.reads == 0, f"{rule.__name__} read {CountedWorkers.reads} workers, scopes or GPUs"
 
 
 def test_a_whole_pass_over_a_state_where_nothing_changed_reads_no_worker():
     st = busy_run()
     now, cfg = T0 + 10.7, Settings()
     assert diagnosis.diagnose(st, now, cfg) == []
-    st.workers, st.mem_scopes = CountedWorkers(st.workers), CountedWorkers(st.mem_scopes)
+    st.workers, st.mem_scopes, st.gpus = (CountedWorkers(st.workers), CountedWorkers(st.mem_scopes),
+                                          CountedWorkers(st.gpus))
     CountedWorkers.reads = 0
     assert diagnosis.diagnose(st, now + 0.1, cfg) == []
     assert CountedWorkers.reads == 0
@@ -194,3 +216,51 @@ def test_a_node_gone_quiet_is_looked_at_less_and_less_often():
             times.add(growth.scopes[key].look_at)
     assert len(looks["n4|node"]) >= 30 // (GROWTH_WINDOW_S + 1)  # heard from: a look a window
     assert len(looks["n5|node"]) <= 5  # quiet since the first second: at 4, 8, 16 and 32 s, not each second
+
+
+def test_a_gpu_full_and_idle_for_a_minute_is_found_without_a_change_reading_only_it():
+    """A GPU whose memory is full at 0 % for GPU_IDLE_FULL_S is named once its minute is up, with no reading since
+    (its node's relay sends nothing new); the pass reads that GPU, not the run's."""
+    st = busy_run()
+    cfg = Settings()
+    gpus(st, T0 + 11, idle=(77,))  # rollout/77's GPU: n9's 5th
+    t = T0 + 11
+    while t < T0 + 11 + GPU_IDLE_FULL_S - 10:
+        t += 10
+        beats(st, t)
+        gpus(st, t, idle=(77,))  # (each node's reading in full every 10 s)
+        assert on_gpus(diagnosis.diagnose(st, t + 0.1, cfg), "gpu_idle_full") == []
+    beats(st, t + 5)
+    st.gpus = CountedWorkers(st.gpus)
+    CountedWorkers.reads = 0
+    (idle,) = on_gpus(diagnosis.diagnose(st, T0 + 11 + GPU_IDLE_FULL_S + 0.1, cfg), "gpu_idle_full")
+    assert (idle.code, idle.targets[0]) == ("gpu_idle_full", "gpu n9/5"), idle
+    # the one named; and at the spread's look its node's GPUs, where it is far below the busiest too
+    assert CountedWorkers.reads <= 1 + PER_NODE
+
+
+def test_the_gpus_spread_is_looked_at_once_a_window_reading_only_the_nodes_read_since():
+    """Every node's GPUs are read; the spread between the busiest and the idlest (``gpu_unbalanced``) is looked at
+    every LOOK_S, reading again only the GPUs of the nodes read since the last look, and found on a node gone
+    idle."""
+    st = busy_run()
+    cfg = Settings()
+    beats(st, T0 + 69)
+    gpus(st, T0 + 69)
+    assert on_gpus(diagnosis.diagnose(st, T0 + 70, cfg)) == []  # (a minute in: the spread is judged)
+    index = st.kept_if("gpu_index")
+    assert isinstance(index, GpuIndex)
+    read = index.read
+    for s in range(1, 7):  # one node's GPUs read each second: the rest say nothing new
+        beats(st, T0 + 70 + s)
+        gpus(st, T0 + 70 + s, nodes=range(3, 4))
+        diagnosis.diagnose(st, T0 + 70 + s + 0.1, cfg)
+    assert index.read - read <= 6 * PER_NODE + PER_NODE  # taken in, then the node's GPUs at the look
+    for s in range(10, 90, 5):  # node 4's GPUs idle for over a minute, the rest busy
+        beats(st, T0 + 70 + s)
+        gpus(st, T0 + 70 + s, idle=tuple(range(4 * PER_NODE, 5 * PER_NODE)), nodes=range(4, 5))
+        gpus(st, T0 + 70 + s, nodes=[n for n in range(NODES) if n != 4])
+        named = {a.code: a for a in on_gpus(diagnosis.diagnose(st, T0 + 70 + s + 0.1, cfg))}
+    unbalanced = named["gpu_unbalanced"]
+    assert unbalanced.targets == [f"gpu n4/{i}" for i in range(PER_NODE)], unbalanced.targets
+    assert f"{PER_NODE} of {NODES * PER_NODE} far below the busiest" in unbalanced.message

@@ -4,6 +4,7 @@ others, a step skipped for a non-finite value, out of memory."""
 from __future__ import annotations
 
 from gkd_core.diagnosis import plan
+from gkd_core.diagnosis.gpu_index import GPU_FRESH_S, GpuIndex
 from gkd_core.diagnosis.marks import marked
 from gkd_core.diagnosis.rules.common import BAD_STEP_SHOWN, FAILED_WORKER, Settings
 from gkd_core.state import RunState
@@ -33,44 +34,47 @@ GPU_IDLE_FULL_S = 60.0  # memory full, nothing computed, for this long
 GPU_SPREAD = 50.0  # utilisation points between the busiest and the idlest GPU of the run
 
 
-GPU_FRESH_S = 30.0  # readings older than this are not compared
-
-
 def gpu_danger(state: RunState, now: float, cfg: Settings) -> list[AlertEvent]:
     """The danger signs of a GPU run: a GPU full of memory at 0 % utilisation for a minute (a process
-    that holds it and waits: a hung collective, a leftover process), and GPUs badly unbalanced."""
+    that holds it and waits: a hung collective, a leftover process), and GPUs badly unbalanced. Read from
+    what the GPU index keeps (``gpu_index``): the GPUs full and idle, the nodes' spreads."""
     if state.state not in ("running", ""):
         return []
+    index = state.kept("gpu_index", lambda: GpuIndex(state))
+    index.keep_up(state)
     out = []
     by_pid: dict[int, str] | None = None  # (made when a GPU is named: a walk over every worker)
-    rows = [g for g in state.gpu_rows() if now - g.ts < GPU_FRESH_S]
-    for g in rows:
-        if g.full_idle_since is not None and now - g.full_idle_since >= GPU_IDLE_FULL_S:
-            if by_pid is None:
-                by_pid = {w.pid: w.src for w in state.workers.values() if w.pid}
-            holders = [by_pid.get(p, f"pid {p}") for p in g.pids]
-            out.append(AlertEvent(
-                severity="warn", code="gpu_idle_full", targets=[f"gpu {g.node}/{g.index}", *holders],
-                message=f"GPU {g.index} on {g.node}: {100 * (g.mem_used or 0) / (g.mem_total or 1):.0f} % of its "
-                        f"memory used at 0 % utilisation for {spoken(now - g.full_idle_since)}"
-                        + (f" (held by {', '.join(holders)})" if holders else ""),
-                hint="a process holds the GPU and computes nothing: a hung collective or a leftover process; its "
-                     "stack (d); `nvidia-smi` lists the pids",
-                evidence={"elapsed_s": round(now - g.full_idle_since, 1), "util": g.util, "mem_used": g.mem_used,
-                          "mem_total": g.mem_total}))
-    smooth = [(g.util_avg, g) for g in rows if g.util_avg is not None]
-    if len(smooth) >= 2 and state.running_since and now - state.running_since > GPU_IDLE_FULL_S:
-        (lo, g_lo), (hi, g_hi) = min(smooth, key=lambda x: x[0]), max(smooth, key=lambda x: x[0])
-        if hi - lo >= GPU_SPREAD:
-            idle = [f"gpu {g.node}/{g.index}" for u, g in smooth if hi - u >= GPU_SPREAD]
-            out.append(AlertEvent(
-                severity="warn", code="gpu_unbalanced", targets=idle,
-                message=f"GPUs unbalanced: {g_hi.node}/{g_hi.index} at {hi:.0f} %, {g_lo.node}/{g_lo.index} at "
-                        f"{lo:.0f} % (averaged over the last minute); {len(idle)} of {len(smooth)} far below the "
-                        "busiest",
-                hint="an uneven split of the work (batch sizes not divisible by the workers) or a straggler on the "
-                     "idle ones; compare their phases in the workers table",
-                evidence={"max_util": round(hi, 1), "min_util": round(lo, 1)}))
+    for key in sorted(index.full_idle):
+        g = state.gpus[key]
+        if g.full_idle_since is None or now - g.ts >= GPU_FRESH_S or now - g.full_idle_since < GPU_IDLE_FULL_S:
+            continue
+        if by_pid is None:
+            by_pid = {w.pid: w.src for w in state.workers.values() if w.pid}
+        holders = [by_pid.get(p, f"pid {p}") for p in g.pids]
+        out.append(AlertEvent(
+            severity="warn", code="gpu_idle_full", targets=[f"gpu {g.node}/{g.index}", *holders],
+            message=f"GPU {g.index} on {g.node}: {100 * (g.mem_used or 0) / (g.mem_total or 1):.0f} % of its "
+                    f"memory used at 0 % utilisation for {spoken(now - g.full_idle_since)}"
+                    + (f" (held by {', '.join(holders)})" if holders else ""),
+            hint="a process holds the GPU and computes nothing: a hung collective or a leftover process; its "
+                 "stack (d); `nvidia-smi` lists the pids",
+            evidence={"elapsed_s": round(now - g.full_idle_since, 1), "util": g.util, "mem_used": g.mem_used,
+                      "mem_total": g.mem_total}))
+    if not state.running_since or now - state.running_since <= GPU_IDLE_FULL_S:
+        return out
+    spread = index.spread_at(state, now, GPU_SPREAD)
+    if spread is not None and spread.idle:
+        lo, hi = spread.low.util_avg or 0.0, spread.high.util_avg or 0.0
+        g_lo, g_hi = spread.low, spread.high
+        idle = [f"gpu {g.node}/{g.index}" for g in spread.idle]
+        out.append(AlertEvent(
+            severity="warn", code="gpu_unbalanced", targets=idle,
+            message=f"GPUs unbalanced: {g_hi.node}/{g_hi.index} at {hi:.0f} %, {g_lo.node}/{g_lo.index} at "
+                    f"{lo:.0f} % (averaged over the last minute); {len(idle)} of {spread.gpus} far below the "
+                    "busiest",
+            hint="an uneven split of the work (batch sizes not divisible by the workers) or a straggler on the "
+                 "idle ones; compare their phases in the workers table",
+            evidence={"max_util": round(hi, 1), "min_util": round(lo, 1)}))
     return out
 
 

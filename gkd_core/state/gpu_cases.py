@@ -1,0 +1,61 @@
+"""The reducer's cases of the GPUs: a GPU's reading (``gpu``), a node's readings of one sample (``gpus``), a
+note about a node, a probe that hangs."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from gkd_core.state.records import GPU_FULL, UTIL_AVG_S, GpuRow, ProbeHang
+from gkd_core.state.run_record import RunRecord
+from gkd_core.state.series import mem_share
+from gkd_core.telemetry import events as ev
+
+
+def on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
+    """A GPU's reading (its row, made or replaced), a note about its node, or a probe that hangs."""
+    node = e.node or e.src
+    key = f"{node}/{e.probe or 'nvml'}"
+    if e.nvml_hung_s is not None:
+        st.probe_hangs[key] = ProbeHang(node=node, probe=e.probe or "nvml", seconds=e.nvml_hung_s, at=e.ts,
+                                          detail=e.error)
+        return
+    st.probe_hangs.pop(key, None)
+    if e.index < 0:  # a note about the node (no driver, an NVML error), or one taken back
+        if e.error:
+            st.gpu_notes[node] = e.error
+        else:
+            st.gpu_notes.pop(node, None)
+        return
+    st.gpu_notes.pop(node, None)
+    key = f"{node}/{e.index}"
+    old = st.gpus.get(key)
+    row = st.gpus[key] = GpuRow(
+        node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
+        temp=e.temp, power=e.power, pids=list(e.pids), proc_mem=dict(e.proc_mem), ts=e.ts, error=e.error,
+    )
+    full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
+    if full and e.util is not None and e.util <= 0.0:
+        row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else e.ts
+    # an average over time, whatever the sampling interval: the last reading held until this one (a node's
+    # sampler sends a GPU's reading when it moves past a deadband, so the one before held till now)
+    if e.util is not None:
+        if old is None or old.util_avg is None:
+            row.util_avg = e.util
+        else:
+            weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
+            avg = old.util_avg + weight * ((e.util if old.util is None else old.util) - old.util_avg)
+            # a sender's absurd readings (+-1e308 in turn) overflow to inf, which a keyframe cannot hold
+            row.util_avg = avg if math.isfinite(avg) else e.util
+    was = None if old is None else (old.util, mem_share(old.mem_used, old.mem_total))
+    st.series.note_gpu(key, e.ts, was, e.util, mem_share(e.mem_used, e.mem_total))
+    st.touch_gpu(key)
+
+
+def on_gpus(st: RunRecord, e: ev.GpusEvent) -> None:
+    """A node's readings of one sample, each a GPU's as a ``gpu`` event of its own would be, at the batch's node
+    and time."""
+    for reading in e.readings:
+        on_gpu(st, msgspec.structs.replace(reading, node=e.node or reading.node or e.src, ts=e.ts or reading.ts,
+                                           src=e.src))
