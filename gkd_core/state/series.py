@@ -57,6 +57,7 @@ class GpuSums(msgspec.Struct, kw_only=True):
 
     util: float = 0.0
     util_n: int = 0
+    idle_n: int = 0  # of them, at 0 %
     mem: float = 0.0
     mem_n: int = 0
 
@@ -64,6 +65,7 @@ class GpuSums(msgspec.Struct, kw_only=True):
         if util is not None:
             self.util += sign * util
             self.util_n += sign
+            self.idle_n += sign if util <= 0.0 else 0
         if mem is not None:
             self.mem += sign * mem
             self.mem_n += sign

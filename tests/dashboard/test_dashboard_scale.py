@@ -135,3 +135,47 @@ async def test_a_large_run_s_rows_follow_in_slices_one_a_redraw(big_run):
         app.redraw()
         assert table._pass is None
         assert sorted(table.workers_shown) == ["rollout/32767", "rollout/42767"]
+
+
+def gpu_recording(path: Path, nodes: int = 1024) -> Path:
+    """``nodes`` nodes of 8 GPUs read for two minutes, one node's batch each 10 s as its agent sends them steady;
+    GPU 3 of node 7 full of memory at 0 % from the first minute. The alerts are the diagnosis's own."""
+    lines: list[ev.Event] = [ev.RunEvent(src="supervisor", run="gpus", state="running", total_steps=100, ts=T0 - 120)]
+    st = RunState()
+    st.apply(lines[0])
+    for t in range(-120, 1, 10):
+        for n in range(nodes):
+            lines.append(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=NOW + t - 5, readings=[
+                ev.GpuEvent(index=i, util=0.0 if (n, i) == (7, 3) and t >= -60 else 97.0,
+                            mem_used=(79 if (n, i) == (7, 3) and t >= -60 else 60) << 30, mem_total=80 << 30,
+                            temp=70.0, power=600.0, pids=[10_000 + 8 * n + i]) for i in range(8)]))
+    for e in lines[1:]:
+        st.apply(e)
+    alerts = [a for a in diagnose(st, NOW) if a.code.startswith("gpu_")]
+    for a in alerts:
+        a.src, a.ts = "supervisor", NOW
+    lines += alerts
+    for seq, e in enumerate(lines, 1):
+        e.seq = seq
+    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
+    return path
+
+
+async def test_8192_gpus_are_their_sums_and_the_gpus_the_diagnosis_names(tmp_path):
+    """A run of 8,192 GPUs: the GPU pane says what holds for all of them and shows the GPU the diagnosis names (not
+    8,192 rows, ten times a second), the same as the diagnosis's alert."""
+    from gkd_tui.widgets.nvml_pane import ROWS_ALL, NvmlPane
+
+    app = GkdApp(ReplaySource(gpu_recording(tmp_path / "events.jsonl")))
+    async with app.run_test(size=(160, 48)) as pilot:
+        pilot.app.source.seek(NOW)
+        await pilot.pause()
+        pilot.app.redraw()
+        await pilot.pause()
+        named = [t for a in app.source.state.alerts.values() if a.code == "gpu_idle_full" for t in a.targets]
+        assert named[0] == "gpu node-7/3", named
+        text = str(app.query_one(NvmlPane).render())
+        lines = text.splitlines()
+        assert lines[0].startswith("8,192 GPUs: utilisation 97 % on average, memory 75 %; 1 at 0 %"), lines[0]
+        assert len(lines) <= 1 + ROWS_ALL and "GPU3 node-7" in lines[1] and "util   0%" in lines[1], lines
+        await pilot.press("q")
