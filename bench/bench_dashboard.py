@@ -58,6 +58,7 @@ import records  # noqa: E402  (bench/records.py, beside this file)
 
 from gkd_core.runlog import keyframes  # noqa: E402
 from gkd_core.state import RunState, decode_state  # noqa: E402
+from gkd_core.state.gpu_cases import event_of  # noqa: E402
 from gkd_core.state.views import heartbeat_at  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import ops, wire  # noqa: E402
@@ -235,14 +236,13 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
         due = int(elapsed / GPU_SAMPLE_S * nodes) if gpus_per_node else 0
         while gpu_node < due:
             n, sample = gpu_node % nodes, gpu_node // nodes
-            readings = [ev.GpuEvent(index=g, uuid=f"GPU-{n}-{g}", util=rnd.uniform(95.0, 99.0),
-                                    mem_used=(60 << 30) + rnd.randrange(64 << 20), mem_total=80 << 30, temp=70.0,
-                                    power=600.0, pids=[10_000 + n * per_node + g % per_node])
+            readings = [ev.GpuReading(index=g, uuid=f"GPU-{n}-{g}", util=rnd.uniform(95.0, 99.0),
+                                      mem_used=(60 << 30) + rnd.randrange(64 << 20), mem_total=80 << 30, temp=70.0,
+                                      power=600.0, pids=[10_000 + n * per_node + g % per_node])
                         for g in range(gpus_per_node)] if gpu_events == "each" or sample % full_every == 0 else []
             if gpu_events == "each":
                 for r in readings:
-                    r.node, r.src, r.ts = f"node-{n}", f"agent/node-{n}", time.time()
-                    sock.send(wire.encode(r))
+                    sock.send(wire.encode(event_of(r, f"node-{n}", time.time(), f"agent/node-{n}")))
                     sent += 1
             elif readings:
                 sock.send(wire.encode(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=time.time(),

@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 from gkd_core.node.gpu_sampler import TICK_S, GpuSampler  # noqa: E402  (msgspec only)
+from gkd_core.state.gpu_cases import event_of  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 
 TOTAL_S = 270.0  # the whole check; past it the watchdog prints every thread's stack and exits 1
@@ -84,9 +85,11 @@ class Recorder:
 
     def __call__(self, e: ev.Event) -> None:
         e.ts = e.ts or time.time()  # as the agent's Reporter stamps them
-        if isinstance(e, ev.GpuEvent):
-            with self.lock:
-                self.events.append((time.monotonic(), e))
+        # a note, or a sample's readings as the node's batch holds them (each at the batch's node and time)
+        said = [e] if isinstance(e, ev.GpuEvent) else [
+            event_of(r, e.node, e.ts) for r in e.readings] if isinstance(e, ev.GpusEvent) else []
+        with self.lock:
+            self.events += [(time.monotonic(), g) for g in said]
 
     def found(self, pred: Callable[[ev.GpuEvent], bool]) -> list[tuple[float, ev.GpuEvent]]:
         with self.lock:
@@ -145,8 +148,9 @@ class GpuCheck:
     def __init__(self, backend: str, watchdog: Watchdog):
         self.backend, self.watchdog, self.out = backend, watchdog, Path()  # out: set once there is a GPU
         self.node, self.rec = socket.gethostname(), Recorder()
+        # (every reading sent, past the node's deadband or not: the check reads each sample)
         self.sampler = GpuSampler(self.node, self.rec, backend=backend, interval_s=SAMPLE_S, deadline_s=DEADLINE_S,
-                                  smi=None)
+                                  smi=None, full_every_s=0)
         self.held = []  # the CUDA memory this script holds until it ends
 
     def wait_samples(self, wanted: int, limit_s: float, or_note: bool = False) -> None:

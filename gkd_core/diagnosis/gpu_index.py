@@ -2,9 +2,10 @@
 read since the last, not every GPU (131,072 of them at the largest, 8 to a node).
 
 Kept: the GPUs full of memory at 0 % utilisation (a few, or none), found as their readings come; and each node's
-least and most busy GPU, by their minute's averages, which are what the spread between GPUs is judged on. That
-spread is looked at every ``LOOK_S``: a minute's average moves little in that time, and a look reads the nodes
-(16,384 at the largest), each node's GPUs only where one was read since.
+least and most busy GPU, by their minute's averages, which are what the spread between GPUs is judged on, taken
+again as the node's readings come (between passes, ``diagnosis.keep_up``). The run's spread is looked at every
+``LOOK_S``: a minute's average moves little in that time, and a look walks the nodes' spreads (16,384 at the
+largest), not their GPUs.
 """
 
 from __future__ import annotations
@@ -46,47 +47,50 @@ class GpuIndex:
         self.full_idle: set[str] = set()  # GPUs whose memory is full at 0 % utilisation (GpuRow.full_idle_since)
         self.by_node: dict[str, set[str]] = {}  # node -> its GPUs' keys
         self.nodes: dict[str, NodeSpread] = {}  # node -> its spread, as of its newest reading
-        self.changed: set[str] = set()  # nodes read since their spread was taken
         self.look_at = 0.0  # when the spread is looked at next
         self.spread: Spread | None = None  # as of the last look
         self.read = 0
-        for key in state.gpus:  # (made after GPUs were read: they are taken in once)
-            self._take(state, key)
+        for node in {self._take(state, key) for key in state.gpus} - {""}:  # (made after GPUs were read: once)
+            self._spread_of(state, node)
 
     def keep_up(self, state: RunState, most: int | None = None) -> None:
-        """The GPUs read since the last take (``most`` of them: the rest at the next)."""
-        for key in self.feed.take(most):
-            self._take(state, key)
+        """The GPUs read since the last take (``most`` of them: the rest at the next), and their nodes' spreads."""
+        nodes = {node for key in self.feed.take(most) if (node := self._take(state, key))}
+        for node in nodes:
+            self._spread_of(state, node)
 
-    def _take(self, state: RunState, key: str) -> None:
+    def _take(self, state: RunState, key: str) -> str:
+        """The GPU ``key`` read: whether it is full and idle; its node ("" when it is gone)."""
         g = state.gpus.get(key)
         self.read += 1
         if g is None:
             self.full_idle.discard(key)
-            return
+            return ""
         if g.full_idle_since is not None:
             self.full_idle.add(key)
         else:
             self.full_idle.discard(key)
         self.by_node.setdefault(g.node, set()).add(key)
-        self.changed.add(g.node)
+        return g.node
+
+    def _spread_of(self, state: RunState, node: str) -> None:
+        """``node``'s spread from its GPUs' rows: those with an average, fresh beside its newest reading."""
+        keys = self.by_node.get(node, ())
+        self.read += len(keys)
+        rows = [g for k in keys if (g := state.gpus.get(k)) is not None and g.util_avg is not None]
+        newest = max((g.ts for g in rows), default=0.0)
+        rows = [g for g in rows if newest - g.ts < GPU_FRESH_S]
+        if rows:
+            self.nodes[node] = NodeSpread(len(rows), min(rows, key=_avg), max(rows, key=_avg), newest)
+        else:
+            self.nodes.pop(node, None)
 
     def spread_at(self, state: RunState, now: float, apart: float) -> Spread | None:
-        """The run's spread as of the last look, looked at again every ``LOOK_S``; None with fewer than two
-        fresh GPUs with an average."""
+        """The run's spread as of the last look, looked at again every ``LOOK_S`` (a walk of the nodes' spreads,
+        not of their GPUs); None with fewer than two fresh GPUs with an average."""
         if now < self.look_at:
             return self.spread
         self.look_at = now + LOOK_S
-        for node in self.changed:
-            rows = [g for k in self.by_node.get(node, ()) if (g := state.gpus.get(k)) is not None
-                    and g.util_avg is not None and now - g.ts < GPU_FRESH_S]
-            self.read += len(self.by_node.get(node, ()))
-            if rows:
-                self.nodes[node] = NodeSpread(len(rows), min(rows, key=_avg), max(rows, key=_avg),
-                                              max(g.ts for g in rows))
-            else:
-                self.nodes.pop(node, None)
-        self.changed.clear()
         fresh = [s for s in self.nodes.values() if now - s.newest < GPU_FRESH_S]
         count = sum(s.gpus for s in fresh)
         if count < 2:

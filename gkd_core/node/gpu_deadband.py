@@ -14,7 +14,7 @@ stops computing, ``gpu_idle_full``'s); memory, a process's included, by 1/``MEM_
 from __future__ import annotations
 
 from gkd_core.state.records import GPU_FULL
-from gkd_core.telemetry.events import FULL_BEAT_S, GpuEvent
+from gkd_core.telemetry.events import FULL_BEAT_S, GpuEvent, GpuReading
 
 UTIL_STEP = 5.0
 MEM_STEP = 64
@@ -34,6 +34,11 @@ def same_gpu(was: GpuEvent, g: GpuEvent) -> bool:
     if g.proc_mem.keys() != was.proc_mem.keys() or any(abs(n - was.proc_mem[p]) >= step for p, n in g.proc_mem.items()):
         return False
     return _within(was.temp, g.temp, TEMP_STEP) and _within(was.power, g.power, POWER_STEP * (was.power or 0.0))
+
+
+def reading_of(g: GpuEvent) -> GpuReading:
+    """A GPU's reading as its node's batch carries it (``gpu_cases.event_of`` the other way)."""
+    return GpuReading(g.index, g.uuid, g.util, g.mem_used, g.mem_total, g.temp, g.power, g.pids, g.proc_mem, g.error)
 
 
 def _within(was: float | None, now: float | None, step: float) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from gkd_core.node.gpu_deadband import GpuDeadband
+from gkd_core.node.gpu_deadband import GpuDeadband, reading_of
 from gkd_core.telemetry import events as ev
 
 TICK_S = 0.25
@@ -151,7 +151,7 @@ class GpuSampler:
             readings = [msgspec.convert(g, ev.GpuEvent) for g in msg.get("gpus") or []]
             new = self.deadband.new(readings, time.monotonic())
             if new:  # (the node's, one message: the readings that say something new, or are due in full)
-                self.emit(ev.GpusEvent(node=self.node, readings=new))
+                self.emit(ev.GpusEvent(node=self.node, readings=[reading_of(g) for g in new]))
         elif kind == "error":
             self._answered()
             self.deadband.forget()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import msgspec
-
 from gkd_core.state.records import GPU_FULL, UTIL_AVG_S, GpuRow, ProbeHang
 from gkd_core.state.run_record import RunRecord
 from gkd_core.state.series import mem_share
@@ -56,6 +54,13 @@ def on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
 def on_gpus(st: RunRecord, e: ev.GpusEvent) -> None:
     """A node's readings of one sample, each a GPU's as a ``gpu`` event of its own would be, at the batch's node
     and time."""
-    for reading in e.readings:
-        on_gpu(st, msgspec.structs.replace(reading, node=e.node or reading.node or e.src, ts=e.ts or reading.ts,
-                                           src=e.src))
+    node = e.node or e.src
+    for r in e.readings:
+        on_gpu(st, event_of(r, node, e.ts, e.src))
+
+
+def event_of(r: ev.GpuReading, node: str, ts: float, src: str = "") -> ev.GpuEvent:
+    """A batch's reading as the ``gpu`` event it stands for (``node.gpu_deadband.reading_of`` the other way)."""
+    return ev.GpuEvent(src=src, ts=ts, node=node, index=r.index, uuid=r.uuid, util=r.util, mem_used=r.mem_used,
+                       mem_total=r.mem_total, temp=r.temp, power=r.power, pids=r.pids, proc_mem=r.proc_mem,
+                       error=r.error)

@@ -1,6 +1,7 @@
 """A heartbeat's parts, as a ``heartbeat`` event and a relay's ``heartbeats`` batch carry them: a worker's
 memory beyond its process, one worker's beat inside a batch, and a relay's word for the workers whose beats
-it gathers (the events themselves: ``events``, which takes these in)."""
+it gathers; and a GPU's reading inside a node's ``gpus`` batch (the events themselves: ``events``, which takes
+these in)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,21 @@ class RelayClock(msgspec.Struct, array_like=True, gc=False):
     ts: float
     joined: tuple[str, ...] = ()  # (tuples: a batch's usual empty ones are no objects of their own)
     quiet: tuple[tuple[str, float], ...] = ()
+
+
+class GpuReading(msgspec.Struct, array_like=True, gc=False):
+    """One GPU's reading inside a node's ``gpus`` batch, as an array: ``[index, uuid, util, mem_used, mem_total,
+    temp, power, pids, proc_mem, error]`` (a ``gpu`` event's fields, less its node and time, which are the
+    batch's): a third of the bytes of the event's own shape, 131,072 GPUs' readings in a node's batch each full
+    beat. Not tracked by the cycle collector (``gc=False``: its lists hold numbers, so it can be in no cycle)."""
+
+    index: Int
+    uuid: str = ""
+    util: float | None = None
+    mem_used: Int | None = None
+    mem_total: Int | None = None
+    temp: float | None = None
+    power: float | None = None
+    pids: list[Int] = []
+    proc_mem: dict[str, Int] = {}
+    error: str = ""

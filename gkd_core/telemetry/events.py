@@ -17,6 +17,7 @@ from gkd_core.telemetry.answers import Answer, AnyAnswer, Receipt
 from gkd_core.telemetry.beats import FULL_BEAT_S as FULL_BEAT_S
 from gkd_core.telemetry.beats import INT64 as INT64
 from gkd_core.telemetry.beats import Beat as Beat
+from gkd_core.telemetry.beats import GpuReading as GpuReading
 from gkd_core.telemetry.beats import Int as Int
 from gkd_core.telemetry.beats import MemoryBeat as MemoryBeat
 from gkd_core.telemetry.beats import RelayClock as RelayClock
@@ -120,17 +121,16 @@ def event_of_beat(b: Beat, **fields: Any) -> HeartbeatEvent:
 
 
 class HeartbeatsEvent(Event, tag="heartbeats"):
-    """The heartbeats of one node's workers over one interval, as one message: what its relay (the
-    node agent) received since it last sent one, the newest of each worker. At 65,536 workers, 8 to
-    a node, that is 8,192 messages a second instead of 65,536. ``src`` is the relay; in
-    ``events.jsonl``, the supervisor's (``node`` empty): the heartbeats it keeps, of any node.
+    """The heartbeats of one node's workers over one interval, as one message: what its relay (the node agent)
+    received since it last sent one, the newest of each worker. At 65,536 workers, 8 to a node, that is 8,192
+    messages a second instead of 65,536. ``src`` is the relay; in ``events.jsonl``, the supervisor's (``node``
+    empty): the heartbeats it keeps, of any node.
 
-    ``beats``: in full, only a worker's beat that says something its last full one did not
-    (``relay.same_beat``), and one at least every ``FULL_BEAT_S``; the others are a sign of life
-    only, which ``clocks`` says for all of a relay's workers at once (``RelayClock``): a worker's newest
-    heartbeat is its relay's clock while that vouches for it (``state.views.heartbeat_at``). A batch
-    merged by the supervisor holds the clocks of every relay whose batch it took in; the log keeps a
-    relay's clock a few times a minute, and each change of its roster."""
+    ``beats``: in full, only a worker's beat that says something its last full one did not (``relay.same_beat``),
+    and one at least every ``FULL_BEAT_S``; the others are a sign of life only, which ``clocks`` says for all of a
+    relay's workers at once (``RelayClock``): a worker's newest heartbeat is its relay's clock while that vouches
+    for it (``state.views.heartbeat_at``). A batch merged by the supervisor holds the clocks of every relay whose
+    batch it took in; the log keeps a relay's clock a few times a minute, and each change of its roster."""
 
     node: str = ""
     beats: list[Beat] = []
@@ -216,11 +216,11 @@ class GpuEvent(Event, tag="gpu"):
 
 
 class GpusEvent(Event, tag="gpus"):
-    """A node's GPU readings of one sample, each a ``gpu`` event's at the batch's node and time, those new since
-    the last sent (``node.gpu_deadband``): a message a node, where 131,072 GPUs sent 65,536 ``gpu`` a second."""
+    """A node's GPU readings of one sample (``GpuReading``: a ``gpu`` event's, at the batch's node and time), those
+    new since the last sent (``node.gpu_deadband``): a message a node, not 65,536 ``gpu`` a second."""
 
     node: str = ""
-    readings: list[GpuEvent] = []
+    readings: list[GpuReading] = []
 
 
 class MetricsEvent(Event, tag="metrics"):

@@ -146,9 +146,9 @@ def gpu_recording(path: Path, nodes: int = 1024) -> Path:
     for t in range(-120, 1, 10):
         for n in range(nodes):
             lines.append(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=NOW + t - 5, readings=[
-                ev.GpuEvent(index=i, util=0.0 if (n, i) == (7, 3) and t >= -60 else 97.0,
-                            mem_used=(79 if (n, i) == (7, 3) and t >= -60 else 60) << 30, mem_total=80 << 30,
-                            temp=70.0, power=600.0, pids=[10_000 + 8 * n + i]) for i in range(8)]))
+                ev.GpuReading(index=i, util=0.0 if (n, i) == (7, 3) and t >= -60 else 97.0,
+                              mem_used=(79 if (n, i) == (7, 3) and t >= -60 else 60) << 30, mem_total=80 << 30,
+                              temp=70.0, power=600.0, pids=[10_000 + 8 * n + i]) for i in range(8)]))
     for e in lines[1:]:
         st.apply(e)
     alerts = [a for a in diagnose(st, NOW) if a.code.startswith("gpu_")]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-import msgspec
 from conftest import nvml_library_loads
 
 from gkd_core.node.gpu_sampler import GpuSampler
 from gkd_core.state import RunState
+from gkd_core.state.gpu_cases import event_of
 from gkd_core.telemetry import events as ev
 
 
@@ -28,8 +28,8 @@ class Recorder:
         with self.lock:
             events = list(self.events)
         return [(t, g) for t, e in events for g in ([e] if isinstance(e, ev.GpuEvent) else
-                                                    [msgspec.structs.replace(r, node=e.node, ts=e.ts) for r in
-                                                     e.readings] if isinstance(e, ev.GpusEvent) else [])]
+                                                    [event_of(r, e.node, e.ts) for r in e.readings]
+                                                    if isinstance(e, ev.GpusEvent) else [])]
 
     def wait_for(self, pred, timeout_s: float):
         deadline = time.monotonic() + timeout_s

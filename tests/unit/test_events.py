@@ -42,8 +42,8 @@ SAMPLES = [
     ev.RayEvent(target="rollout/1", actor_id="a1", state="PENDING_CREATION", task="generate", task_started=1.5,
                 required={"GPU": 1.0}),
     ev.RayNodeEvent(node="10.0.0.2", node_id="n" * 56, state="ALIVE", resources={"CPU": 8.0, "GPU": 2.0}),
-    ev.GpusEvent(node="n0", readings=[ev.GpuEvent(index=0, util=97.0, mem_used=70 << 30, mem_total=80 << 30),
-                                      ev.GpuEvent(index=3, util=0.0, pids=[4121], proc_mem={"4121": 1 << 30})]),
+    ev.GpusEvent(node="n0", readings=[ev.GpuReading(index=0, util=97.0, mem_used=70 << 30, mem_total=80 << 30),
+                                      ev.GpuReading(index=3, util=0.0, pids=[4121], proc_mem={"4121": 1 << 30})]),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 from gkd_core import diagnosis
 from gkd_core.diagnosis.gpu_index import GPU_FRESH_S
 from gkd_core.diagnosis.rules.gpu import GPU_IDLE_FULL_S, GPU_SPREAD
-from gkd_core.node.gpu_deadband import MEM_STEP, UTIL_STEP, GpuDeadband
+from gkd_core.node.gpu_deadband import MEM_STEP, UTIL_STEP, GpuDeadband, reading_of
 from gkd_core.state import RunState
 from gkd_core.state.records import GPU_FULL
 from gkd_core.telemetry import events as ev
@@ -92,7 +92,7 @@ def test_the_gpu_rules_name_through_the_deadband_what_they_name_from_every_readi
             new = gs if band is None else band.new(gs, T0 + s)
             sent += len(new)
             if new:
-                st.apply(ev.GpusEvent(src="agent/n0", node="n0", ts=T0 + s, readings=new))
+                st.apply(ev.GpusEvent(src="agent/n0", node="n0", ts=T0 + s, readings=[reading_of(g) for g in new]))
             for t in (s + 0.5, s + 1.5):
                 for a in diagnosis.diagnose(st, T0 + t):
                     first.setdefault(a.code, t)
