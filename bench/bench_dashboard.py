@@ -62,6 +62,7 @@ from gkd_core.state.gpu_cases import event_of  # noqa: E402
 from gkd_core.state.views import heartbeat_at  # noqa: E402
 from gkd_core.telemetry import events as ev  # noqa: E402
 from gkd_core.telemetry import ops, wire  # noqa: E402
+from gkd_core.telemetry.beats import GPU_FULL_S  # noqa: E402
 from gkd_core.telemetry.control import ControlClient  # noqa: E402
 from gkd_core.telemetry.relay import HeartbeatBatcher  # noqa: E402
 from gkd_tui.sources.replay import ReplaySource  # noqa: E402
@@ -183,7 +184,7 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     is not measured). ``gpus_per_node``: each node's GPUs read every GPU_SAMPLE_S as well, busy at 95-99 % with
     their memory held, the nodes spread over the period: ``batched``, as a node's agent sends them, one ``gpus``
     batch a node when its deadband lets them through, which for GPUs that hold this steady is all of them every
-    FULL_BEAT_S (tests/unit/test_gpu_deadband.py); ``each``, as it sent them before, a ``gpu`` event a GPU every
+    GPU_FULL_S (tests/unit/test_gpu_deadband.py); ``each``, as it sent them before, a ``gpu`` event a GPU every
     sample."""
     cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -209,7 +210,7 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     probes: list[int] = []
     next_plotted, tick = start, 0
     node = gpu_node = 0
-    full_every = round(ev.FULL_BEAT_S / GPU_SAMPLE_S)  # (a node's samples between its batches, steady)
+    full_every = round(GPU_FULL_S / GPU_SAMPLE_S)  # (a node's samples between its batches, steady)
     burst_at, burst_sent, lane_sent = -1, 0, 0
     while (elapsed := time.monotonic() - start) < seconds:
         # each node's heartbeats once a second, the nodes spread over the second in 10 ms slices

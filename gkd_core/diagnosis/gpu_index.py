@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 from gkd_core.state import RunState
 from gkd_core.state.records import GpuRow
+from gkd_core.telemetry.beats import GPU_FULL_S
 
-GPU_FRESH_S = 30.0  # readings older than this are not compared
+GPU_FRESH_S = 2.5 * GPU_FULL_S  # readings older than this are not compared (a node's agent sends each that often)
 LOOK_S = 5.0  # how often the spread between the GPUs is looked at
 
 

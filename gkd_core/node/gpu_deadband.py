@@ -1,9 +1,9 @@
 """A node's GPU readings, sent when they say something new: its sampler reads every GPU every 2 s, and a GPU's
 reading goes to the supervisor, in the node's ``gpus`` batch, only when it moved past a deadband from the last
-one sent of that GPU, or ``FULL_BEAT_S`` after it, as a node's relay does with its workers' heartbeats. At
+one sent of that GPU, or ``GPU_FULL_S`` after it, as a node's relay does with its workers' heartbeats. At
 131,072 GPUs, 8 to a node, a ``gpu`` event each every 2 s was 65,536 messages a second, four times the workers'
 heartbeat batches; a training run's GPUs busy at 95-100 % with their memory held now send a batch a node every
-``FULL_BEAT_S``.
+``GPU_FULL_S``.
 
 New is what a rule reads or a person sees move: utilisation by ``UTIL_STEP`` points, or across 0 (a GPU that
 stops computing, ``gpu_idle_full``'s); memory, a process's included, by 1/``MEM_STEP`` of the GPU's, or across
@@ -14,7 +14,8 @@ stops computing, ``gpu_idle_full``'s); memory, a process's included, by 1/``MEM_
 from __future__ import annotations
 
 from gkd_core.state.records import GPU_FULL
-from gkd_core.telemetry.events import FULL_BEAT_S, GpuEvent, GpuReading
+from gkd_core.telemetry.beats import GPU_FULL_S
+from gkd_core.telemetry.events import GpuEvent, GpuReading
 
 UTIL_STEP = 5.0
 MEM_STEP = 64
@@ -59,7 +60,7 @@ def _full(g: GpuEvent) -> bool:
 class GpuDeadband:
     """The last reading sent of each of a node's GPUs, by index, and when (monotonic seconds)."""
 
-    def __init__(self, full_every_s: float = FULL_BEAT_S):
+    def __init__(self, full_every_s: float = GPU_FULL_S):
         self.full_every_s = full_every_s
         self.said: dict[int, tuple[GpuEvent, float]] = {}
 

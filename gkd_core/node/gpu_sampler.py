@@ -25,6 +25,7 @@ import msgspec
 
 from gkd_core.node.gpu_deadband import GpuDeadband, reading_of
 from gkd_core.telemetry import events as ev
+from gkd_core.telemetry.beats import GPU_FULL_S
 
 TICK_S = 0.25
 BACKOFF_S = (5.0, 300.0)  # first respawn after a child died, and the most it grows to
@@ -34,7 +35,7 @@ SMI_QUERY = ["--query-gpu=index,utilization.gpu,memory.used", "--format=csv,nohe
 class GpuSampler:
     def __init__(self, node: str, emit: Callable[[ev.Event], None], backend: str = "nvml",
                  interval_s: float = 2.0, deadline_s: float = 3.0, smi_every_s: float = 30.0,
-                 smi_timeout_s: float = 5.0, smi: str | None = "nvidia-smi", full_every_s: float = ev.FULL_BEAT_S):
+                 smi_timeout_s: float = 5.0, smi: str | None = "nvidia-smi", full_every_s: float = GPU_FULL_S):
         self.node, self.emit, self.backend = node, emit, backend
         self.interval_s, self.deadline_s = interval_s, deadline_s
         self.smi_every_s, self.smi_timeout_s = smi_every_s, smi_timeout_s

@@ -27,36 +27,45 @@ def on_gpu(st: RunRecord, e: ev.GpuEvent) -> None:
             st.gpu_notes.pop(node, None)
         return
     st.gpu_notes.pop(node, None)
-    key = f"{node}/{e.index}"
-    old = st.gpus.get(key)
-    row = st.gpus[key] = GpuRow(
-        node=node, index=e.index, uuid=e.uuid, util=e.util, mem_used=e.mem_used, mem_total=e.mem_total,
-        temp=e.temp, power=e.power, pids=list(e.pids), proc_mem=dict(e.proc_mem), ts=e.ts, error=e.error,
-    )
-    full = bool(e.mem_used and e.mem_total and e.mem_used >= GPU_FULL * e.mem_total)
-    if full and e.util is not None and e.util <= 0.0:
-        row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else e.ts
-    # an average over time, whatever the sampling interval: the last reading held until this one (a node's
-    # sampler sends a GPU's reading when it moves past a deadband, so the one before held till now)
-    if e.util is not None:
-        if old is None or old.util_avg is None:
-            row.util_avg = e.util
-        else:
-            weight = min(1.0, max(0.0, e.ts - old.ts) / UTIL_AVG_S)
-            avg = old.util_avg + weight * ((e.util if old.util is None else old.util) - old.util_avg)
-            # a sender's absurd readings (+-1e308 in turn) overflow to inf, which a keyframe cannot hold
-            row.util_avg = avg if math.isfinite(avg) else e.util
-    was = None if old is None else (old.util, mem_share(old.mem_used, old.mem_total))
-    st.series.note_gpu(key, e.ts, was, e.util, mem_share(e.mem_used, e.mem_total))
-    st.touch_gpu(key)
+    _reading(st, node, e.ts, e)
 
 
 def on_gpus(st: RunRecord, e: ev.GpusEvent) -> None:
     """A node's readings of one sample, each a GPU's as a ``gpu`` event of its own would be, at the batch's node
-    and time."""
+    and time (its NVML answered: the node's hung probe and note are taken down as a ``gpu`` event's would be)."""
     node = e.node or e.src
+    if e.readings:
+        st.probe_hangs.pop(f"{node}/nvml", None)
+        st.gpu_notes.pop(node, None)
     for r in e.readings:
-        on_gpu(st, event_of(r, node, e.ts, e.src))
+        if r.index >= 0:  # (a sender's note in a batch is no GPU's)
+            _reading(st, node, e.ts, r)
+
+
+def _reading(st: RunRecord, node: str, ts: float, r: ev.GpuEvent | ev.GpuReading) -> None:
+    """A GPU's reading at ``ts``: its row made or replaced, its minute's average, the plots' sums, the feed."""
+    key = f"{node}/{r.index}"
+    old = st.gpus.get(key)
+    row = st.gpus[key] = GpuRow(
+        node=node, index=r.index, uuid=r.uuid, util=r.util, mem_used=r.mem_used, mem_total=r.mem_total,
+        temp=r.temp, power=r.power, pids=list(r.pids), proc_mem=dict(r.proc_mem), ts=ts, error=r.error,
+    )
+    full = bool(r.mem_used and r.mem_total and r.mem_used >= GPU_FULL * r.mem_total)
+    if full and r.util is not None and r.util <= 0.0:
+        row.full_idle_since = old.full_idle_since if old is not None and old.full_idle_since else ts
+    # an average over time, whatever the sampling interval: the last reading held until this one (a node's
+    # sampler sends a GPU's reading when it moves past a deadband, so the one before held till now)
+    if r.util is not None:
+        if old is None or old.util_avg is None:
+            row.util_avg = r.util
+        else:
+            weight = min(1.0, max(0.0, ts - old.ts) / UTIL_AVG_S)
+            avg = old.util_avg + weight * ((r.util if old.util is None else old.util) - old.util_avg)
+            # a sender's absurd readings (+-1e308 in turn) overflow to inf, which a keyframe cannot hold
+            row.util_avg = avg if math.isfinite(avg) else r.util
+    was = None if old is None else (old.util, mem_share(old.mem_used, old.mem_total))
+    st.series.note_gpu(key, ts, was, r.util, mem_share(r.mem_used, r.mem_total))
+    st.touch_gpu(key)
 
 
 def event_of(r: ev.GpuReading, node: str, ts: float, src: str = "") -> ev.GpuEvent:

@@ -52,6 +52,10 @@ class Beat(msgspec.Struct, array_like=True, gc=False):
 # (``heartbeat_log_s``, 10 s by default): the log keeps one beat of a still worker that often, and a full beat
 # more often than it keeps is work for nothing (at 65,536 still workers, 6,554 beats a second)
 FULL_BEAT_S = 10.0
+# A node's agent sends each GPU's reading in full at least this often, however little it moved (``gpu_deadband``):
+# a GPU's row is as fresh as that (the GPU rule compares the readings of 2.5 periods, ``gpu_index.GPU_FRESH_S``),
+# and a GPU that holds still sends a third of what it would every FULL_BEAT_S, 4,369 readings a second at 131,072
+GPU_FULL_S = 30.0
 
 
 class RelayClock(msgspec.Struct, array_like=True, gc=False):
