@@ -181,11 +181,11 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     small machine it competes with what is measured), and each probe's emit time (ns). ``plotted``: a step's
     metrics, a sync, the teacher's counts and 64 GPUs' readings each second as well. ``taken_in(n)`` waits
     until the supervisor has taken in the first ``n`` messages (the registrations: what a run's start costs
-    is not measured). ``gpus_per_node``: each node's GPUs read every GPU_SAMPLE_S as well, busy at 95-99 % with
-    their memory held, the nodes spread over the period: ``batched``, as a node's agent sends them, one ``gpus``
-    batch a node when its deadband lets them through, which for GPUs that hold this steady is all of them every
-    GPU_FULL_S (tests/unit/test_gpu_deadband.py); ``each``, as it sent them before, a ``gpu`` event a GPU every
-    sample."""
+    is not measured). ``gpus_per_node``: each node's GPUs read every GPU_SAMPLE_S as well, busy and steady with
+    their memory held, the nodes spread over the period, their first readings sent with the registrations (as each
+    node's agent starts): ``batched``, as a node's agent sends them, one ``gpus`` batch a node when its deadband
+    lets them through, which for GPUs this steady is all of them every GPU_FULL_S, each node at its own turn
+    (tests/unit/test_gpu_deadband.py); ``each``, as it sent them before, a ``gpu`` event a GPU every sample."""
     cpu0 = time.process_time()
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.sndhwm = 1_000_000
@@ -198,7 +198,11 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
                                            pid=10_000 + i, gpus=[i % 8], ts=time.time(),
                                            via=f"agent/node-{n}" if per_node > 1 else "")))
         sock.send(wire.encode(ev.PhaseEvent(src=f"rollout/{i}", phase="idle", ts=time.time())))
-    taken_in(2 * workers)
+    full_every = round(GPU_FULL_S / GPU_SAMPLE_S)  # (a node's samples between its batches, steady)
+    for n in range(nodes if gpus_per_node else 0):  # its GPUs' first readings, sent as its agent starts
+        sock.send(wire.encode(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=time.time(),
+                                           readings=gpu_readings(n, gpus_per_node, per_node, rnd))))
+    taken_in(2 * workers + (nodes if gpus_per_node else 0))
     lane_size = min(workers, burst_rate)
     lanes = (workers + lane_size - 1) // lane_size
     moves = [0] * lanes  # how many phases each lane has gone through
@@ -210,7 +214,6 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     probes: list[int] = []
     next_plotted, tick = start, 0
     node = gpu_node = 0
-    full_every = round(GPU_FULL_S / GPU_SAMPLE_S)  # (a node's samples between its batches, steady)
     burst_at, burst_sent, lane_sent = -1, 0, 0
     while (elapsed := time.monotonic() - start) < seconds:
         # each node's heartbeats once a second, the nodes spread over the second in 10 ms slices
@@ -236,11 +239,10 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
         # each node's GPUs every GPU_SAMPLE_S, the nodes spread over the period
         due = int(elapsed / GPU_SAMPLE_S * nodes) if gpus_per_node else 0
         while gpu_node < due:
-            n, sample = gpu_node % nodes, gpu_node // nodes
-            readings = [ev.GpuReading(index=g, uuid=f"GPU-{n}-{g}", util=rnd.uniform(95.0, 99.0),
-                                      mem_used=(60 << 30) + rnd.randrange(64 << 20), mem_total=80 << 30, temp=70.0,
-                                      power=600.0, pids=[10_000 + n * per_node + g % per_node])
-                        for g in range(gpus_per_node)] if gpu_events == "each" or sample % full_every == 0 else []
+            n, sample = gpu_node % nodes, gpu_node // nodes + 1
+            # (each node's full batch at its own turn: the nodes' agents started at different moments)
+            readings = (gpu_readings(n, gpus_per_node, per_node, rnd)
+                        if gpu_events == "each" or (sample + n) % full_every == 0 else [])
             if gpu_events == "each":
                 for r in readings:
                     sock.send(wire.encode(event_of(r, f"node-{n}", time.time(), f"agent/node-{n}")))
@@ -286,6 +288,13 @@ def load(ingest: str, workers: int, per_node: int, seconds: float, burst_rate: i
     load_cpu = (time.process_time() - cpu0) / (time.monotonic() - start) * 100
     sock.close(linger=2000)
     return sent, load_cpu, probes
+
+
+def gpu_readings(n: int, gpus: int, per_node: int, rnd: random.Random) -> list[ev.GpuReading]:
+    """Node ``n``'s GPUs, busy and steady, each held by one of its workers."""
+    return [ev.GpuReading(index=g, uuid=f"GPU-{n}-{g}", util=rnd.uniform(95.0, 99.0),
+                          mem_used=(60 << 30) + rnd.randrange(64 << 20), mem_total=80 << 30, temp=70.0, power=600.0,
+                          pids=[10_000 + n * per_node + g % per_node]) for g in range(gpus)]
 
 
 def plotted_events(step: int, rnd: random.Random) -> list:
