@@ -40,13 +40,19 @@ def recording(path: Path) -> Path:
         beats = [ev.Beat(f"rollout/{i}", NOW - 0.5, "generate", 29.0, 2 << 30, 95.0, 0)
                  for i in range(n * PER_NODE, (n + 1) * PER_NODE)]
         lines.append(ev.HeartbeatsEvent(src="supervisor", beats=beats, ts=NOW - 0.5))
+    return recorded(path, lines)
+
+
+def recorded(path: Path, lines: list[ev.Event], codes: str = "") -> Path:
+    """``lines`` written to ``path`` as a run's log, followed by the diagnosis's alerts at NOW (those whose code
+    begins with ``codes``), stamped as the supervisor's."""
     st = RunState()
     for e in lines:
         st.apply(e)
-    alerts = diagnose(st, NOW)
+    alerts = [a for a in diagnose(st, NOW) if a.code.startswith(codes)]
     for a in alerts:
         a.src, a.ts = "supervisor", NOW
-    lines += alerts
+    lines = lines + alerts
     for seq, e in enumerate(lines, 1):
         e.seq = seq
     path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
@@ -138,27 +144,16 @@ async def test_a_large_run_s_rows_follow_in_slices_one_a_redraw(big_run):
 
 
 def gpu_recording(path: Path, nodes: int = 1024) -> Path:
-    """``nodes`` nodes of 8 GPUs read for two minutes, one node's batch each 10 s as its agent sends them steady;
+    """``nodes`` nodes of 8 GPUs read for two minutes, each node's batch every 10 s;
     GPU 3 of node 7 full of memory at 0 % from the first minute. The alerts are the diagnosis's own."""
     lines: list[ev.Event] = [ev.RunEvent(src="supervisor", run="gpus", state="running", total_steps=100, ts=T0 - 120)]
-    st = RunState()
-    st.apply(lines[0])
     for t in range(-120, 1, 10):
         for n in range(nodes):
             lines.append(ev.GpusEvent(src=f"agent/node-{n}", node=f"node-{n}", ts=NOW + t - 5, readings=[
                 ev.GpuReading(index=i, util=0.0 if (n, i) == (7, 3) and t >= -60 else 97.0,
                               mem_used=(79 if (n, i) == (7, 3) and t >= -60 else 60) << 30, mem_total=80 << 30,
                               temp=70.0, power=600.0, pids=[10_000 + 8 * n + i]) for i in range(8)]))
-    for e in lines[1:]:
-        st.apply(e)
-    alerts = [a for a in diagnose(st, NOW) if a.code.startswith("gpu_")]
-    for a in alerts:
-        a.src, a.ts = "supervisor", NOW
-    lines += alerts
-    for seq, e in enumerate(lines, 1):
-        e.seq = seq
-    path.write_bytes(b"\n".join(wire.encode(e) for e in lines) + b"\n")
-    return path
+    return recorded(path, lines, codes="gpu_")
 
 
 async def test_8192_gpus_are_their_sums_and_the_gpus_the_diagnosis_names(tmp_path):
