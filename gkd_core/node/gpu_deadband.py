@@ -25,8 +25,8 @@ POWER_STEP = 0.1
 
 def same_gpu(was: GpuEvent, g: GpuEvent) -> bool:
     """Whether ``g`` says nothing that ``was``, the last reading sent of the same GPU, did not."""
-    if (g.uuid, g.pids, g.error, g.mem_total) != (was.uuid, was.pids, was.error, was.mem_total):
-        return False
+    if (g.uuid, g.error, g.mem_total) != (was.uuid, was.error, was.mem_total) or set(g.pids) != set(was.pids):
+        return False  # (the processes as a set: NVML need not list them in the same order twice)
     if not _within(was.util, g.util, UTIL_STEP) or _idle(was) != _idle(g):
         return False
     step = (g.mem_total or 0) / MEM_STEP

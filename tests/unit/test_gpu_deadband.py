@@ -62,6 +62,13 @@ def test_what_a_rule_reads_or_a_person_sees_move_is_sent_at_once(change):
     assert band.new([now], T0 + 4) == [now]
 
 
+def test_the_same_processes_listed_in_another_order_are_nothing_new():
+    band = GpuDeadband()
+    was, now = reading(), reading()
+    was.pids, now.pids = [4121, 5000], [5000, 4121]
+    assert band.new([was], T0) == [was] and band.new([now], T0 + 2) == []
+
+
 def test_after_a_note_about_the_node_every_gpu_is_sent_again():
     band = GpuDeadband()
     gs = [reading(i) for i in range(8)]
