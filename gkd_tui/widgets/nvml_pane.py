@@ -56,12 +56,14 @@ class NvmlPane(Pane):
         sums, mean = st.series.gpu_sums, st.series.gpu_sums.mean(now)
         util = f"{mean.util:.0f} %" if mean.util is not None else "-"
         mem = f"{100 * mean.mem:.0f} %" if mean.mem is not None else "-"
-        named = [key.removeprefix("gpu ") for a in st.alerts.values() if a.code in GPU_CODES
-                 for key in a.targets if key.startswith("gpu ")]
-        rows = [g for key in dict.fromkeys(named) if (g := st.gpus.get(key)) is not None][:ROWS_ALL]
+        # each GPU once, whichever alerts name it (a GPU full and idle is far below the busiest too)
+        named = list(dict.fromkeys(key.removeprefix("gpu ") for a in st.alerts.values() if a.code in GPU_CODES
+                                   for key in a.targets if key.startswith("gpu ")))
+        rows = [g for key in named if (g := st.gpus.get(key)) is not None][:ROWS_ALL]
         t.append(f"{len(st.gpus):,} GPUs: utilisation {util} on average, memory {mem}; {sums.idle_n:,} at 0 %",
                  style=self.tone(WARNING if sums.idle_n else None))
-        t.append(f"; {len(named):,} named below" if named else "; none named by the diagnosis", style="dim")
+        t.append((f"; {len(named):,} named, " + ("below" if len(named) <= ROWS_ALL else f"the first {ROWS_ALL} below")
+                  if named else "; none named by the diagnosis"), style="dim")
         t.append(" (each one's history: the plots' GPU tab, p)\n", style="dim")
         return rows
 

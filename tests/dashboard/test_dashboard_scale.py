@@ -171,6 +171,7 @@ async def test_8192_gpus_are_their_sums_and_the_gpus_the_diagnosis_names(tmp_pat
         assert named[0] == "gpu node-7/3", named
         text = str(app.query_one(NvmlPane).render())
         lines = text.splitlines()
-        assert lines[0].startswith("8,192 GPUs: utilisation 97 % on average, memory 75 %; 1 at 0 %"), lines[0]
+        assert lines[0].startswith("8,192 GPUs: utilisation 97 % on average, memory 75 %; 1 at 0 %; 1 named, below"), \
+            lines[0]
         assert len(lines) <= 1 + ROWS_ALL and "GPU3 node-7" in lines[1] and "util   0%" in lines[1], lines
         await pilot.press("q")
